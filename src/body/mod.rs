@@ -1,0 +1,1 @@
+//! Response bodies: the incremental SSE parser (pure) and the metering body wrapper.

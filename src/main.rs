@@ -1,0 +1,5 @@
+#![forbid(unsafe_code)]
+
+fn main() {
+    eprintln!("goodput-proxy: skeleton");
+}

@@ -1,0 +1,1 @@
+//! Pure measurement core: chunk inspection, timelines, outcomes, SLOs and goodput.
