@@ -2,6 +2,17 @@
 //! what clients really get. See `DESIGN.md` for the definitions this crate implements.
 #![forbid(unsafe_code)]
 
+pub mod admin;
+pub mod app;
 pub mod body;
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod layer;
+pub mod listener;
+pub mod logging;
 pub mod measure;
+pub mod metrics;
 pub mod sim;
+pub mod stack;
+pub mod upstream;

@@ -1,0 +1,1 @@
+//! Builds metrics, upstreams and the stack; binds listeners; runs; drains.

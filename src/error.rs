@@ -1,0 +1,1 @@
+//! Typed errors and their one mapping to status + OpenAI-style JSON.

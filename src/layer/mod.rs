@@ -1,0 +1,1 @@
+//! Tower layers, one concern each: request id, auth, limits, meter.

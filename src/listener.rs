@@ -1,0 +1,1 @@
+//! Accept loop, TLS, hyper-util server, graceful shutdown.

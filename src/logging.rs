@@ -1,0 +1,1 @@
+//! Tracing setup: text or JSON logs, access lines.

@@ -1,0 +1,1 @@
+//! Prometheus registry and metric families, registered in one place.

@@ -1,0 +1,1 @@
+//! The one tower stack, assembled in one place.

@@ -1,0 +1,1 @@
+//! Upstream: forwarding and header hygiene, pool, balancing.
