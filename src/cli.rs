@@ -1,1 +1,108 @@
-//! Command-line interface.
+//! Command-line interface: `serve` (the default), `sim`, `check-config`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::Config;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "goodput-proxy",
+    version,
+    about,
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// `serve` flags, accepted without the subcommand name too.
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the proxy (the default). With no upstream, starts the built-in simulated engine.
+    Serve(ServeArgs),
+    /// Load a config file (plus GOODPUT_PROXY_* overrides), validate it, and exit.
+    CheckConfig {
+        /// The TOML file to check.
+        file: PathBuf,
+    },
+}
+
+#[derive(Debug, Clone, Default, Args)]
+pub struct ServeArgs {
+    /// TOML config file (see config/goodput-proxy.toml).
+    #[arg(long, short, env = "GOODPUT_PROXY_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Public listen address [default: 127.0.0.1:8080].
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+    /// Admin listen address (/healthz, /readyz, /metrics) [default: 127.0.0.1:9090].
+    #[arg(long, value_name = "ADDR")]
+    pub admin_listen: Option<SocketAddr>,
+    /// Upstream base URL, e.g. http://127.0.0.1:8000 (repeat for replicas; replaces the
+    /// config's list).
+    #[arg(long = "upstream", value_name = "URL")]
+    pub upstreams: Vec<String>,
+}
+
+impl ServeArgs {
+    /// Loads the file and environment, then applies these flags on top, then validates.
+    pub fn load_config(&self) -> Result<Config, crate::config::ConfigError> {
+        let mut config = Config::load(self.config.as_deref(), std::env::vars())?;
+        if let Some(a) = self.listen {
+            config.server.listen = a;
+        }
+        if let Some(a) = self.admin_listen {
+            config.server.admin_listen = a;
+        }
+        if !self.upstreams.is_empty() {
+            config.upstream.urls = self.upstreams.clone();
+        }
+        config.validate("command line")?;
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serve_is_the_default() {
+        let cli = Cli::try_parse_from(["goodput-proxy", "--listen", "127.0.0.1:1"]).unwrap();
+        assert!(cli.command.is_none());
+        assert_eq!(cli.serve.listen, Some("127.0.0.1:1".parse().unwrap()));
+        let cli = Cli::try_parse_from([
+            "goodput-proxy",
+            "serve",
+            "--upstream",
+            "http://a:1",
+            "--upstream",
+            "http://b:2",
+        ])
+        .unwrap();
+        match cli.command {
+            Some(Command::Serve(a)) => assert_eq!(a.upstreams.len(), 2),
+            other => panic!("{other:?}"),
+        }
+        let cli = Cli::try_parse_from(["goodput-proxy", "check-config", "x.toml"]).unwrap();
+        assert!(matches!(cli.command, Some(Command::CheckConfig { .. })));
+    }
+
+    #[test]
+    fn flags_override_config() {
+        let args = ServeArgs {
+            listen: Some("127.0.0.1:7".parse().unwrap()),
+            upstreams: vec!["http://u:1".into()],
+            ..ServeArgs::default()
+        };
+        let c = args.load_config().unwrap();
+        assert_eq!(c.server.listen.port(), 7);
+        assert_eq!(c.upstream.urls, vec!["http://u:1"]);
+    }
+}

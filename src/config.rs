@@ -1,1 +1,476 @@
-//! Configuration: serde structs, validation, defaults.
+//! Configuration: serde structs (unknown fields are errors), environment overrides, validation,
+//! defaults. Precedence, lowest first: built-in defaults, the TOML file, `GOODPUT_PROXY_*`
+//! environment variables, command-line flags (applied by `cli.rs`).
+//!
+//! Every error names the field and where it came from (the file or the environment variable).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Prefix of environment overrides: `GOODPUT_PROXY_<SECTION>_<FIELD>`, e.g.
+/// `GOODPUT_PROXY_SERVER_LISTEN=0.0.0.0:8080` or
+/// `GOODPUT_PROXY_UPSTREAM_URLS=http://a:8000,http://b:8000`.
+pub const ENV_PREFIX: &str = "GOODPUT_PROXY_";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{file}: cannot read: {source}")]
+    Read {
+        file: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{file}: {message}")]
+    Parse { file: String, message: String },
+    #[error("{origin}: field `{field}`: {message}")]
+    Invalid {
+        origin: String,
+        field: String,
+        message: String,
+    },
+}
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub upstream: UpstreamConfig,
+    pub log: LogConfig,
+}
+
+/// The public listener and the limits applied to every request.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Public (proxy) listen address.
+    pub listen: SocketAddr,
+    /// Admin listen address (/healthz, /readyz, /metrics, /stats). Never served on `listen`.
+    pub admin_listen: SocketAddr,
+    /// PEM certificate chain; with `tls_key`, the public listener speaks TLS (ALPN h2, http/1.1).
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for `tls_cert`.
+    pub tls_key: Option<PathBuf>,
+    /// A client must deliver the request head within this time (slowloris guard), ms.
+    pub header_read_timeout_ms: u64,
+    /// Largest request body accepted; larger gets 413. Bodies are read up front.
+    pub max_body_bytes: u64,
+    /// Requests in flight (until their response body ends) beyond which new ones get 503.
+    pub max_in_flight: usize,
+    /// Seconds advertised in `Retry-After` on an in-flight 503.
+    pub retry_after_s: u64,
+    /// Path prefixes forwarded upstream; anything else gets 404 without touching the upstream.
+    /// An entry ending in `/` matches by prefix, any other entry matches exactly.
+    pub paths: Vec<String>,
+    /// After SIGTERM/SIGINT, keep accepting for this long while /readyz says 503 (lets
+    /// Kubernetes remove the endpoint before connections are refused), ms.
+    pub drain_delay_ms: u64,
+    /// After the drain delay, in-flight requests get this long to finish before they are cut, ms.
+    pub grace_period_ms: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            admin_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
+            tls_cert: None,
+            tls_key: None,
+            header_read_timeout_ms: 10_000,
+            max_body_bytes: 32 * 1024 * 1024,
+            max_in_flight: 1024,
+            retry_after_s: 1,
+            paths: default_paths(),
+            drain_delay_ms: 5_000,
+            grace_period_ms: 30_000,
+        }
+    }
+}
+
+fn default_paths() -> Vec<String> {
+    [
+        "/v1/",
+        "/tokenize",
+        "/detokenize",
+        "/health",
+        "/version",
+        "/pooling",
+        "/classify",
+        "/score",
+        "/rerank",
+        "/invocations",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect()
+}
+
+/// The engines behind the proxy and the deadlines applied to them.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamConfig {
+    /// Base URLs of the engine replicas (`http://host:port`). Empty: `serve` starts the built-in
+    /// simulated engine on a loopback port (demo mode).
+    pub urls: Vec<String>,
+    /// TCP connect deadline per attempt, ms. A failed connect is retried once on another replica.
+    pub connect_timeout_ms: u64,
+    /// Deadline for the upstream response head, from sending the request, ms (504 when it fires).
+    /// Long prompts are normal, hence the generous default.
+    pub first_byte_timeout_ms: u64,
+    /// Longest silence between two body frames of a response, ms; the stream is cut when it fires.
+    pub stream_idle_timeout_ms: u64,
+    /// Total deadline for a response body, ms; 0 = none (the default: streams may be long).
+    pub total_timeout_ms: u64,
+    /// Idle pooled upstream connections are closed after this long, ms.
+    pub pool_idle_timeout_ms: u64,
+    /// Most idle pooled connections kept per replica.
+    pub pool_max_idle_per_host: usize,
+    /// Path probed on each replica for readiness (`/readyz` is ready when one answers 2xx).
+    pub health_path: String,
+    /// Interval between readiness probes, ms.
+    pub health_interval_ms: u64,
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        Self {
+            urls: Vec::new(),
+            connect_timeout_ms: 5_000,
+            first_byte_timeout_ms: 300_000,
+            stream_idle_timeout_ms: 120_000,
+            total_timeout_ms: 0,
+            pool_idle_timeout_ms: 90_000,
+            pool_max_idle_per_host: 256,
+            health_path: "/health".into(),
+            health_interval_ms: 2_000,
+        }
+    }
+}
+
+/// Logs go to stderr.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// `text` or `json`.
+    pub format: LogFormat,
+    /// A tracing filter (`info`, `goodput_proxy=debug,info`); `RUST_LOG` wins when set.
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Text,
+            level: "info".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+fn ms(v: u64) -> Duration {
+    Duration::from_millis(v)
+}
+
+impl ServerConfig {
+    pub fn header_read_timeout(&self) -> Duration {
+        ms(self.header_read_timeout_ms)
+    }
+    pub fn drain_delay(&self) -> Duration {
+        ms(self.drain_delay_ms)
+    }
+    pub fn grace_period(&self) -> Duration {
+        ms(self.grace_period_ms)
+    }
+}
+
+impl UpstreamConfig {
+    pub fn connect_timeout(&self) -> Duration {
+        ms(self.connect_timeout_ms)
+    }
+    pub fn first_byte_timeout(&self) -> Duration {
+        ms(self.first_byte_timeout_ms)
+    }
+    pub fn stream_idle_timeout(&self) -> Duration {
+        ms(self.stream_idle_timeout_ms)
+    }
+    /// `None` when no total deadline is configured.
+    pub fn total_timeout(&self) -> Option<Duration> {
+        (self.total_timeout_ms > 0).then(|| ms(self.total_timeout_ms))
+    }
+    pub fn pool_idle_timeout(&self) -> Duration {
+        ms(self.pool_idle_timeout_ms)
+    }
+    pub fn health_interval(&self) -> Duration {
+        ms(self.health_interval_ms)
+    }
+}
+
+impl Config {
+    /// Reads `file` (when given), applies the environment overrides from `env`, validates.
+    pub fn load(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
+        let (mut config, origin) = match file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                    file: path.to_path_buf(),
+                    source,
+                })?;
+                (
+                    Config::from_toml(&text, &path.display().to_string())?,
+                    path.display().to_string(),
+                )
+            }
+            None => (Config::default(), "defaults".to_string()),
+        };
+        config = config.with_env(env)?;
+        config.validate(&origin)?;
+        Ok(config)
+    }
+
+    /// Parses a TOML document; `file` names it in errors.
+    pub fn from_toml(text: &str, file: &str) -> Result<Config, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            file: file.to_string(),
+            message: e.to_string().trim_end().to_string(),
+        })
+    }
+
+    /// Applies `GOODPUT_PROXY_<SECTION>_<FIELD>` overrides. Values are typed by the field they
+    /// replace: lists are comma-separated, numbers and booleans parsed, the rest taken as strings.
+    pub fn with_env(
+        self,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
+        let mut overrides: Vec<(String, String)> = env
+            .into_iter()
+            .filter(|(k, _)| k.starts_with(ENV_PREFIX))
+            .collect();
+        if overrides.is_empty() {
+            return Ok(self);
+        }
+        overrides.sort();
+        let mut root = toml::Table::try_from(&self).map_err(|e| ConfigError::Parse {
+            file: "environment".into(),
+            message: e.to_string(),
+        })?;
+        for (key, raw) in &overrides {
+            let rest = key[ENV_PREFIX.len()..].to_ascii_lowercase();
+            let invalid = |message: String| ConfigError::Invalid {
+                origin: format!("environment variable {key}"),
+                field: rest.replacen('_', ".", 1),
+                message,
+            };
+            let (section, field) = rest
+                .split_once('_')
+                .ok_or_else(|| invalid("expected GOODPUT_PROXY_<SECTION>_<FIELD>".into()))?;
+            let table = root
+                .get_mut(section)
+                .and_then(|v| v.as_table_mut())
+                .ok_or_else(|| invalid(format!("unknown section `{section}`")))?;
+            let value = match table.get(field) {
+                Some(current) => typed_like(current, raw).map_err(invalid)?,
+                // Optional fields are absent from the serialized defaults; they are all paths.
+                None if is_optional_field(section, field) => toml::Value::String(raw.clone()),
+                None => return Err(invalid("unknown field".into())),
+            };
+            table.insert(field.to_string(), value);
+        }
+        Config::deserialize(toml::Value::Table(root)).map_err(|e| ConfigError::Parse {
+            file: "environment".into(),
+            message: e.to_string().trim_end().to_string(),
+        })
+    }
+
+    /// Checks what serde cannot; `origin` names the file (or "defaults") in errors.
+    pub fn validate(&self, origin: &str) -> Result<(), ConfigError> {
+        let bad = |field: &str, message: &str| {
+            Err(ConfigError::Invalid {
+                origin: origin.to_string(),
+                field: field.to_string(),
+                message: message.to_string(),
+            })
+        };
+        let s = &self.server;
+        if s.tls_cert.is_some() != s.tls_key.is_some() {
+            return bad(
+                "server.tls_cert",
+                "tls_cert and tls_key must be set together",
+            );
+        }
+        if s.listen == s.admin_listen && s.listen.port() != 0 {
+            return bad("server.admin_listen", "must differ from server.listen");
+        }
+        if s.max_in_flight == 0 {
+            return bad("server.max_in_flight", "must be at least 1");
+        }
+        if s.header_read_timeout_ms == 0 {
+            return bad("server.header_read_timeout_ms", "must be positive");
+        }
+        if s.paths.is_empty() {
+            return bad("server.paths", "must list at least one path");
+        }
+        if let Some(p) = s.paths.iter().find(|p| !p.starts_with('/')) {
+            return bad("server.paths", &format!("`{p}` must start with `/`"));
+        }
+        let u = &self.upstream;
+        for url in &u.urls {
+            if let Err(message) = crate::upstream::parse_base_url(url) {
+                return bad("upstream.urls", &format!("`{url}`: {message}"));
+            }
+        }
+        for (field, v) in [
+            ("upstream.connect_timeout_ms", u.connect_timeout_ms),
+            ("upstream.first_byte_timeout_ms", u.first_byte_timeout_ms),
+            ("upstream.stream_idle_timeout_ms", u.stream_idle_timeout_ms),
+            ("upstream.health_interval_ms", u.health_interval_ms),
+        ] {
+            if v == 0 {
+                return bad(field, "must be positive");
+            }
+        }
+        if !u.health_path.starts_with('/') {
+            return bad("upstream.health_path", "must start with `/`");
+        }
+        Ok(())
+    }
+}
+
+fn is_optional_field(section: &str, field: &str) -> bool {
+    matches!((section, field), ("server", "tls_cert" | "tls_key"))
+}
+
+/// Parses an environment value into the TOML type of the value it replaces.
+fn typed_like(current: &toml::Value, raw: &str) -> Result<toml::Value, String> {
+    use toml::Value;
+    Ok(match current {
+        Value::Integer(_) => Value::Integer(
+            raw.trim()
+                .parse()
+                .map_err(|_| format!("`{raw}` is not an integer"))?,
+        ),
+        Value::Float(_) => Value::Float(
+            raw.trim()
+                .parse()
+                .map_err(|_| format!("`{raw}` is not a number"))?,
+        ),
+        Value::Boolean(_) => Value::Boolean(
+            raw.trim()
+                .parse()
+                .map_err(|_| format!("`{raw}` is not true/false"))?,
+        ),
+        Value::Array(_) => Value::Array(
+            raw.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|s| Value::String(s.to_string()))
+                .collect(),
+        ),
+        _ => Value::String(raw.to_string()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn shipped_example_parses_and_validates() {
+        let text = include_str!("../config/goodput-proxy.toml");
+        let c = Config::from_toml(text, "goodput-proxy.toml").unwrap();
+        c.validate("goodput-proxy.toml").unwrap();
+    }
+
+    #[test]
+    fn unknown_field_names_field_and_file() {
+        let err = Config::from_toml("[server]\nlisten_addr = \"x\"\n", "my.toml").unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.starts_with("my.toml:"), "{msg}");
+        assert!(msg.contains("listen_addr"), "{msg}");
+    }
+
+    #[test]
+    fn bad_type_names_field() {
+        let err = Config::from_toml("[upstream]\nconnect_timeout_ms = \"5s\"\n", "a.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("connect_timeout_ms"), "{err}");
+    }
+
+    #[test]
+    fn env_overrides_are_typed_by_field() {
+        let c = Config::default()
+            .with_env(env(&[
+                ("GOODPUT_PROXY_SERVER_LISTEN", "0.0.0.0:1234"),
+                ("GOODPUT_PROXY_SERVER_MAX_IN_FLIGHT", "7"),
+                ("GOODPUT_PROXY_UPSTREAM_URLS", "http://a:1, http://b:2"),
+                ("GOODPUT_PROXY_LOG_FORMAT", "json"),
+                ("GOODPUT_PROXY_SERVER_TLS_CERT", "/c.pem"),
+                ("UNRELATED", "x"),
+            ]))
+            .unwrap();
+        assert_eq!(c.server.listen.port(), 1234);
+        assert_eq!(c.server.max_in_flight, 7);
+        assert_eq!(c.upstream.urls, vec!["http://a:1", "http://b:2"]);
+        assert_eq!(c.log.format, LogFormat::Json);
+        assert_eq!(c.server.tls_cert.as_deref(), Some(Path::new("/c.pem")));
+    }
+
+    #[test]
+    fn env_errors_name_the_variable_and_field() {
+        for (k, v, want) in [
+            ("GOODPUT_PROXY_SERVER_NOPE", "1", "server.nope"),
+            (
+                "GOODPUT_PROXY_SERVER_MAX_IN_FLIGHT",
+                "many",
+                "max_in_flight",
+            ),
+            ("GOODPUT_PROXY_BOGUS_X", "1", "bogus"),
+        ] {
+            let msg = Config::default()
+                .with_env(env(&[(k, v)]))
+                .unwrap_err()
+                .to_string();
+            assert!(msg.contains(k), "{msg}");
+            assert!(msg.contains(want), "{msg}");
+        }
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let cases: Vec<(&str, fn(&mut Config))> = vec![
+            ("server.tls_cert", |c| c.server.tls_cert = Some("x".into())),
+            ("server.max_in_flight", |c| c.server.max_in_flight = 0),
+            ("upstream.urls", |c| {
+                c.upstream.urls = vec!["ftp://x".into()]
+            }),
+            ("server.paths", |c| c.server.paths = vec!["v1".into()]),
+            ("upstream.first_byte_timeout_ms", |c| {
+                c.upstream.first_byte_timeout_ms = 0
+            }),
+        ];
+        for (field, mutate) in cases {
+            let mut c = Config::default();
+            mutate(&mut c);
+            let msg = c.validate("f.toml").unwrap_err().to_string();
+            assert!(msg.starts_with("f.toml: field `"), "{msg}");
+            assert!(msg.contains(field), "{field}: {msg}");
+        }
+    }
+}

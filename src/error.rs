@@ -1,1 +1,159 @@
 //! Typed errors and their one mapping to status + OpenAI-style JSON.
+//!
+//! Every response the proxy makes up itself (as opposed to forwarding) comes out of
+//! [`ProxyError::into_response`], so clients see the same shape as a vLLM error:
+//! `{"error":{"message","type","param","code"}}`.
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+
+use crate::stack::ProxyBody;
+
+/// Boxed error used in body types.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why the proxy answered a request itself. The variant says which side failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    /// Path not among the forwarded ones; the upstream was not touched.
+    #[error("no route for {path}")]
+    NotFound { path: String },
+    /// Request body over `server.max_body_bytes`.
+    #[error("request body exceeds the limit of {limit} bytes")]
+    BodyTooLarge { limit: u64 },
+    /// The client's body could not be read (it went away or sent garbage).
+    #[error("reading the request body failed: {0}")]
+    ClientBody(#[source] BoxError),
+    /// Over `server.max_in_flight`.
+    #[error("too many requests in flight (limit {limit})")]
+    Overloaded { limit: usize, retry_after_s: u64 },
+    /// No replica is configured or every attempt failed to connect.
+    #[error("upstream unreachable: {source}")]
+    UpstreamConnect {
+        #[source]
+        source: BoxError,
+    },
+    /// The upstream failed after the request was sent (reset, protocol error).
+    #[error("upstream request failed: {source}")]
+    Upstream {
+        #[source]
+        source: BoxError,
+    },
+    /// No response head within `upstream.first_byte_timeout_ms`.
+    #[error("upstream sent no response within {ms} ms")]
+    FirstByteTimeout { ms: u64 },
+    /// The proxy is shutting down or otherwise not ready to take the request.
+    #[error("proxy unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl ProxyError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ProxyError::NotFound { .. } => StatusCode::NOT_FOUND,
+            ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::ClientBody(_) => StatusCode::BAD_REQUEST,
+            ProxyError::Overloaded { .. } | ProxyError::Unavailable(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            ProxyError::UpstreamConnect { .. } | ProxyError::Upstream { .. } => {
+                StatusCode::BAD_GATEWAY
+            }
+            ProxyError::FirstByteTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// The OpenAI error `type` string, following the names vLLM uses.
+    fn error_type(&self) -> &'static str {
+        match self {
+            ProxyError::NotFound { .. } => "NotFoundError",
+            ProxyError::BodyTooLarge { .. } | ProxyError::ClientBody(_) => "BadRequestError",
+            ProxyError::Overloaded { .. } | ProxyError::Unavailable(_) => "ServiceUnavailableError",
+            ProxyError::UpstreamConnect { .. } | ProxyError::Upstream { .. } => "BadGatewayError",
+            ProxyError::FirstByteTimeout { .. } => "GatewayTimeoutError",
+        }
+    }
+
+    /// The one mapping from a proxy error to the response the client sees.
+    pub fn into_response(self) -> Response<ProxyBody> {
+        let status = self.status();
+        let body = serde_json::json!({
+            "error": {
+                "message": self.to_string(),
+                "type": self.error_type(),
+                "param": serde_json::Value::Null,
+                "code": status.as_u16(),
+            }
+        });
+        let bytes = Bytes::from(body.to_string());
+        let mut resp = Response::new(
+            Full::new(bytes)
+                .map_err(|never| match never {})
+                .boxed_unsync(),
+        );
+        *resp.status_mut() = status;
+        let h = resp.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if let ProxyError::Overloaded { retry_after_s, .. } = self {
+            h.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_s));
+        }
+        resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn body_json(resp: Response<ProxyBody>) -> serde_json::Value {
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    #[tokio::test]
+    async fn every_error_is_an_openai_error_with_matching_code() {
+        let cases = [
+            (ProxyError::NotFound { path: "/x".into() }, 404),
+            (ProxyError::BodyTooLarge { limit: 1 }, 413),
+            (
+                ProxyError::Overloaded {
+                    limit: 1,
+                    retry_after_s: 2,
+                },
+                503,
+            ),
+            (
+                ProxyError::UpstreamConnect {
+                    source: "refused".into(),
+                },
+                502,
+            ),
+            (ProxyError::FirstByteTimeout { ms: 5 }, 504),
+        ];
+        for (err, code) in cases {
+            let resp = err.into_response();
+            assert_eq!(resp.status().as_u16(), code);
+            assert_eq!(resp.headers()[header::CONTENT_TYPE], "application/json");
+            let v = body_json(resp).await;
+            let e = &v["error"];
+            assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()));
+            assert!(e["type"].as_str().is_some());
+            assert!(e["param"].is_null());
+            assert_eq!(e["code"], code);
+        }
+    }
+
+    #[test]
+    fn overload_sets_retry_after() {
+        let resp = ProxyError::Overloaded {
+            limit: 1,
+            retry_after_s: 3,
+        }
+        .into_response();
+        assert_eq!(resp.headers()[header::RETRY_AFTER], "3");
+    }
+}

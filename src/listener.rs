@@ -1,1 +1,198 @@
-//! Accept loop, TLS, hyper-util server, graceful shutdown.
+//! Accept loop, TLS, hyper-util server (HTTP/1.1 and HTTP/2 on one port, h2c by prior
+//! knowledge), and graceful shutdown of the connections.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::Request;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto::Builder;
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio_rustls::TlsAcceptor;
+use tower::ServiceExt;
+
+use crate::stack::ProxyService;
+
+/// Facts about the client connection (a request extension).
+#[derive(Debug, Clone, Copy)]
+pub struct ConnInfo {
+    pub remote: SocketAddr,
+    pub tls: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("{path}: {message}")]
+    File { path: String, message: String },
+    #[error("TLS configuration: {0}")]
+    Rustls(#[from] rustls::Error),
+}
+
+/// Loads a PEM certificate chain and key into an acceptor offering h2 and http/1.1 via ALPN.
+pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, TlsError> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let file_err = |path: &Path, e: &dyn std::fmt::Display| TlsError::File {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    };
+    let certs = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| file_err(cert, &e))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| file_err(cert, &e))?;
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| file_err(key, &e))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// How a listener serves connections.
+#[derive(Clone)]
+pub struct ServeOptions {
+    /// Deadline for the request head (and, before it, for the first byte or the TLS handshake).
+    pub header_read_timeout: Duration,
+    pub tls: Option<TlsAcceptor>,
+}
+
+fn http_builder(header_read_timeout: Duration) -> Builder<TokioExecutor> {
+    let mut b = Builder::new(TokioExecutor::new());
+    // Without a timer hyper cannot enforce the header-read timeout.
+    b.http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_read_timeout);
+    b.http2().timer(TokioTimer::new());
+    b
+}
+
+/// Serves `listener` until `stop_accepting` resolves; then closes the listening socket (new
+/// connections are refused), asks every connection to finish its in-flight requests, waits up
+/// to `grace`, and cuts whatever is still running (clients see a truncated response).
+pub async fn serve(
+    listener: TcpListener,
+    service: ProxyService,
+    options: ServeOptions,
+    stop_accepting: impl Future<Output = ()>,
+    grace: Duration,
+) {
+    let builder = http_builder(options.header_read_timeout);
+    let (close_tx, close_rx) = watch::channel(false);
+    let mut conns = JoinSet::new();
+    tokio::pin!(stop_accepting);
+    loop {
+        tokio::select! {
+            _ = &mut stop_accepting => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, remote)) => {
+                    let _ = stream.set_nodelay(true);
+                    let conn = connection(stream, remote, builder.clone(), service.clone(), options.clone(), close_rx.clone());
+                    conns.spawn(conn);
+                }
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+    drop(listener);
+    let _ = close_tx.send(true);
+    let open = conns.len();
+    tracing::info!(
+        connections = open,
+        grace_ms = grace.as_millis() as u64,
+        "stopped accepting; draining connections"
+    );
+    let drained =
+        tokio::time::timeout(grace, async { while conns.join_next().await.is_some() {} }).await;
+    if drained.is_err() {
+        tracing::warn!(
+            connections = conns.len(),
+            "grace period over; cutting remaining connections"
+        );
+        conns.shutdown().await;
+    }
+}
+
+async fn connection(
+    stream: TcpStream,
+    remote: SocketAddr,
+    builder: Builder<TokioExecutor>,
+    service: ProxyService,
+    options: ServeOptions,
+    close_rx: watch::Receiver<bool>,
+) {
+    // A client that sends nothing at all never reaches hyper's header timer; bound it here.
+    let mut byte = [0u8; 1];
+    if !matches!(
+        tokio::time::timeout(options.header_read_timeout, stream.peek(&mut byte)).await,
+        Ok(Ok(n)) if n > 0
+    ) {
+        return;
+    }
+    match &options.tls {
+        None => {
+            let info = ConnInfo { remote, tls: false };
+            serve_io(stream, info, &builder, service, close_rx).await;
+        }
+        Some(acceptor) => {
+            match tokio::time::timeout(options.header_read_timeout, acceptor.accept(stream)).await {
+                Ok(Ok(tls)) => {
+                    let info = ConnInfo { remote, tls: true };
+                    serve_io(tls, info, &builder, service, close_rx).await;
+                }
+                Ok(Err(e)) => tracing::debug!(%remote, error = %e, "TLS handshake failed"),
+                Err(_) => tracing::debug!(%remote, "TLS handshake timed out"),
+            }
+        }
+    }
+}
+
+async fn serve_io<I>(
+    io: I,
+    info: ConnInfo,
+    builder: &Builder<TokioExecutor>,
+    service: ProxyService,
+    mut close_rx: watch::Receiver<bool>,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let service = service.map_request(move |mut req: Request<Incoming>| {
+        req.extensions_mut().insert(info);
+        req
+    });
+    let conn = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(service));
+    tokio::pin!(conn);
+    tokio::select! {
+        res = conn.as_mut() => log_conn_end(info, res),
+        _ = closing(&mut close_rx) => {
+            // Finish the requests in flight, then close (h1: no keep-alive; h2: GOAWAY).
+            conn.as_mut().graceful_shutdown();
+            log_conn_end(info, conn.await);
+        }
+    }
+}
+
+/// Resolves once shutdown has been signalled (or the signaller is gone).
+async fn closing(rx: &mut watch::Receiver<bool>) {
+    let _ = rx.wait_for(|closing| *closing).await;
+}
+
+fn log_conn_end(info: ConnInfo, res: Result<(), Box<dyn std::error::Error + Send + Sync>>) {
+    if let Err(e) = res {
+        tracing::debug!(remote = %info.remote, error = %e, "connection ended with an error");
+    }
+}

@@ -1,5 +1,58 @@
 #![forbid(unsafe_code)]
 
-fn main() {
-    eprintln!("goodput-proxy: skeleton");
+use std::process::ExitCode;
+
+use clap::Parser;
+use goodput_proxy::app::{shutdown_signal, App};
+use goodput_proxy::cli::{Cli, Command, ServeArgs};
+use goodput_proxy::config::Config;
+use goodput_proxy::logging;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        None => serve(cli.serve),
+        Some(Command::Serve(args)) => serve(args),
+        Some(Command::CheckConfig { file }) => check_config(&file),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("goodput-proxy: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
+}
+
+fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let config = args.load_config()?;
+    logging::init(&config.log);
+    runtime()?.block_on(async move {
+        let app = App::bind(config).await?;
+        tracing::info!(addr = %app.local_addr(), "proxy listening");
+        tracing::info!(addr = %app.admin_addr(), "admin listening");
+        if let Some(demo) = app.demo() {
+            tracing::info!(engine = %demo.addr, model = %demo.model, "demo mode: no upstream configured, started the built-in simulated engine");
+            println!("\nTry it:\n\n  {}\n", app.sample_curl(&demo.model));
+        }
+        app.run(shutdown_signal()).await
+    })
+}
+
+fn check_config(file: &std::path::Path) -> anyhow::Result<()> {
+    let config = Config::load(Some(file), std::env::vars())?;
+    println!(
+        "{}: ok (listen {}, admin {}, {} upstream(s))",
+        file.display(),
+        config.server.listen,
+        config.server.admin_listen,
+        config.upstream.urls.len()
+    );
+    Ok(())
 }

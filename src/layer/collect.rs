@@ -1,0 +1,158 @@
+//! Reads the request body up front, bounded by `server.max_body_bytes` (413 beyond), and records
+//! what the meter and request shaping need in [`RequestFacts`].
+//!
+//! Why collect: shaping must read `model` and `stream` (and may rewrite the JSON later), and a
+//! connect failure can only be retried on another replica if the body can be sent again.
+//! OpenAI request bodies are small next to the responses, so the cost is a copy of kilobytes.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{header, Request, Response};
+use http_body::Body;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use tokio::time::Instant;
+use tower::{Layer, Service};
+
+use super::request_id::{RequestId, RequestStart};
+use super::BoxFuture;
+use crate::error::{BoxError, ProxyError};
+use crate::stack::ProxyBody;
+
+/// What the proxy knows about a request before it goes upstream (a request extension on the
+/// collected request, read by the meter and by forwarding).
+#[derive(Debug, Clone)]
+pub struct RequestFacts {
+    pub request_id: Arc<str>,
+    /// The body's `model`, when the body is JSON and has one.
+    pub model: Option<String>,
+    /// The body's `stream` flag (`false` when absent or not JSON).
+    pub stream: bool,
+    /// When hyper handed the request over (DESIGN.md `t0`).
+    pub t0: Instant,
+}
+
+#[derive(serde::Deserialize)]
+struct Peek {
+    model: Option<String>,
+    stream: Option<bool>,
+}
+
+/// Extracts `model` and `stream` from an OpenAI request body; not JSON means neither.
+pub fn peek_body(body: &[u8]) -> (Option<String>, bool) {
+    match serde_json::from_slice::<Peek>(body) {
+        Ok(p) => (p.model, p.stream.unwrap_or(false)),
+        Err(_) => (None, false),
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct CollectLayer {
+    limit: u64,
+}
+
+impl CollectLayer {
+    pub fn new(limit: u64) -> Self {
+        Self { limit }
+    }
+}
+
+impl<S> Layer<S> for CollectLayer {
+    type Service = Collect<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        Collect {
+            inner,
+            limit: self.limit,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Collect<S> {
+    inner: S,
+    limit: u64,
+}
+
+impl<S, B> Service<Request<B>> for Collect<S>
+where
+    S: Service<Request<Bytes>, Response = Response<ProxyBody>, Error = ProxyError>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Response = Response<ProxyBody>;
+    type Error = ProxyError;
+    type Future = BoxFuture<Response<ProxyBody>, ProxyError>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        // The ready service is the one that must be called (tower's contract).
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let limit = self.limit;
+        Box::pin(async move {
+            let (parts, body) = req.into_parts();
+            let declared = parts
+                .headers
+                .get(header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok());
+            if declared.is_some_and(|n| n > limit) {
+                return Err(ProxyError::BodyTooLarge { limit });
+            }
+            let max = usize::try_from(limit).unwrap_or(usize::MAX);
+            let bytes = match Limited::new(body, max).collect().await {
+                Ok(c) => c.to_bytes(),
+                Err(e) if e.is::<LengthLimitError>() => {
+                    return Err(ProxyError::BodyTooLarge { limit })
+                }
+                Err(e) => return Err(ProxyError::ClientBody(e)),
+            };
+            let (model, stream) = peek_body(&bytes);
+            let facts = RequestFacts {
+                request_id: parts
+                    .extensions
+                    .get::<RequestId>()
+                    .map_or_else(|| Arc::from("-"), |r| r.0.clone()),
+                model,
+                stream,
+                t0: parts
+                    .extensions
+                    .get::<RequestStart>()
+                    .map_or_else(Instant::now, |s| s.0),
+            };
+            let mut req = Request::from_parts(parts, bytes);
+            req.extensions_mut().insert(facts);
+            inner.call(req).await
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peek_table() {
+        for (body, want) in [
+            (
+                &br#"{"model":"tiny","stream":true,"messages":[]}"#[..],
+                (Some("tiny".to_string()), true),
+            ),
+            (br#"{"model":"m"}"#, (Some("m".to_string()), false)),
+            (br#"{"stream":false}"#, (None, false)),
+            (b"", (None, false)),
+            (b"not json", (None, false)),
+            (br#"{"model":5}"#, (None, false)),
+        ] {
+            assert_eq!(peek_body(body), want, "{}", String::from_utf8_lossy(body));
+        }
+    }
+}

@@ -1,0 +1,79 @@
+//! The in-flight limit: beyond `server.max_in_flight` requests (counted until their response
+//! body ends, so long streams count), new requests get 503 with `Retry-After` at once.
+//!
+//! Shedding happens before the body is read, so an overloaded proxy spends nothing on them.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use http_body_util::BodyExt;
+use tokio::sync::Semaphore;
+use tower::{Layer, Service};
+
+use super::hold::Hold;
+use super::BoxFuture;
+use crate::error::ProxyError;
+use crate::stack::ProxyBody;
+
+#[derive(Debug, Clone)]
+pub struct InFlightLimitLayer {
+    permits: Arc<Semaphore>,
+    limit: usize,
+    retry_after_s: u64,
+}
+
+impl InFlightLimitLayer {
+    pub fn new(limit: usize, retry_after_s: u64) -> Self {
+        Self {
+            permits: Arc::new(Semaphore::new(limit)),
+            limit,
+            retry_after_s,
+        }
+    }
+}
+
+impl<S> Layer<S> for InFlightLimitLayer {
+    type Service = InFlightLimit<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        InFlightLimit {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct InFlightLimit<S> {
+    inner: S,
+    layer: InFlightLimitLayer,
+}
+
+impl<S, B> Service<Request<B>> for InFlightLimit<S>
+where
+    S: Service<Request<B>, Response = Response<ProxyBody>, Error = ProxyError>,
+    S::Future: Send + 'static,
+{
+    type Response = Response<ProxyBody>;
+    type Error = ProxyError;
+    type Future = BoxFuture<Response<ProxyBody>, ProxyError>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let Ok(permit) = self.layer.permits.clone().try_acquire_owned() else {
+            let err = ProxyError::Overloaded {
+                limit: self.layer.limit,
+                retry_after_s: self.layer.retry_after_s,
+            };
+            return Box::pin(async move { Err(err) });
+        };
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let resp = fut.await?;
+            Ok(resp.map(|b| Hold::new(b, permit).boxed_unsync()))
+        })
+    }
+}

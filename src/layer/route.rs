@@ -1,0 +1,100 @@
+//! Only the engine's API paths are forwarded; anything else gets 404 without touching the
+//! upstream (the admin routes in particular are never reachable on the public port).
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tower::{Layer, Service};
+
+use super::BoxFuture;
+use crate::error::ProxyError;
+use crate::stack::ProxyBody;
+
+/// Configured path rules: an entry ending in `/` matches by prefix, others exactly.
+#[derive(Debug, Clone)]
+pub struct RouteLayer {
+    paths: Arc<[String]>,
+}
+
+impl RouteLayer {
+    pub fn new(paths: &[String]) -> Self {
+        Self {
+            paths: paths.into(),
+        }
+    }
+
+    pub fn allows(&self, path: &str) -> bool {
+        self.paths.iter().any(|p| {
+            if p.ends_with('/') {
+                path.starts_with(p.as_str())
+            } else {
+                path == p
+            }
+        })
+    }
+}
+
+impl<S> Layer<S> for RouteLayer {
+    type Service = Route<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        Route {
+            inner,
+            rules: self.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Route<S> {
+    inner: S,
+    rules: RouteLayer,
+}
+
+impl<S, B> Service<Request<B>> for Route<S>
+where
+    S: Service<Request<B>, Response = Response<ProxyBody>, Error = ProxyError>,
+    S::Future: Send + 'static,
+{
+    type Response = Response<ProxyBody>;
+    type Error = ProxyError;
+    type Future = BoxFuture<Response<ProxyBody>, ProxyError>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        if !self.rules.allows(req.uri().path()) {
+            let path = req.uri().path().to_string();
+            return Box::pin(async move { Err(ProxyError::NotFound { path }) });
+        }
+        Box::pin(self.inner.call(req))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table() {
+        let paths: Vec<String> = ["/v1/", "/health", "/tokenize"]
+            .into_iter()
+            .map(String::from)
+            .collect();
+        let r = RouteLayer::new(&paths);
+        for (path, ok) in [
+            ("/v1/chat/completions", true),
+            ("/v1/models", true),
+            ("/v1", false),
+            ("/health", true),
+            ("/healthz", false),
+            ("/tokenize", true),
+            ("/metrics", false),
+            ("/", false),
+        ] {
+            assert_eq!(r.allows(path), ok, "{path}");
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! The response body deadlines: idle (longest wait for the next frame) and an optional total.
+//!
+//! The idle clock starts when the client asks for the next frame, not when the previous one
+//! was produced, so a slow reader (backpressure) never looks like a silent upstream.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep};
+
+use crate::error::BoxError;
+
+/// Why the proxy cut a response body. The meter can downcast the body error to this to
+/// classify the outcome as `timeout`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum DeadlineError {
+    #[error("upstream stream idle for more than {0:?}")]
+    Idle(Duration),
+    #[error("response exceeded the total deadline of {0:?}")]
+    Total(Duration),
+}
+
+pin_project! {
+    /// Wraps an upstream body; yields its frames unchanged and fails it when a deadline fires.
+    /// `G` is held until the body is dropped (e.g. a replica's in-flight guard).
+    pub struct DeadlineBody<B, G> {
+        #[pin]
+        inner: B,
+        idle: Duration,
+        idle_sleep: Pin<Box<Sleep>>,
+        // True while a frame was asked for and has not arrived yet.
+        waiting: bool,
+        total: Option<(Duration, Pin<Box<Sleep>>)>,
+        done: bool,
+        _guard: G,
+    }
+}
+
+impl<B, G> DeadlineBody<B, G> {
+    pub fn new(inner: B, idle: Duration, total: Option<Duration>, guard: G) -> Self {
+        let now = Instant::now();
+        Self {
+            inner,
+            idle,
+            idle_sleep: Box::pin(tokio::time::sleep_until(now + idle)),
+            waiting: false,
+            total: total.map(|t| (t, Box::pin(tokio::time::sleep_until(now + t)))),
+            done: false,
+            _guard: guard,
+        }
+    }
+}
+
+impl<B, G> Body for DeadlineBody<B, G>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.project();
+        if *this.done {
+            return Poll::Ready(None);
+        }
+        if !*this.waiting {
+            *this.waiting = true;
+            let idle = *this.idle;
+            this.idle_sleep.as_mut().reset(Instant::now() + idle);
+        }
+        if let Poll::Ready(frame) = this.inner.poll_frame(cx) {
+            *this.waiting = false;
+            if frame.is_none() {
+                *this.done = true;
+            }
+            return Poll::Ready(frame.map(|r| r.map_err(Into::into)));
+        }
+        if let Some((total, sleep)) = this.total.as_mut() {
+            if sleep.as_mut().poll(cx).is_ready() {
+                *this.done = true;
+                return Poll::Ready(Some(Err(DeadlineError::Total(*total).into())));
+            }
+        }
+        ready!(this.idle_sleep.as_mut().poll(cx));
+        *this.done = true;
+        Poll::Ready(Some(Err(DeadlineError::Idle(*this.idle).into())))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::stream;
+    use http_body_util::{BodyExt, StreamBody};
+
+    type Item = Result<Frame<Bytes>, std::convert::Infallible>;
+
+    /// A body whose frames arrive after the given delays.
+    fn delayed(delays_ms: &[u64]) -> impl Body<Data = Bytes, Error = std::convert::Infallible> {
+        let delays = delays_ms.to_vec();
+        StreamBody::new(Box::pin(stream::unfold(0usize, move |i| {
+            let delays = delays.clone();
+            async move {
+                let d = *delays.get(i)?;
+                tokio::time::sleep(Duration::from_millis(d)).await;
+                Some((
+                    Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from(format!("{i}")))),
+                    i + 1,
+                ))
+            }
+        }))
+            as Pin<Box<dyn futures_util::Stream<Item = Item> + Send>>)
+    }
+
+    async fn run(delays: &[u64], idle: u64, total: Option<u64>) -> (usize, Option<DeadlineError>) {
+        let mut body = DeadlineBody::new(
+            delayed(delays),
+            Duration::from_millis(idle),
+            total.map(Duration::from_millis),
+            (),
+        );
+        let mut frames = 0;
+        while let Some(f) = body.frame().await {
+            match f {
+                Ok(_) => frames += 1,
+                Err(e) => return (frames, e.downcast_ref::<DeadlineError>().copied()),
+            }
+        }
+        (frames, None)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn table() {
+        let idle = |ms| Some(DeadlineError::Idle(Duration::from_millis(ms)));
+        let total = |ms| Some(DeadlineError::Total(Duration::from_millis(ms)));
+        let cases: Vec<(&[u64], u64, Option<u64>, (usize, Option<DeadlineError>))> = vec![
+            (&[10, 10, 10], 50, None, (3, None)),
+            (&[10, 100, 10], 50, None, (1, idle(50))),
+            (&[40, 40, 40, 40], 50, None, (4, None)),
+            (&[40, 40, 40, 40], 50, Some(100), (2, total(100))),
+            (&[], 50, Some(1), (0, None)),
+        ];
+        for (delays, i, t, want) in cases {
+            assert_eq!(
+                run(delays, i, t).await,
+                want,
+                "{delays:?} idle={i} total={t:?}"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn slow_reader_is_not_idle() {
+        let mut body = DeadlineBody::new(delayed(&[1, 1, 1]), Duration::from_millis(50), None, ());
+        let mut n = 0;
+        while let Some(f) = body.frame().await {
+            f.unwrap();
+            n += 1;
+            // The client stalls far longer than the idle deadline between reads.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        assert_eq!(n, 3);
+    }
+}

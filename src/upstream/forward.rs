@@ -1,0 +1,151 @@
+//! The innermost service: picks a replica, rewrites the request for it, sends it through the
+//! pooled client and hands the response back with its body streaming, frame by frame.
+//!
+//! Retry rule: a connect failure (nothing was sent) is retried once on another replica when one
+//! exists; anything that fails after the request went out is never retried.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Request, Response, Version};
+use http_body_util::{BodyExt, Full};
+use tower::Service;
+
+use super::balance::{self, Load};
+use super::deadline::DeadlineBody;
+use super::headers::{append_forwarded, strip_hop_by_hop};
+use super::Upstreams;
+use crate::error::ProxyError;
+use crate::layer::collect::RequestFacts;
+use crate::layer::request_id::X_REQUEST_ID;
+use crate::listener::ConnInfo;
+use crate::stack::ProxyBody;
+
+/// Which replica served a response (a response extension, read by the access log and meter).
+#[derive(Debug, Clone)]
+pub struct ServedBy(pub Arc<str>);
+
+/// Forwards a collected request to one replica.
+#[derive(Clone, Debug)]
+pub struct Forward {
+    upstreams: Arc<Upstreams>,
+}
+
+impl Forward {
+    pub fn new(upstreams: Arc<Upstreams>) -> Self {
+        Self { upstreams }
+    }
+}
+
+impl Service<Request<Bytes>> for Forward {
+    type Response = Response<ProxyBody>;
+    type Error = ProxyError;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, ProxyError>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Bytes>) -> Self::Future {
+        Box::pin(forward(self.upstreams.clone(), req))
+    }
+}
+
+async fn forward(
+    up: Arc<Upstreams>,
+    req: Request<Bytes>,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let (parts, body) = req.into_parts();
+    let headers = upstream_headers(&parts);
+    let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+    let first_byte = up.config.first_byte_timeout();
+
+    let mut exclude = None;
+    loop {
+        let loads: Vec<Load> = up
+            .replicas
+            .iter()
+            .map(|r| Load {
+                in_flight: r.in_flight(),
+                healthy: r.is_healthy(),
+            })
+            .collect();
+        let Some(idx) = balance::pick(&loads, exclude, &mut rand::rng()) else {
+            return Err(ProxyError::UpstreamConnect {
+                source: "no upstream replica configured".into(),
+            });
+        };
+        let replica = &up.replicas[idx];
+        let guard = replica.start();
+        let uri = replica
+            .uri_for(path_and_query)
+            .map_err(|e| ProxyError::Upstream { source: e.into() })?;
+        let mut out = Request::new(Full::new(body.clone()));
+        *out.method_mut() = parts.method.clone();
+        *out.uri_mut() = uri;
+        *out.version_mut() = Version::HTTP_11;
+        *out.headers_mut() = headers.clone();
+
+        let result = tokio::time::timeout(first_byte, up.client.request(out)).await;
+        let resp = match result {
+            Err(_) => {
+                return Err(ProxyError::FirstByteTimeout {
+                    ms: first_byte.as_millis() as u64,
+                });
+            }
+            Ok(Ok(resp)) => resp,
+            Ok(Err(e)) if e.is_connect() => {
+                let another = up.replicas.len() > 1 && exclude.is_none();
+                tracing::warn!(upstream = %replica.url, error = %e, retry = another, "upstream connect failed");
+                if another {
+                    exclude = Some(idx);
+                    continue;
+                }
+                return Err(ProxyError::UpstreamConnect { source: e.into() });
+            }
+            Ok(Err(e)) => return Err(ProxyError::Upstream { source: e.into() }),
+        };
+
+        let (mut rparts, rbody) = resp.into_parts();
+        strip_hop_by_hop(&mut rparts.headers);
+        rparts.extensions.insert(ServedBy(replica.url.clone()));
+        let body = DeadlineBody::new(
+            rbody,
+            up.config.stream_idle_timeout(),
+            up.config.total_timeout(),
+            guard,
+        );
+        return Ok(Response::from_parts(rparts, body.boxed_unsync()));
+    }
+}
+
+/// The headers sent upstream: the client's, minus hop-by-hop and `Host` (the client sets the
+/// replica's), minus `Content-Length` (recomputed from the collected body, which shaping may
+/// change), plus `X-Forwarded-*` and the request id.
+fn upstream_headers(parts: &http::request::Parts) -> http::HeaderMap {
+    let mut h = parts.headers.clone();
+    strip_hop_by_hop(&mut h);
+    let host = h
+        .remove(header::HOST)
+        .and_then(|v| v.to_str().ok().map(str::to_string))
+        .or_else(|| parts.uri.authority().map(|a| a.to_string()));
+    h.remove(header::CONTENT_LENGTH);
+    let conn = parts.extensions.get::<ConnInfo>();
+    let ip = conn.map(|c| c.remote.ip().to_string());
+    let proto = if conn.is_some_and(|c| c.tls) {
+        "https"
+    } else {
+        "http"
+    };
+    append_forwarded(&mut h, ip.as_deref(), proto, host.as_deref());
+    if let Some(facts) = parts.extensions.get::<RequestFacts>() {
+        if let Ok(v) = HeaderValue::from_str(&facts.request_id) {
+            h.insert(X_REQUEST_ID, v);
+        }
+    }
+    h
+}
