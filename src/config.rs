@@ -454,7 +454,8 @@ mod tests {
 
     #[test]
     fn validation_names_the_field() {
-        let cases: Vec<(&str, fn(&mut Config))> = vec![
+        type Case = (&'static str, fn(&mut Config));
+        let cases: Vec<Case> = vec![
             ("server.tls_cert", |c| c.server.tls_cert = Some("x".into())),
             ("server.max_in_flight", |c| c.server.max_in_flight = 0),
             ("upstream.urls", |c| {

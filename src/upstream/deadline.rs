@@ -150,7 +150,14 @@ mod tests {
     async fn table() {
         let idle = |ms| Some(DeadlineError::Idle(Duration::from_millis(ms)));
         let total = |ms| Some(DeadlineError::Total(Duration::from_millis(ms)));
-        let cases: Vec<(&[u64], u64, Option<u64>, (usize, Option<DeadlineError>))> = vec![
+        // (frame delays, idle ms, total ms, (frames seen, error))
+        type Case = (
+            &'static [u64],
+            u64,
+            Option<u64>,
+            (usize, Option<DeadlineError>),
+        );
+        let cases: Vec<Case> = vec![
             (&[10, 10, 10], 50, None, (3, None)),
             (&[10, 100, 10], 50, None, (1, idle(50))),
             (&[40, 40, 40, 40], 50, None, (4, None)),

@@ -120,6 +120,7 @@ pub fn assert_openai_error(status: u16, body: &[u8]) {
 //   x-fake-delay-ms: MS   pause before each event (and before the head with x-fake-hang)
 //   x-fake-hang: 1        never answer
 //   x-fake-echo: 1        answer with the request line, headers and body as JSON
+//   GET /unhealthy        503 (a health path that always fails)
 // Anything else: a fixed JSON body. Responses carry hop-by-hop headers the proxy must strip.
 
 #[derive(Default)]
@@ -202,8 +203,16 @@ async fn fake_handle(
     stats: Arc<FakeStats>,
     req: Request<Incoming>,
 ) -> Result<Response<BoxBody<Bytes, Infallible>>, Infallible> {
-    if req.uri().path() != "/health" {
-        stats.requests.fetch_add(1, Ordering::SeqCst);
+    match req.uri().path() {
+        "/health" => {}
+        "/unhealthy" => {
+            let mut r = Response::new(Full::new(Bytes::new()).boxed());
+            *r.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+            return Ok(r);
+        }
+        _ => {
+            stats.requests.fetch_add(1, Ordering::SeqCst);
+        }
     }
     let delay = Duration::from_millis(header_u64(&req, "x-fake-delay-ms").unwrap_or(0));
     let mut resp = if req.headers().contains_key("x-fake-hang") {
