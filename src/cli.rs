@@ -36,7 +36,7 @@ pub enum Command {
 #[derive(Debug, Clone, Default, Args)]
 pub struct ServeArgs {
     /// TOML config file (see config/goodput-proxy.toml).
-    #[arg(long, short, env = "GOODPUT_PROXY_CONFIG", value_name = "FILE")]
+    #[arg(long, short, env = crate::config::ENV_CONFIG_FILE, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Public listen address [default: 127.0.0.1:8080].
     #[arg(long, value_name = "ADDR")]

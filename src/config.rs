@@ -15,6 +15,9 @@ use serde::{Deserialize, Serialize};
 /// `GOODPUT_PROXY_UPSTREAM_URLS=http://a:8000,http://b:8000`.
 pub const ENV_PREFIX: &str = "GOODPUT_PROXY_";
 
+/// The environment variable naming the config file (read by the CLI, not an override).
+pub const ENV_CONFIG_FILE: &str = "GOODPUT_PROXY_CONFIG";
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("{file}: cannot read: {source}")]
@@ -253,7 +256,7 @@ impl Config {
     ) -> Result<Config, ConfigError> {
         let mut overrides: Vec<(String, String)> = env
             .into_iter()
-            .filter(|(k, _)| k.starts_with(ENV_PREFIX))
+            .filter(|(k, _)| k.starts_with(ENV_PREFIX) && k != ENV_CONFIG_FILE)
             .collect();
         if overrides.is_empty() {
             return Ok(self);
@@ -423,6 +426,7 @@ mod tests {
                 ("GOODPUT_PROXY_LOG_FORMAT", "json"),
                 ("GOODPUT_PROXY_SERVER_TLS_CERT", "/c.pem"),
                 ("UNRELATED", "x"),
+                ("GOODPUT_PROXY_CONFIG", "/etc/goodput-proxy.toml"),
             ]))
             .unwrap();
         assert_eq!(c.server.listen.port(), 1234);

@@ -1,0 +1,29 @@
+# syntax=docker/dockerfile:1
+# Multi-stage: a release build, then a slim non-root runtime with only the binary and a config.
+#
+#   docker build -t goodput-proxy .
+#   docker run --rm -p 8080:8080 -p 9090:9090 \
+#     -v "$PWD/my-config.toml:/etc/goodput-proxy/goodput-proxy.toml:ro" goodput-proxy
+
+FROM rust:1-slim-bookworm AS build
+WORKDIR /src
+COPY . .
+RUN cargo build --release --locked -p goodput-proxy --bin goodput-proxy \
+ && cp target/release/goodput-proxy /goodput-proxy
+
+FROM debian:bookworm-slim
+RUN useradd --system --no-create-home --uid 10001 goodput
+COPY --from=build /goodput-proxy /usr/local/bin/goodput-proxy
+COPY config/goodput-proxy.toml /etc/goodput-proxy/goodput-proxy.toml
+# Mount your own config over the file above; these make the image listen beyond loopback.
+ENV GOODPUT_PROXY_CONFIG=/etc/goodput-proxy/goodput-proxy.toml \
+    GOODPUT_PROXY_SERVER_LISTEN=0.0.0.0:8080 \
+    GOODPUT_PROXY_SERVER_ADMIN_LISTEN=0.0.0.0:9090
+USER 10001
+# 8080: the OpenAI-compatible API. 9090: admin (/healthz, /readyz, /metrics, /stats).
+EXPOSE 8080 9090
+# No curl in the slim image: bash's /dev/tcp speaks enough HTTP for a liveness check.
+HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
+  CMD ["bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/9090 && printf 'GET /healthz HTTP/1.0\\r\\n\\r\\n' >&3 && head -n1 <&3 | grep -q ' 200 '"]
+ENTRYPOINT ["goodput-proxy"]
+CMD ["serve"]
