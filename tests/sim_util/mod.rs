@@ -19,6 +19,8 @@ pub async fn start(cfg: SimConfig) -> SimHandle {
 #[derive(Debug)]
 pub struct Resp {
     pub status: u16,
+    /// `HTTP/1.1 200 OK`
+    pub status_line: String,
     /// Header lines in order, names lowercase.
     pub headers: Vec<(String, String)>,
     /// De-chunked body.
@@ -116,14 +118,8 @@ pub fn parse(raw: &[u8]) -> Resp {
     let end = memchr::memmem::find(raw, b"\r\n\r\n").expect("no header end");
     let head = std::str::from_utf8(&raw[..end]).unwrap();
     let mut lines = head.split("\r\n");
-    let status: u16 = lines
-        .next()
-        .unwrap()
-        .split(' ')
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
+    let status_line = lines.next().unwrap().to_string();
+    let status: u16 = status_line.split(' ').nth(1).unwrap().parse().unwrap();
     let headers: Vec<(String, String)> = lines
         .map(|l| {
             let (k, v) = l.split_once(": ").unwrap();
@@ -142,6 +138,7 @@ pub fn parse(raw: &[u8]) -> Resp {
         let complete = len.is_none_or(|l| rest.len() == l);
         return Resp {
             status,
+            status_line,
             headers,
             body: rest.to_vec(),
             complete,
@@ -167,6 +164,7 @@ pub fn parse(raw: &[u8]) -> Resp {
     }
     Resp {
         status,
+        status_line,
         headers,
         body,
         complete,
