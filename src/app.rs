@@ -14,6 +14,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::config::Config;
 use crate::listener::{self, ServeOptions};
+use crate::sim::{SimConfig, SimHandle, SimServer};
 use crate::stack;
 use crate::upstream::{health, Upstreams};
 
@@ -40,14 +41,16 @@ pub struct App {
 /// The built-in simulated engine started when no upstream is configured.
 pub struct DemoEngine {
     pub addr: SocketAddr,
+    /// The first model it serves (what the sample curl asks for).
     pub model: String,
+    handle: SimHandle,
 }
 
 impl App {
     /// Checks the config, starts the demo engine when there is no upstream, binds both ports.
     pub async fn bind(mut config: Config) -> anyhow::Result<App> {
         let demo = if config.upstream.urls.is_empty() {
-            let demo = start_demo_engine().await?;
+            let demo = start_demo_engine(config.sim.clone().unwrap_or_default()).await?;
             config.upstream.urls = vec![format!("http://{}", demo.addr)];
             Some(demo)
         } else {
@@ -110,7 +113,7 @@ impl App {
     pub fn sample_curl(&self, model: &str) -> String {
         let scheme = if self.tls.is_some() { "https" } else { "http" };
         format!(
-            "curl -N {scheme}://{}/v1/chat/completions -H 'content-type: application/json' \
+            "curl -sSN {scheme}://{}/v1/chat/completions -H 'content-type: application/json' \
              -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}],\"stream\":true,\"max_tokens\":32}}'",
             self.local_addr()
         )
@@ -158,7 +161,9 @@ impl App {
         .await;
         health.abort();
         admin_task.abort();
-        drop(demo);
+        if let Some(demo) = demo {
+            demo.handle.shutdown().await;
+        }
         tracing::info!("stopped");
         Ok(())
     }
@@ -182,10 +187,18 @@ async fn serve_admin(listener: TcpListener, state: Arc<AppState>) {
     }
 }
 
-async fn start_demo_engine() -> anyhow::Result<DemoEngine> {
-    anyhow::bail!(
-        "upstream.urls: no upstream configured (the built-in engine is not available yet)"
-    )
+/// Demo mode: the simulated engine on an ephemeral loopback port, in this process.
+async fn start_demo_engine(sim: SimConfig) -> anyhow::Result<DemoEngine> {
+    let model = sim.models.first().cloned().unwrap_or_else(|| "tiny".into());
+    let server = SimServer::bind(sim, SocketAddr::from(([127, 0, 0, 1], 0)))
+        .await
+        .context("starting the built-in simulated engine")?;
+    let addr = server.local_addr();
+    Ok(DemoEngine {
+        addr,
+        model,
+        handle: server.spawn(),
+    })
 }
 
 /// Resolves on SIGTERM or SIGINT.

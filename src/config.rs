@@ -42,6 +42,10 @@ pub struct Config {
     pub server: ServerConfig,
     pub upstream: UpstreamConfig,
     pub log: LogConfig,
+    /// The built-in simulated engine used in demo mode (no `upstream.urls`); see the sim's
+    /// own documentation for its fields. Not overridable from the environment.
+    #[serde(skip_serializing)]
+    pub sim: Option<crate::sim::SimConfig>,
 }
 
 /// The public listener and the limits applied to every request.
@@ -262,6 +266,7 @@ impl Config {
             return Ok(self);
         }
         overrides.sort();
+        let sim = self.sim.clone();
         let mut root = toml::Table::try_from(&self).map_err(|e| ConfigError::Parse {
             file: "environment".into(),
             message: e.to_string(),
@@ -288,10 +293,13 @@ impl Config {
             };
             table.insert(field.to_string(), value);
         }
-        Config::deserialize(toml::Value::Table(root)).map_err(|e| ConfigError::Parse {
-            file: "environment".into(),
-            message: e.to_string().trim_end().to_string(),
-        })
+        let mut config =
+            Config::deserialize(toml::Value::Table(root)).map_err(|e| ConfigError::Parse {
+                file: "environment".into(),
+                message: e.to_string().trim_end().to_string(),
+            })?;
+        config.sim = sim;
+        Ok(config)
     }
 
     /// Checks what serde cannot; `origin` names the file (or "defaults") in errors.
@@ -343,6 +351,11 @@ impl Config {
         }
         if !u.health_path.starts_with('/') {
             return bad("upstream.health_path", "must start with `/`");
+        }
+        if let Some(sim) = &self.sim {
+            if let Err(e) = sim.validate() {
+                return bad(&format!("sim.{}", e.field), &e.reason);
+            }
         }
         Ok(())
     }

@@ -14,6 +14,7 @@ fn main() -> ExitCode {
         None => serve(cli.serve),
         Some(Command::Serve(args)) => serve(args),
         Some(Command::CheckConfig { file }) => check_config(&file),
+        Some(Command::Sim(args)) => sim(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -41,8 +42,22 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             tracing::info!(engine = %demo.addr, model = %demo.model, "demo mode: no upstream configured, started the built-in simulated engine");
             println!("\nTry it:\n\n  {}\n", app.sample_curl(&demo.model));
         }
-        app.run(shutdown_signal()).await
+        app.run(async {
+            shutdown_signal().await;
+            // A second signal means "now": skip the drain (handy at an interactive terminal).
+            tokio::spawn(async {
+                shutdown_signal().await;
+                tracing::warn!("second signal: exiting without draining");
+                std::process::exit(130);
+            });
+        })
+        .await
     })
+}
+
+fn sim(args: goodput_proxy::sim::SimArgs) -> anyhow::Result<()> {
+    logging::init(&Default::default());
+    runtime()?.block_on(goodput_proxy::sim::run_cli(args))
 }
 
 fn check_config(file: &std::path::Path) -> anyhow::Result<()> {
