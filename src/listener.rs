@@ -136,12 +136,16 @@ async fn connection(
     close_rx: watch::Receiver<bool>,
 ) {
     // A client that sends nothing at all never reaches hyper's header timer; bound it here.
+    // Nor does it need to wait for one while the proxy is shutting down.
     let mut byte = [0u8; 1];
-    if !matches!(
-        tokio::time::timeout(options.header_read_timeout, stream.peek(&mut byte)).await,
-        Ok(Ok(n)) if n > 0
-    ) {
-        return;
+    let mut close = close_rx.clone();
+    tokio::select! {
+        peeked = tokio::time::timeout(options.header_read_timeout, stream.peek(&mut byte)) => {
+            if !matches!(peeked, Ok(Ok(n)) if n > 0) {
+                return;
+            }
+        }
+        _ = closing(&mut close) => return,
     }
     match &options.tls {
         None => {

@@ -160,3 +160,30 @@ async fn h2c_prior_knowledge_on_the_same_port() {
     let body = resp.into_body().collect().await.unwrap().to_bytes();
     assert!(body.ends_with(b"data: [DONE]\n\n"));
 }
+
+#[tokio::test]
+async fn a_slow_client_slows_the_upstream_instead_of_buffering() {
+    let fake = start_fake().await;
+    let proxy = start_proxy(test_config(&[fake.url()])).await;
+    let chunks = 4096u64; // 256 MiB in total
+    let mut req = get(&proxy.url("/v1/files/big"));
+    req.headers_mut().insert("x-fake-bulk", chunks.into());
+    let resp = client().request(req).await.unwrap();
+    let mut body = resp.into_body();
+    let first = body.frame().await.unwrap().unwrap();
+    assert!(first.is_data());
+    // The client stops reading. Only socket buffers (a few MiB per hop) may fill up.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let produced = fake.stats.bulk_bytes.load(Ordering::SeqCst);
+    let total = chunks as usize * BULK_CHUNK;
+    assert!(
+        produced < total / 4,
+        "upstream produced {produced} of {total} bytes for a stalled client"
+    );
+    // Reading resumes and everything arrives.
+    let mut received = first.into_data().unwrap().len();
+    while let Some(frame) = body.frame().await {
+        received += frame.unwrap().into_data().map_or(0, |d| d.len());
+    }
+    assert_eq!(received, total);
+}

@@ -125,7 +125,7 @@ async fn forward(
 
 /// The headers sent upstream: the client's, minus hop-by-hop and `Host` (the client sets the
 /// replica's), minus `Content-Length` (recomputed from the collected body, which shaping may
-/// change), plus `X-Forwarded-*` and the request id.
+/// change) and `Expect`, plus `X-Forwarded-*` and the request id.
 fn upstream_headers(parts: &http::request::Parts) -> http::HeaderMap {
     let mut h = parts.headers.clone();
     strip_hop_by_hop(&mut h);
@@ -134,6 +134,8 @@ fn upstream_headers(parts: &http::request::Parts) -> http::HeaderMap {
         .and_then(|v| v.to_str().ok().map(str::to_string))
         .or_else(|| parts.uri.authority().map(|a| a.to_string()));
     h.remove(header::CONTENT_LENGTH);
+    // The body is already read: a 100-continue handshake has nothing left to gate.
+    h.remove(header::EXPECT);
     let conn = parts.extensions.get::<ConnInfo>();
     let ip = conn.map(|c| c.remote.ip().to_string());
     let proto = if conn.is_some_and(|c| c.tls) {

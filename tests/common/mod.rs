@@ -119,6 +119,7 @@ pub fn assert_openai_error(status: u16, body: &[u8]) {
 //   x-fake-events: N      SSE stream of N events then `data: [DONE]`
 //   x-fake-delay-ms: MS   pause before each event (and before the head with x-fake-hang)
 //   x-fake-hang: 1        never answer
+//   x-fake-bulk: N        N chunks of 64 KiB, as fast as they are pulled
 //   x-fake-echo: 1        answer with the request line, headers and body as JSON
 //   GET /unhealthy        503 (a health path that always fails)
 // Anything else: a fixed JSON body. Responses carry hop-by-hop headers the proxy must strip.
@@ -129,6 +130,8 @@ pub struct FakeStats {
     pub aborted: AtomicUsize,
     /// Requests other than health probes.
     pub requests: AtomicUsize,
+    /// Bytes of `x-fake-bulk` bodies produced so far (pulled by the proxy).
+    pub bulk_bytes: AtomicUsize,
 }
 
 pub struct Fake {
@@ -195,6 +198,8 @@ impl Drop for AbortWatch {
     }
 }
 
+pub const BULK_CHUNK: usize = 64 * 1024;
+
 pub fn sse_event(i: u64) -> String {
     format!("data: {{\"id\":\"fake\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"tok{i} \"}},\"finish_reason\":null}}]}}\n\n")
 }
@@ -243,6 +248,27 @@ async fn fake_handle(
         r.headers_mut()
             .insert("content-type", "text/event-stream".parse().unwrap());
         r
+    } else if let Some(n) = header_u64(&req, "x-fake-bulk") {
+        let watch = AbortWatch {
+            stats: stats.clone(),
+            finished: false,
+        };
+        let chunk = Bytes::from(vec![b'x'; BULK_CHUNK]);
+        let body = stream::unfold((0u64, watch), move |(i, mut watch)| {
+            let chunk = chunk.clone();
+            async move {
+                if i == n {
+                    watch.finish();
+                    return None;
+                }
+                watch
+                    .stats
+                    .bulk_bytes
+                    .fetch_add(chunk.len(), Ordering::SeqCst);
+                Some((Ok::<_, Infallible>(Frame::data(chunk)), (i + 1, watch)))
+            }
+        });
+        Response::new(StreamBody::new(body).boxed())
     } else if req.headers().contains_key("x-fake-echo") {
         let method = req.method().to_string();
         let uri = req.uri().to_string();
