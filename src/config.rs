@@ -124,7 +124,8 @@ pub struct UpstreamConfig {
     /// TCP connect deadline per attempt, ms. A failed connect is retried once on another replica.
     pub connect_timeout_ms: u64,
     /// Deadline for the upstream response head, from sending the request, ms (504 when it fires).
-    /// Long prompts are normal, hence the generous default.
+    /// It also bounds the first body frame (a stream's first event follows prefill). Long
+    /// prompts are normal, hence the generous default.
     pub first_byte_timeout_ms: u64,
     /// Longest silence between two body frames of a response, ms; the stream is cut when it fires.
     pub stream_idle_timeout_ms: u64,

@@ -43,9 +43,6 @@ pub enum ProxyError {
     /// No response head within `upstream.first_byte_timeout_ms`.
     #[error("upstream sent no response within {ms} ms")]
     FirstByteTimeout { ms: u64 },
-    /// The proxy is shutting down or otherwise not ready to take the request.
-    #[error("proxy unavailable: {0}")]
-    Unavailable(String),
 }
 
 impl ProxyError {
@@ -54,9 +51,7 @@ impl ProxyError {
             ProxyError::NotFound { .. } => StatusCode::NOT_FOUND,
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::ClientBody(_) => StatusCode::BAD_REQUEST,
-            ProxyError::Overloaded { .. } | ProxyError::Unavailable(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ProxyError::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::UpstreamConnect { .. } | ProxyError::Upstream { .. } => {
                 StatusCode::BAD_GATEWAY
             }
@@ -69,7 +64,7 @@ impl ProxyError {
         match self {
             ProxyError::NotFound { .. } => "NotFoundError",
             ProxyError::BodyTooLarge { .. } | ProxyError::ClientBody(_) => "BadRequestError",
-            ProxyError::Overloaded { .. } | ProxyError::Unavailable(_) => "ServiceUnavailableError",
+            ProxyError::Overloaded { .. } => "ServiceUnavailableError",
             ProxyError::UpstreamConnect { .. } | ProxyError::Upstream { .. } => "BadGatewayError",
             ProxyError::FirstByteTimeout { .. } => "GatewayTimeoutError",
         }

@@ -96,6 +96,26 @@ async fn client_disconnect_after_3_events_reaches_the_engine_within_1s() {
 }
 
 #[tokio::test]
+async fn client_leaving_before_the_response_head_reaches_the_engine_within_1s() {
+    // Non-streaming: the head only comes when generation ends (here after ~40 s).
+    let sim = start_sim(SimConfig::with_timing(5.0, 20.0)).await;
+    let proxy = start_proxy(test_config(&[sim.base_url()])).await;
+    let body = r#"{"model":"tiny","messages":[{"role":"user","content":"Hi"}],"max_tokens":2000,"ignore_eos":true}"#;
+    let c = client();
+    let url = proxy.url(CHAT);
+    let pending = tokio::spawn(async move { c.request(post_json(&url, body)).await });
+    assert!(
+        eventually(SLOW, || sim.running() == 1).await,
+        "engine never started"
+    );
+    pending.abort();
+    let seen = eventually(Duration::from_secs(1), || sim.running() == 0).await;
+    assert!(seen, "engine still generating 1 s after the client left");
+    drop(proxy);
+    sim.shutdown().await;
+}
+
+#[tokio::test]
 async fn engine_errors_pass_through_and_a_hung_engine_is_504() {
     let sim = start_sim(SimConfig::fast()).await;
     let mut config = test_config(&[sim.base_url()]);

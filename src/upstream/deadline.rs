@@ -1,7 +1,10 @@
-//! The response body deadlines: idle (longest wait for the next frame) and an optional total.
+//! The response body deadlines: first frame, idle (longest wait for the next frame) and an
+//! optional total.
 //!
-//! The idle clock starts when the client asks for the next frame, not when the previous one
-//! was produced, so a slow reader (backpressure) never looks like a silent upstream.
+//! The first frame may take as long as the first-byte deadline allows: engines send the head
+//! of a stream at once and the first event only after prefill, and long prompts are normal.
+//! After that, the idle clock starts when the client asks for the next frame, not when the
+//! previous one was produced, so a slow reader (backpressure) never looks like a silent upstream.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -19,6 +22,8 @@ use crate::error::BoxError;
 /// classify the outcome as `timeout`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum DeadlineError {
+    #[error("upstream sent no body frame within the first-byte deadline")]
+    FirstByte,
     #[error("upstream stream idle for more than {0:?}")]
     Idle(Duration),
     #[error("response exceeded the total deadline of {0:?}")]
@@ -33,6 +38,8 @@ pin_project! {
         inner: B,
         idle: Duration,
         idle_sleep: Pin<Box<Sleep>>,
+        // Until the first frame arrives: the first-byte deadline.
+        first_frame_by: Option<Instant>,
         // True while a frame was asked for and has not arrived yet.
         waiting: bool,
         total: Option<(Duration, Pin<Box<Sleep>>)>,
@@ -42,11 +49,19 @@ pin_project! {
 }
 
 impl<B, G> DeadlineBody<B, G> {
-    pub fn new(inner: B, idle: Duration, total: Option<Duration>, guard: G) -> Self {
+    /// `first_frame_by`: the first-byte deadline (the first frame gets at least `idle` too).
+    pub fn new(
+        inner: B,
+        first_frame_by: Instant,
+        idle: Duration,
+        total: Option<Duration>,
+        guard: G,
+    ) -> Self {
         let now = Instant::now();
         Self {
             inner,
             idle,
+            first_frame_by: Some(first_frame_by),
             idle_sleep: Box::pin(tokio::time::sleep_until(now + idle)),
             waiting: false,
             total: total.map(|t| (t, Box::pin(tokio::time::sleep_until(now + t)))),
@@ -74,11 +89,15 @@ where
         }
         if !*this.waiting {
             *this.waiting = true;
-            let idle = *this.idle;
-            this.idle_sleep.as_mut().reset(Instant::now() + idle);
+            let idle_by = Instant::now() + *this.idle;
+            let by = this
+                .first_frame_by
+                .map_or(idle_by, |first| first.max(idle_by));
+            this.idle_sleep.as_mut().reset(by);
         }
         if let Poll::Ready(frame) = this.inner.poll_frame(cx) {
             *this.waiting = false;
+            *this.first_frame_by = None;
             if frame.is_none() {
                 *this.done = true;
             }
@@ -92,7 +111,11 @@ where
         }
         ready!(this.idle_sleep.as_mut().poll(cx));
         *this.done = true;
-        Poll::Ready(Some(Err(DeadlineError::Idle(*this.idle).into())))
+        let err = match this.first_frame_by {
+            Some(_) => DeadlineError::FirstByte,
+            None => DeadlineError::Idle(*this.idle),
+        };
+        Poll::Ready(Some(Err(err.into())))
     }
 
     fn is_end_stream(&self) -> bool {
@@ -129,9 +152,15 @@ mod tests {
             as Pin<Box<dyn futures_util::Stream<Item = Item> + Send>>)
     }
 
-    async fn run(delays: &[u64], idle: u64, total: Option<u64>) -> (usize, Option<DeadlineError>) {
+    async fn run(
+        delays: &[u64],
+        first: u64,
+        idle: u64,
+        total: Option<u64>,
+    ) -> (usize, Option<DeadlineError>) {
         let mut body = DeadlineBody::new(
             delayed(delays),
+            Instant::now() + Duration::from_millis(first),
             Duration::from_millis(idle),
             total.map(Duration::from_millis),
             (),
@@ -150,32 +179,48 @@ mod tests {
     async fn table() {
         let idle = |ms| Some(DeadlineError::Idle(Duration::from_millis(ms)));
         let total = |ms| Some(DeadlineError::Total(Duration::from_millis(ms)));
-        // (frame delays, idle ms, total ms, (frames seen, error))
+        let first = Some(DeadlineError::FirstByte);
+        // (frame delays, first-byte ms, idle ms, total ms, (frames seen, error))
         type Case = (
             &'static [u64],
+            u64,
             u64,
             Option<u64>,
             (usize, Option<DeadlineError>),
         );
         let cases: Vec<Case> = vec![
-            (&[10, 10, 10], 50, None, (3, None)),
-            (&[10, 100, 10], 50, None, (1, idle(50))),
-            (&[40, 40, 40, 40], 50, None, (4, None)),
-            (&[40, 40, 40, 40], 50, Some(100), (2, total(100))),
-            (&[], 50, Some(1), (0, None)),
+            (&[10, 10, 10], 0, 50, None, (3, None)),
+            (&[10, 100, 10], 0, 50, None, (1, idle(50))),
+            (&[40, 40, 40, 40], 0, 50, None, (4, None)),
+            (&[40, 40, 40, 40], 0, 50, Some(100), (2, total(100))),
+            (&[], 0, 50, Some(1), (0, None)),
+            // A slow first frame (prefill) is covered by the first-byte deadline ...
+            (&[400, 10], 500, 50, None, (2, None)),
+            // ... up to that deadline,
+            (&[600, 10], 500, 50, None, (0, first)),
+            // and never less than one idle period.
+            (&[40, 10], 0, 50, None, (2, None)),
+            // After the first frame, idle applies again.
+            (&[400, 100], 500, 50, None, (1, idle(50))),
         ];
-        for (delays, i, t, want) in cases {
+        for (delays, f, i, t, want) in cases {
             assert_eq!(
-                run(delays, i, t).await,
+                run(delays, f, i, t).await,
                 want,
-                "{delays:?} idle={i} total={t:?}"
+                "{delays:?} first={f} idle={i} total={t:?}"
             );
         }
     }
 
     #[tokio::test(start_paused = true)]
     async fn slow_reader_is_not_idle() {
-        let mut body = DeadlineBody::new(delayed(&[1, 1, 1]), Duration::from_millis(50), None, ());
+        let mut body = DeadlineBody::new(
+            delayed(&[1, 1, 1]),
+            Instant::now(),
+            Duration::from_millis(50),
+            None,
+            (),
+        );
         let mut n = 0;
         while let Some(f) = body.frame().await {
             f.unwrap();

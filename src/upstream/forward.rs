@@ -90,7 +90,8 @@ async fn forward(
         *out.version_mut() = Version::HTTP_11;
         *out.headers_mut() = headers.clone();
 
-        let result = tokio::time::timeout(first_byte, up.client.request(out)).await;
+        let first_byte_by = tokio::time::Instant::now() + first_byte;
+        let result = tokio::time::timeout_at(first_byte_by, up.client.request(out)).await;
         let resp = match result {
             Err(_) => {
                 return Err(ProxyError::FirstByteTimeout {
@@ -115,6 +116,7 @@ async fn forward(
         rparts.extensions.insert(ServedBy(replica.url.clone()));
         let body = DeadlineBody::new(
             rbody,
+            first_byte_by,
             up.config.stream_idle_timeout(),
             up.config.total_timeout(),
             guard,
