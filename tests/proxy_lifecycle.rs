@@ -199,7 +199,7 @@ fn spawn_binary(upstream: &str, drain_ms: u64, grace_ms: u64) -> Binary {
 #[tokio::test]
 async fn sigterm_drains_streams_refuses_new_connections_and_exits_0() {
     let fake = start_fake().await;
-    let mut bin = spawn_binary(&fake.url(), 700, 20_000);
+    let mut bin = spawn_binary(&fake.url(), 2_000, 20_000);
     let url = format!("http://{}/v1/chat/completions", bin.addr);
     let admin = format!("http://{}/readyz", bin.admin);
 
@@ -219,11 +219,11 @@ async fn sigterm_drains_streams_refuses_new_connections_and_exits_0() {
         "never ready"
     );
 
-    // Two streams of ~2 s each, in flight when the signal arrives.
+    // Two streams of ~4 s each, in flight when the signal arrives.
     let c = client();
     let mut streams = Vec::new();
     for _ in 0..2 {
-        let resp = c.request(fake_stream_request(&url, 10, 200)).await.unwrap();
+        let resp = c.request(fake_stream_request(&url, 20, 200)).await.unwrap();
         let mut body = resp.into_body();
         let first = read_events(&mut body, 1).await;
         streams.push(tokio::spawn(async move {
@@ -236,6 +236,17 @@ async fn sigterm_drains_streams_refuses_new_connections_and_exits_0() {
         .status()
         .unwrap();
     assert!(status.success());
+
+    // During the drain delay, new connections are still served.
+    let (parts, _) = send(
+        &client(),
+        post_json(&format!("http://{}/v1/completions", bin.addr), "{}"),
+    )
+    .await;
+    assert_eq!(
+        parts.status, 200,
+        "a new connection during the drain delay must be served"
+    );
 
     // /readyz turns 503 at once (well before the drain delay ends).
     let t = tokio::time::Instant::now();
