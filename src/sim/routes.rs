@@ -28,8 +28,9 @@ const MAX_BODY: usize = 32 * 1024 * 1024;
 pub enum SimBody {
     Full(Option<Bytes>),
     Sse(Box<SseBody>),
-    /// Sends `prefix`, then fails so that hyper closes the connection.
-    Cut(Option<Bytes>),
+    /// Sends `prefix`, yields once (so it is flushed), then fails so that hyper closes the
+    /// connection.
+    Cut(Option<Bytes>, bool),
 }
 
 impl Body for SimBody {
@@ -43,10 +44,15 @@ impl Body for SimBody {
         match self.get_mut() {
             SimBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
             SimBody::Sse(s) => Pin::new(s.as_mut()).poll_frame(cx),
-            SimBody::Cut(b) => Poll::Ready(Some(match b.take() {
-                Some(b) => Ok(Frame::data(b)),
-                None => Err(Truncated),
-            })),
+            SimBody::Cut(b, yielded) => match b.take() {
+                Some(b) => Poll::Ready(Some(Ok(Frame::data(b)))),
+                None if !*yielded => {
+                    *yielded = true;
+                    cx.waker().wake_by_ref();
+                    Poll::Pending
+                }
+                None => Poll::Ready(Some(Err(Truncated))),
+            },
         }
     }
 
@@ -54,7 +60,7 @@ impl Body for SimBody {
         match self {
             SimBody::Full(b) => b.is_none(),
             SimBody::Sse(s) => s.is_end_stream(),
-            SimBody::Cut(_) => false,
+            SimBody::Cut(..) => false,
         }
     }
 
@@ -202,7 +208,7 @@ async fn generate(
         NonStream::Json(b) | NonStream::Malformed(b) => json(200, b),
         NonStream::Error(e) => error(&e),
         NonStream::Truncated { full_len, prefix } => head(200, Some(JSON), Some(full_len))
-            .body(SimBody::Cut(Some(prefix)))
+            .body(SimBody::Cut(Some(prefix), false))
             .unwrap_or_else(|_| Response::new(SimBody::Full(None))),
     }
 }

@@ -49,6 +49,7 @@ pub struct SseBody {
     deadline: Instant,
     buf: BytesMut,
     malformed_sent: bool,
+    cut_yielded: bool,
 }
 
 impl SseBody {
@@ -72,6 +73,7 @@ impl SseBody {
             deadline: now,
             buf: BytesMut::with_capacity(4096),
             malformed_sent: false,
+            cut_yielded: false,
         }
     }
 
@@ -202,6 +204,12 @@ impl Body for SseBody {
                 State::Truncate => {
                     if !this.buf.is_empty() {
                         return this.take_frame();
+                    }
+                    // Yield once so hyper flushes what was sent before the cut.
+                    if !this.cut_yielded {
+                        this.cut_yielded = true;
+                        cx.waker().wake_by_ref();
+                        return Poll::Pending;
                     }
                     this.state = State::Done;
                     return Poll::Ready(Some(Err(Truncated)));
