@@ -77,3 +77,40 @@ where
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use tower::{service_fn, ServiceExt};
+
+    fn ok_service() -> impl Service<
+        Request<()>,
+        Response = Response<ProxyBody>,
+        Error = ProxyError,
+        Future = impl Send + 'static,
+    > + Clone {
+        service_fn(|_req: Request<()>| async {
+            let body = Full::new(Bytes::from_static(b"hi"))
+                .map_err(|never| match never {})
+                .boxed_unsync();
+            Ok::<_, ProxyError>(Response::new(body))
+        })
+    }
+
+    #[tokio::test]
+    async fn the_permit_lives_as_long_as_the_response_body() {
+        let svc = InFlightLimitLayer::new(1, 4).layer(ok_service());
+        let first = svc.clone().oneshot(Request::new(())).await.unwrap();
+        match svc.clone().oneshot(Request::new(())).await {
+            Err(ProxyError::Overloaded {
+                limit: 1,
+                retry_after_s: 4,
+            }) => {}
+            other => panic!("expected Overloaded, got {:?}", other.map(|r| r.status())),
+        }
+        drop(first);
+        assert!(svc.oneshot(Request::new(())).await.is_ok());
+    }
+}
