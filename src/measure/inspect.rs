@@ -105,7 +105,10 @@ pub struct ResponseInfo {
 impl ResponseInfo {
     /// Success by DESIGN.md: `choices` present and every choice has a `finish_reason`.
     pub fn is_complete(&self) -> bool {
-        self.parsed && !self.error && self.choice_count > 0 && self.finished_count == self.choice_count
+        self.parsed
+            && !self.error
+            && self.choice_count > 0
+            && self.finished_count == self.choice_count
     }
 }
 

@@ -188,7 +188,10 @@ impl Timeline {
 
     /// DESIGN.md: success iff every choice got a finish_reason, `[DONE]` arrived, no error.
     fn stream_complete(&self) -> bool {
-        self.done && !self.inband_error && !self.finished.is_empty() && self.seen.subset_of(&self.finished)
+        self.done
+            && !self.inband_error
+            && !self.finished.is_empty()
+            && self.seen.subset_of(&self.finished)
     }
 }
 
@@ -265,7 +268,8 @@ impl StreamMeter {
         }
         if self.streaming {
             let tl = &mut self.tl;
-            self.parser.feed(bytes, |ev| tl.on_event(t, ev, &mut on_gap));
+            self.parser
+                .feed(bytes, |ev| tl.on_event(t, ev, &mut on_gap));
         } else if !self.body_overflow {
             if self.body.len() + bytes.len() > MAX_JSON_BODY {
                 self.body_overflow = true;

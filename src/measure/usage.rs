@@ -87,7 +87,12 @@ pub fn inject_include_usage(body: &[u8]) -> Option<Vec<u8>> {
     let opts_at = offset_in(body, opts.get());
     let text = opts.get();
     if text == "null" {
-        return Some(splice(body, opts_at, text.len(), &[b"{", INCLUDE_USAGE, b"}"]));
+        return Some(splice(
+            body,
+            opts_at,
+            text.len(),
+            &[b"{", INCLUDE_USAGE, b"}"],
+        ));
     }
     if !text.starts_with('{') {
         return None;
@@ -98,7 +103,12 @@ pub fn inject_include_usage(body: &[u8]) -> Option<Vec<u8>> {
     }
     match o.include_usage {
         Some(v) if v.get() == "true" => None, // the client asked: leave it alone
-        Some(v) => Some(splice(body, offset_in(body, v.get()), v.get().len(), &[b"true"])),
+        Some(v) => Some(splice(
+            body,
+            offset_in(body, v.get()),
+            v.get().len(),
+            &[b"true"],
+        )),
         None => {
             let inner_empty = text[1..text.len() - 1].trim().is_empty();
             let sep: &[u8] = if inner_empty { b"" } else { b"," };
@@ -218,7 +228,9 @@ enum Class {
     /// JSON text, if any.
     Usage(Option<Bytes>),
     /// A chunk where some choice finishes, without usage; whether it has a fingerprint.
-    Finish { has_fingerprint: bool },
+    Finish {
+        has_fingerprint: bool,
+    },
     Other,
 }
 
@@ -354,7 +366,9 @@ impl UsageStripper {
                 return;
             };
             if info.choice_count == 0 && peek.usage.is_some() {
-                let fp = peek.system_fingerprint.map(|f| Bytes::copy_from_slice(f.get().as_bytes()));
+                let fp = peek
+                    .system_fingerprint
+                    .map(|f| Bytes::copy_from_slice(f.get().as_bytes()));
                 class = Class::Usage(fp);
             } else if info.finished_count > 0 && peek.usage.is_none() {
                 class = Class::Finish {
