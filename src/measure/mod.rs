@@ -17,3 +17,6 @@ pub use meter::{Measurement, StreamMeter};
 pub use outcome::{Ending, FinishReason, Outcome};
 pub use slo::{judge, Slo, SloTable, SloVerdict};
 pub use stats::{percentile, summarize, Summary};
+
+#[cfg(test)]
+pub(crate) mod fixtures;
