@@ -328,3 +328,187 @@ impl Drop for RequestMetrics {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::measure::outcome::FinishReason;
+    use crate::measure::slo::{judge, Slo};
+    use prometheus::proto::MetricFamily;
+
+    fn setup(configured: &[&str]) -> (Registry, Metrics) {
+        let r = Registry::new();
+        let m = Metrics::register(&r, ModelLabels::new(configured)).unwrap();
+        (r, m)
+    }
+
+    fn family<'a>(fams: &'a [MetricFamily], name: &str) -> &'a MetricFamily {
+        fams.iter()
+            .find(|f| f.name() == name)
+            .unwrap_or_else(|| panic!("{name}"))
+    }
+
+    fn success(ttft_ms: u64, tokens: u64) -> Measurement {
+        let mut m = Measurement::without_body(
+            Outcome::Success,
+            Some(200),
+            Duration::from_millis(ttft_ms + 100),
+        );
+        m.streaming = true;
+        m.finish_reason = Some(FinishReason::Stop);
+        m.ttft = Some(Duration::from_millis(ttft_ms));
+        m.ttfc = m.ttft;
+        m.tpot = Some(Duration::from_millis(20));
+        m.prompt_tokens = Some(5);
+        m.completion_tokens = Some(tokens);
+        m
+    }
+
+    #[test]
+    fn every_family_is_registered_with_the_vllm_grids() {
+        let (r, m) = setup(&["tiny"]);
+        let rm = m.for_request("tiny");
+        rm.observe_gap(Duration::from_millis(5));
+        let meas = success(100, 3);
+        rm.finish(&meas, &judge(&meas, &Slo::default()));
+        m.observe_overhead(Duration::from_micros(30));
+        let fams = r.gather();
+        let mut names: Vec<&str> = fams.iter().map(|f| f.name()).collect();
+        names.sort_unstable();
+        assert_eq!(
+            names,
+            [
+                "goodput_proxy_e2e_request_latency_seconds",
+                "goodput_proxy_generation_tokens_total",
+                "goodput_proxy_goodput_requests_total",
+                "goodput_proxy_inter_token_latency_seconds",
+                "goodput_proxy_overhead_seconds",
+                "goodput_proxy_prompt_tokens_total",
+                "goodput_proxy_records_dropped_total",
+                "goodput_proxy_requests_in_flight",
+                "goodput_proxy_requests_total",
+                "goodput_proxy_time_per_output_token_seconds",
+                "goodput_proxy_time_to_first_chunk_seconds",
+                "goodput_proxy_time_to_first_token_seconds",
+            ]
+        );
+        let bounds = |name: &str| -> Vec<f64> {
+            family(&fams, name).get_metric()[0]
+                .get_histogram()
+                .get_bucket()
+                .iter()
+                .map(|b| b.upper_bound())
+                .collect()
+        };
+        assert_eq!(
+            bounds("goodput_proxy_time_to_first_token_seconds"),
+            TTFT_BUCKETS
+        );
+        assert_eq!(
+            bounds("goodput_proxy_time_to_first_chunk_seconds"),
+            TTFT_BUCKETS
+        );
+        assert_eq!(
+            bounds("goodput_proxy_time_per_output_token_seconds"),
+            TPOT_BUCKETS
+        );
+        assert_eq!(
+            bounds("goodput_proxy_inter_token_latency_seconds"),
+            TPOT_BUCKETS
+        );
+        assert_eq!(
+            bounds("goodput_proxy_e2e_request_latency_seconds"),
+            E2E_BUCKETS
+        );
+        assert_eq!(TTFT_BUCKETS.len(), 22);
+        assert_eq!(TPOT_BUCKETS.len(), 19);
+        assert_eq!(E2E_BUCKETS.len(), 21);
+        // records_dropped_total exists even before a drop (a zero is a signal too).
+        assert_eq!(
+            family(&fams, "goodput_proxy_records_dropped_total").get_metric()[0]
+                .get_counter()
+                .get_value(),
+            0.0
+        );
+    }
+
+    #[test]
+    fn a_finished_request_counts_once_everywhere() {
+        let (_r, m) = setup(&["tiny"]);
+        let rm = m.for_request("tiny");
+        assert_eq!(m.in_flight.with_label_values(&["tiny"]).get(), 1);
+        let meas = success(3000, 7); // TTFT over the 2 s SLO: success, not good
+        let v = judge(&meas, &Slo::default());
+        rm.finish(&meas, &v);
+        assert_eq!(m.in_flight.with_label_values(&["tiny"]).get(), 0);
+        assert_eq!(
+            m.requests
+                .with_label_values(&["tiny", "success", "stop"])
+                .get(),
+            1
+        );
+        assert_eq!(m.goodput.with_label_values(&["tiny"]).get(), 0);
+        assert_eq!(
+            m.slo_violations.with_label_values(&["tiny", "ttft"]).get(),
+            1
+        );
+        assert_eq!(
+            m.slo_violations.with_label_values(&["tiny", "tpot"]).get(),
+            0
+        );
+        assert_eq!(m.generation_tokens.with_label_values(&["tiny"]).get(), 7);
+        assert_eq!(m.prompt_tokens.with_label_values(&["tiny"]).get(), 5);
+        assert_eq!(m.ttft.with_label_values(&["tiny"]).get_sample_count(), 1);
+        assert_eq!(m.e2e.with_label_values(&["tiny"]).get_sample_count(), 1);
+        // Dropped without finish (the proxy answered itself): still leaves in-flight.
+        drop(m.for_request("tiny"));
+        assert_eq!(m.in_flight.with_label_values(&["tiny"]).get(), 0);
+        // A rejection is counted but not timed.
+        let rej = Measurement::without_body(Outcome::Rejected, Some(429), Duration::from_millis(1));
+        m.for_request("tiny")
+            .finish(&rej, &judge(&rej, &Slo::default()));
+        assert_eq!(
+            m.requests
+                .with_label_values(&["tiny", "rejected", "none"])
+                .get(),
+            1
+        );
+        assert_eq!(m.e2e.with_label_values(&["tiny"]).get_sample_count(), 1);
+    }
+
+    #[test]
+    fn random_model_names_share_one_other_series() {
+        let (r, m) = setup(&["tiny"]);
+        m.models.set_learned(["learned-a"]);
+        assert_eq!(&*m.models.resolve("tiny"), "tiny");
+        assert_eq!(&*m.models.resolve("learned-a"), "learned-a");
+        assert_eq!(&*m.models.resolve("learned-b"), OTHER_MODEL);
+        let meas = success(10, 2);
+        let v = judge(&meas, &Slo::default());
+        for i in 0..10_000u32 {
+            m.for_request(&format!("random-{}", i.wrapping_mul(2_654_435_761)))
+                .finish(&meas, &v);
+        }
+        let fams = r.gather();
+        let series = family(&fams, "goodput_proxy_requests_total").get_metric();
+        assert_eq!(series.len(), 1);
+        let labels: Vec<_> = series[0]
+            .get_label()
+            .iter()
+            .map(|l| (l.name(), l.value()))
+            .collect();
+        assert!(labels.contains(&("model", "other")));
+        assert_eq!(series[0].get_counter().get_value(), 10_000.0);
+    }
+
+    #[test]
+    fn learned_models_are_bounded() {
+        let labels = ModelLabels::new(["a"]);
+        labels.set_learned((0..10_000).map(|i| format!("m{i}")));
+        let known = (0..10_000)
+            .filter(|i| labels.contains(&format!("m{i}")))
+            .count();
+        assert_eq!(known, MAX_LEARNED_MODELS);
+        assert!(labels.contains("a"));
+    }
+}

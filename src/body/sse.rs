@@ -301,7 +301,8 @@ mod tests {
 
     #[test]
     fn table() {
-        let cases: &[(&str, &[&[u8]], Vec<Ev>)] = &[
+        type Case<'a> = (&'a str, &'a [&'a [u8]], Vec<Ev>);
+        let cases: &[Case] = &[
             ("lf", &[b"data: a\n\n"], data(&["a"])),
             ("crlf", &[b"data: a\r\n\r\n"], data(&["a"])),
             ("cr", &[b"data: a\r\rdata: b\r\r"], data(&["a", "b"])),

@@ -617,7 +617,15 @@ mod tests {
     #[test]
     fn real_captures() {
         // (capture, chunks incl. [DONE], output events, tokens, finish, usage)
-        let cases: &[(&str, usize, usize, u32, FinishReason, Option<(u64, u64)>)] = &[
+        type Case = (
+            &'static str,
+            usize,
+            usize,
+            u32,
+            FinishReason,
+            Option<(u64, u64)>,
+        );
+        let cases: &[Case] = &[
             ("stream-chat.txt", 18, 16, 16, Length, None),
             ("stream-chat-usage.txt", 19, 16, 16, Length, Some((32, 16))),
             (
@@ -652,7 +660,7 @@ mod tests {
             );
             let finishes: Vec<_> = c.iter().filter_map(|i| i.finish_reason()).collect();
             assert!(finishes.iter().all(|f| f == finish), "{name}: finish");
-            let last_usage = c.iter().filter_map(|i| i.usage).last();
+            let last_usage = c.iter().rev().find_map(|i| i.usage);
             let got = last_usage.map(|u| (u.prompt_tokens.unwrap(), u.completion_tokens.unwrap()));
             assert_eq!(got, *usage, "{name}: usage");
         }
@@ -688,7 +696,11 @@ mod tests {
                 completion_tokens: Some(8)
             })
         );
-        for name in ["error-too-long.txt", "error-unknown-model.txt"] {
+        for (name, status) in [
+            ("error-too-long.txt", 400),
+            ("error-unknown-model.txt", 404),
+        ] {
+            assert_eq!(capture(name).status, status);
             let e = inspect_response(capture(name).body);
             assert!(e.parsed && e.error && !e.is_complete(), "{name}");
         }

@@ -565,7 +565,8 @@ mod tests {
         };
         use Ending::*;
         use Outcome::*;
-        let cases: Vec<(&str, Vec<(u64, String)>, Ending, Outcome)> = vec![
+        type Case = (&'static str, Vec<(u64, String)>, Ending, Outcome);
+        let cases: Vec<Case> = vec![
             ("complete", stream(3, 10, &[DONE.into()]), Complete, Success),
             (
                 "error then [DONE]",

@@ -264,3 +264,185 @@ pub fn compute_stats(
         "e2e_seconds": summary_json(&mut e2e),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::measure::slo::{judge, Slo};
+
+    fn secs(s: f64) -> Duration {
+        Duration::from_secs_f64(s)
+    }
+
+    fn rec(
+        model: &str,
+        outcome: Outcome,
+        status: u16,
+        ttft: Option<f64>,
+        e2e: f64,
+        end: Instant,
+    ) -> Arc<RequestRecord> {
+        let mut m = Measurement::without_body(outcome, Some(status), secs(e2e));
+        m.streaming = true;
+        m.ttft = ttft.map(secs);
+        m.ttfc = ttft.map(secs);
+        let v = judge(&m, &Slo::default());
+        Arc::new(RequestRecord::new(
+            "id".into(),
+            model.into(),
+            None,
+            0,
+            end,
+            &m,
+            v,
+        ))
+    }
+
+    #[test]
+    fn record_fields_and_json() {
+        let now = Instant::now();
+        let r = rec("tiny", Outcome::Success, 200, Some(0.25), 1.0, now);
+        let v = serde_json::to_value(&*r).unwrap();
+        for key in [
+            "id",
+            "model",
+            "upstream",
+            "stream",
+            "status",
+            "outcome",
+            "finish_reason",
+            "start_unix_ms",
+            "ttft_s",
+            "ttfc_s",
+            "tpot_s",
+            "e2e_s",
+            "itl_count",
+            "itl_max_s",
+            "prompt_tokens",
+            "completion_tokens",
+            "usage_exact",
+            "slo",
+        ] {
+            assert!(v.get(key).is_some(), "{key}");
+        }
+        assert_eq!(v["outcome"], "success");
+        assert_eq!(v["ttft_s"], 0.25);
+        assert_eq!(v["slo"]["good"], true);
+        assert_eq!(v["slo"]["tpot_ok"], serde_json::Value::Null);
+    }
+
+    #[test]
+    fn ring_is_bounded_and_sheds_gaps_oldest_first() {
+        let now = Instant::now();
+        let ring = RecordRing::new(3, 5, now);
+        for i in 0..5 {
+            ring.push(
+                rec(&format!("m{i}"), Outcome::Success, 200, None, 1.0, now),
+                vec![0.1, 0.2],
+            );
+        }
+        let snap = ring.snapshot(now, secs(60.0));
+        let models: Vec<&str> = snap.iter().map(|e| e.record.model.as_str()).collect();
+        assert_eq!(models, ["m2", "m3", "m4"]);
+        let with_gaps: Vec<bool> = snap.iter().map(|e| e.gaps.is_some()).collect();
+        assert_eq!(
+            with_gaps,
+            [false, true, true],
+            "5 gaps at most: the oldest lost theirs"
+        );
+    }
+
+    #[test]
+    fn stats_shape_windows_filters_and_exact_values() {
+        let t = Instant::now() + secs(1000.0);
+        let ring = RecordRing::new(100, 1000, t - secs(500.0));
+        // Outside a 60 s window.
+        ring.push(
+            rec("a", Outcome::Success, 200, Some(9.0), 9.0, t - secs(100.0)),
+            vec![],
+        );
+        for (i, ttft) in [0.1, 0.2, 0.3, 0.4].iter().enumerate() {
+            ring.push(
+                rec(
+                    "a",
+                    Outcome::Success,
+                    200,
+                    Some(*ttft),
+                    1.0,
+                    t - secs(10.0 - i as f64),
+                ),
+                vec![0.01, 0.03],
+            );
+        }
+        ring.push(
+            rec("a", Outcome::Success, 200, Some(5.0), 6.0, t - secs(5.0)),
+            vec![],
+        ); // slow: not good
+        ring.push(
+            rec("b", Outcome::UpstreamError, 200, None, 2.0, t - secs(4.0)),
+            vec![],
+        );
+        ring.push(
+            rec("b", Outcome::Rejected, 400, None, 0.001, t - secs(3.0)),
+            vec![],
+        ); // client's fault
+        ring.push(
+            rec("b", Outcome::Rejected, 429, None, 0.001, t - secs(2.0)),
+            vec![],
+        ); // shed: counts
+        let s = ring.stats(t, secs(60.0), None);
+        assert_eq!(s["window_seconds"], 60.0);
+        assert_eq!(s["requests"], 8);
+        assert_eq!(s["outcomes"]["success"], 5);
+        assert_eq!(s["outcomes"]["upstream_error"], 1);
+        assert_eq!(s["outcomes"]["rejected"], 2);
+        assert_eq!(s["outcomes"]["client_abort"], 0);
+        assert_eq!(s["outcomes"].as_object().unwrap().len(), 6);
+        assert_eq!(s["goodput"]["good"], 4);
+        assert_eq!(s["goodput"]["ratio"], 4.0 / 7.0);
+        assert_eq!(s["goodput"]["per_second"], 4.0 / 60.0);
+        let ttft = &s["ttft_seconds"];
+        assert_eq!(
+            (
+                ttft["count"].as_u64(),
+                ttft["p50"].as_f64(),
+                ttft["max"].as_f64()
+            ),
+            (Some(5), Some(0.3), Some(5.0))
+        );
+        assert_eq!(s["itl_seconds"]["count"], 8);
+        assert_eq!(s["itl_seconds"]["p50"].as_f64().unwrap() as f32, 0.01);
+        assert_eq!(s["e2e_seconds"]["count"], 8);
+        for key in ["ttfc_seconds", "tpot_seconds"] {
+            assert!(s[key].get("p99").is_some(), "{key}");
+        }
+        assert_eq!(s["tpot_seconds"]["count"], 0);
+        assert_eq!(s["tpot_seconds"]["p50"], serde_json::Value::Null);
+
+        let b = ring.stats(t, secs(60.0), Some("b"));
+        assert_eq!(
+            (b["requests"].as_u64(), b["goodput"]["good"].as_u64()),
+            (Some(3), Some(0))
+        );
+        assert_eq!(b["goodput"]["ratio"], 0.0);
+        assert_eq!(b["model"], "b");
+        // A younger proxy: per-second over its uptime, not the whole window.
+        let young = RecordRing::new(10, 10, t - secs(30.0));
+        young.push(
+            rec("a", Outcome::Success, 200, Some(0.1), 1.0, t - secs(1.0)),
+            vec![],
+        );
+        assert_eq!(
+            young.stats(t, secs(60.0), None)["goodput"]["per_second"],
+            1.0 / 30.0
+        );
+        let empty = RecordRing::new(10, 10, t).stats(t, secs(60.0), None);
+        assert_eq!(
+            (
+                empty["requests"].as_u64(),
+                empty["goodput"]["ratio"].is_null()
+            ),
+            (Some(0), true)
+        );
+    }
+}

@@ -132,3 +132,100 @@ pub fn rotated(path: &Path, n: usize) -> PathBuf {
     s.push(format!(".{n}"));
     PathBuf::from(s)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::measure::meter::Measurement;
+    use crate::measure::outcome::Outcome;
+    use crate::measure::slo::SloVerdict;
+    use std::time::Duration;
+
+    fn record(i: usize) -> Arc<RequestRecord> {
+        let m = Measurement::without_body(Outcome::Success, Some(200), Duration::from_millis(5));
+        let end = tokio::time::Instant::now();
+        Arc::new(RequestRecord::new(
+            format!("req-{i}"),
+            "tiny".into(),
+            None,
+            0,
+            end,
+            &m,
+            SloVerdict::default(),
+        ))
+    }
+
+    fn lines(path: &Path) -> Vec<serde_json::Value> {
+        fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn writes_jsonl_rotates_by_size_and_counts_drops() {
+        let dir = std::env::temp_dir().join(format!("goodput-sink-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("records.jsonl");
+        let dropped = IntCounter::new("d", "d").unwrap();
+        let cfg = SinkConfig {
+            path: path.clone(),
+            max_bytes: 4096,
+            keep: 2,
+            queue: 8,
+        };
+        let (sink, task) = RecordSink::spawn(cfg, dropped.clone()).unwrap();
+        let sent = 2000;
+        for i in 0..sent {
+            sink.send(record(i)); // never waits, whatever the writer does
+        }
+        drop(sink);
+        task.await.unwrap().unwrap();
+        let files = [path.clone(), rotated(&path, 1), rotated(&path, 2)];
+        for f in &files {
+            let len = fs::metadata(f).map(|m| m.len()).unwrap_or(0);
+            assert!(len <= 4096, "{f:?} is {len} bytes");
+        }
+        assert!(!rotated(&path, 3).exists(), "keeps 2 rotated files");
+        let written: usize = files.iter().map(|f| lines(f).len()).sum();
+        // What was not written was dropped and counted, or rotated away (3 files of 4 KiB).
+        assert!(dropped.get() as usize + written <= sent);
+        assert!(written > 0);
+        let newest = lines(&path);
+        let last = newest.last().unwrap();
+        assert_eq!(last["outcome"], "success");
+        assert!(last["id"].as_str().unwrap().starts_with("req-"));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_drops_and_counts_without_blocking() {
+        let dir = std::env::temp_dir().join(format!("goodput-sink-full-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("r.jsonl");
+        let _ = fs::remove_file(&path);
+        let dropped = IntCounter::new("d", "d").unwrap();
+        let cfg = SinkConfig {
+            path: path.clone(),
+            max_bytes: u64::MAX,
+            keep: 1,
+            queue: 1,
+        };
+        let (sink, task) = RecordSink::spawn(cfg, dropped.clone()).unwrap();
+        let sent = 5000;
+        for i in 0..sent {
+            sink.send(record(i));
+        }
+        drop(sink);
+        task.await.unwrap().unwrap();
+        let written = lines(&path).len();
+        assert_eq!(
+            written + dropped.get() as usize,
+            sent,
+            "every record is written or counted"
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}
