@@ -76,30 +76,38 @@ impl Measurement {
     }
 }
 
-/// A growable bit set of choice indices (one word covers n <= 64; no allocation until used).
+/// A bit set of choice indices: one inline word covers n <= 64 (no allocation); larger
+/// indices spill into a vector, grown once per request.
 #[derive(Debug, Default)]
 struct ChoiceSet {
-    words: Vec<u64>,
+    low: u64,
+    high: Vec<u64>,
 }
 
 impl ChoiceSet {
     fn insert(&mut self, index: u32) {
         let i = index.min(MAX_CHOICE_INDEX) as usize;
-        let (w, b) = (i / 64, i % 64);
-        if self.words.len() <= w {
-            self.words.resize(w + 1, 0);
+        if i < 64 {
+            self.low |= 1 << i;
+            return;
         }
-        self.words[w] |= 1 << b;
+        let (w, b) = (i / 64 - 1, i % 64);
+        if self.high.len() <= w {
+            self.high.resize(w + 1, 0);
+        }
+        self.high[w] |= 1 << b;
     }
     fn is_empty(&self) -> bool {
-        self.words.iter().all(|w| *w == 0)
+        self.low == 0 && self.high.iter().all(|w| *w == 0)
     }
     /// Every index in `self` is in `other`.
     fn subset_of(&self, other: &ChoiceSet) -> bool {
-        self.words
-            .iter()
-            .enumerate()
-            .all(|(i, w)| w & !other.words.get(i).copied().unwrap_or(0) == 0)
+        self.low & !other.low == 0
+            && self
+                .high
+                .iter()
+                .enumerate()
+                .all(|(i, w)| w & !other.high.get(i).copied().unwrap_or(0) == 0)
     }
 }
 
@@ -761,5 +769,26 @@ mod tests {
                 assert_eq!(got.completion_tokens, Some(tokens), "{name}");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod choice_set_tests {
+    use super::ChoiceSet;
+
+    #[test]
+    fn subset_across_the_inline_word_and_the_spill() {
+        let (mut seen, mut finished) = (ChoiceSet::default(), ChoiceSet::default());
+        assert!(finished.is_empty());
+        for i in [0, 63, 64, 200, 100_000] {
+            seen.insert(i);
+        }
+        for i in [0, 63, 64, 200] {
+            finished.insert(i);
+            assert!(!seen.subset_of(&finished), "{i}");
+        }
+        finished.insert(4095); // indices past the cap fold onto it
+        assert!(seen.subset_of(&finished));
+        assert!(!finished.is_empty());
     }
 }
