@@ -35,9 +35,7 @@ pin_project! {
         active: Option<Active>,
         on_gap: Option<OnGap>,
         strip: Option<UsageStripper>,
-        // Bytes released by the stripper at the end, still to be sent.
-        tail: Option<Bytes>,
-        // An inner error waiting behind `tail`.
+        // An inner error waiting behind the bytes the stripper released at the error.
         error: Option<B::Error>,
         error_ending: fn(&B::Error) -> Ending,
         done: bool,
@@ -49,7 +47,7 @@ pin_project! {
             if let Some(a) = this.active.take() {
                 // A body that was already at its end and is dropped unpolled (hyper does that
                 // for empty bodies) completed; anything else means the client went away.
-                let ending = if this.inner.is_end_stream() && this.tail.is_none() {
+                let ending = if this.inner.is_end_stream() {
                     Ending::Complete
                 } else {
                     Ending::ClientGone
@@ -77,7 +75,6 @@ impl<B: Body<Data = Bytes>> MeteredBody<B> {
             active: Some(Active { meter, on_finish }),
             on_gap: None,
             strip: None,
-            tail: None,
             error: None,
             error_ending: body_error::<B::Error>,
             done: false,
@@ -121,9 +118,6 @@ impl<B: Body<Data = Bytes>> Body for MeteredBody<B> {
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let mut this = self.project();
         loop {
-            if let Some(tail) = this.tail.take() {
-                return Poll::Ready(Some(Ok(Frame::data(tail))));
-            }
             if let Some(e) = this.error.take() {
                 return Poll::Ready(Some(Err(e)));
             }
@@ -181,9 +175,7 @@ impl<B: Body<Data = Bytes>> Body for MeteredBody<B> {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.tail.is_none()
-            && self.error.is_none()
-            && (self.done || (self.strip.is_none() && self.inner.is_end_stream()))
+        self.error.is_none() && (self.done || (self.strip.is_none() && self.inner.is_end_stream()))
     }
 
     fn size_hint(&self) -> SizeHint {

@@ -307,7 +307,7 @@ impl StreamMeter {
             _ if self.streaming => self.stream_outcome(ending),
             _ => self.json_outcome(ending, &mut m),
         };
-        if self.streaming {
+        if self.streaming && self.status_ok() {
             let tl = &mut self.tl;
             m.finish_reason = tl.finish_reason;
             m.ttft = since(tl.t_first_token);
@@ -675,6 +675,11 @@ mod tests {
                 m.on_frame(t0 + ms(4), br#"{"error":{"message":"x","code":1}}"#, |_| {});
                 let got = m.finish(t0 + ms(5), Ending::Complete);
                 assert_eq!((got.outcome, got.status), (want, Some(status)), "{status}");
+                assert_eq!(
+                    (got.completion_tokens, got.ttfc),
+                    (None, None),
+                    "an error body is not metered"
+                );
                 assert_eq!(got.e2e, ms(5));
             }
         }

@@ -206,6 +206,72 @@ fn summary_json(values: &mut [f64]) -> Value {
     }
 }
 
+/// `/stats` query parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatsQuery {
+    pub window: Duration,
+    pub model: Option<String>,
+}
+
+/// Window used when `/stats` is asked without one.
+pub const DEFAULT_STATS_WINDOW: Duration = Duration::from_secs(60);
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum StatsQueryError {
+    #[error("window must be a positive number of seconds, got {0:?}")]
+    BadWindow(String),
+    #[error("unknown parameter {0:?} (expected window, model)")]
+    UnknownParam(String),
+}
+
+/// Parse `window=SECONDS[&model=NAME]` (the query string without `?`). Values are taken
+/// literally except `+` and `%XX` decoding of the model name.
+pub fn parse_stats_query(query: Option<&str>) -> Result<StatsQuery, StatsQueryError> {
+    let mut q = StatsQuery {
+        window: DEFAULT_STATS_WINDOW,
+        model: None,
+    };
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        match k {
+            "window" => {
+                let secs: f64 = v
+                    .parse()
+                    .map_err(|_| StatsQueryError::BadWindow(v.into()))?;
+                if !(secs.is_finite() && secs > 0.0 && secs < 1e9) {
+                    return Err(StatsQueryError::BadWindow(v.into()));
+                }
+                q.window = Duration::from_secs_f64(secs);
+            }
+            "model" => q.model = Some(percent_decode(v)),
+            other => return Err(StatsQueryError::UnknownParam(other.into())),
+        }
+    }
+    Ok(q)
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < b.len() => match (hex(b[i + 1]), hex(b[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push((h * 16 + l) as u8);
+                    i += 2;
+                }
+                _ => out.push(b'%'),
+            },
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// The `/stats` document over `entries` that ended in `(now - window, now]`, optionally for one
 /// model. Percentiles are exact (nearest rank over the raw values). `goodput.per_second` is
 /// good requests / `elapsed` (the window, or less when the proxy has run for less).
@@ -296,6 +362,50 @@ mod tests {
             &m,
             v,
         ))
+    }
+
+    #[test]
+    fn stats_query() {
+        let q = |s| parse_stats_query(s);
+        assert_eq!(
+            q(None),
+            Ok(StatsQuery {
+                window: DEFAULT_STATS_WINDOW,
+                model: None
+            })
+        );
+        assert_eq!(q(Some("window=30")).unwrap().window, secs(30.0));
+        assert_eq!(
+            q(Some("window=0.5&model=tiny")).unwrap(),
+            StatsQuery {
+                window: secs(0.5),
+                model: Some("tiny".into())
+            }
+        );
+        assert_eq!(
+            q(Some("model=org%2Fm+1")).unwrap().model.as_deref(),
+            Some("org/m 1")
+        );
+        assert_eq!(
+            q(Some("model=%zz%4")).unwrap().model.as_deref(),
+            Some("%zz%4")
+        );
+        for bad in [
+            "window=0",
+            "window=-1",
+            "window=abc",
+            "window=inf",
+            "window=NaN",
+        ] {
+            assert!(
+                matches!(q(Some(bad)), Err(StatsQueryError::BadWindow(_))),
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            q(Some("x=1")),
+            Err(StatsQueryError::UnknownParam("x".into()))
+        );
     }
 
     #[test]
