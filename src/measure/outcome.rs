@@ -1,7 +1,7 @@
 //! The bounded vocabularies of a finished request: how the body ended, the outcome, and the
 //! finish reason. Each has `as_str()` for metric labels and records.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// How the response body stopped, as seen by the body wrapper.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,7 +17,7 @@ pub enum Ending {
 }
 
 /// The outcome of a request: exactly one per request (DESIGN.md, "Outcome of every request").
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
     Success,
@@ -51,7 +51,7 @@ impl Outcome {
 }
 
 /// A choice's `finish_reason`, folded into a bounded set (anything unknown is `Other`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FinishReason {
     Stop,
@@ -97,3 +97,32 @@ impl FinishReason {
 
 /// The `finish_reason` label value for a request without one.
 pub const NO_FINISH_REASON: &str = "none";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_and_json_agree() {
+        for o in Outcome::ALL {
+            let json = serde_json::to_string(&o).unwrap();
+            assert_eq!(json, format!("\"{}\"", o.as_str()));
+            assert_eq!(serde_json::from_str::<Outcome>(&json).unwrap(), o);
+        }
+        for name in [
+            "stop",
+            "length",
+            "tool_calls",
+            "content_filter",
+            "function_call",
+            "abort",
+            "error",
+            "repetition",
+        ] {
+            let f = FinishReason::parse(name.as_bytes());
+            assert_eq!(f.as_str(), name);
+            assert_eq!(serde_json::to_string(&f).unwrap(), format!("\"{name}\""));
+        }
+        assert_eq!(FinishReason::parse(b"something new"), FinishReason::Other);
+    }
+}
