@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 type Finished = Arc<Mutex<Vec<Measurement>>>;
 
-fn hook() -> (Finished, Box<dyn FnOnce(Measurement) + Send>) {
+fn hook() -> (Finished, goodput_proxy::body::metered::OnFinish) {
     let got: Finished = Arc::default();
     let g = got.clone();
     (got, Box::new(move |m| g.lock().unwrap().push(m)))
@@ -241,4 +241,19 @@ async fn non_streaming_json_body() {
         (m.outcome, m.completion_tokens, m.ttft),
         (Outcome::Success, Some(8), None)
     );
+}
+
+#[test]
+fn the_metered_body_can_be_boxed_send_and_sync() {
+    fn boxable<B: Body<Data = Bytes> + Send + Sync + 'static>(_: &B) {}
+    let (_got, on_finish) = hook();
+    let body = MeteredBody::new(
+        http_body_util::Full::new(Bytes::new()),
+        meter(false),
+        on_finish,
+    )
+    .with_usage_strip()
+    .with_gap_observer(Box::new(|_| {}));
+    boxable(&body);
+    let _boxed = http_body_util::combinators::BoxBody::new(body);
 }

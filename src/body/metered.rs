@@ -17,10 +17,11 @@ use crate::measure::meter::{Measurement, StreamMeter};
 use crate::measure::outcome::Ending;
 use crate::measure::usage::UsageStripper;
 
-/// Called once with the request's measurement (the proxy: metrics + record).
-pub type OnFinish = Box<dyn FnOnce(Measurement) + Send + 'static>;
+/// Called once with the request's measurement (the proxy: metrics + record). `Sync` so that
+/// the body stays `Sync` (e.g. for `http_body_util::combinators::BoxBody`).
+pub type OnFinish = Box<dyn FnOnce(Measurement) + Send + Sync + 'static>;
 /// Called for every ITL gap as it closes (the proxy: the ITL histogram).
-pub type OnGap = Box<dyn FnMut(Duration) + Send + 'static>;
+pub type OnGap = Box<dyn FnMut(Duration) + Send + Sync + 'static>;
 
 struct Active {
     meter: StreamMeter,

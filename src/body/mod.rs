@@ -3,5 +3,5 @@
 pub mod metered;
 pub mod sse;
 
-pub use metered::MeteredBody;
+pub use metered::{MeteredBody, OnFinish, OnGap};
 pub use sse::{SseEvent, SseParser};
