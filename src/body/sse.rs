@@ -50,7 +50,12 @@ pub struct SseParser {
     /// The current event's data went over the cap: drop it at dispatch.
     event_oversized: bool,
     discarded: u64,
+    /// Bytes of a leading UTF-8 BOM matched so far; `None` once past the stream's start.
+    bom: Option<usize>,
 }
+
+/// A stream may open with one UTF-8 byte order mark, which is not part of the first line.
+const BOM: &[u8] = b"\xEF\xBB\xBF";
 
 impl Default for SseParser {
     fn default() -> Self {
@@ -70,6 +75,7 @@ impl SseParser {
             skipping_line: false,
             event_oversized: false,
             discarded: 0,
+            bom: Some(0),
         }
     }
 
@@ -79,7 +85,26 @@ impl SseParser {
     }
 
     /// Feed the next chunk of the stream; `on_event` is called for every event it completes.
-    pub fn feed(&mut self, bytes: &[u8], mut on_event: impl FnMut(SseEvent<'_>)) {
+    pub fn feed(&mut self, mut bytes: &[u8], mut on_event: impl FnMut(SseEvent<'_>)) {
+        if let Some(seen) = self.bom {
+            let n = bytes.len().min(BOM.len() - seen);
+            if bytes[..n] == BOM[seen..seen + n] {
+                bytes = &bytes[n..];
+                if seen + n < BOM.len() {
+                    self.bom = Some(seen + n);
+                    return; // still possibly a BOM (bytes is empty here)
+                }
+                self.bom = None;
+            } else {
+                // Not a BOM after all: what matched so far was data.
+                self.bom = None;
+                self.feed_lines(&BOM[..seen], &mut on_event);
+            }
+        }
+        self.feed_lines(bytes, &mut on_event);
+    }
+
+    fn feed_lines(&mut self, bytes: &[u8], on_event: &mut impl FnMut(SseEvent<'_>)) {
         let mut pos = 0;
         if self.after_cr {
             self.after_cr = false;
@@ -96,12 +121,12 @@ impl SseParser {
                     if self.skipping_line {
                         self.skipping_line = false;
                     } else if self.line.is_empty() {
-                        self.line_borrowed(bytes, pos, end, &mut on_event);
+                        self.line_borrowed(bytes, pos, end, on_event);
                     } else {
                         self.push_partial(&bytes[pos..end]);
                         if !self.skipping_line {
                             let line = std::mem::take(&mut self.line);
-                            self.process_line(&line, None, bytes, &mut on_event);
+                            self.process_line(&line, None, bytes, on_event);
                             self.line = line;
                             self.line.clear();
                         } else {
@@ -136,6 +161,9 @@ impl SseParser {
     /// End of stream: a last line without its line end, and a last event without its blank
     /// line, are dispatched (lenient: servers that close right after `data: [DONE]\n`).
     pub fn finish(&mut self, mut on_event: impl FnMut(SseEvent<'_>)) {
+        if let Some(seen) = self.bom.take() {
+            self.feed_lines(&BOM[..seen], &mut on_event);
+        }
         if !self.line.is_empty() && !self.skipping_line {
             let line = std::mem::take(&mut self.line);
             self.process_line(&line, None, &[], &mut on_event);
@@ -377,6 +405,28 @@ mod tests {
                 &[b"data: {\"a\":1}\n\n"],
                 data(&["{\"a\":1}"]),
             ),
+            ("leading BOM", &[b"\xEF\xBB\xBFdata: a\n\n"], data(&["a"])),
+            (
+                "BOM split",
+                &[b"\xEF", b"\xBB", b"\xBFdata: a\n\n"],
+                data(&["a"]),
+            ),
+            (
+                "BOM only once",
+                &[b"\xEF\xBB\xBF\xEF\xBB\xBFdata: a\n\n"],
+                vec![],
+            ),
+            (
+                "BOM later is data",
+                &[b"data: \xEF\xBB\xBF\n\n"],
+                vec![(None, b"\xEF\xBB\xBF".to_vec())],
+            ),
+            ("half a BOM is data", &[b"\xEF\xBB", b"data: a\n\n"], vec![]),
+            (
+                "half a BOM, then a line",
+                &[b"\xEF", b"\n", b"data: a\n\n"],
+                data(&["a"]),
+            ),
         ];
         for (name, chunks, want) in cases {
             assert_eq!(&events(chunks), want, "case {name}");
@@ -482,7 +532,10 @@ mod tests {
 
     proptest! {
         #[test]
-        fn any_split_yields_the_same_events((stream, mut cuts) in split_stream()) {
+        fn any_split_yields_the_same_events((stream, mut cuts) in split_stream(), bom in 0usize..6) {
+            // Sometimes a whole or a partial BOM up front.
+            let stream = [&BOM[..bom.min(3)], stream.as_slice()].concat();
+            cuts.iter_mut().for_each(|c| *c = (*c).min(stream.len()));
             cuts.sort_unstable();
             let mut chunks: Vec<&[u8]> = Vec::new();
             let mut at = 0;
