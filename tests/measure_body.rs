@@ -257,3 +257,38 @@ fn the_metered_body_can_be_boxed_send_and_sync() {
     boxable(&body);
     let _boxed = http_body_util::combinators::BoxBody::new(body);
 }
+
+mod split {
+    use super::*;
+    use futures_util::FutureExt;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// However the upstream frames the usage stream, the client gets the plain bytes and
+        /// the meter the same measurement.
+        #[test]
+        fn metered_and_stripped_alike_for_any_framing(mut cuts in proptest::collection::vec(0usize..5000, 0..24)) {
+            let usage = fixture("stream-chat-usage.txt");
+            let plain = String::from_utf8(fixture("stream-chat.txt"))
+                .unwrap()
+                .replace("chatcmpl-a45afd70d01f6372", "chatcmpl-ba42e38baeaee861");
+            cuts.iter_mut().for_each(|c| *c %= usage.len() + 1);
+            cuts.sort_unstable();
+            let mut frames = Vec::new();
+            let mut at = 0;
+            for c in cuts.into_iter().chain([usage.len()]) {
+                frames.push(Bytes::copy_from_slice(&usage[at..c]));
+                at = c;
+            }
+            let inner = StreamBody::new(stream::iter(frames.into_iter().map(|b| Ok::<_, Infallible>(Frame::data(b)))));
+            let (got, on_finish) = hook();
+            let body = MeteredBody::new(inner, meter(true), on_finish).with_usage_strip();
+            let out = body.collect().now_or_never().unwrap().unwrap().to_bytes();
+            prop_assert_eq!(&out[..], plain.as_bytes());
+            let m = got.lock().unwrap().pop().unwrap();
+            prop_assert_eq!(m.outcome, Outcome::Success);
+            prop_assert_eq!((m.output_events, m.completion_tokens, m.usage_exact), (16, Some(16), true));
+        }
+    }
+}
