@@ -213,6 +213,8 @@ pub struct StreamMeter {
     /// Non-streaming: the JSON body, buffered to be inspected at the end.
     body: Vec<u8>,
     body_overflow: bool,
+    /// When the last frame was served: a final event flushed by `finish` arrived then.
+    last_frame: Option<Instant>,
 }
 
 impl StreamMeter {
@@ -243,6 +245,7 @@ impl StreamMeter {
             },
             body: Vec::new(),
             body_overflow: false,
+            last_frame: None,
         }
     }
 
@@ -274,6 +277,7 @@ impl StreamMeter {
         if !self.status_ok() {
             return; // an error body: the status alone decides the outcome
         }
+        self.last_frame = Some(t);
         if self.streaming {
             let tl = &mut self.tl;
             self.parser
@@ -299,7 +303,8 @@ impl StreamMeter {
         if self.streaming && self.status_ok() {
             let mut noop = |_| {};
             let tl = &mut self.tl;
-            self.parser.finish(|ev| tl.on_event(t_end, ev, &mut noop));
+            let t = self.last_frame.unwrap_or(t_end);
+            self.parser.finish(|ev| tl.on_event(t, ev, &mut noop));
         }
         m.outcome = match self.status {
             Some(s) if s >= 500 => Outcome::UpstreamError,
@@ -739,6 +744,22 @@ mod tests {
         assert_eq!(json(ok, Ending::ClientGone).outcome, Outcome::ClientAbort);
         assert_eq!(json(ok, Ending::Timeout).outcome, Outcome::Timeout);
         assert_eq!(json(ok, Ending::BodyError).outcome, Outcome::Truncated);
+    }
+
+    #[test]
+    fn an_unterminated_last_event_is_timed_by_its_frame() {
+        let frames = vec![
+            (100, role()),
+            (300, tok("a")),
+            (
+                400,
+                r#"data: {"choices":[{"index":0,"delta":{"content":"b"},"finish_reason":"stop"}]}"#
+                    .to_string(),
+            ),
+        ];
+        let (m, _) = measure(&frames, 900, Ending::Complete);
+        assert_eq!(m.outcome, Outcome::Truncated, "no [DONE]");
+        assert_eq!((m.itl_max, m.e2e), (Some(ms(100)), ms(900)));
     }
 
     #[test]
