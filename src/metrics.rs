@@ -42,9 +42,16 @@ pub const MAX_LEARNED_MODELS: usize = 256;
 
 /// The bounded set of `model` label values: configured models plus those learned from the
 /// upstreams' `/v1/models`; everything else maps to `other`. Resolved once per request.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ModelLabels {
     inner: Arc<RwLock<Labels>>,
+    other: Arc<str>,
+}
+
+impl Default for ModelLabels {
+    fn default() -> Self {
+        Self::new(std::iter::empty::<&str>())
+    }
 }
 
 #[derive(Debug, Default)]
@@ -64,6 +71,7 @@ impl ModelLabels {
                 configured,
                 learned: HashSet::new(),
             })),
+            other: Arc::from(OTHER_MODEL),
         }
     }
 
@@ -86,7 +94,7 @@ impl ModelLabels {
                 return m.clone();
             }
         }
-        Arc::from(OTHER_MODEL)
+        self.other.clone()
     }
 
     pub fn contains(&self, model: &str) -> bool {
