@@ -1,0 +1,594 @@
+//! Exact token counts for streams whose client did not ask for usage (issue 4 item 4):
+//! [`inject_include_usage`] adds `"stream_options":{"include_usage":true}` to the request and
+//! [`UsageStripper`] removes what that changes from the response, so the client receives
+//! byte-for-byte the stream it would have got without injection.
+//!
+//! What injection changes in a vLLM 0.32 stream (fixtures `stream-chat.txt` vs
+//! `stream-chat-usage.txt`): one extra `"choices":[]` usage chunk before `[DONE]`, and
+//! `"system_fingerprint"` moves from the finish chunk to that usage chunk. So the stripper holds
+//! back each finish chunk until the next event: when that is the usage chunk, it re-inserts
+//! `,"system_fingerprint":<value>` before the finish chunk's closing `}` and drops the usage
+//! chunk; anything else releases the held chunk unchanged.
+//!
+//! Pure: request bytes in, request bytes out; frames in, frames out. Frames holding only whole
+//! events that pass are returned as the same `Bytes` (no copy).
+
+use bytes::{Bytes, BytesMut};
+use serde::de::{Deserializer, IgnoredAny};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::body::sse::SseParser;
+use crate::measure::inspect::{inspect_chunk, ChunkKind};
+
+const INCLUDE_USAGE: &[u8] = br#""include_usage":true"#;
+
+/// Present keys keep their raw text even when it is `null`.
+fn some_raw<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
+}
+
+#[derive(Deserialize)]
+struct RequestPeek<'a> {
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default, borrow, deserialize_with = "some_raw")]
+    stream_options: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct StreamOptionsPeek<'a> {
+    #[serde(default, borrow, deserialize_with = "some_raw")]
+    include_usage: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "some_raw")]
+    continuous_usage_stats: Option<&'a RawValue>,
+}
+
+/// Byte offset of `inner` (a slice of `outer`) in `outer`.
+fn offset_in(outer: &[u8], inner: &str) -> usize {
+    inner.as_ptr() as usize - outer.as_ptr() as usize
+}
+
+fn splice(body: &[u8], at: usize, remove: usize, insert: &[&[u8]]) -> Vec<u8> {
+    let extra: usize = insert.iter().map(|s| s.len()).sum();
+    let mut out = Vec::with_capacity(body.len() + extra);
+    out.extend_from_slice(&body[..at]);
+    for s in insert {
+        out.extend_from_slice(s);
+    }
+    out.extend_from_slice(&body[at + remove..]);
+    out
+}
+
+/// Decide usage injection for a client request body. Returns the rewritten body when usage
+/// is injected: only for `"stream": true` requests that did not ask for usage themselves
+/// (`stream_options.include_usage` not `true`). The client's other `stream_options` stay.
+/// Not injected (returns `None`) when the body is not a JSON object, when the client set
+/// `continuous_usage_stats: true` (usage would then ride on every chunk and could not be
+/// removed byte-exactly), or when `stream_options` is not an object or null.
+pub fn inject_include_usage(body: &[u8]) -> Option<Vec<u8>> {
+    let peek: RequestPeek<'_> = serde_json::from_slice(body).ok()?;
+    if peek.stream != Some(true) {
+        return None;
+    }
+    let Some(opts) = peek.stream_options else {
+        // No stream_options: add the key before the object's closing brace.
+        let end = body.iter().rposition(|b| !b.is_ascii_whitespace())?;
+        if body[end] != b'}' {
+            return None;
+        }
+        return Some(splice(
+            body,
+            end,
+            0,
+            &[br#","stream_options":{"#, INCLUDE_USAGE, b"}"],
+        ));
+    };
+    let opts_at = offset_in(body, opts.get());
+    let text = opts.get();
+    if text == "null" {
+        return Some(splice(
+            body,
+            opts_at,
+            text.len(),
+            &[b"{", INCLUDE_USAGE, b"}"],
+        ));
+    }
+    if !text.starts_with('{') {
+        return None;
+    }
+    let o: StreamOptionsPeek<'_> = serde_json::from_str(text).ok()?;
+    if o.continuous_usage_stats.is_some_and(|c| c.get() == "true") {
+        return None;
+    }
+    match o.include_usage {
+        Some(v) if v.get() == "true" => None, // the client asked: leave it alone
+        Some(v) => Some(splice(
+            body,
+            offset_in(body, v.get()),
+            v.get().len(),
+            &[b"true"],
+        )),
+        None => {
+            let inner_empty = text[1..text.len() - 1].trim().is_empty();
+            let sep: &[u8] = if inner_empty { b"" } else { b"," };
+            Some(splice(body, opts_at + 1, 0, &[INCLUDE_USAGE, sep]))
+        }
+    }
+}
+
+/// Finds event boundaries (a blank line) in a byte stream split anywhere.
+#[derive(Debug, Default)]
+struct Boundaries {
+    /// No byte on the current line yet.
+    line_has_bytes: bool,
+    /// The previous byte was a `\r` inside an event: a leading `\n` continues that line end.
+    after_cr: bool,
+}
+
+impl Boundaries {
+    /// The end (exclusive) of the next event in `buf[from..]`, if one completes there. When the
+    /// event ends with `\r` as the last byte of `buf`, `ended_on_cr` is set: a `\n` opening the
+    /// next frame still belongs to this event.
+    fn next(&mut self, buf: &[u8], mut i: usize, ended_on_cr: &mut bool) -> Option<usize> {
+        *ended_on_cr = false;
+        loop {
+            if self.after_cr && i < buf.len() {
+                self.after_cr = false;
+                if buf[i] == b'\n' {
+                    i += 1;
+                }
+            }
+            let Some(k) = memchr::memchr2(b'\n', b'\r', &buf[i..]) else {
+                if i < buf.len() {
+                    self.line_has_bytes = true;
+                }
+                return None;
+            };
+            let p = i + k;
+            let blank = k == 0 && !self.line_has_bytes;
+            self.line_has_bytes = false;
+            let mut end = p + 1;
+            if buf[p] == b'\r' {
+                match buf.get(p + 1) {
+                    Some(b'\n') => end += 1,
+                    Some(_) => {}
+                    None if blank => *ended_on_cr = true,
+                    None => self.after_cr = true,
+                }
+            }
+            if blank {
+                return Some(end);
+            }
+            i = end;
+        }
+    }
+}
+
+/// What happened to the last complete event (for a `\n` that arrives in the next frame).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    Passed,
+    Held,
+    Dropped,
+}
+
+/// The output of one `push`: one slice of the frame when possible, else a new buffer.
+enum Out {
+    Empty,
+    Range(usize, usize),
+    Buf(BytesMut),
+}
+
+impl Out {
+    fn range(&mut self, frame: &Bytes, a: usize, b: usize) {
+        if a == b {
+            return;
+        }
+        match self {
+            Out::Empty => *self = Out::Range(a, b),
+            Out::Range(x, y) if *y == a => *self = Out::Range(*x, b),
+            _ => self.bytes(frame, &frame[a..b]),
+        }
+    }
+    fn bytes(&mut self, frame: &Bytes, bytes: &[u8]) {
+        if bytes.is_empty() {
+            return;
+        }
+        match self {
+            Out::Empty => *self = Out::Buf(BytesMut::from(bytes)),
+            Out::Range(x, y) => {
+                let mut b = BytesMut::with_capacity(*y - *x + bytes.len());
+                b.extend_from_slice(&frame[*x..*y]);
+                b.extend_from_slice(bytes);
+                *self = Out::Buf(b);
+            }
+            Out::Buf(b) => b.extend_from_slice(bytes),
+        }
+    }
+    fn into_bytes(self, frame: &Bytes) -> Bytes {
+        match self {
+            Out::Empty => Bytes::new(),
+            Out::Range(a, b) => frame.slice(a..b),
+            Out::Buf(b) => b.freeze(),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct UsagePeek<'a> {
+    #[serde(default)]
+    usage: Option<IgnoredAny>,
+    #[serde(default, borrow)]
+    system_fingerprint: Option<&'a RawValue>,
+}
+
+enum Class {
+    /// A `choices:[]` chunk with `usage`: the injected one. Carries `system_fingerprint`'s raw
+    /// JSON text, if any.
+    Usage(Option<Bytes>),
+    /// A chunk where some choice finishes, without usage; whether it has a fingerprint.
+    Finish {
+        has_fingerprint: bool,
+    },
+    Other,
+}
+
+/// Removes the injected usage chunk from a stream (see the module docs). Call
+/// [`UsageStripper::push`] for every frame and [`UsageStripper::finish`] at the end.
+#[derive(Debug, Default)]
+pub struct UsageStripper {
+    bounds: Boundaries,
+    parser: SseParser,
+    /// The bytes of an event not complete yet.
+    partial: BytesMut,
+    /// A finish chunk waiting to see whether the usage chunk follows.
+    held: Option<Bytes>,
+    held_has_fingerprint: bool,
+    /// The last event ended on a `\r` at the end of a frame: a leading `\n` shares its fate.
+    trailing_cr: Option<Fate>,
+    /// Usage chunks removed.
+    stripped: u64,
+}
+
+impl UsageStripper {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Usage chunks removed so far.
+    pub fn stripped(&self) -> u64 {
+        self.stripped
+    }
+
+    /// Feed one upstream frame; returns the bytes to send to the client now (possibly empty).
+    pub fn push(&mut self, frame: Bytes) -> Bytes {
+        let mut out = Out::Empty;
+        let mut start = 0;
+        if let Some(fate) = self.trailing_cr.take() {
+            if frame.first() == Some(&b'\n') {
+                start = 1;
+                match fate {
+                    Fate::Passed => out.range(&frame, 0, 1),
+                    Fate::Held => self.extend_held(b"\n"),
+                    Fate::Dropped => {}
+                }
+            }
+        }
+        let mut on_cr = false;
+        while let Some(end) = self.bounds.next(&frame, start, &mut on_cr) {
+            let (event, from_frame) = if self.partial.is_empty() {
+                (frame.slice(start..end), true)
+            } else {
+                self.partial.extend_from_slice(&frame[start..end]);
+                (self.partial.split().freeze(), false)
+            };
+            let fate = self.on_event(event, &frame, &mut out, from_frame.then_some((start, end)));
+            if on_cr {
+                self.trailing_cr = Some(fate);
+            }
+            start = end;
+        }
+        if start < frame.len() {
+            self.partial.extend_from_slice(&frame[start..]);
+        }
+        out.into_bytes(&frame)
+    }
+
+    /// End of stream: whatever is held or incomplete goes out unchanged.
+    pub fn finish(&mut self) -> Bytes {
+        let mut out = BytesMut::new();
+        if let Some(h) = self.held.take() {
+            out.extend_from_slice(&h);
+        }
+        out.extend_from_slice(&self.partial.split());
+        out.freeze()
+    }
+
+    fn extend_held(&mut self, bytes: &[u8]) {
+        if let Some(h) = self.held.take() {
+            let mut b = BytesMut::with_capacity(h.len() + bytes.len());
+            b.extend_from_slice(&h);
+            b.extend_from_slice(bytes);
+            self.held = Some(b.freeze());
+        }
+    }
+
+    fn release_held(&mut self, frame: &Bytes, out: &mut Out) {
+        if let Some(h) = self.held.take() {
+            out.bytes(frame, &h);
+        }
+    }
+
+    fn on_event(
+        &mut self,
+        event: Bytes,
+        frame: &Bytes,
+        out: &mut Out,
+        range: Option<(usize, usize)>,
+    ) -> Fate {
+        match self.classify(&event) {
+            Class::Usage(fingerprint) => {
+                self.stripped += 1;
+                if let Some(h) = self.held.take() {
+                    match fingerprint.filter(|_| !self.held_has_fingerprint) {
+                        Some(fp) => out.bytes(frame, &insert_fingerprint(&h, &fp)),
+                        None => out.bytes(frame, &h),
+                    }
+                }
+                Fate::Dropped
+            }
+            Class::Finish { has_fingerprint } => {
+                self.release_held(frame, out);
+                self.held = Some(event);
+                self.held_has_fingerprint = has_fingerprint;
+                Fate::Held
+            }
+            Class::Other => {
+                self.release_held(frame, out);
+                match range {
+                    Some((a, b)) => out.range(frame, a, b),
+                    None => out.bytes(frame, &event),
+                }
+                Fate::Passed
+            }
+        }
+    }
+
+    fn classify(&mut self, event: &[u8]) -> Class {
+        let mut class = Class::Other;
+        let mut on_data = |data: &[u8]| {
+            let info = inspect_chunk(data);
+            if info.kind != ChunkKind::Chunk {
+                return;
+            }
+            let Ok(peek) = serde_json::from_slice::<UsagePeek<'_>>(data) else {
+                return;
+            };
+            if info.choice_count == 0 && peek.usage.is_some() {
+                let fp = peek
+                    .system_fingerprint
+                    .map(|f| Bytes::copy_from_slice(f.get().as_bytes()));
+                class = Class::Usage(fp);
+            } else if info.finished_count > 0 && peek.usage.is_none() {
+                class = Class::Finish {
+                    has_fingerprint: peek.system_fingerprint.is_some(),
+                };
+            }
+        };
+        self.parser.feed(event, |ev| on_data(ev.data));
+        self.parser.finish(|ev| on_data(ev.data));
+        class
+    }
+}
+
+/// `,"system_fingerprint":<fp>` before the last `}` of the event (its JSON object's end).
+fn insert_fingerprint(event: &[u8], fp: &[u8]) -> Vec<u8> {
+    match event.iter().rposition(|b| *b == b'}') {
+        Some(at) => splice(event, at, 0, &[br#","system_fingerprint":"#, fp]),
+        None => event.to_vec(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::measure::fixtures::capture;
+    use proptest::prelude::*;
+
+    #[test]
+    fn injection_table() {
+        let cases: &[(&str, Option<&str>)] = &[
+            (r#"{"model":"m","stream":true}"#, Some(r#"{"model":"m","stream":true,"stream_options":{"include_usage":true}}"#)),
+            ("{\"stream\": true ,\"x\":\"\\u00e9\"}\n", Some("{\"stream\": true ,\"x\":\"\\u00e9\",\"stream_options\":{\"include_usage\":true}}\n")),
+            (r#"{"stream":true,"stream_options":{}}"#, Some(r#"{"stream":true,"stream_options":{"include_usage":true}}"#)),
+            (r#"{"stream":true,"stream_options":null}"#, Some(r#"{"stream":true,"stream_options":{"include_usage":true}}"#)),
+            (r#"{"stream":true,"stream_options":{"include_usage":false}}"#, Some(r#"{"stream":true,"stream_options":{"include_usage":true}}"#)),
+            (r#"{"stream":true,"stream_options":{"include_usage":null,"x":1}}"#, Some(r#"{"stream":true,"stream_options":{"include_usage":true,"x":1}}"#)),
+            (r#"{"stream_options":{"continuous_usage_stats":false},"stream":true}"#, Some(r#"{"stream_options":{"include_usage":true,"continuous_usage_stats":false},"stream":true}"#)),
+            (r#"{"stream":true,"messages":[{"content":"\"stream_options\":{}"}]}"#, Some(r#"{"stream":true,"messages":[{"content":"\"stream_options\":{}"}],"stream_options":{"include_usage":true}}"#)),
+            // The client asked for usage: untouched.
+            (r#"{"stream":true,"stream_options":{"include_usage":true}}"#, None),
+            // Continuous usage would put usage on every chunk: not removable byte-exactly.
+            (r#"{"stream":true,"stream_options":{"continuous_usage_stats":true}}"#, None),
+            (r#"{"stream":false}"#, None),
+            (r#"{"model":"m"}"#, None),
+            (r#"{"stream":"yes"}"#, None),
+            (r#"{"stream":true,"stream_options":"x"}"#, None),
+            (r#"[{"stream":true}]"#, None),
+            ("not json", None),
+            ("", None),
+        ];
+        for (input, want) in cases {
+            let got = inject_include_usage(input.as_bytes());
+            let got = got.as_deref().map(|b| std::str::from_utf8(b).unwrap());
+            assert_eq!(got, *want, "{input}");
+            if let Some(out) = got {
+                let v: serde_json::Value = serde_json::from_str(out).unwrap();
+                assert_eq!(v["stream_options"]["include_usage"], true, "{input}");
+            }
+        }
+    }
+
+    #[test]
+    fn real_requests() {
+        let plain = capture("stream-chat.txt").request;
+        let injected = inject_include_usage(plain).unwrap();
+        let mut want: serde_json::Value = serde_json::from_slice(plain).unwrap();
+        want["stream_options"] = serde_json::json!({"include_usage": true});
+        assert_eq!(
+            serde_json::from_slice::<serde_json::Value>(&injected).unwrap(),
+            want
+        );
+        assert_eq!(
+            inject_include_usage(capture("stream-chat-usage.txt").request),
+            None
+        );
+        assert_eq!(
+            inject_include_usage(capture("nonstream-chat.txt").request),
+            None
+        );
+    }
+
+    fn strip_all(frames: &[&[u8]]) -> Vec<u8> {
+        let mut s = UsageStripper::new();
+        let mut out = Vec::new();
+        for f in frames {
+            out.extend_from_slice(&s.push(Bytes::copy_from_slice(f)));
+        }
+        out.extend_from_slice(&s.finish());
+        out
+    }
+
+    /// The usage capture with the plain capture's id, so the two differ only by injection.
+    fn chat_pair() -> (Vec<u8>, Vec<u8>) {
+        let plain = capture("stream-chat.txt").body.to_vec();
+        let usage = capture("stream-chat-usage.txt").body;
+        let usage = String::from_utf8(usage.to_vec())
+            .unwrap()
+            .replace("chatcmpl-ba42e38baeaee861", "chatcmpl-a45afd70d01f6372");
+        (usage.into_bytes(), plain)
+    }
+
+    /// Completions: the same transformation written out by hand (no plain capture exists).
+    fn completions_pair() -> (Vec<u8>, Vec<u8>) {
+        let usage = capture("stream-completions.txt").body;
+        let text = std::str::from_utf8(usage).unwrap();
+        let fp = r#","system_fingerprint":"vllm-0.32.0-f1283a03""#;
+        let usage_line = text
+            .lines()
+            .find(|l| l.contains(r#""choices":[]"#))
+            .unwrap();
+        let plain = text
+            .replace(&format!("{usage_line}\n\n"), "")
+            .replace(r#""finish_reason":"length","stop_reason":null,"prompt_token_ids":null,"token_ids":null}]}"#,
+                &format!(r#""finish_reason":"length","stop_reason":null,"prompt_token_ids":null,"token_ids":null}}]{fp}}}"#));
+        (usage.to_vec(), plain.into_bytes())
+    }
+
+    #[test]
+    fn stripping_the_usage_capture_gives_the_plain_capture_byte_for_byte() {
+        for (usage, plain) in [chat_pair(), completions_pair()] {
+            assert_ne!(usage, plain);
+            assert_eq!(strip_all(&[&usage]), plain);
+            let frames: Vec<&[u8]> = usage.split_inclusive(|b| *b == b'\n').collect();
+            assert_eq!(strip_all(&frames), plain, "line frames");
+            let bytes: Vec<&[u8]> = usage.chunks(1).collect();
+            assert_eq!(strip_all(&bytes), plain, "byte frames");
+        }
+    }
+
+    #[test]
+    fn crlf_and_cr_framing_strip_alike() {
+        let (usage, plain) = chat_pair();
+        for eol in ["\r\n", "\r"] {
+            let conv = |b: &[u8]| {
+                String::from_utf8(b.to_vec())
+                    .unwrap()
+                    .replace('\n', eol)
+                    .into_bytes()
+            };
+            let (u, p) = (conv(&usage), conv(&plain));
+            assert_eq!(strip_all(&[&u]), p, "{eol:?}");
+            let bytes: Vec<&[u8]> = u.chunks(1).collect();
+            assert_eq!(strip_all(&bytes), p, "{eol:?} byte frames");
+        }
+    }
+
+    #[test]
+    fn streams_without_an_injected_usage_chunk_pass_unchanged() {
+        for name in ["stream-chat.txt", "stream-completions-logprobs.txt"] {
+            let body = capture(name).body;
+            assert_eq!(strip_all(&[body]), body, "{name}");
+            let frames: Vec<&[u8]> = body.split_inclusive(|b| *b == b'\n').collect();
+            assert_eq!(strip_all(&frames), body, "{name}");
+        }
+        // Cut right after a finish chunk: the held chunk is released at the end, unchanged.
+        let (usage, _) = chat_pair();
+        let text = std::str::from_utf8(&usage).unwrap();
+        let cut = text.find(r#"{"id":"chatcmpl-a45afd70d01f6372","object":"chat.completion.chunk","created":1795964150,"model":"tiny","choices":[],"#).unwrap() - "data: ".len();
+        assert_eq!(strip_all(&[&usage[..cut]]), &usage[..cut]);
+        // Garbage and half events are never lost either.
+        assert_eq!(
+            strip_all(&[b"data: {nope\n\n", b"data: half"]),
+            b"data: {nope\n\ndata: half"
+        );
+    }
+
+    #[test]
+    fn whole_event_frames_pass_without_copy() {
+        let mut s = UsageStripper::new();
+        let frame = Bytes::from_static(
+            b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"}}]}\n\n",
+        );
+        let out = s.push(frame.clone());
+        assert_eq!(out.as_ptr(), frame.as_ptr());
+        assert_eq!(out.len(), frame.len());
+    }
+
+    #[test]
+    fn n2_usage_stream_releases_the_earlier_finish_chunk() {
+        let body = capture("stream-chat-n2.txt").body;
+        let out = strip_all(&[body]);
+        let text = std::str::from_utf8(&out).unwrap();
+        assert!(!text.contains(r#""choices":[]"#), "usage chunk removed");
+        assert_eq!(
+            text.matches("system_fingerprint").count(),
+            1,
+            "on the last finish chunk"
+        );
+        assert!(
+            text.ends_with("\"system_fingerprint\":\"vllm-0.32.0-f1283a03\"}\n\ndata: [DONE]\n\n")
+        );
+    }
+
+    fn splits() -> impl Strategy<Value = (usize, Vec<usize>)> {
+        (0usize..2, proptest::collection::vec(0usize..5000, 0..20))
+    }
+
+    proptest! {
+        #[test]
+        fn any_split_strips_to_the_plain_stream((which, mut cuts) in splits()) {
+            let (usage, plain) = if which == 0 { chat_pair() } else { completions_pair() };
+            for c in cuts.iter_mut() {
+                *c %= usage.len() + 1;
+            }
+            cuts.sort_unstable();
+            let mut frames: Vec<&[u8]> = Vec::new();
+            let mut at = 0;
+            for c in cuts {
+                frames.push(&usage[at..c]);
+                at = c;
+            }
+            frames.push(&usage[at..]);
+            prop_assert_eq!(strip_all(&frames), plain);
+        }
+
+        #[test]
+        fn arbitrary_bytes_are_never_lost_without_a_usage_chunk(chunks in proptest::collection::vec(proptest::collection::vec(prop_oneof![Just(b'\n'), Just(b'\r'), any::<u8>()], 0..40), 0..10)) {
+            let whole: Vec<u8> = chunks.concat();
+            let refs: Vec<&[u8]> = chunks.iter().map(Vec::as_slice).collect();
+            prop_assert_eq!(strip_all(&refs), whole);
+        }
+    }
+}
