@@ -1,0 +1,3 @@
+#![forbid(unsafe_code)]
+pub mod scenario;
+pub mod schedule;
