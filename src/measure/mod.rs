@@ -1,1 +1,17 @@
-//! Pure measurement core: chunk inspection, timelines, outcomes, SLOs and goodput.
+//! Pure measurement core: chunk inspection, timelines, outcomes, SLOs and goodput, exact
+//! statistics, raw records, and usage-injection support.
+
+pub mod inspect;
+pub mod meter;
+pub mod outcome;
+pub mod record;
+pub mod sink;
+pub mod slo;
+pub mod stats;
+pub mod usage;
+
+pub use inspect::{inspect_chunk, inspect_response, ChoiceInfo, ChunkInfo, ChunkKind, ResponseInfo, Usage};
+pub use meter::{Measurement, StreamMeter};
+pub use outcome::{Ending, FinishReason, Outcome};
+pub use slo::{judge, Slo, SloTable, SloVerdict};
+pub use stats::{percentile, summarize, Summary};

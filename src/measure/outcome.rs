@@ -1,0 +1,99 @@
+//! The bounded vocabularies of a finished request: how the body ended, the outcome, and the
+//! finish reason. Each has `as_str()` for metric labels and records.
+
+use serde::Serialize;
+
+/// How the response body stopped, as seen by the body wrapper.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// The body reached its end (`poll_frame` returned `None`).
+    Complete,
+    /// The upstream body failed mid-way.
+    BodyError,
+    /// The client went away: the body was dropped before its end.
+    ClientGone,
+    /// A proxy deadline fired (first byte, idle stream, total).
+    Timeout,
+}
+
+/// The outcome of a request: exactly one per request (DESIGN.md, "Outcome of every request").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Success,
+    ClientAbort,
+    UpstreamError,
+    Truncated,
+    Timeout,
+    Rejected,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 6] = [
+        Outcome::Success,
+        Outcome::ClientAbort,
+        Outcome::UpstreamError,
+        Outcome::Truncated,
+        Outcome::Timeout,
+        Outcome::Rejected,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Success => "success",
+            Outcome::ClientAbort => "client_abort",
+            Outcome::UpstreamError => "upstream_error",
+            Outcome::Truncated => "truncated",
+            Outcome::Timeout => "timeout",
+            Outcome::Rejected => "rejected",
+        }
+    }
+}
+
+/// A choice's `finish_reason`, folded into a bounded set (anything unknown is `Other`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    Stop,
+    Length,
+    ToolCalls,
+    ContentFilter,
+    FunctionCall,
+    Abort,
+    Error,
+    Repetition,
+    Other,
+}
+
+impl FinishReason {
+    pub fn parse(s: &[u8]) -> Self {
+        match s {
+            b"stop" => FinishReason::Stop,
+            b"length" => FinishReason::Length,
+            b"tool_calls" => FinishReason::ToolCalls,
+            b"content_filter" => FinishReason::ContentFilter,
+            b"function_call" => FinishReason::FunctionCall,
+            b"abort" => FinishReason::Abort,
+            b"error" => FinishReason::Error,
+            b"repetition" => FinishReason::Repetition,
+            _ => FinishReason::Other,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::ToolCalls => "tool_calls",
+            FinishReason::ContentFilter => "content_filter",
+            FinishReason::FunctionCall => "function_call",
+            FinishReason::Abort => "abort",
+            FinishReason::Error => "error",
+            FinishReason::Repetition => "repetition",
+            FinishReason::Other => "other",
+        }
+    }
+}
+
+/// The `finish_reason` label value for a request without one.
+pub const NO_FINISH_REASON: &str = "none";

@@ -1,0 +1,1 @@
+//! Optional JSONL sink for records, off the request path.
