@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::schedule::Arrivals;
 
@@ -57,7 +57,7 @@ impl Dist {
 }
 
 /// Service-level objectives used to count goodput (milliseconds; DESIGN.md defaults).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SloSpec {
     pub ttft_ms: Option<f64>,

@@ -252,11 +252,11 @@ pub(crate) mod tests {
         }
     }
 
-    /// Nearest rank, by hand: the smallest value with at least q*n values <= it.
-    fn brute(values: &[f64], q: f64) -> f64 {
+    /// Nearest rank, by hand with integer arithmetic: the value at rank ceil(q*n), q in per mille.
+    fn brute(values: &[f64], q_milli: usize) -> f64 {
         let mut v = values.to_vec();
         v.sort_by(f64::total_cmp);
-        let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+        let rank = (q_milli * v.len()).div_ceil(1000).clamp(1, v.len());
         v[rank - 1]
     }
 
@@ -268,7 +268,7 @@ pub(crate) mod tests {
             let values: Vec<f64> = (0..n).map(|_| rng.random::<f64>() * 10.0).collect();
             let s = Stats::of(values.clone()).unwrap();
             assert_eq!(s.count, n as u64);
-            for (q, got) in [(0.5, s.p50), (0.9, s.p90), (0.95, s.p95), (0.99, s.p99), (0.999, s.p999), (1.0, s.max)] {
+            for (q, got) in [(500, s.p50), (900, s.p90), (950, s.p95), (990, s.p99), (999, s.p999), (1000, s.max)] {
                 assert_eq!(got, brute(&values, q), "n={n} q={q}");
             }
             let mean = values.iter().sum::<f64>() / n as f64;
