@@ -11,7 +11,11 @@ use crate::runner::{self, CompareTargets, RunConfig};
 use crate::scenario::{Api, QuickSpec, Scenario};
 
 #[derive(Debug, Parser)]
-#[command(name = "goodput-loadtest", version, about = "Phased open-loop load with exact client-side percentiles, goodput and an HTML report")]
+#[command(
+    name = "goodput-loadtest",
+    version,
+    about = "Phased open-loop load with exact client-side percentiles, goodput and an HTML report"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -114,7 +118,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let (scenario, name) = match &args.scenario {
         Some(p) => {
             let mut sc = Scenario::load(p)?;
-            if args.rate.is_some() || args.concurrency.is_some() || args.duration.is_some() || args.requests.is_some() {
+            if args.rate.is_some()
+                || args.concurrency.is_some()
+                || args.duration.is_some()
+                || args.requests.is_some()
+            {
                 anyhow::bail!("--rate/--concurrency/--duration/--requests build a scenario; do not combine them with --scenario");
             }
             sc.apply_overrides(&args.quick());
@@ -127,7 +135,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         .target
         .clone()
         .or_else(|| scenario.target.clone())
-        .ok_or_else(|| anyhow::anyhow!("no target: pass --target URL or set `target` in the scenario"))?;
+        .ok_or_else(|| {
+            anyhow::anyhow!("no target: pass --target URL or set `target` in the scenario")
+        })?;
     let metrics = match args.metrics_listen {
         Some(addr) => {
             let names: Vec<String> = scenario.phases.iter().map(|p| p.name.clone()).collect();
@@ -154,12 +164,17 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     .await?;
     crate::report::write_all(&args.out, &result.summary, &result.windows, &result.records)?;
     print!("{}", crate::report::table::render(&result.summary));
-    println!("wrote {}/{{requests.jsonl,summary.json,report.html}}", args.out.display());
+    println!(
+        "wrote {}/{{requests.jsonl,summary.json,report.html}}",
+        args.out.display()
+    );
     Ok(())
 }
 
 /// A per-run id prefix from the wall clock (ids only need to be unique, not ordered).
 pub fn run_id() -> String {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
     format!("lt{:x}", (nanos as u64) ^ u64::from(std::process::id()))
 }

@@ -19,7 +19,9 @@ pub fn http_client(max_idle: usize) -> HttpClient {
     let mut conn = HttpConnector::new();
     conn.set_nodelay(true);
     conn.enforce_http(true);
-    Client::builder(TokioExecutor::new()).pool_max_idle_per_host(max_idle).build(conn)
+    Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(max_idle)
+        .build(conn)
 }
 
 /// What one request produced.
@@ -111,7 +113,12 @@ pub async fn send(client: &HttpClient, out: Outgoing<'_>) -> Sent {
             meter.finish(t_end, Ending::Timeout)
         }
     };
-    Sent { t0, measurement, itl, error }
+    Sent {
+        t0,
+        measurement,
+        itl,
+        error,
+    }
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {
@@ -128,15 +135,24 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 /// GET a URL and return its body as text (admin `/metrics`, `/stats`, engine `/metrics`).
 pub async fn get_text(client: &HttpClient, url: &str, timeout: Duration) -> Result<String, String> {
     let uri: Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
-    let req = Request::get(uri).body(Full::new(Bytes::new())).map_err(|e| e.to_string())?;
+    let req = Request::get(uri)
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| e.to_string())?;
     let fut = async {
         let resp = client.request(req).await.map_err(|e| error_chain(&e))?;
         let status = resp.status();
-        let body = resp.into_body().collect().await.map_err(|e| error_chain(&e))?.to_bytes();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| error_chain(&e))?
+            .to_bytes();
         if !status.is_success() {
             return Err(format!("{url}: HTTP {status}"));
         }
         String::from_utf8(body.to_vec()).map_err(|e| e.to_string())
     };
-    tokio::time::timeout(timeout, fut).await.map_err(|_| format!("{url}: timed out"))?
+    tokio::time::timeout(timeout, fut)
+        .await
+        .map_err(|_| format!("{url}: timed out"))?
 }

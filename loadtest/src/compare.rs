@@ -40,25 +40,45 @@ pub type Buckets = Vec<(f64, f64)>;
 
 /// Histogram `family` buckets from exposition text, summed over the series whose labels contain
 /// every `(key, value)` in `filter` (any one key of `model_keys` must equal `model` if given).
-pub fn histogram(text: &str, family: &str, model_keys: &[&str], model: Option<&str>) -> Option<Buckets> {
+pub fn histogram(
+    text: &str,
+    family: &str,
+    model_keys: &[&str],
+    model: Option<&str>,
+) -> Option<Buckets> {
     let prefix = format!("{family}_bucket");
     let mut acc: BTreeMap<u64, (f64, f64)> = BTreeMap::new(); // le bits (ordered) -> (le, sum)
     let mut found = false;
     for line in text.lines() {
-        let Some(rest) = line.strip_prefix(&prefix) else { continue };
-        let Some(rest) = rest.strip_prefix('{') else { continue };
-        let Some(close) = rest.rfind('}') else { continue };
+        let Some(rest) = line.strip_prefix(&prefix) else {
+            continue;
+        };
+        let Some(rest) = rest.strip_prefix('{') else {
+            continue;
+        };
+        let Some(close) = rest.rfind('}') else {
+            continue;
+        };
         let labels = parse_labels(&rest[..close]);
-        let value: f64 = match rest[close + 1..].split_whitespace().next().and_then(|v| v.parse().ok()) {
+        let value: f64 = match rest[close + 1..]
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse().ok())
+        {
             Some(v) => v,
             None => continue,
         };
         if let Some(m) = model {
-            if !model_keys.iter().any(|k| labels.get(*k).is_some_and(|v| v == m)) {
+            if !model_keys
+                .iter()
+                .any(|k| labels.get(*k).is_some_and(|v| v == m))
+            {
                 continue;
             }
         }
-        let Some(le) = labels.get("le").and_then(|v| parse_le(v)) else { continue };
+        let Some(le) = labels.get("le").and_then(|v| parse_le(v)) else {
+            continue;
+        };
         found = true;
         let e = acc.entry(order_key(le)).or_insert((le, 0.0));
         e.1 += value;
@@ -87,7 +107,11 @@ fn parse_labels(s: &str) -> HashMap<String, String> {
         while i < b.len() && b[i] != b'=' {
             i += 1;
         }
-        let key = s[start..i].trim().trim_start_matches(',').trim().to_string();
+        let key = s[start..i]
+            .trim()
+            .trim_start_matches(',')
+            .trim()
+            .to_string();
         i += 1; // '='
         if i >= b.len() || b[i] != b'"' {
             break;
@@ -117,11 +141,17 @@ fn parse_labels(s: &str) -> HashMap<String, String> {
 
 /// `end - start` per bucket (a counter reset, e.g. a restarted engine, yields `end`).
 pub fn delta(start: Option<&Buckets>, end: &Buckets) -> Buckets {
-    let Some(start) = start else { return end.clone() };
+    let Some(start) = start else {
+        return end.clone();
+    };
     let reset = end.iter().zip(start).any(|(e, s)| e.1 < s.1);
     end.iter()
         .map(|&(le, c)| {
-            let before = if reset { 0.0 } else { start.iter().find(|s| s.0 == le).map_or(0.0, |s| s.1) };
+            let before = if reset {
+                0.0
+            } else {
+                start.iter().find(|s| s.0 == le).map_or(0.0, |s| s.1)
+            };
             (le, (c - before).max(0.0))
         })
         .collect()
@@ -172,15 +202,22 @@ fn num(v: &serde_json::Value, keys: &[&str]) -> Option<f64> {
     keys.iter().find_map(|k| v.get(*k)).and_then(|x| x.as_f64())
 }
 fn text(v: &serde_json::Value, keys: &[&str]) -> Option<String> {
-    keys.iter().find_map(|k| v.get(*k)).and_then(|x| x.as_str()).map(str::to_owned)
+    keys.iter()
+        .find_map(|k| v.get(*k))
+        .and_then(|x| x.as_str())
+        .map(str::to_owned)
 }
 
 /// Parse the proxy's JSONL sink (or a JSON array of records); lines that do not parse are skipped.
 pub fn parse_proxy_records(text_in: &str) -> Vec<ProxyRecord> {
-    let values: Vec<serde_json::Value> = match serde_json::from_str::<Vec<serde_json::Value>>(text_in) {
-        Ok(v) => v,
-        Err(_) => text_in.lines().filter_map(|l| serde_json::from_str(l).ok()).collect(),
-    };
+    let values: Vec<serde_json::Value> =
+        match serde_json::from_str::<Vec<serde_json::Value>>(text_in) {
+            Ok(v) => v,
+            Err(_) => text_in
+                .lines()
+                .filter_map(|l| serde_json::from_str(l).ok())
+                .collect(),
+        };
     values
         .iter()
         .filter_map(|v| {
@@ -250,7 +287,13 @@ pub struct Comparison {
 fn diff_stats(mut d: Vec<f64>) -> Option<DiffStats> {
     let min = d.iter().copied().fold(f64::INFINITY, f64::min);
     let s = Stats::of(std::mem::take(&mut d))?;
-    Some(DiffStats { count: s.count, p50: s.p50, p99: s.p99, min, max: s.max })
+    Some(DiffStats {
+        count: s.count,
+        p50: s.p50,
+        p99: s.p99,
+        min,
+        max: s.max,
+    })
 }
 
 const METRICS: [&str; 3] = ["ttft", "tpot", "e2e"];
@@ -265,7 +308,10 @@ fn proxy_family(metric: &str) -> &'static str {
 fn engine_families(metric: &str) -> &'static [&'static str] {
     match metric {
         "ttft" => &["vllm:time_to_first_token_seconds"],
-        "tpot" => &["vllm:request_time_per_output_token_seconds", "vllm:time_per_output_token_seconds"],
+        "tpot" => &[
+            "vllm:request_time_per_output_token_seconds",
+            "vllm:time_per_output_token_seconds",
+        ],
         _ => &["vllm:e2e_request_latency_seconds"],
     }
 }
@@ -284,7 +330,15 @@ fn proxy_value(r: &ProxyRecord, metric: &str) -> Option<f64> {
     }
 }
 
-fn row(phase: &str, model: &str, metric: &str, source: String, q: [Option<f64>; 3], count: Option<f64>, client: [Option<f64>; 3]) -> Row {
+fn row(
+    phase: &str,
+    model: &str,
+    metric: &str,
+    source: String,
+    q: [Option<f64>; 3],
+    count: Option<f64>,
+    client: [Option<f64>; 3],
+) -> Row {
     let d = |i: usize| Some(q[i]? - client[i]?);
     Row {
         phase: phase.into(),
@@ -301,12 +355,23 @@ fn row(phase: &str, model: &str, metric: &str, source: String, q: [Option<f64>; 
     }
 }
 
-fn hist_q(start: Option<&str>, end: Option<&str>, fam: &str, keys: &[&str], model: &str) -> Option<([Option<f64>; 3], f64)> {
+fn hist_q(
+    start: Option<&str>,
+    end: Option<&str>,
+    fam: &str,
+    keys: &[&str],
+    model: &str,
+) -> Option<([Option<f64>; 3], f64)> {
     let e = histogram(end?, fam, keys, Some(model))?;
     let s = start.and_then(|t| histogram(t, fam, keys, Some(model)));
     let d = delta(s.as_ref(), &e);
     let total = d.last().map_or(0.0, |x| x.1);
-    (total > 0.0).then(|| ([quantile(&d, 0.5), quantile(&d, 0.95), quantile(&d, 0.99)], total))
+    (total > 0.0).then(|| {
+        (
+            [quantile(&d, 0.5), quantile(&d, 0.95), quantile(&d, 0.99)],
+            total,
+        )
+    })
 }
 
 /// Build the comparison tables from the run's records, windows, snapshots and (optionally) the
@@ -318,7 +383,11 @@ pub fn build(
     proxy_records: Option<&[ProxyRecord]>,
 ) -> Comparison {
     let mut c = Comparison::default();
-    let by_id: HashMap<&str, &ProxyRecord> = proxy_records.unwrap_or(&[]).iter().map(|p| (p.id.as_str(), p)).collect();
+    let by_id: HashMap<&str, &ProxyRecord> = proxy_records
+        .unwrap_or(&[])
+        .iter()
+        .map(|p| (p.id.as_str(), p))
+        .collect();
     for w in windows {
         let mine: Vec<&RequestRecord> = records.iter().filter(|r| r.phase == w.name).collect();
         let mut models: Vec<&str> = mine.iter().map(|r| r.model.as_str()).collect();
@@ -326,38 +395,100 @@ pub fn build(
         models.dedup();
         let snap = snaps.iter().find(|s| s.phase == w.name);
         for model in &models {
-            let of_model: Vec<&&RequestRecord> = mine.iter().filter(|r| r.model == *model).collect();
+            let of_model: Vec<&&RequestRecord> =
+                mine.iter().filter(|r| r.model == *model).collect();
             for metric in METRICS {
-                let cs = Stats::of(of_model.iter().filter_map(|r| client_value(r, metric)).collect());
+                let cs = Stats::of(
+                    of_model
+                        .iter()
+                        .filter_map(|r| client_value(r, metric))
+                        .collect(),
+                );
                 let client = cs.map_or([None; 3], |s| [Some(s.p50), Some(s.p95), Some(s.p99)]);
-                c.rows.push(row(&w.name, model, metric, "client exact".into(), client, cs.map(|s| s.count as f64), client));
+                c.rows.push(row(
+                    &w.name,
+                    model,
+                    metric,
+                    "client exact".into(),
+                    client,
+                    cs.map(|s| s.count as f64),
+                    client,
+                ));
                 // Proxy exact: joined records when we have them, else /stats over the window.
                 if proxy_records.is_some() {
                     let vals: Vec<f64> = of_model
                         .iter()
-                        .filter_map(|r| by_id.get(r.request_id.as_str()).and_then(|p| proxy_value(p, metric)))
+                        .filter_map(|r| {
+                            by_id
+                                .get(r.request_id.as_str())
+                                .and_then(|p| proxy_value(p, metric))
+                        })
                         .collect();
                     if let Some(s) = Stats::of(vals) {
-                        c.rows.push(row(&w.name, model, metric, "proxy exact".into(), [Some(s.p50), Some(s.p95), Some(s.p99)], Some(s.count as f64), client));
+                        c.rows.push(row(
+                            &w.name,
+                            model,
+                            metric,
+                            "proxy exact".into(),
+                            [Some(s.p50), Some(s.p95), Some(s.p99)],
+                            Some(s.count as f64),
+                            client,
+                        ));
                     }
                 } else if let Some(st) = snap.and_then(|s| s.end.proxy_stats.get(*model)) {
                     let obj = st.get(format!("{metric}_seconds"));
                     let g = |k: &str| obj.and_then(|o| o.get(k)).and_then(|v| v.as_f64());
                     if g("p50").is_some() {
-                        c.rows.push(row(&w.name, model, metric, "proxy exact (/stats)".into(), [g("p50"), g("p95"), g("p99")], g("count"), client));
+                        c.rows.push(row(
+                            &w.name,
+                            model,
+                            metric,
+                            "proxy exact (/stats)".into(),
+                            [g("p50"), g("p95"), g("p99")],
+                            g("count"),
+                            client,
+                        ));
                     }
                 }
                 if let Some(s) = snap {
-                    if let Some((q, n)) = hist_q(s.start.proxy_metrics.as_deref(), s.end.proxy_metrics.as_deref(), proxy_family(metric), &["model"], model) {
-                        c.rows.push(row(&w.name, model, metric, "proxy histogram".into(), q, Some(n), client));
+                    if let Some((q, n)) = hist_q(
+                        s.start.proxy_metrics.as_deref(),
+                        s.end.proxy_metrics.as_deref(),
+                        proxy_family(metric),
+                        &["model"],
+                        model,
+                    ) {
+                        c.rows.push(row(
+                            &w.name,
+                            model,
+                            metric,
+                            "proxy histogram".into(),
+                            q,
+                            Some(n),
+                            client,
+                        ));
                     }
                     for (i, (url, end_text)) in s.end.engines.iter().enumerate() {
                         let start_text = s.start.engines.get(i).and_then(|e| e.1.as_deref());
-                        let found = engine_families(metric)
-                            .iter()
-                            .find_map(|fam| hist_q(start_text, end_text.as_deref(), fam, &["model_name", "model"], model));
+                        let found = engine_families(metric).iter().find_map(|fam| {
+                            hist_q(
+                                start_text,
+                                end_text.as_deref(),
+                                fam,
+                                &["model_name", "model"],
+                                model,
+                            )
+                        });
                         if let Some((q, n)) = found {
-                            c.rows.push(row(&w.name, model, metric, format!("engine histogram ({url})"), q, Some(n), client));
+                            c.rows.push(row(
+                                &w.name,
+                                model,
+                                metric,
+                                format!("engine histogram ({url})"),
+                                q,
+                                Some(n),
+                                client,
+                            ));
                         }
                     }
                 }
@@ -367,8 +498,13 @@ pub fn build(
             c.joins.push(join(&w.name, &mine, &by_id));
         }
     }
-    if snaps.iter().any(|s| s.end.proxy_metrics.is_none() && s.end.proxy_stats.is_empty()) && !snaps.is_empty() {
-        c.notes.push("some proxy snapshots failed (admin URL unreachable?)".into());
+    if snaps
+        .iter()
+        .any(|s| s.end.proxy_metrics.is_none() && s.end.proxy_stats.is_empty())
+        && !snaps.is_empty()
+    {
+        c.notes
+            .push("some proxy snapshots failed (admin URL unreachable?)".into());
     }
     c.notes.push(
         "histogram deltas between phase start and end include requests of other phases still in flight at the boundaries"
@@ -382,13 +518,20 @@ fn join(phase: &str, mine: &[&RequestRecord], by_id: &HashMap<&str, &ProxyRecord
     let mut dis = BTreeMap::new();
     let (mut dt, mut de) = (Vec::new(), Vec::new());
     for r in mine {
-        let Some(p) = by_id.get(r.request_id.as_str()) else { continue };
+        let Some(p) = by_id.get(r.request_id.as_str()) else {
+            continue;
+        };
         matched += 1;
         if p.outcome.as_deref() == Some(r.outcome.as_str()) {
             agree += 1;
         } else {
             disagree += 1;
-            *dis.entry(format!("{} -> {}", r.outcome, p.outcome.as_deref().unwrap_or("?"))).or_insert(0) += 1;
+            *dis.entry(format!(
+                "{} -> {}",
+                r.outcome,
+                p.outcome.as_deref().unwrap_or("?")
+            ))
+            .or_insert(0) += 1;
         }
         if let (Some(pt), Some(ct)) = (p.ttft, r.ttft_seconds) {
             dt.push(pt - ct);
@@ -419,7 +562,11 @@ fn sms(v: Option<f64>) -> String {
 /// Terminal tables.
 pub fn render_text(c: &Comparison) -> String {
     let mut o = String::from("\nclient vs proxy vs engine (ms; diff = source - client)\n");
-    let _ = writeln!(o, "  {:<10} {:<8} {:<5} {:<36} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}", "phase", "model", "what", "source", "n", "p50", "p95", "p99", "d50", "d95", "d99");
+    let _ = writeln!(
+        o,
+        "  {:<10} {:<8} {:<5} {:<36} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+        "phase", "model", "what", "source", "n", "p50", "p95", "p99", "d50", "d95", "d99"
+    );
     for r in &c.rows {
         let _ = writeln!(
             o,
@@ -441,11 +588,27 @@ pub fn render_text(c: &Comparison) -> String {
         let _ = writeln!(
             o,
             "  join {}: {}/{} matched by request id, outcomes agree {} disagree {} {:?}",
-            j.phase, j.matched, j.client_requests, j.outcomes_agree, j.outcomes_disagree, j.disagreements
+            j.phase,
+            j.matched,
+            j.client_requests,
+            j.outcomes_agree,
+            j.outcomes_disagree,
+            j.disagreements
         );
-        for (n, d) in [("TTFT", &j.ttft_proxy_minus_client), ("E2E", &j.e2e_proxy_minus_client)] {
+        for (n, d) in [
+            ("TTFT", &j.ttft_proxy_minus_client),
+            ("E2E", &j.e2e_proxy_minus_client),
+        ] {
             if let Some(d) = d {
-                let _ = writeln!(o, "    proxy-client {n}: p50 {} p99 {} min {} max {} ms (n={})", sms(Some(d.p50)), sms(Some(d.p99)), sms(Some(d.min)), sms(Some(d.max)), d.count);
+                let _ = writeln!(
+                    o,
+                    "    proxy-client {n}: p50 {} p99 {} min {} max {} ms (n={})",
+                    sms(Some(d.p50)),
+                    sms(Some(d.p99)),
+                    sms(Some(d.min)),
+                    sms(Some(d.max)),
+                    d.count
+                );
             }
         }
     }
@@ -479,7 +642,16 @@ pub fn render_html(c: &Comparison) -> String {
     h.push_str("</table>");
     if !c.joins.is_empty() {
         h.push_str("<table><tr><th>phase</th><th>matched</th><th>outcomes agree</th><th>disagree</th><th>TTFT proxy−client p50/p99/max ms</th><th>E2E proxy−client p50/p99/max ms</th></tr>");
-        let f = |d: &Option<DiffStats>| d.as_ref().map_or("-".into(), |d| format!("{} / {} / {}", sms(Some(d.p50)), sms(Some(d.p99)), sms(Some(d.max))));
+        let f = |d: &Option<DiffStats>| {
+            d.as_ref().map_or("-".into(), |d| {
+                format!(
+                    "{} / {} / {}",
+                    sms(Some(d.p50)),
+                    sms(Some(d.p99)),
+                    sms(Some(d.max))
+                )
+            })
+        };
         for j in &c.joins {
             let _ = write!(
                 h,
@@ -517,25 +689,52 @@ vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"+Inf\",model_name=\"ti
 
     #[test]
     fn histogram_delta_and_quantile() {
-        let s = histogram(START, "vllm:time_to_first_token_seconds", &["model_name"], Some("tiny")).unwrap();
-        let e = histogram(END, "vllm:time_to_first_token_seconds", &["model_name"], Some("tiny")).unwrap();
+        let s = histogram(
+            START,
+            "vllm:time_to_first_token_seconds",
+            &["model_name"],
+            Some("tiny"),
+        )
+        .unwrap();
+        let e = histogram(
+            END,
+            "vllm:time_to_first_token_seconds",
+            &["model_name"],
+            Some("tiny"),
+        )
+        .unwrap();
         let d = delta(Some(&s), &e);
         assert_eq!(d, vec![(0.1, 0.0), (0.2, 100.0), (f64::INFINITY, 100.0)]);
         // All 100 in (0.1, 0.2]: p50 interpolates to the middle.
         assert!((quantile(&d, 0.5).unwrap() - 0.15).abs() < 1e-12);
         assert!((quantile(&d, 0.99).unwrap() - 0.199).abs() < 1e-12);
-        assert!(histogram(START, "vllm:time_to_first_token_seconds", &["model_name"], Some("nope")).is_none());
+        assert!(histogram(
+            START,
+            "vllm:time_to_first_token_seconds",
+            &["model_name"],
+            Some("nope")
+        )
+        .is_none());
     }
 
     #[test]
     fn quantile_edge_cases() {
         assert_eq!(quantile(&vec![(1.0, 0.0), (f64::INFINITY, 0.0)], 0.5), None);
         // Rank in +Inf: the highest finite bound (as PromQL).
-        assert_eq!(quantile(&vec![(1.0, 0.0), (f64::INFINITY, 4.0)], 0.5), Some(1.0));
+        assert_eq!(
+            quantile(&vec![(1.0, 0.0), (f64::INFINITY, 4.0)], 0.5),
+            Some(1.0)
+        );
         // First bucket interpolates from 0.
-        assert_eq!(quantile(&vec![(2.0, 4.0), (f64::INFINITY, 4.0)], 0.5), Some(1.0));
+        assert_eq!(
+            quantile(&vec![(2.0, 4.0), (f64::INFINITY, 4.0)], 0.5),
+            Some(1.0)
+        );
         // Counter reset: the end snapshot alone.
-        let d = delta(Some(&vec![(1.0, 9.0), (f64::INFINITY, 9.0)]), &vec![(1.0, 2.0), (f64::INFINITY, 3.0)]);
+        let d = delta(
+            Some(&vec![(1.0, 9.0), (f64::INFINITY, 9.0)]),
+            &vec![(1.0, 2.0), (f64::INFINITY, 3.0)],
+        );
         assert_eq!(d, vec![(1.0, 2.0), (f64::INFINITY, 3.0)]);
     }
 
@@ -558,14 +757,28 @@ vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"+Inf\",model_name=\"ti
              {\"id\":\"r2\",\"outcome\":\"upstream_error\",\"ttft\":0.199,\"e2e\":1.999}\nnot json\n",
         );
         assert_eq!(proxy.len(), 2);
-        let w = PhaseWindow { name: "p".into(), arrivals: String::new(), start_s: 0.0, end_s: 2.0, held_back: 0, hold_max_seconds: 0.0 };
+        let w = PhaseWindow {
+            name: "p".into(),
+            arrivals: String::new(),
+            start_s: 0.0,
+            end_s: 2.0,
+            held_back: 0,
+            hold_max_seconds: 0.0,
+        };
         let c = build(&[w], &[a, b], &[], Some(&proxy));
         let j = &c.joins[0];
-        assert_eq!((j.matched, j.outcomes_agree, j.outcomes_disagree), (2, 1, 1));
+        assert_eq!(
+            (j.matched, j.outcomes_agree, j.outcomes_disagree),
+            (2, 1, 1)
+        );
         assert_eq!(j.disagreements["truncated -> upstream_error"], 1);
         let t = j.ttft_proxy_minus_client.as_ref().unwrap();
         assert!((t.max - -0.001).abs() < 1e-9 && (t.min - -0.002).abs() < 1e-9);
-        let exact = c.rows.iter().find(|r| r.source == "proxy exact" && r.metric == "ttft").unwrap();
+        let exact = c
+            .rows
+            .iter()
+            .find(|r| r.source == "proxy exact" && r.metric == "ttft")
+            .unwrap();
         assert_eq!(exact.count, Some(2.0));
     }
 }

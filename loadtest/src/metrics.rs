@@ -27,12 +27,21 @@ impl LoadMetrics {
     pub fn new(phases: &[String]) -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
         let requests = IntCounterVec::new(
-            Opts::new("goodput_loadtest_requests_total", "Requests finished by the load generator, by phase and outcome."),
+            Opts::new(
+                "goodput_loadtest_requests_total",
+                "Requests finished by the load generator, by phase and outcome.",
+            ),
             &["phase", "outcome"],
         )?;
-        let in_flight = IntGauge::new("goodput_loadtest_requests_in_flight", "Requests the load generator has in flight.")?;
+        let in_flight = IntGauge::new(
+            "goodput_loadtest_requests_in_flight",
+            "Requests the load generator has in flight.",
+        )?;
         let phase = IntGaugeVec::new(
-            Opts::new("goodput_loadtest_phase", "1 for the phase now running, 0 for the others (info gauge)."),
+            Opts::new(
+                "goodput_loadtest_phase",
+                "1 for the phase now running, 0 for the others (info gauge).",
+            ),
             &["phase"],
         )?;
         registry.register(Box::new(requests.clone()))?;
@@ -41,13 +50,21 @@ impl LoadMetrics {
         for p in phases {
             phase.with_label_values(&[p.as_str()]).set(0);
         }
-        Ok(Self { registry, requests, in_flight, phase, phases: phases.to_vec() })
+        Ok(Self {
+            registry,
+            requests,
+            in_flight,
+            phase,
+            phases: phases.to_vec(),
+        })
     }
 
     /// Mark `current` as the running phase (None: the run is over).
     pub fn set_phase(&self, current: Option<&str>) {
         for p in &self.phases {
-            self.phase.with_label_values(&[p.as_str()]).set((Some(p.as_str()) == current) as i64);
+            self.phase
+                .with_label_values(&[p.as_str()])
+                .set((Some(p.as_str()) == current) as i64);
         }
     }
 
@@ -60,12 +77,17 @@ impl LoadMetrics {
 }
 
 /// Serve `GET /metrics` (any path, in fact) on `addr` until the task is dropped.
-pub async fn serve(addr: SocketAddr, m: Arc<LoadMetrics>) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+pub async fn serve(
+    addr: SocketAddr,
+    m: Arc<LoadMetrics>,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
     let task = tokio::spawn(async move {
         loop {
-            let Ok((stream, _)) = listener.accept().await else { continue };
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
             let m = m.clone();
             tokio::spawn(async move {
                 let svc = service_fn(move |_req: Request<hyper::body::Incoming>| {

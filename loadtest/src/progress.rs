@@ -23,7 +23,8 @@ pub struct Tick<'a> {
 
 /// Whether progress should show: a terminal, and not in CI.
 pub fn enabled() -> bool {
-    std::io::stderr().is_terminal() && std::env::var("CI").map_or(true, |v| v.is_empty() || v == "false")
+    std::io::stderr().is_terminal()
+        && std::env::var("CI").map_or(true, |v| v.is_empty() || v == "false")
 }
 
 impl Progress {
@@ -31,7 +32,10 @@ impl Progress {
         let bar = if show {
             let b = ProgressBar::new_spinner();
             b.set_draw_target(ProgressDrawTarget::stderr_with_hz(5));
-            b.set_style(ProgressStyle::with_template("{spinner} {msg}").unwrap_or_else(|_| ProgressStyle::default_spinner()));
+            b.set_style(
+                ProgressStyle::with_template("{spinner} {msg}")
+                    .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+            );
             b
         } else {
             ProgressBar::hidden()
@@ -54,8 +58,12 @@ impl Progress {
 
 /// The one-line status (pure, so it is testable).
 pub fn line(t: &Tick<'_>) -> String {
-    let left = t.left.map_or("-".into(), |d| format!("{:.0}s", d.as_secs_f64()));
-    let ttft = t.ttft_p50.map_or("-".into(), |v| format!("{:.1}ms", v * 1000.0));
+    let left = t
+        .left
+        .map_or("-".into(), |d| format!("{:.0}s", d.as_secs_f64()));
+    let ttft = t
+        .ttft_p50
+        .map_or("-".into(), |v| format!("{:.1}ms", v * 1000.0));
     format!(
         "phase {} | {:.0}s elapsed, {left} left | sent {} | in flight {} | errors {} | TTFT p50 {ttft}",
         t.phase,
@@ -81,6 +89,9 @@ mod tests {
             errors: 1,
             ttft_p50: Some(0.0425),
         });
-        assert_eq!(l, "phase warm | 3s elapsed, 7s left | sent 12 | in flight 4 | errors 1 | TTFT p50 42.5ms");
+        assert_eq!(
+            l,
+            "phase warm | 3s elapsed, 7s left | sent 12 | in flight 4 | errors 1 | TTFT p50 42.5ms"
+        );
     }
 }

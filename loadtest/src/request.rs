@@ -32,7 +32,10 @@ pub struct Mixer {
 #[derive(Debug, thiserror::Error)]
 pub enum DatasetError {
     #[error("reading dataset {path}: {source}")]
-    Read { path: String, source: std::io::Error },
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("dataset {path} has no usable prompt (lines need `prompt`, `text` or ShareGPT `conversations`)")]
     Empty { path: String },
 }
@@ -40,11 +43,15 @@ pub enum DatasetError {
 /// Load prompts from JSONL: `{"prompt": ..}` / `{"text": ..}` or ShareGPT-style
 /// `{"conversations": [{"from": "human", "value": ..}, ..]}` (the first human turn).
 pub fn load_dataset(path: &Path) -> Result<Vec<String>, DatasetError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|source| DatasetError::Read { path: path.display().to_string(), source })?;
+    let text = std::fs::read_to_string(path).map_err(|source| DatasetError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
     let prompts: Vec<String> = text.lines().filter_map(prompt_of_line).collect();
     if prompts.is_empty() {
-        return Err(DatasetError::Empty { path: path.display().to_string() });
+        return Err(DatasetError::Empty {
+            path: path.display().to_string(),
+        });
     }
     Ok(prompts)
 }
@@ -56,11 +63,19 @@ fn prompt_of_line(line: &str) -> Option<String> {
             return Some(s.to_owned());
         }
     }
-    let turns = v.get("conversations").or_else(|| v.get("messages"))?.as_array()?;
+    let turns = v
+        .get("conversations")
+        .or_else(|| v.get("messages"))?
+        .as_array()?;
     turns.iter().find_map(|t| {
         let who = t.get("from").or_else(|| t.get("role"))?.as_str()?;
         if matches!(who, "human" | "user") {
-            Some(t.get("value").or_else(|| t.get("content"))?.as_str()?.to_owned())
+            Some(
+                t.get("value")
+                    .or_else(|| t.get("content"))?
+                    .as_str()?
+                    .to_owned(),
+            )
         } else {
             None
         }
@@ -73,7 +88,12 @@ impl Mixer {
             Some(p) => load_dataset(p)?,
             None => Vec::new(),
         };
-        Ok(Self { rng: SmallRng::seed_from_u64(seed), models: sc.models.clone(), mix: sc.mix.clone(), dataset })
+        Ok(Self {
+            rng: SmallRng::seed_from_u64(seed),
+            models: sc.models.clone(),
+            mix: sc.mix.clone(),
+            dataset,
+        })
     }
 
     fn draw(&mut self, d: &Dist) -> u64 {
@@ -107,7 +127,14 @@ impl Mixer {
         } else {
             self.dataset[self.rng.random_range(0..self.dataset.len())].clone()
         };
-        RequestPlan { model, prompt, prompt_tokens, max_tokens, stream, header }
+        RequestPlan {
+            model,
+            prompt,
+            prompt_tokens,
+            max_tokens,
+            stream,
+            header,
+        }
     }
 
     pub fn header(&self, i: usize) -> &HeaderShare {
@@ -118,7 +145,9 @@ impl Mixer {
 /// A prompt of about `tokens` tokens: one short common word per token, with a varying lead word
 /// so prefix caches do not make every request free.
 pub fn synth_prompt(tokens: u64, salt: u32) -> String {
-    const WORDS: [&str; 8] = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog"];
+    const WORDS: [&str; 8] = [
+        "the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog",
+    ];
     let mut s = format!("w{salt}");
     for i in 1..tokens {
         s.push(' ');
@@ -169,8 +198,12 @@ mod tests {
         let sc = scenario("[[mix.headers]]\nname='x-sim-fault'\nvalue='error-after=2'\nshare=0.25");
         let mut m = Mixer::new(&sc, 1).unwrap();
         let plans: Vec<RequestPlan> = (0..4000).map(|_| m.next_plan()).collect();
-        assert!(plans.iter().all(|p| (5..=9).contains(&p.prompt_tokens) && p.max_tokens == 7));
-        let share = |f: &dyn Fn(&RequestPlan) -> bool| plans.iter().filter(|p| f(p)).count() as f64 / 4000.0;
+        assert!(plans
+            .iter()
+            .all(|p| (5..=9).contains(&p.prompt_tokens) && p.max_tokens == 7));
+        let share = |f: &dyn Fn(&RequestPlan) -> bool| {
+            plans.iter().filter(|p| f(p)).count() as f64 / 4000.0
+        };
         assert!((share(&|p| p.stream) - 0.5).abs() < 0.04);
         assert!((share(&|p| p.header == Some(0)) - 0.25).abs() < 0.04);
         assert!((share(&|p| p.model == "a") - 0.5).abs() < 0.04);
@@ -181,12 +214,28 @@ mod tests {
 
     #[test]
     fn body_shapes() {
-        let plan = RequestPlan { model: "m".into(), prompt: "hi".into(), prompt_tokens: 1, max_tokens: 3, stream: true, header: None };
-        let chat: serde_json::Value = serde_json::from_slice(&body(Api::Chat, &plan, true)).unwrap();
+        let plan = RequestPlan {
+            model: "m".into(),
+            prompt: "hi".into(),
+            prompt_tokens: 1,
+            max_tokens: 3,
+            stream: true,
+            header: None,
+        };
+        let chat: serde_json::Value =
+            serde_json::from_slice(&body(Api::Chat, &plan, true)).unwrap();
         assert_eq!(chat["messages"][0]["content"], "hi");
         assert_eq!(chat["stream_options"]["include_usage"], true);
         assert_eq!(chat["ignore_eos"], true);
-        let comp: serde_json::Value = serde_json::from_slice(&body(Api::Completions, &RequestPlan { stream: false, ..plan }, false)).unwrap();
+        let comp: serde_json::Value = serde_json::from_slice(&body(
+            Api::Completions,
+            &RequestPlan {
+                stream: false,
+                ..plan
+            },
+            false,
+        ))
+        .unwrap();
         assert_eq!(comp["prompt"], "hi");
         assert!(comp.get("stream_options").is_none() && comp.get("ignore_eos").is_none());
         assert_eq!(synth_prompt(4, 0).split(' ').count(), 4);

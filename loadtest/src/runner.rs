@@ -37,7 +37,9 @@ pub struct CompareTargets {
 
 impl CompareTargets {
     pub fn any(&self) -> bool {
-        self.proxy_admin.is_some() || !self.engine_metrics.is_empty() || self.proxy_records.is_some()
+        self.proxy_admin.is_some()
+            || !self.engine_metrics.is_empty()
+            || self.proxy_records.is_some()
     }
 }
 
@@ -104,8 +106,13 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, RunError> {
     if !base.starts_with("http://") {
         return Err(RunError::Target(cfg.target.clone()));
     }
-    let uri: Uri = format!("{base}{}", sc.api.path()).parse().map_err(|_| RunError::Target(cfg.target.clone()))?;
-    let mixer: SharedMixer = Arc::new(Mutex::new(Mixer::new(sc, schedule::phase_seed(sc.seed, usize::MAX))?));
+    let uri: Uri = format!("{base}{}", sc.api.path())
+        .parse()
+        .map_err(|_| RunError::Target(cfg.target.clone()))?;
+    let mixer: SharedMixer = Arc::new(Mutex::new(Mixer::new(
+        sc,
+        schedule::phase_seed(sc.seed, usize::MAX),
+    )?));
     let client = client::http_client(sc.max_in_flight.min(4096));
     let shared = Arc::new(Shared {
         start: Instant::now(),
@@ -121,7 +128,11 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, RunError> {
         client: client.clone(),
         uri,
         timeout: Duration::from_secs_f64(sc.request_timeout_s),
-        slo: Slo { ttft: sc.slo.ttft(), tpot: sc.slo.tpot(), e2e: sc.slo.e2e() },
+        slo: Slo {
+            ttft: sc.slo.ttft(),
+            tpot: sc.slo.tpot(),
+            e2e: sc.slo.e2e(),
+        },
         api: sc.api,
         ignore_eos: sc.mix.ignore_eos,
         run_id: cfg.run_id.clone().into(),
@@ -130,7 +141,12 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, RunError> {
     let progress = Arc::new(Progress::new(cfg.show_progress));
     let current_phase = Arc::new(Mutex::new(String::new()));
     let planned = sc.planned_duration();
-    let ticker = tokio::spawn(tick_loop(shared.clone(), progress.clone(), current_phase.clone(), planned));
+    let ticker = tokio::spawn(tick_loop(
+        shared.clone(),
+        progress.clone(),
+        current_phase.clone(),
+        planned,
+    ));
 
     let mut windows = Vec::with_capacity(sc.phases.len());
     let mut snaps = Vec::new();
@@ -150,7 +166,19 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, RunError> {
             Arrivals::Concurrency { n } => {
                 closed_loop(&ctx, phase, n, &cap, &mixer, &mut index, &mut phase_tasks).await
             }
-            _ => open_loop(&ctx, phase, pi, sc.seed, &cap, &mixer, &mut index, &mut phase_tasks).await,
+            _ => {
+                open_loop(
+                    &ctx,
+                    phase,
+                    pi,
+                    sc.seed,
+                    &cap,
+                    &mixer,
+                    &mut index,
+                    &mut phase_tasks,
+                )
+                .await
+            }
         };
         if phase.drain {
             while phase_tasks.join_next().await.is_some() {}
@@ -163,9 +191,18 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, RunError> {
             });
         }
         let end_s = shared.start.elapsed().as_secs_f64();
-        let end_snap = snapshot(&client, &cfg.compare, Some((end_s - start_s, sc.models.as_slice()))).await;
+        let end_snap = snapshot(
+            &client,
+            &cfg.compare,
+            Some((end_s - start_s, sc.models.as_slice())),
+        )
+        .await;
         if cfg.compare.any() {
-            snaps.push(PhaseSnapshots { phase: phase.name.clone(), start: start_snap, end: end_snap });
+            snaps.push(PhaseSnapshots {
+                phase: phase.name.clone(),
+                start: start_snap,
+                end: end_snap,
+            });
         }
         windows.push(PhaseWindow {
             name: phase.name.clone(),
@@ -206,7 +243,11 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, RunError> {
         overall,
         comparison,
     };
-    Ok(RunResult { records, windows, summary })
+    Ok(RunResult {
+        records,
+        windows,
+        summary,
+    })
 }
 
 type SharedMixer = Arc<Mutex<Mixer>>;
@@ -231,7 +272,12 @@ async fn open_loop(
     index: &mut u64,
     tasks: &mut JoinSet<()>,
 ) -> (u64, f64) {
-    let offsets = schedule::open_offsets(&phase.arrivals, phase.duration(), phase.requests, schedule::phase_seed(seed, pi));
+    let offsets = schedule::open_offsets(
+        &phase.arrivals,
+        phase.duration(),
+        phase.requests,
+        schedule::phase_seed(seed, pi),
+    );
     let t_phase = Instant::now();
     let name: Arc<str> = phase.name.as_str().into();
     let (mut held, mut hold_max) = (0u64, 0.0f64);
@@ -244,7 +290,9 @@ async fn open_loop(
         let (permit, was_held) = match cap.clone().try_acquire_owned() {
             Ok(p) => (p, hold_end.is_some_and(|h| due < h)),
             Err(_) => {
-                let Ok(p) = cap.clone().acquire_owned().await else { break };
+                let Ok(p) = cap.clone().acquire_owned().await else {
+                    break;
+                };
                 hold_end = Some(Instant::now());
                 (p, true)
             }
@@ -254,7 +302,15 @@ async fn open_loop(
             hold_max = hold_max.max((Instant::now() - due).as_secs_f64());
         }
         let (plan, header) = next_plan(mixer);
-        let work = one_request(ctx.clone(), name.clone(), *index, plan, header, due, was_held);
+        let work = one_request(
+            ctx.clone(),
+            name.clone(),
+            *index,
+            plan,
+            header,
+            due,
+            was_held,
+        );
         *index += 1;
         tasks.spawn(async move {
             work.await;
@@ -286,7 +342,13 @@ async fn closed_loop(
     let name: Arc<str> = phase.name.as_str().into();
     let mut workers = JoinSet::new();
     for _ in 0..n {
-        let (ctx, cap, mixer, issued, name) = (ctx.clone(), cap.clone(), mixer.clone(), issued.clone(), name.clone());
+        let (ctx, cap, mixer, issued, name) = (
+            ctx.clone(),
+            cap.clone(),
+            mixer.clone(),
+            issued.clone(),
+            name.clone(),
+        );
         workers.spawn(async move {
             loop {
                 if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -296,9 +358,19 @@ async fn closed_loop(
                 if k >= budget {
                     return None;
                 }
-                let Ok(permit) = cap.clone().acquire_owned().await else { return None };
+                let Ok(permit) = cap.clone().acquire_owned().await else {
+                    return None;
+                };
                 let (plan, header) = next_plan(&mixer);
-                let mut work = Box::pin(one_request(ctx.clone(), name.clone(), base_index + k, plan, header, Instant::now(), false));
+                let mut work = Box::pin(one_request(
+                    ctx.clone(),
+                    name.clone(),
+                    base_index + k,
+                    plan,
+                    header,
+                    Instant::now(),
+                    false,
+                ));
                 match deadline {
                     Some(d) => {
                         if tokio::time::timeout_at(d, &mut work).await.is_err() {
@@ -401,29 +473,45 @@ async fn one_request(
 }
 
 /// Proxy `/metrics` (+ `/stats` per model at a phase end) and each engine's `/metrics`.
-async fn snapshot(client: &HttpClient, t: &CompareTargets, stats_for: Option<(f64, &[String])>) -> Snapshot {
+async fn snapshot(
+    client: &HttpClient,
+    t: &CompareTargets,
+    stats_for: Option<(f64, &[String])>,
+) -> Snapshot {
     let timeout = Duration::from_secs(5);
     let mut s = Snapshot::default();
     if let Some(admin) = &t.proxy_admin {
         let admin = admin.trim_end_matches('/');
-        s.proxy_metrics = client::get_text(client, &format!("{admin}/metrics"), timeout).await.ok();
+        s.proxy_metrics = client::get_text(client, &format!("{admin}/metrics"), timeout)
+            .await
+            .ok();
         if let Some((window, models)) = stats_for {
             let window = window.ceil().max(1.0) as u64;
             for m in models {
                 let url = format!("{admin}/stats?window={window}&model={m}");
-                if let Some(v) = client::get_text(client, &url, timeout).await.ok().and_then(|b| serde_json::from_str(&b).ok()) {
+                if let Some(v) = client::get_text(client, &url, timeout)
+                    .await
+                    .ok()
+                    .and_then(|b| serde_json::from_str(&b).ok())
+                {
                     s.proxy_stats.insert(m.clone(), v);
                 }
             }
         }
     }
     for e in &t.engine_metrics {
-        s.engines.push((e.clone(), client::get_text(client, e, timeout).await.ok()));
+        s.engines
+            .push((e.clone(), client::get_text(client, e, timeout).await.ok()));
     }
     s
 }
 
-async fn tick_loop(shared: Arc<Shared>, progress: Arc<Progress>, phase: Arc<Mutex<String>>, planned: Option<Duration>) {
+async fn tick_loop(
+    shared: Arc<Shared>,
+    progress: Arc<Progress>,
+    phase: Arc<Mutex<String>>,
+    planned: Option<Duration>,
+) {
     let mut every = tokio::time::interval(Duration::from_millis(200));
     loop {
         every.tick().await;

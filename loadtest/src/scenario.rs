@@ -43,14 +43,17 @@ pub enum Dist {
 impl Dist {
     fn validate(&self, field: &str) -> Result<(), ScenarioError> {
         match *self {
-            Dist::Fixed(n) if n == 0 => Err(invalid(format!("{field}.fixed"), "must be >= 1")),
+            Dist::Fixed(0) => Err(invalid(format!("{field}.fixed"), "must be >= 1")),
             Dist::Uniform([a, b]) if a == 0 || a > b => Err(invalid(
                 format!("{field}.uniform"),
                 "needs 1 <= low <= high",
             )),
-            Dist::Normal { mean, std } if !(mean >= 1.0 && std >= 0.0 && std.is_finite()) => Err(
-                invalid(format!("{field}.normal"), "needs mean >= 1 and finite std >= 0"),
-            ),
+            Dist::Normal { mean, std } if !(mean >= 1.0 && std >= 0.0 && std.is_finite()) => {
+                Err(invalid(
+                    format!("{field}.normal"),
+                    "needs mean >= 1 and finite std >= 0",
+                ))
+            }
             _ => Ok(()),
         }
     }
@@ -67,7 +70,11 @@ pub struct SloSpec {
 
 impl Default for SloSpec {
     fn default() -> Self {
-        Self { ttft_ms: Some(2000.0), tpot_ms: Some(150.0), e2e_ms: Some(30000.0) }
+        Self {
+            ttft_ms: Some(2000.0),
+            tpot_ms: Some(150.0),
+            e2e_ms: Some(30000.0),
+        }
     }
 }
 
@@ -200,24 +207,38 @@ fn default_timeout() -> f64 {
 #[derive(Debug, thiserror::Error)]
 pub enum ScenarioError {
     #[error("reading scenario {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("parsing scenario {path}: {source}")]
-    Parse { path: PathBuf, source: Box<toml::de::Error> },
+    Parse {
+        path: PathBuf,
+        source: Box<toml::de::Error>,
+    },
     #[error("invalid scenario field `{field}`: {reason}")]
     Invalid { field: String, reason: String },
 }
 
 fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ScenarioError {
-    ScenarioError::Invalid { field: field.into(), reason: reason.into() }
+    ScenarioError::Invalid {
+        field: field.into(),
+        reason: reason.into(),
+    }
 }
 
 impl Scenario {
     /// Read, parse and validate a scenario file.
     pub fn load(path: &Path) -> Result<Self, ScenarioError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ScenarioError::Read { path: path.to_owned(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
         let mut sc = Self::parse(&text).map_err(|e| match e {
-            ScenarioError::Parse { source, .. } => ScenarioError::Parse { path: path.to_owned(), source },
+            ScenarioError::Parse { source, .. } => ScenarioError::Parse {
+                path: path.to_owned(),
+                source,
+            },
             other => other,
         })?;
         // A relative dataset path is relative to the scenario file, not the working directory.
@@ -231,8 +252,10 @@ impl Scenario {
 
     /// Parse and validate scenario text.
     pub fn parse(text: &str) -> Result<Self, ScenarioError> {
-        let sc: Scenario = toml::from_str(text)
-            .map_err(|e| ScenarioError::Parse { path: PathBuf::from("<text>"), source: Box::new(e) })?;
+        let sc: Scenario = toml::from_str(text).map_err(|e| ScenarioError::Parse {
+            path: PathBuf::from("<text>"),
+            source: Box::new(e),
+        })?;
         sc.validate()?;
         Ok(sc)
     }
@@ -247,7 +270,11 @@ impl Scenario {
         if !(self.request_timeout_s > 0.0 && self.request_timeout_s.is_finite()) {
             return Err(invalid("request_timeout_s", "must be > 0"));
         }
-        for (name, v) in [("slo.ttft_ms", self.slo.ttft_ms), ("slo.tpot_ms", self.slo.tpot_ms), ("slo.e2e_ms", self.slo.e2e_ms)] {
+        for (name, v) in [
+            ("slo.ttft_ms", self.slo.ttft_ms),
+            ("slo.tpot_ms", self.slo.tpot_ms),
+            ("slo.e2e_ms", self.slo.e2e_ms),
+        ] {
             if v.is_some_and(|v| !(v >= 0.0 && v.is_finite())) {
                 return Err(invalid(name, "must be >= 0"));
             }
@@ -260,13 +287,22 @@ impl Scenario {
         let mut total = 0.0;
         for (i, h) in self.mix.headers.iter().enumerate() {
             if !(0.0..=1.0).contains(&h.share) {
-                return Err(invalid(format!("mix.headers[{i}].share"), "must be within 0..=1"));
+                return Err(invalid(
+                    format!("mix.headers[{i}].share"),
+                    "must be within 0..=1",
+                ));
             }
             if http::HeaderName::from_bytes(h.name.as_bytes()).is_err() {
-                return Err(invalid(format!("mix.headers[{i}].name"), "not a valid header name"));
+                return Err(invalid(
+                    format!("mix.headers[{i}].name"),
+                    "not a valid header name",
+                ));
             }
             if http::HeaderValue::from_str(&h.value).is_err() {
-                return Err(invalid(format!("mix.headers[{i}].value"), "not a valid header value"));
+                return Err(invalid(
+                    format!("mix.headers[{i}].value"),
+                    "not a valid header value",
+                ));
             }
             total += h.share;
         }
@@ -282,15 +318,27 @@ impl Scenario {
                 return Err(invalid(f("name"), "must not be empty"));
             }
             if self.phases[..i].iter().any(|q| q.name == p.name) {
-                return Err(invalid(f("name"), format!("duplicate phase name {:?}", p.name)));
+                return Err(invalid(
+                    f("name"),
+                    format!("duplicate phase name {:?}", p.name),
+                ));
             }
             match (p.duration_s, p.requests) {
-                (None, None) => return Err(invalid(f("duration_s"), "set duration_s or requests (or both)")),
-                (Some(d), _) if !(d > 0.0 && d.is_finite()) => return Err(invalid(f("duration_s"), "must be > 0")),
+                (None, None) => {
+                    return Err(invalid(
+                        f("duration_s"),
+                        "set duration_s or requests (or both)",
+                    ))
+                }
+                (Some(d), _) if !(d > 0.0 && d.is_finite()) => {
+                    return Err(invalid(f("duration_s"), "must be > 0"))
+                }
                 (_, Some(0)) => return Err(invalid(f("requests"), "must be >= 1")),
                 _ => {}
             }
-            p.arrivals.validate(&f("arrivals"), p.duration_s.is_some()).map_err(|(field, reason)| invalid(field, reason))?;
+            p.arrivals
+                .validate(&f("arrivals"), p.duration_s.is_some())
+                .map_err(|(field, reason)| invalid(field, reason))?;
         }
         Ok(())
     }
@@ -339,7 +387,13 @@ impl Scenario {
             request_timeout_s: default_timeout(),
             slo: SloSpec::default(),
             mix: Mix::default(),
-            phases: vec![Phase { name: "main".into(), duration_s, requests, arrivals, drain: false }],
+            phases: vec![Phase {
+                name: "main".into(),
+                duration_s,
+                requests,
+                arrivals,
+                drain: false,
+            }],
         };
         sc.apply_overrides(q);
         sc.validate()?;
@@ -413,10 +467,20 @@ mod tests {
         assert_eq!(sc.api, Api::Completions);
         assert_eq!(sc.models, ["a", "b"]);
         assert_eq!(sc.slo.ttft_ms, Some(500.0));
-        assert_eq!(sc.slo.tpot_ms, Some(150.0), "an SLO not set keeps its DESIGN.md default");
+        assert_eq!(
+            sc.slo.tpot_ms,
+            Some(150.0),
+            "an SLO not set keeps its DESIGN.md default"
+        );
         assert_eq!(sc.mix.prompt_tokens, Dist::Uniform([16, 64]));
         assert_eq!(sc.mix.headers[0].tag(), "error-after=3");
-        assert_eq!(sc.phases[1].arrivals, Arrivals::Ramp { from: 1.0, to: 20.0 });
+        assert_eq!(
+            sc.phases[1].arrivals,
+            Arrivals::Ramp {
+                from: 1.0,
+                to: 20.0
+            }
+        );
         assert_eq!(sc.phases[2].arrivals, Arrivals::Concurrency { n: 8 });
         assert_eq!(sc.planned_duration(), None);
     }
@@ -441,7 +505,10 @@ mod tests {
         ];
         for (text, field) in cases {
             let err = Scenario::parse(text).unwrap_err().to_string();
-            assert!(err.contains(field), "error for {text:?} should name {field:?}: {err}");
+            assert!(
+                err.contains(field),
+                "error for {text:?} should name {field:?}: {err}"
+            );
         }
     }
 

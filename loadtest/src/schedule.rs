@@ -39,10 +39,21 @@ impl Arrivals {
                 Err((format!("{prefix}.concurrency.n"), "must be >= 1".into()))
             }
             Arrivals::Ramp { from, to } => {
-                if !(from >= 0.0 && to >= 0.0 && from.is_finite() && to.is_finite() && from + to > 0.0) {
-                    Err((format!("{prefix}.ramp"), "needs from, to >= 0 and not both 0".into()))
+                if !(from >= 0.0
+                    && to >= 0.0
+                    && from.is_finite()
+                    && to.is_finite()
+                    && from + to > 0.0)
+                {
+                    Err((
+                        format!("{prefix}.ramp"),
+                        "needs from, to >= 0 and not both 0".into(),
+                    ))
                 } else if !has_duration {
-                    Err((format!("{prefix}.ramp"), "a ramp needs the phase's duration_s".into()))
+                    Err((
+                        format!("{prefix}.ramp"),
+                        "a ramp needs the phase's duration_s".into(),
+                    ))
                 } else {
                     Ok(())
                 }
@@ -70,7 +81,10 @@ impl Arrivals {
 /// the arrivals of the others.
 pub fn phase_seed(seed: u64, index: usize) -> u64 {
     // splitmix64 step: decorrelates consecutive indices.
-    let mut z = seed ^ (index as u64).wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let mut z = seed
+        ^ (index as u64)
+            .wrapping_add(1)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
@@ -108,7 +122,8 @@ pub fn open_offsets(
             }
             Arrivals::Concurrency { .. } => return Vec::new(),
         };
-        if !(t < end) {
+        // `t` may be +inf (a falling ramp that runs dry): stop there too.
+        if t.is_nan() || t >= end {
             break;
         }
         out.push(Duration::from_secs_f64(t));
@@ -142,7 +157,10 @@ mod tests {
     use super::*;
 
     fn gaps(offsets: &[Duration]) -> Vec<f64> {
-        offsets.windows(2).map(|w| (w[1] - w[0]).as_secs_f64()).collect()
+        offsets
+            .windows(2)
+            .map(|w| (w[1] - w[0]).as_secs_f64())
+            .collect()
     }
     fn mean_cv(xs: &[f64]) -> (f64, f64) {
         let n = xs.len() as f64;
@@ -158,7 +176,10 @@ mod tests {
             assert_eq!(offs.len(), 20_000);
             let (mean, cv) = mean_cv(&gaps(&offs));
             // 20k exponential gaps: standard error of the mean is ~0.7%; allow 3%.
-            assert!((mean * rate - 1.0).abs() < 0.03, "rate {rate}: mean gap {mean}");
+            assert!(
+                (mean * rate - 1.0).abs() < 0.03,
+                "rate {rate}: mean gap {mean}"
+            );
             // Exponential gaps have CV 1.
             assert!((cv - 1.0).abs() < 0.05, "rate {rate}: cv {cv}");
         }
@@ -166,7 +187,12 @@ mod tests {
 
     #[test]
     fn poisson_count_in_a_window_matches_rate() {
-        let offs = open_offsets(&Arrivals::Poisson { rate: 50.0 }, Some(Duration::from_secs(200)), None, 3);
+        let offs = open_offsets(
+            &Arrivals::Poisson { rate: 50.0 },
+            Some(Duration::from_secs(200)),
+            None,
+            3,
+        );
         let n = offs.len() as f64;
         // Expected 10_000, sd 100.
         assert!((n - 10_000.0).abs() < 400.0, "{n}");
@@ -174,7 +200,12 @@ mod tests {
 
     #[test]
     fn constant_is_exact_and_has_no_spread() {
-        let offs = open_offsets(&Arrivals::Constant { rate: 4.0 }, Some(Duration::from_secs(10)), None, 0);
+        let offs = open_offsets(
+            &Arrivals::Constant { rate: 4.0 },
+            Some(Duration::from_secs(10)),
+            None,
+            0,
+        );
         assert_eq!(offs.len(), 40);
         assert_eq!(offs[0], Duration::ZERO);
         let (mean, cv) = mean_cv(&gaps(&offs));
@@ -198,13 +229,25 @@ mod tests {
         for arr in [
             Arrivals::Poisson { rate: 100.0 },
             Arrivals::Constant { rate: 100.0 },
-            Arrivals::Ramp { from: 10.0, to: 200.0 },
-            Arrivals::Ramp { from: 200.0, to: 0.0 },
+            Arrivals::Ramp {
+                from: 10.0,
+                to: 200.0,
+            },
+            Arrivals::Ramp {
+                from: 200.0,
+                to: 0.0,
+            },
         ] {
             let offs = open_offsets(&arr, Some(d), None, 11);
             assert!(!offs.is_empty(), "{arr:?}");
-            assert!(offs.iter().all(|o| *o < d), "{arr:?} sent past the phase end");
-            assert!(offs.windows(2).all(|w| w[0] <= w[1]), "{arr:?} not ascending");
+            assert!(
+                offs.iter().all(|o| *o < d),
+                "{arr:?} sent past the phase end"
+            );
+            assert!(
+                offs.windows(2).all(|w| w[0] <= w[1]),
+                "{arr:?} not ascending"
+            );
             // Requests cap wins when it comes first.
             let capped = open_offsets(&arr, Some(d), Some(7), 11);
             assert_eq!(capped.len(), 7);
@@ -216,7 +259,15 @@ mod tests {
     #[test]
     fn ramp_follows_its_rate() {
         // 0 -> 100/s over 20 s: expected 1000 arrivals, 3/4 of them in the second half.
-        let offs = open_offsets(&Arrivals::Ramp { from: 0.0, to: 100.0 }, Some(Duration::from_secs(20)), None, 9);
+        let offs = open_offsets(
+            &Arrivals::Ramp {
+                from: 0.0,
+                to: 100.0,
+            },
+            Some(Duration::from_secs(20)),
+            None,
+            9,
+        );
         let n = offs.len() as f64;
         assert!((n - 1000.0).abs() < 130.0, "{n}");
         let late = offs.iter().filter(|o| o.as_secs_f64() >= 10.0).count() as f64;

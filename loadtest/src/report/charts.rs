@@ -6,6 +6,9 @@ use plotters::prelude::*;
 use super::summary::PhaseWindow;
 use crate::record::RequestRecord;
 
+/// Points of one line series.
+pub type Line = Vec<(f64, f64)>;
+
 type Res = Result<(), Box<dyn std::error::Error>>;
 
 const W: u32 = 600;
@@ -59,7 +62,11 @@ pub fn cdf(title: &str, per_phase: &[(String, Vec<f64>)]) -> String {
         .fold(0.0, f64::max)
         .max(1e-3)
         * 1.05;
-    let (unit, scale) = if xmax < 2.0 { ("ms", 1000.0) } else { ("s", 1.0) };
+    let (unit, scale) = if xmax < 2.0 {
+        ("ms", 1000.0)
+    } else {
+        ("s", 1.0)
+    };
     svg(|root| {
         let mut chart = ChartBuilder::on(root)
             .caption(title, ("sans-serif", 18))
@@ -67,17 +74,28 @@ pub fn cdf(title: &str, per_phase: &[(String, Vec<f64>)]) -> String {
             .x_label_area_size(35)
             .y_label_area_size(45)
             .build_cartesian_2d(0f64..xmax * scale, 0f64..1.0)?;
-        chart.configure_mesh().x_desc(unit).y_desc("fraction ≤ x").draw()?;
+        chart
+            .configure_mesh()
+            .x_desc(unit)
+            .y_desc("fraction ≤ x")
+            .draw()?;
         for (i, (name, v)) in sorted.iter_mut().enumerate() {
             let n = v.len();
             let step = (n / 400).max(1);
             let mut pts: Vec<(f64, f64)> = vec![(v[0] * scale, 0.0)];
-            pts.extend((0..n).step_by(step).chain([n - 1]).map(|k| (v[k].min(xmax) * scale, (k + 1) as f64 / n as f64)));
+            pts.extend(
+                (0..n)
+                    .step_by(step)
+                    .chain([n - 1])
+                    .map(|k| (v[k].min(xmax) * scale, (k + 1) as f64 / n as f64)),
+            );
             let c = color(i);
             chart
                 .draw_series(LineSeries::new(pts, c.stroke_width(2)))?
                 .label(format!("{name} (n={n})"))
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
+                });
         }
         chart
             .configure_series_labels()
@@ -90,11 +108,24 @@ pub fn cdf(title: &str, per_phase: &[(String, Vec<f64>)]) -> String {
 }
 
 /// One time-series chart: several named lines over run time, phases shaded behind them.
-pub fn time_series(title: &str, y_desc: &str, windows: &[PhaseWindow], series: &[(String, Vec<(f64, f64)>)]) -> String {
+pub fn time_series(
+    title: &str,
+    y_desc: &str,
+    windows: &[PhaseWindow],
+    series: &[(String, Vec<(f64, f64)>)],
+) -> String {
     let tmax = windows.last().map_or(1.0, |w| w.end_s).max(
-        series.iter().flat_map(|(_, p)| p.iter().map(|q| q.0)).fold(0.0, f64::max),
+        series
+            .iter()
+            .flat_map(|(_, p)| p.iter().map(|q| q.0))
+            .fold(0.0, f64::max),
     );
-    let ymax = series.iter().flat_map(|(_, p)| p.iter().map(|q| q.1)).fold(0.0, f64::max).max(1e-9) * 1.15;
+    let ymax = series
+        .iter()
+        .flat_map(|(_, p)| p.iter().map(|q| q.1))
+        .fold(0.0, f64::max)
+        .max(1e-9)
+        * 1.15;
     svg(|root| {
         let mut chart = ChartBuilder::on(root)
             .caption(title, ("sans-serif", 18))
@@ -102,18 +133,31 @@ pub fn time_series(title: &str, y_desc: &str, windows: &[PhaseWindow], series: &
             .x_label_area_size(35)
             .y_label_area_size(50)
             .build_cartesian_2d(0f64..tmax.max(1e-3), 0f64..ymax)?;
-        chart.configure_mesh().x_desc("run time (s)").y_desc(y_desc).draw()?;
+        chart
+            .configure_mesh()
+            .x_desc("run time (s)")
+            .y_desc(y_desc)
+            .draw()?;
         for (i, w) in windows.iter().enumerate() {
             let c = color(i);
-            chart.draw_series([Rectangle::new([(w.start_s, 0.0), (w.end_s, ymax)], c.mix(0.10).filled())])?;
-            chart.draw_series([Text::new(w.name.clone(), (w.start_s, ymax * 0.97), ("sans-serif", 12).into_font().color(&c))])?;
+            chart.draw_series([Rectangle::new(
+                [(w.start_s, 0.0), (w.end_s, ymax)],
+                c.mix(0.10).filled(),
+            )])?;
+            chart.draw_series([Text::new(
+                w.name.clone(),
+                (w.start_s, ymax * 0.97),
+                ("sans-serif", 12).into_font().color(&c),
+            )])?;
         }
         for (i, (name, pts)) in series.iter().enumerate() {
             let c = if i == 0 { BLACK } else { color(i + 2) };
             chart
                 .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(2)))?
                 .label(name.clone())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
+                });
         }
         if series.len() > 1 {
             chart
@@ -130,7 +174,13 @@ pub fn time_series(title: &str, y_desc: &str, windows: &[PhaseWindow], series: &
 /// Horizontal stacked bars: one bar per phase, one segment per outcome.
 pub fn outcomes(phases: &[(String, Vec<(String, u64)>)], outcome_names: &[String]) -> String {
     let n = phases.len().max(1);
-    let xmax = phases.iter().map(|(_, o)| o.iter().map(|x| x.1).sum::<u64>()).max().unwrap_or(1).max(1) as f64 * 1.02;
+    let xmax = phases
+        .iter()
+        .map(|(_, o)| o.iter().map(|x| x.1).sum::<u64>())
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64
+        * 1.35; // room on the right for the legend
     let names: Vec<String> = phases.iter().map(|p| p.0.clone()).collect();
     svg(|root| {
         let mut chart = ChartBuilder::on(root)
@@ -164,7 +214,10 @@ pub fn outcomes(phases: &[(String, Vec<(String, u64)>)], outcome_names: &[String
                 let mine = counts.iter().find(|x| &x.0 == oname).map_or(0, |x| x.1);
                 if mine > 0 {
                     let y = pi as f64;
-                    rects.push(Rectangle::new([(before as f64, y + 0.2), ((before + mine) as f64, y + 0.8)], c.filled()));
+                    rects.push(Rectangle::new(
+                        [(before as f64, y + 0.2), ((before + mine) as f64, y + 0.8)],
+                        c.filled(),
+                    ));
                 }
             }
             chart
@@ -174,7 +227,7 @@ pub fn outcomes(phases: &[(String, Vec<(String, u64)>)], outcome_names: &[String
         }
         chart
             .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
+            .position(SeriesLabelPosition::UpperRight)
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK.mix(0.4))
             .draw()?;
@@ -200,7 +253,7 @@ pub fn bin_width(total_s: f64) -> f64 {
 }
 
 /// Completed and good requests per second, per bin of end time.
-pub fn throughput(records: &[RequestRecord], total_s: f64) -> (Vec<(f64, f64)>, Vec<(f64, f64)>) {
+pub fn throughput(records: &[RequestRecord], total_s: f64) -> (Line, Line) {
     let w = bin_width(total_s);
     let nb = ((total_s / w).ceil() as usize).max(1) + 1;
     let (mut done, mut good) = (vec![0u64; nb], vec![0u64; nb]);
@@ -209,12 +262,17 @@ pub fn throughput(records: &[RequestRecord], total_s: f64) -> (Vec<(f64, f64)>, 
         done[b] += 1;
         good[b] += r.good as u64;
     }
-    let pts = |v: &[u64]| v.iter().enumerate().map(|(i, c)| ((i as f64 + 0.5) * w, *c as f64 / w)).collect();
+    let pts = |v: &[u64]| {
+        v.iter()
+            .enumerate()
+            .map(|(i, c)| ((i as f64 + 0.5) * w, *c as f64 / w))
+            .collect()
+    };
     (pts(&done), pts(&good))
 }
 
 /// p50 and p99 of TTFT (ms) for requests started in each bin (bins without TTFTs are skipped).
-pub fn ttft_series(records: &[RequestRecord], total_s: f64) -> (Vec<(f64, f64)>, Vec<(f64, f64)>) {
+pub fn ttft_series(records: &[RequestRecord], total_s: f64) -> (Line, Line) {
     let w = bin_width(total_s);
     let nb = ((total_s / w).ceil() as usize).max(1) + 1;
     let mut bins: Vec<Vec<f64>> = vec![Vec::new(); nb];

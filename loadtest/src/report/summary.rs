@@ -106,7 +106,11 @@ pub struct Summary {
 }
 
 /// Summarize the records of one window. `all` is every record of the run (for in-flight).
-pub fn summarize_phase(win: &PhaseWindow, mine: &[&RequestRecord], all: &[RequestRecord]) -> PhaseSummary {
+pub fn summarize_phase(
+    win: &PhaseWindow,
+    mine: &[&RequestRecord],
+    all: &[RequestRecord],
+) -> PhaseSummary {
     let elapsed = (win.end_s - win.start_s).max(1e-9);
     let mut outcomes = BTreeMap::new();
     let mut finish = BTreeMap::new();
@@ -119,7 +123,11 @@ pub fn summarize_phase(win: &PhaseWindow, mine: &[&RequestRecord], all: &[Reques
             *finish.entry(f.clone()).or_insert(0) += 1;
         }
         let tag = r.tag.clone().unwrap_or_else(|| "untagged".into());
-        *by_tag.entry(tag).or_default().entry(r.outcome.clone()).or_insert(0) += 1;
+        *by_tag
+            .entry(tag)
+            .or_default()
+            .entry(r.outcome.clone())
+            .or_insert(0) += 1;
         good += r.good as u64;
         denom += r.counts_for_goodput() as u64;
         ptok += r.prompt_tokens.unwrap_or(0);
@@ -146,7 +154,11 @@ pub fn summarize_phase(win: &PhaseWindow, mine: &[&RequestRecord], all: &[Reques
             ratio: (denom > 0).then(|| good as f64 / denom as f64),
             per_second: good as f64 / elapsed,
         },
-        tokens: Tokens { prompt: ptok, completion: ctok, completion_per_second: ctok as f64 / elapsed },
+        tokens: Tokens {
+            prompt: ptok,
+            completion: ctok,
+            completion_per_second: ctok as f64 / elapsed,
+        },
         ttft_seconds: Stats::of(ttft),
         ttfc_seconds: Stats::of(ttfc),
         tpot_seconds: Stats::of(tpot),
@@ -161,7 +173,10 @@ pub fn summarize_phase(win: &PhaseWindow, mine: &[&RequestRecord], all: &[Reques
 /// Step function of requests in flight: `(time, count after this time)`, sorted by time.
 /// A request is in flight over `[start, end)`.
 pub fn in_flight_steps(all: &[RequestRecord]) -> Vec<(f64, u64)> {
-    let mut ev: Vec<(f64, i64)> = all.iter().flat_map(|r| [(r.start_s, 1), (r.end_s(), -1)]).collect();
+    let mut ev: Vec<(f64, i64)> = all
+        .iter()
+        .flat_map(|r| [(r.start_s, 1), (r.end_s(), -1)])
+        .collect();
     // Ends before starts at the same instant: [start, end) intervals.
     ev.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
     let mut n = 0i64;
@@ -213,7 +228,10 @@ pub fn build(
         start_s: windows.first().map_or(0.0, |w| w.start_s),
         end_s: windows.last().map_or(0.0, |w| w.end_s),
         held_back: windows.iter().map(|w| w.held_back).sum(),
-        hold_max_seconds: windows.iter().map(|w| w.hold_max_seconds).fold(0.0, f64::max),
+        hold_max_seconds: windows
+            .iter()
+            .map(|w| w.hold_max_seconds)
+            .fold(0.0, f64::max),
     };
     let all: Vec<&RequestRecord> = records.iter().collect();
     let overall = summarize_phase(&overall_win, &all, records);
@@ -224,7 +242,13 @@ pub fn build(
 pub(crate) mod tests {
     use super::*;
 
-    pub(crate) fn rec(phase: &str, start: f64, e2e: f64, ttft: Option<f64>, outcome: &str) -> RequestRecord {
+    pub(crate) fn rec(
+        phase: &str,
+        start: f64,
+        e2e: f64,
+        ttft: Option<f64>,
+        outcome: &str,
+    ) -> RequestRecord {
         RequestRecord {
             request_id: format!("{phase}-{start}"),
             phase: phase.into(),
@@ -268,7 +292,14 @@ pub(crate) mod tests {
             let values: Vec<f64> = (0..n).map(|_| rng.random::<f64>() * 10.0).collect();
             let s = Stats::of(values.clone()).unwrap();
             assert_eq!(s.count, n as u64);
-            for (q, got) in [(500, s.p50), (900, s.p90), (950, s.p95), (990, s.p99), (999, s.p999), (1000, s.max)] {
+            for (q, got) in [
+                (500, s.p50),
+                (900, s.p90),
+                (950, s.p95),
+                (990, s.p99),
+                (999, s.p999),
+                (1000, s.max),
+            ] {
                 assert_eq!(got, brute(&values, q), "n={n} q={q}");
             }
             let mean = values.iter().sum::<f64>() / n as f64;
@@ -286,8 +317,22 @@ pub(crate) mod tests {
             rec("b", 2.1, 0.5, Some(0.2), "success"),
         ];
         let wins = vec![
-            PhaseWindow { name: "a".into(), arrivals: "x".into(), start_s: 0.0, end_s: 2.0, held_back: 1, hold_max_seconds: 0.1 },
-            PhaseWindow { name: "b".into(), arrivals: "y".into(), start_s: 2.0, end_s: 4.0, held_back: 0, hold_max_seconds: 0.0 },
+            PhaseWindow {
+                name: "a".into(),
+                arrivals: "x".into(),
+                start_s: 0.0,
+                end_s: 2.0,
+                held_back: 1,
+                hold_max_seconds: 0.1,
+            },
+            PhaseWindow {
+                name: "b".into(),
+                arrivals: "y".into(),
+                start_s: 2.0,
+                end_s: 4.0,
+                held_back: 0,
+                hold_max_seconds: 0.0,
+            },
         ];
         let (phases, overall) = build(&wins, &recs);
         assert_eq!(phases[0].requests, 2);
@@ -296,7 +341,11 @@ pub(crate) mod tests {
         assert_eq!(phases[0].in_flight_peak, 2);
         assert_eq!(phases[0].goodput.good, 1);
         assert_eq!(phases[0].goodput.per_second, 0.5);
-        assert_eq!(phases[1].ttft_seconds.unwrap().count, 1, "no TTFT is not a zero TTFT");
+        assert_eq!(
+            phases[1].ttft_seconds.unwrap().count,
+            1,
+            "no TTFT is not a zero TTFT"
+        );
         assert_eq!(overall.requests, 4);
         assert_eq!(overall.held_back, 1);
         assert_eq!(overall.goodput.ratio, Some(0.5));
@@ -305,7 +354,10 @@ pub(crate) mod tests {
     #[test]
     fn in_flight_intervals_are_half_open() {
         // Back-to-back requests never overlap.
-        let recs = vec![rec("a", 0.0, 1.0, None, "success"), rec("a", 1.0, 1.0, None, "success")];
+        let recs = vec![
+            rec("a", 0.0, 1.0, None, "success"),
+            rec("a", 1.0, 1.0, None, "success"),
+        ];
         assert_eq!(in_flight_peak(&recs, 0.0, 3.0), 1);
         assert_eq!(in_flight_steps(&recs).last(), Some(&(2.0, 0)));
     }

@@ -40,17 +40,33 @@ fn phase(out: &mut String, p: &PhaseSummary) {
         "  goodput {} good ({:.2}/s, ratio {})  output {:.0} tok/s  in-flight peak {}{}",
         p.goodput.good,
         p.goodput.per_second,
-        p.goodput.ratio.map_or("-".into(), |r| format!("{:.1}%", r * 100.0)),
+        p.goodput
+            .ratio
+            .map_or("-".into(), |r| format!("{:.1}%", r * 100.0)),
         p.tokens.completion_per_second,
         p.in_flight_peak,
         if p.held_back > 0 {
-            format!("  HELD BACK {} arrivals by the in-flight cap (max {:.0} ms)", p.held_back, p.hold_max_seconds * 1000.0)
+            format!(
+                "  HELD BACK {} arrivals by the in-flight cap (max {:.0} ms)",
+                p.held_back,
+                p.hold_max_seconds * 1000.0
+            )
         } else {
             String::new()
         }
     );
-    let _ = writeln!(out, "  {:<5} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9}", "ms", "n", "p50", "p90", "p99", "max", "mean");
-    for (n, s) in [("TTFT", &p.ttft_seconds), ("TTFC", &p.ttfc_seconds), ("TPOT", &p.tpot_seconds), ("ITL", &p.itl_seconds), ("E2E", &p.e2e_seconds)] {
+    let _ = writeln!(
+        out,
+        "  {:<5} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "ms", "n", "p50", "p90", "p99", "max", "mean"
+    );
+    for (n, s) in [
+        ("TTFT", &p.ttft_seconds),
+        ("TTFC", &p.ttfc_seconds),
+        ("TPOT", &p.tpot_seconds),
+        ("ITL", &p.itl_seconds),
+        ("E2E", &p.e2e_seconds),
+    ] {
         out.push_str(&line(n, s));
     }
 }
