@@ -534,4 +534,21 @@ mod tests {
         assert_eq!(sc.mix.stream_share, 0.0);
         assert_eq!(sc.planned_duration(), Some(Duration::from_secs(3)));
     }
+
+    #[test]
+    fn example_scenarios_load() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+        let mut n = 0;
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "toml") {
+                let sc = Scenario::load(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+                if let Some(ds) = &sc.mix.dataset {
+                    assert!(crate::request::load_dataset(ds).unwrap().len() >= 4);
+                }
+                n += 1;
+            }
+        }
+        assert!(n >= 4);
+    }
 }
