@@ -150,3 +150,49 @@ async fn client_measures_known_timings() {
     let itl = res.summary.overall.itl_seconds.unwrap();
     assert_eq!(itl.count, 20 * (TOKENS as u64 - 1));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_endpoint_serves_phase_and_counts() {
+    use goodput_loadtest::metrics::{serve, LoadMetrics};
+    use std::sync::Arc;
+    let target = stub().await;
+    let sc = Scenario::parse("[[phases]]\nname='one'\nrequests=4\narrivals={constant={rate=100}}\n[[phases]]\nname='two'\nrequests=2\narrivals={concurrency={n=2}}").unwrap();
+    let m = Arc::new(LoadMetrics::new(&["one".into(), "two".into()]).unwrap());
+    let (addr, task) = serve("127.0.0.1:0".parse().unwrap(), m.clone())
+        .await
+        .unwrap();
+    let res = runner::run(RunConfig {
+        target,
+        scenario: sc,
+        scenario_name: "stub".into(),
+        show_progress: false,
+        metrics: Some(m),
+        compare: CompareTargets::default(),
+        run_id: "m".into(),
+    })
+    .await
+    .unwrap();
+    assert_eq!(res.records.len(), 6);
+    let c = goodput_loadtest::client::http_client(1);
+    let text = goodput_loadtest::client::get_text(
+        &c,
+        &format!("http://{addr}/metrics"),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    assert!(
+        text.contains("goodput_loadtest_requests_total{outcome=\"success\",phase=\"one\"} 4"),
+        "{text}"
+    );
+    assert!(
+        text.contains("goodput_loadtest_requests_total{outcome=\"success\",phase=\"two\"} 2"),
+        "{text}"
+    );
+    // After the run no phase is marked running.
+    assert!(
+        text.contains("goodput_loadtest_phase{phase=\"two\"} 0"),
+        "{text}"
+    );
+    task.abort();
+}
