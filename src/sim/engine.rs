@@ -1,0 +1,297 @@
+//! The engine: continuous-batching admission (at most `max_num_seqs` sequences running, the
+//! rest waiting FIFO), the timing model, KV-cache accounting, and per-request metric records
+//! measured from arrival as vLLM measures them.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+use super::config::SimConfig;
+use super::gen::{Generation, TokenOut};
+use super::metrics::{EngineMetrics, FinishedReason};
+use super::render::Finish;
+use super::request::GenRequest;
+use super::text::{jitter_factor, SplitMix};
+
+/// Counters for tests and operators (not exported as metrics).
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Generation requests accepted (valid, no status fault).
+    pub started: AtomicU64,
+    /// Requests that ran to their end (finish, or an injected in-band error).
+    pub finished: AtomicU64,
+    /// Requests that ended early: client disconnect or `truncate-after`.
+    pub aborted: AtomicU64,
+}
+
+/// Shared state of one simulated engine.
+#[derive(Debug)]
+pub struct Engine {
+    pub cfg: SimConfig,
+    /// `created` of every response: the process start (unix seconds), fixed so that
+    /// identical requests get identical bytes.
+    pub created: u64,
+    pub metrics: EngineMetrics,
+    pub stats: Stats,
+    seqs: Arc<Semaphore>,
+    arrivals: AtomicU64,
+}
+
+impl Engine {
+    pub fn new(cfg: SimConfig) -> Self {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let metrics = EngineMetrics::new(
+            &cfg.models,
+            cfg.kv_cache_tokens,
+            cfg.legacy_metric_names,
+            now.as_secs_f64(),
+        );
+        Engine {
+            seqs: Arc::new(Semaphore::new(cfg.max_num_seqs)),
+            created: now.as_secs(),
+            metrics,
+            stats: Stats::default(),
+            arrivals: AtomicU64::new(0),
+            cfg,
+        }
+    }
+
+    /// Arrival number of a new request (seeds its timing jitter and fault draw).
+    pub fn next_arrival(&self) -> u64 {
+        self.arrivals.fetch_add(1, Relaxed)
+    }
+
+    pub fn running(&self) -> usize {
+        self.cfg.max_num_seqs - self.seqs.available_permits()
+    }
+
+    pub fn waiting(&self) -> usize {
+        self.metrics
+            .models
+            .iter()
+            .map(|m| m.waiting.load(Relaxed).max(0) as usize)
+            .sum()
+    }
+
+    /// In-flight requests (`/load`).
+    pub fn load(&self) -> u64 {
+        self.stats.started.load(Relaxed)
+            - self.stats.finished.load(Relaxed)
+            - self.stats.aborted.load(Relaxed)
+    }
+}
+
+/// The timeline and engine resources of one request; dropping it mid-way is an abort.
+pub struct Run {
+    eng: Arc<Engine>,
+    model: usize,
+    n: u64,
+    prompt_tokens: u64,
+    max_tokens_param: u64,
+    pub gen: Generation,
+    rng: SplitMix,
+    arrival: Instant,
+    scheduled: Option<Instant>,
+    first: Option<Instant>,
+    last: Option<Instant>,
+    permit: Option<OwnedSemaphorePermit>,
+    waiting: bool,
+    kv_held: i64,
+    done: bool,
+}
+
+pub type Acquire = std::pin::Pin<
+    Box<
+        dyn std::future::Future<Output = Result<OwnedSemaphorePermit, tokio::sync::AcquireError>>
+            + Send,
+    >,
+>;
+
+impl Run {
+    pub fn new(eng: Arc<Engine>, req: &GenRequest, arrival: Instant, arrival_no: u64) -> Self {
+        eng.stats.started.fetch_add(1, Relaxed);
+        let gen = Generation::new(req, eng.cfg.stop_prob, eng.cfg.empty_delta_prob);
+        Run {
+            rng: SplitMix::new(eng.cfg.seed ^ arrival_no.wrapping_mul(0x2545_f491_4f6c_dd1d)),
+            model: req.model_idx,
+            n: req.n as u64,
+            prompt_tokens: req.prompt_tokens,
+            max_tokens_param: req.max_tokens_param,
+            gen,
+            arrival,
+            scheduled: None,
+            first: None,
+            last: None,
+            permit: None,
+            waiting: false,
+            kv_held: 0,
+            done: false,
+            eng,
+        }
+    }
+
+    /// Queues for `n` decode slots (FIFO); the future resolves when they are granted.
+    pub fn enqueue(&mut self) -> Acquire {
+        let want = self.n.min(self.eng.cfg.max_num_seqs as u64) as u32;
+        self.waiting = true;
+        self.eng.metrics.models[self.model]
+            .waiting
+            .fetch_add(self.n as i64, Relaxed);
+        Box::pin(self.eng.seqs.clone().acquire_many_owned(want))
+    }
+
+    /// Slots granted: the request is running from `now`; returns its prefill time.
+    pub fn admitted(&mut self, permit: OwnedSemaphorePermit, extra: Duration) -> Duration {
+        let m = &self.eng.metrics.models[self.model];
+        if self.waiting {
+            self.waiting = false;
+            m.waiting.fetch_sub(self.n as i64, Relaxed);
+        }
+        m.running.fetch_add(self.n as i64, Relaxed);
+        self.permit = Some(permit);
+        self.kv_held = (self.prompt_tokens * self.n) as i64;
+        self.eng.metrics.kv_tokens.fetch_add(self.kv_held, Relaxed);
+        self.scheduled = Some(Instant::now());
+        let c = &self.eng.cfg;
+        let ms = (c.ttft_ms + c.prefill_ms_per_token * self.prompt_tokens as f64)
+            * jitter_factor(c.jitter, c.jitter_cv, &mut self.rng);
+        ms_to_duration(ms) + extra
+    }
+
+    /// Time of the next decode step, growing with the running batch.
+    pub fn step_time(&mut self, extra: Duration) -> Duration {
+        let c = &self.eng.cfg;
+        if c.tpot_ms == 0.0 && c.tpot_ms_per_seq == 0.0 {
+            return extra;
+        }
+        let others = self.eng.running().saturating_sub(1) as f64;
+        let ms = (c.tpot_ms + c.tpot_ms_per_seq * others)
+            * jitter_factor(c.jitter, c.jitter_cv, &mut self.rng);
+        ms_to_duration(ms) + extra
+    }
+
+    /// Generates one step (one token per unfinished choice) and records its metrics;
+    /// `emit` gets each token with its choice index.
+    pub fn step(&mut self, mut emit: impl FnMut(u32, &TokenOut)) {
+        let now = Instant::now();
+        let m = &self.eng.metrics.models[self.model];
+        let active = self.gen.active();
+        match self.last {
+            None => {
+                let ttft = now.saturating_duration_since(self.arrival).as_secs_f64();
+                m.ttft.observe_n(ttft, active);
+                m.iteration_tokens
+                    .observe((self.prompt_tokens * self.n + active) as f64);
+                self.first = Some(now);
+                m.prompt_tokens
+                    .fetch_add(self.prompt_tokens * self.n, Relaxed);
+            }
+            Some(prev) => {
+                m.itl
+                    .observe_n(now.saturating_duration_since(prev).as_secs_f64(), active);
+                m.iteration_tokens.observe(active as f64);
+            }
+        }
+        self.last = Some(now);
+        for i in 0..self.gen.n() {
+            if let Some(t) = self.gen.next(i) {
+                emit(i, &t);
+            }
+        }
+        m.generation_tokens.fetch_add(active, Relaxed);
+        self.kv_held += active as i64;
+        self.eng.metrics.kv_tokens.fetch_add(active as i64, Relaxed);
+    }
+
+    pub fn steps_done(&self) -> u64 {
+        (0..self.gen.n())
+            .map(|i| self.gen.tokens(i))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The request reached its end: record finish metrics (per choice, as vLLM counts the
+    /// child requests of `n > 1`) and free the slots. `error` marks an injected failure.
+    pub fn finish(&mut self, error: bool) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        let now = Instant::now();
+        let m = &self.eng.metrics.models[self.model];
+        let sched = self.scheduled.unwrap_or(now);
+        let first = self.first.unwrap_or(now);
+        let last = self.last.unwrap_or(now);
+        let secs = |a: Instant, b: Instant| b.saturating_duration_since(a).as_secs_f64();
+        let mut max_gen = 0;
+        for i in 0..self.gen.n() {
+            let toks = self.gen.tokens(i);
+            max_gen = max_gen.max(toks);
+            let reason = match (error, self.gen.finish(i)) {
+                (true, _) => FinishedReason::Error,
+                (false, Some(Finish::Length)) | (false, None) => FinishedReason::Length,
+                (false, Some(Finish::Stop(_))) => FinishedReason::Stop,
+            };
+            m.success[reason as usize].fetch_add(1, Relaxed);
+            m.e2e.observe(secs(self.arrival, now));
+            m.queue.observe(secs(self.arrival, sched));
+            m.prefill.observe(secs(sched, first));
+            m.decode.observe(secs(first, last));
+            m.inference.observe(secs(sched, last));
+            let tpot = if toks > 1 {
+                secs(first, last) / (toks - 1) as f64
+            } else {
+                0.0
+            };
+            m.tpot.observe(tpot);
+            m.req_prompt_tokens.observe(self.prompt_tokens as f64);
+            m.prefill_kv_computed.observe(self.prompt_tokens as f64);
+            m.req_generation_tokens.observe(toks as f64);
+            m.params_max_tokens.observe(self.max_tokens_param as f64);
+            m.num_preemptions.observe(0.0);
+        }
+        m.params_n.observe(self.n as f64);
+        m.max_num_generation_tokens.observe(max_gen as f64);
+        self.eng.stats.finished.fetch_add(1, Relaxed);
+        self.release();
+    }
+
+    fn release(&mut self) {
+        if self.permit.take().is_some() {
+            self.eng.metrics.models[self.model]
+                .running
+                .fetch_sub(self.n as i64, Relaxed);
+            self.eng.metrics.kv_tokens.fetch_sub(self.kv_held, Relaxed);
+            self.kv_held = 0;
+        }
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        if self.waiting {
+            self.eng.metrics.models[self.model]
+                .waiting
+                .fetch_sub(self.n as i64, Relaxed);
+        }
+        if !self.done {
+            // Client went away (or a truncation): like vLLM, no success count and no e2e
+            // sample, but its tokens and TTFT were already recorded.
+            self.eng.stats.aborted.fetch_add(1, Relaxed);
+        }
+        self.release();
+    }
+}
+
+fn ms_to_duration(ms: f64) -> Duration {
+    if ms > 0.0 && ms.is_finite() {
+        Duration::from_secs_f64(ms / 1000.0)
+    } else {
+        Duration::ZERO
+    }
+}

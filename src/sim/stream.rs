@@ -1,0 +1,227 @@
+//! The SSE response body: a poll-driven state machine (queue -> prefill -> decode steps ->
+//! trailer) that writes chunks into one reused buffer. With zero decode time it emits many
+//! steps per frame; otherwise it sleeps on one re-armed timer per stream. Dropping the body
+//! (client disconnect) drops the [`Run`], which frees the decode slots at once.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http_body::{Body, Frame, SizeHint};
+use tokio::time::{Instant, Sleep};
+
+use super::engine::{Acquire, Run};
+use super::errors::stream_error_event;
+use super::faults::Faults;
+use super::render::{Templates, DONE};
+use super::request::Api;
+
+/// Steps written into one frame when decode time is zero.
+const BATCH_STEPS: u32 = 64;
+/// Flush a frame once the buffer holds this much.
+const FLUSH_BYTES: usize = 32 * 1024;
+
+/// The error that cuts a response body short (`truncate-after`): hyper then closes the
+/// connection without the final chunk.
+#[derive(Debug, thiserror::Error)]
+#[error("simulated truncation")]
+pub struct Truncated;
+
+enum State {
+    Queued(Acquire),
+    Sleeping,
+    Step,
+    Trailer,
+    Truncate,
+    Done,
+}
+
+pub struct SseBody {
+    run: Run,
+    tmpl: Templates,
+    faults: Faults,
+    api: Api,
+    include_usage: bool,
+    state: State,
+    sleep: Pin<Box<Sleep>>,
+    deadline: Instant,
+    buf: BytesMut,
+    malformed_sent: bool,
+}
+
+impl SseBody {
+    pub fn new(
+        mut run: Run,
+        tmpl: Templates,
+        faults: Faults,
+        api: Api,
+        include_usage: bool,
+    ) -> Self {
+        let acquire = run.enqueue();
+        let now = Instant::now();
+        SseBody {
+            run,
+            tmpl,
+            faults,
+            api,
+            include_usage,
+            state: State::Queued(acquire),
+            sleep: Box::pin(tokio::time::sleep_until(now)),
+            deadline: now,
+            buf: BytesMut::with_capacity(4096),
+            malformed_sent: false,
+        }
+    }
+
+    fn take_frame(&mut self) -> Poll<Option<Result<Frame<Bytes>, Truncated>>> {
+        Poll::Ready(Some(Ok(Frame::data(self.buf.split().freeze()))))
+    }
+
+    /// Arms the timer for `d` after the previous deadline (so per-token times do not drift).
+    fn wait(&mut self, d: Duration, from_now: bool) {
+        let now = Instant::now();
+        self.deadline = if from_now {
+            now + d
+        } else {
+            (self.deadline + d).max(now - Duration::from_millis(50))
+        };
+        self.sleep.as_mut().reset(self.deadline);
+        self.state = State::Sleeping;
+    }
+
+    /// One generation step into the buffer; applies the step-count faults first.
+    fn step(&mut self) {
+        let steps = self.run.steps_done();
+        if self.faults.error_after == Some(steps) {
+            self.buf.extend_from_slice(
+                stream_error_event("Simulated engine error (x-sim-fault: error-after)").as_bytes(),
+            );
+            self.buf.extend_from_slice(DONE);
+            self.run.finish(true);
+            self.state = State::Done;
+            return;
+        }
+        if self.faults.truncate_after == Some(steps) {
+            self.state = State::Truncate;
+            return;
+        }
+        if self.faults.malformed_after == Some(steps) && !self.malformed_sent {
+            self.malformed_sent = true;
+            self.tmpl.malformed_chunk(&mut self.buf);
+        }
+        let first = steps == 0;
+        if first && self.api == Api::Chat {
+            for i in 0..self.run.gen.n() {
+                self.tmpl.role_chunk(&mut self.buf, i);
+            }
+        }
+        let (tmpl, buf) = (&self.tmpl, &mut self.buf);
+        self.run.step(|i, t| {
+            tmpl.token_chunk(
+                buf,
+                i,
+                &t.text,
+                t.logprobs.as_ref(),
+                t.finish.as_ref(),
+                t.count,
+            );
+        });
+        self.state = if self.run.gen.all_finished() {
+            State::Trailer
+        } else {
+            State::Step
+        };
+    }
+}
+
+impl Body for SseBody {
+    type Data = Bytes;
+    type Error = Truncated;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        let mut steps_in_frame = 0u32;
+        loop {
+            match &mut this.state {
+                State::Queued(acquire) => match acquire.as_mut().poll(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Ok(permit)) => {
+                        let stall = Duration::from_millis(this.faults.stall_first_ms.unwrap_or(0));
+                        let prefill = this.run.admitted(permit, stall);
+                        if prefill.is_zero() {
+                            this.state = State::Step;
+                        } else {
+                            this.wait(prefill, true);
+                        }
+                    }
+                    // The semaphore is never closed; end the body if it ever is.
+                    Poll::Ready(Err(_)) => this.state = State::Done,
+                },
+                State::Sleeping => {
+                    if this.sleep.as_mut().poll(cx).is_pending() {
+                        return if this.buf.is_empty() {
+                            Poll::Pending
+                        } else {
+                            this.take_frame()
+                        };
+                    }
+                    this.state = State::Step;
+                }
+                State::Step => {
+                    this.step();
+                    if matches!(this.state, State::Step) {
+                        let stall = Duration::from_millis(this.faults.stall_every_ms.unwrap_or(0));
+                        let d = this.run.step_time(stall);
+                        if !d.is_zero() {
+                            let from_now = this.run.steps_done() == 1;
+                            this.wait(d, from_now);
+                            return this.take_frame();
+                        }
+                        steps_in_frame += 1;
+                        if steps_in_frame >= BATCH_STEPS || this.buf.len() >= FLUSH_BYTES {
+                            return this.take_frame();
+                        }
+                    }
+                }
+                State::Trailer => {
+                    this.run.finish(false);
+                    if this.include_usage {
+                        this.tmpl
+                            .usage_chunk(&mut this.buf, this.run.gen.total_tokens());
+                    }
+                    if !this.faults.no_done {
+                        this.buf.extend_from_slice(DONE);
+                    }
+                    this.state = State::Done;
+                }
+                State::Truncate => {
+                    if !this.buf.is_empty() {
+                        return this.take_frame();
+                    }
+                    this.state = State::Done;
+                    return Poll::Ready(Some(Err(Truncated)));
+                }
+                State::Done => {
+                    return if this.buf.is_empty() {
+                        Poll::Ready(None)
+                    } else {
+                        this.take_frame()
+                    };
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self.state, State::Done) && self.buf.is_empty()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::default()
+    }
+}
