@@ -24,7 +24,12 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run a scenario (or a one-phase load from flags) and write the reports.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
+    /// Re-render report.html (and print the table) from a run's summary.json and requests.jsonl.
+    Report {
+        /// The run's output directory.
+        dir: PathBuf,
+    },
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -177,4 +182,22 @@ pub fn run_id() -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     format!("lt{:x}", (nanos as u64) ^ u64::from(std::process::id()))
+}
+
+/// `goodput-loadtest report DIR`: the HTML and the table again, from the files of a run.
+pub fn rerender(dir: &std::path::Path) -> anyhow::Result<()> {
+    let summary: crate::report::Summary =
+        serde_json::from_slice(&std::fs::read(dir.join("summary.json"))?)?;
+    let mut records = Vec::new();
+    for line in std::fs::read_to_string(dir.join("requests.jsonl"))?.lines() {
+        records.push(serde_json::from_str::<crate::record::RequestRecord>(line)?);
+    }
+    let windows = crate::report::summary::windows_of(&summary);
+    std::fs::write(
+        dir.join("report.html"),
+        crate::report::html::render(&summary, &windows, &records),
+    )?;
+    print!("{}", crate::report::table::render(&summary));
+    println!("wrote {}/report.html", dir.display());
+    Ok(())
 }

@@ -18,6 +18,8 @@ use crate::report::summary::{PhaseWindow, Stats};
 /// What was captured at one instant.
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
+    /// A proxy admin URL was given (so a missing `proxy_metrics` is a failure worth a note).
+    pub proxy_asked: bool,
     pub proxy_metrics: Option<String>,
     /// `/stats?window=..&model=..` bodies per model (only taken at phase end).
     pub proxy_stats: BTreeMap<String, serde_json::Value>,
@@ -500,8 +502,7 @@ pub fn build(
     }
     if snaps
         .iter()
-        .any(|s| s.end.proxy_metrics.is_none() && s.end.proxy_stats.is_empty())
-        && !snaps.is_empty()
+        .any(|s| s.end.proxy_asked && s.end.proxy_metrics.is_none())
     {
         c.notes
             .push("some proxy snapshots failed (admin URL unreachable?)".into());
@@ -561,16 +562,37 @@ fn sms(v: Option<f64>) -> String {
 
 /// Terminal tables.
 pub fn render_text(c: &Comparison) -> String {
-    let mut o = String::from("\nclient vs proxy vs engine (ms; diff = source - client)\n");
+    let mut o = String::from("\nclient vs proxy vs engine (ms; d = source - client)\n");
+    let sw = c
+        .rows
+        .iter()
+        .map(|r| r.source.len())
+        .max()
+        .unwrap_or(6)
+        .max(6);
+    let pw = c
+        .rows
+        .iter()
+        .map(|r| r.phase.len())
+        .max()
+        .unwrap_or(5)
+        .max(5);
+    let mw = c
+        .rows
+        .iter()
+        .map(|r| r.model.len())
+        .max()
+        .unwrap_or(5)
+        .max(5);
     let _ = writeln!(
         o,
-        "  {:<10} {:<8} {:<5} {:<36} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+        "  {:<pw$} {:<mw$} {:<5} {:<sw$} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
         "phase", "model", "what", "source", "n", "p50", "p95", "p99", "d50", "d95", "d99"
     );
     for r in &c.rows {
         let _ = writeln!(
             o,
-            "  {:<10} {:<8} {:<5} {:<36} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+            "  {:<pw$} {:<mw$} {:<5} {:<sw$} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
             r.phase,
             r.model,
             r.metric,

@@ -14,7 +14,8 @@ async fn main() {
         .init();
     let cli = Cli::parse();
     let res = match cli.command {
-        Command::Run(args) => goodput_loadtest::cli::run(args).await,
+        Command::Run(args) => goodput_loadtest::cli::run(*args).await,
+        Command::Report { dir } => goodput_loadtest::cli::rerender(&dir),
     };
     if let Err(e) = res {
         eprintln!("goodput-loadtest: {e:#}");

@@ -481,6 +481,7 @@ async fn snapshot(
     let timeout = Duration::from_secs(5);
     let mut s = Snapshot::default();
     if let Some(admin) = &t.proxy_admin {
+        s.proxy_asked = true;
         let admin = admin.trim_end_matches('/');
         s.proxy_metrics = client::get_text(client, &format!("{admin}/metrics"), timeout)
             .await

@@ -67,27 +67,64 @@ pub fn cdf(title: &str, per_phase: &[(String, Vec<f64>)]) -> String {
     } else {
         ("s", 1.0)
     };
+    // Phases that differ by orders of magnitude (overload vs idle) get a log x axis, drawn as
+    // log10 on a linear axis with the labels mapped back.
+    let xmin_pos = sorted
+        .iter()
+        .map(|(_, v)| v[0])
+        .filter(|x| *x > 0.0)
+        .fold(f64::INFINITY, f64::min);
+    let log = xmin_pos.is_finite() && xmax / xmin_pos > 30.0;
+    let lo = if log {
+        (xmin_pos * scale).log10().floor()
+    } else {
+        0.0
+    };
+    let fx = move |x: f64| {
+        if log {
+            (x * scale).max(10f64.powf(lo)).log10()
+        } else {
+            x * scale
+        }
+    };
+    let (x0, x1) = (if log { lo } else { 0.0 }, fx(xmax));
+    let unit = if log {
+        format!("{unit} (log scale)")
+    } else {
+        unit.to_string()
+    };
     svg(|root| {
         let mut chart = ChartBuilder::on(root)
             .caption(title, ("sans-serif", 18))
             .margin(10)
             .x_label_area_size(35)
             .y_label_area_size(45)
-            .build_cartesian_2d(0f64..xmax * scale, 0f64..1.0)?;
+            .build_cartesian_2d(x0..x1, 0f64..1.0)?;
+        let label = |v: &f64| {
+            let x = if log { 10f64.powf(*v) } else { *v };
+            if x >= 100.0 {
+                format!("{x:.0}")
+            } else if x >= 1.0 {
+                format!("{x:.1}")
+            } else {
+                format!("{x:.2}")
+            }
+        };
         chart
             .configure_mesh()
-            .x_desc(unit)
+            .x_desc(unit.as_str())
             .y_desc("fraction ≤ x")
+            .x_label_formatter(&label)
             .draw()?;
         for (i, (name, v)) in sorted.iter_mut().enumerate() {
             let n = v.len();
             let step = (n / 400).max(1);
-            let mut pts: Vec<(f64, f64)> = vec![(v[0] * scale, 0.0)];
+            let mut pts: Vec<(f64, f64)> = vec![(fx(v[0]), 0.0)];
             pts.extend(
                 (0..n)
                     .step_by(step)
                     .chain([n - 1])
-                    .map(|k| (v[k].min(xmax) * scale, (k + 1) as f64 / n as f64)),
+                    .map(|k| (fx(v[k].min(xmax)), (k + 1) as f64 / n as f64)),
             );
             let c = color(i);
             chart
@@ -171,7 +208,8 @@ pub fn time_series(
     })
 }
 
-/// Horizontal stacked bars: one bar per phase, one segment per outcome.
+/// Horizontal stacked bars: one bar per phase (first phase on top), one segment per outcome;
+/// the legend sits in its own column so it never hides a bar.
 pub fn outcomes(phases: &[(String, Vec<(String, u64)>)], outcome_names: &[String]) -> String {
     let n = phases.len().max(1);
     let xmax = phases
@@ -180,14 +218,17 @@ pub fn outcomes(phases: &[(String, Vec<(String, u64)>)], outcome_names: &[String
         .max()
         .unwrap_or(1)
         .max(1) as f64
-        * 1.35; // room on the right for the legend
+        * 1.02;
     let names: Vec<String> = phases.iter().map(|p| p.0.clone()).collect();
+    // Row of phase `pi`, counted from the bottom.
+    let row = |pi: usize| (n - 1 - pi) as f64;
     svg(|root| {
-        let mut chart = ChartBuilder::on(root)
+        let (left, right) = root.split_horizontally(W - 120);
+        let mut chart = ChartBuilder::on(&left)
             .caption("Outcomes per phase", ("sans-serif", 18))
             .margin(10)
             .x_label_area_size(35)
-            .y_label_area_size(90)
+            .y_label_area_size(80)
             .build_cartesian_2d(0f64..xmax, 0f64..n as f64)?;
         chart
             .configure_mesh()
@@ -195,8 +236,11 @@ pub fn outcomes(phases: &[(String, Vec<(String, u64)>)], outcome_names: &[String
             .y_labels(n * 2 + 1)
             .y_label_formatter(&|y| {
                 let k = *y - 0.5;
-                if (k - k.round()).abs() < 1e-6 && k >= 0.0 {
-                    names.get(k.round() as usize).cloned().unwrap_or_default()
+                if (k - k.round()).abs() < 1e-6 && k >= 0.0 && (k.round() as usize) < n {
+                    names
+                        .get(n - 1 - k.round() as usize)
+                        .cloned()
+                        .unwrap_or_default()
                 } else {
                     String::new()
                 }
@@ -207,30 +251,22 @@ pub fn outcomes(phases: &[(String, Vec<(String, u64)>)], outcome_names: &[String
             let c = outcome_color(oname, oi);
             let mut rects = Vec::new();
             for (pi, (_, counts)) in phases.iter().enumerate() {
-                let before: u64 = outcome_names[..oi]
-                    .iter()
-                    .map(|o| counts.iter().find(|x| &x.0 == o).map_or(0, |x| x.1))
-                    .sum();
-                let mine = counts.iter().find(|x| &x.0 == oname).map_or(0, |x| x.1);
+                let count_of = |o: &String| counts.iter().find(|x| &x.0 == o).map_or(0, |x| x.1);
+                let before: u64 = outcome_names[..oi].iter().map(count_of).sum();
+                let mine = count_of(oname);
                 if mine > 0 {
-                    let y = pi as f64;
+                    let y = row(pi);
                     rects.push(Rectangle::new(
                         [(before as f64, y + 0.2), ((before + mine) as f64, y + 0.8)],
                         c.filled(),
                     ));
                 }
             }
-            chart
-                .draw_series(rects)?
-                .label(oname.clone())
-                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], c.filled()));
+            chart.draw_series(rects)?;
+            let y = 50 + oi as i32 * 20;
+            right.draw(&Rectangle::new([(4, y - 6), (16, y + 6)], c.filled()))?;
+            right.draw(&Text::new(oname.clone(), (22, y - 6), ("sans-serif", 12)))?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK.mix(0.4))
-            .draw()?;
         Ok(())
     })
 }

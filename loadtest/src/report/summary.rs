@@ -210,6 +210,21 @@ pub fn in_flight_peak(all: &[RequestRecord], from: f64, to: f64) -> u64 {
     peak.max(level)
 }
 
+/// The phase windows back from a summary (for re-rendering a report from files).
+pub fn windows_of(s: &Summary) -> Vec<PhaseWindow> {
+    s.phases
+        .iter()
+        .map(|p| PhaseWindow {
+            name: p.name.clone(),
+            arrivals: p.arrivals.clone(),
+            start_s: p.start_s,
+            end_s: p.end_s,
+            held_back: p.held_back,
+            hold_max_seconds: p.hold_max_seconds,
+        })
+        .collect()
+}
+
 /// Per phase (in window order) and overall.
 pub fn build(
     windows: &[PhaseWindow],

@@ -27,9 +27,13 @@ fn phase(out: &mut String, p: &PhaseSummary) {
     let outcomes: Vec<String> = p.outcomes.iter().map(|(k, v)| format!("{k}={v}")).collect();
     let _ = writeln!(
         out,
-        "{} [{}] {:.1}s  requests={} ({:.2}/s)  {}",
+        "{}{} {:.1}s  requests={} ({:.2}/s)  {}",
         p.name,
-        p.arrivals,
+        if p.arrivals.is_empty() {
+            String::new()
+        } else {
+            format!(" [{}]", p.arrivals)
+        },
         p.elapsed_seconds,
         p.requests,
         p.requests_per_second,
