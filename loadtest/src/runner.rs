@@ -215,6 +215,12 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, RunError> {
     }
     // Every request is bounded by its own deadline, so this ends.
     while tasks.join_next().await.is_some() {}
+    // The last phase's requests have all finished now: its end snapshot is retaken so the
+    // histogram deltas and /stats include them (middle phases: `drain = true` for a clean cut).
+    if let (Some(last), Some(win)) = (snaps.last_mut(), windows.last()) {
+        let since = shared.start.elapsed().as_secs_f64() - win.start_s;
+        last.end = snapshot(&client, &cfg.compare, Some((since, sc.models.as_slice()))).await;
+    }
     ticker.abort();
     progress.finish();
     if let Some(m) = &cfg.metrics {
