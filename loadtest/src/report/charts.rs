@@ -145,18 +145,23 @@ pub fn cdf(title: &str, per_phase: &[(String, Vec<f64>)]) -> String {
 }
 
 /// One time-series chart: several named lines over run time, phases shaded behind them.
+/// All time series share the x range `[0, total_s]` so they line up on the page.
 pub fn time_series(
     title: &str,
     y_desc: &str,
     windows: &[PhaseWindow],
+    total_s: f64,
     series: &[(String, Vec<(f64, f64)>)],
 ) -> String {
-    let tmax = windows.last().map_or(1.0, |w| w.end_s).max(
-        series
-            .iter()
-            .flat_map(|(_, p)| p.iter().map(|q| q.0))
-            .fold(0.0, f64::max),
-    );
+    let tmax = windows
+        .last()
+        .map_or(total_s, |w| w.end_s.max(total_s))
+        .max(
+            series
+                .iter()
+                .flat_map(|(_, p)| p.iter().map(|q| q.0))
+                .fold(0.0, f64::max),
+        );
     let ymax = series
         .iter()
         .flat_map(|(_, p)| p.iter().map(|q| q.1))
@@ -291,7 +296,7 @@ pub fn bin_width(total_s: f64) -> f64 {
 /// Completed and good requests per second, per bin of end time.
 pub fn throughput(records: &[RequestRecord], total_s: f64) -> (Line, Line) {
     let w = bin_width(total_s);
-    let nb = ((total_s / w).ceil() as usize).max(1) + 1;
+    let nb = ((total_s / w).ceil() as usize).max(1);
     let (mut done, mut good) = (vec![0u64; nb], vec![0u64; nb]);
     for r in records {
         let b = ((r.end_s() / w) as usize).min(nb - 1);
@@ -301,7 +306,11 @@ pub fn throughput(records: &[RequestRecord], total_s: f64) -> (Line, Line) {
     let pts = |v: &[u64]| {
         v.iter()
             .enumerate()
-            .map(|(i, c)| ((i as f64 + 0.5) * w, *c as f64 / w))
+            .map(|(i, c)| {
+                // The last bin may be shorter than the others: divide by its real width.
+                let (a, b) = (i as f64 * w, ((i + 1) as f64 * w).min(total_s.max(w)));
+                ((a + b) / 2.0, *c as f64 / (b - a).max(1e-3))
+            })
             .collect()
     };
     (pts(&done), pts(&good))
@@ -310,7 +319,7 @@ pub fn throughput(records: &[RequestRecord], total_s: f64) -> (Line, Line) {
 /// p50 and p99 of TTFT (ms) for requests started in each bin (bins without TTFTs are skipped).
 pub fn ttft_series(records: &[RequestRecord], total_s: f64) -> (Line, Line) {
     let w = bin_width(total_s);
-    let nb = ((total_s / w).ceil() as usize).max(1) + 1;
+    let nb = ((total_s / w).ceil() as usize).max(1);
     let mut bins: Vec<Vec<f64>> = vec![Vec::new(); nb];
     for r in records {
         if let Some(t) = r.ttft_seconds {
@@ -320,7 +329,7 @@ pub fn ttft_series(records: &[RequestRecord], total_s: f64) -> (Line, Line) {
     let (mut p50, mut p99) = (Vec::new(), Vec::new());
     for (i, mut b) in bins.into_iter().enumerate() {
         if let Some(s) = goodput_proxy::measure::stats::summarize(&mut b) {
-            let x = (i as f64 + 0.5) * w;
+            let x = ((i as f64 + 0.5) * w).min(total_s);
             p50.push((x, s.p50));
             p99.push((x, s.p99));
         }
@@ -344,4 +353,26 @@ pub fn in_flight_line(steps: &[(f64, u64)]) -> Vec<(f64, f64)> {
         pts = pts.into_iter().step_by(step).collect();
     }
     pts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::summary::tests::rec;
+
+    #[test]
+    fn throughput_counts_every_request_once_at_its_rate() {
+        // 50 requests ending evenly over 5 s: 10/s in every bin, none lost at the edges.
+        let recs: Vec<RequestRecord> = (0..50)
+            .map(|k| rec("p", k as f64 * 0.1, 0.05, None, "success"))
+            .collect();
+        let total = 5.0;
+        let (done, good) = throughput(&recs, total);
+        let w = bin_width(total);
+        let width = |i: usize| ((i + 1) as f64 * w).min(total) - i as f64 * w;
+        let sum: f64 = done.iter().enumerate().map(|(i, p)| p.1 * width(i)).sum();
+        assert!((sum - 50.0).abs() < 1e-6, "{sum}");
+        assert!(done.iter().all(|p| p.0 <= total));
+        assert_eq!(done, good);
+    }
 }

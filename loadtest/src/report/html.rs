@@ -106,12 +106,14 @@ pub fn render(summary: &Summary, windows: &[PhaseWindow], records: &[RequestReco
         "Throughput",
         "requests/s",
         windows,
+        total,
         &[("completed".into(), done), ("good".into(), good)],
     );
     let infl = charts::time_series(
         "Requests in flight",
         "in flight",
         windows,
+        total,
         &[(
             "in flight".into(),
             charts::in_flight_line(&in_flight_steps(records)),
@@ -122,6 +124,7 @@ pub fn render(summary: &Summary, windows: &[PhaseWindow], records: &[RequestReco
         "TTFT over time (by send time)",
         "ms",
         windows,
+        total,
         &[("p50".into(), p50), ("p99".into(), p99)],
     );
     let names: BTreeSet<String> = summary
