@@ -70,8 +70,8 @@ pub struct RunArgs {
     /// max_tokens per request (fixed).
     #[arg(long)]
     pub max_tokens: Option<u64>,
-    /// Stream responses (true/false).
-    #[arg(long)]
+    /// Stream responses: `--stream` or `--stream true|false`.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub stream: Option<bool>,
     #[arg(long)]
     pub seed: Option<u64>,

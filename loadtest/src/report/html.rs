@@ -70,6 +70,7 @@ fn phase_block(p: &PhaseSummary) -> String {
         ("TPOT", &p.tpot_seconds),
         ("ITL", &p.itl_seconds),
         ("E2E", &p.e2e_seconds),
+        ("send lag", &p.send_lag_seconds),
     ] {
         h.push_str(&stats_row(n, s));
     }

@@ -84,6 +84,9 @@ pub struct PhaseSummary {
     pub tpot_seconds: Option<Stats>,
     pub itl_seconds: Option<Stats>,
     pub e2e_seconds: Option<Stats>,
+    /// Actual send minus scheduled send: how far the generator (or the in-flight cap) fell
+    /// behind the arrival schedule. Large values mean the offered load was not the planned one.
+    pub send_lag_seconds: Option<Stats>,
     /// Most requests in flight at once during the phase window (all phases' requests).
     pub in_flight_peak: u64,
     pub held_back: u64,
@@ -117,6 +120,7 @@ pub fn summarize_phase(
     let mut by_tag: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
     let (mut good, mut denom, mut ptok, mut ctok) = (0u64, 0u64, 0u64, 0u64);
     let (mut ttft, mut ttfc, mut tpot, mut itl, mut e2e) = (vec![], vec![], vec![], vec![], vec![]);
+    let mut lag = Vec::with_capacity(mine.len());
     for r in mine {
         *outcomes.entry(r.outcome.clone()).or_insert(0) += 1;
         if let Some(f) = &r.finish_reason {
@@ -137,6 +141,7 @@ pub fn summarize_phase(
         tpot.extend(r.tpot_seconds);
         itl.extend_from_slice(&r.itl_seconds);
         e2e.push(r.e2e_seconds);
+        lag.push((r.start_s - r.scheduled_s).max(0.0));
     }
     PhaseSummary {
         name: win.name.clone(),
@@ -164,6 +169,7 @@ pub fn summarize_phase(
         tpot_seconds: Stats::of(tpot),
         itl_seconds: Stats::of(itl),
         e2e_seconds: Stats::of(e2e),
+        send_lag_seconds: Stats::of(lag),
         in_flight_peak: in_flight_peak(all, win.start_s, win.end_s),
         held_back: win.held_back,
         hold_max_seconds: win.hold_max_seconds,

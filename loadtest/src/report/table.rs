@@ -4,6 +4,9 @@ use std::fmt::Write as _;
 
 use super::summary::{PhaseSummary, Stats, Summary};
 
+/// Send lag beyond which the offered load is not the planned one.
+const LAG_WARN_SECONDS: f64 = 0.010;
+
 fn ms(v: f64) -> String {
     format!("{:.1}", v * 1000.0)
 }
@@ -59,6 +62,16 @@ fn phase(out: &mut String, p: &PhaseSummary) {
             String::new()
         }
     );
+    if let Some(lag) = p
+        .send_lag_seconds
+        .filter(|l| l.p99 > LAG_WARN_SECONDS && p.held_back == 0)
+    {
+        let _ = writeln!(
+            out,
+            "  WARNING: sends fell behind the schedule (lag p99 {:.0} ms): the generator could not offer this load",
+            lag.p99 * 1000.0
+        );
+    }
     let _ = writeln!(
         out,
         "  {:<5} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9}",
@@ -70,6 +83,7 @@ fn phase(out: &mut String, p: &PhaseSummary) {
         ("TPOT", &p.tpot_seconds),
         ("ITL", &p.itl_seconds),
         ("E2E", &p.e2e_seconds),
+        ("lag", &p.send_lag_seconds),
     ] {
         out.push_str(&line(n, s));
     }
