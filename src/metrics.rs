@@ -1,1 +1,514 @@
-//! Prometheus registry and metric families, registered in one place.
+//! Prometheus registry and metric families, registered in one place ([`Metrics::register`]).
+//! Histograms use vLLM's bucket grids so proxy and engine quantiles line up bucket by bucket.
+//! The `model` label only takes values from [`ModelLabels`] (configured + learned, else
+//! `other`); `outcome`, `finish_reason` and `slo` come from closed enums.
+
+use std::collections::HashSet;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
+};
+
+use crate::measure::meter::Measurement;
+use crate::measure::outcome::{Outcome, NO_FINISH_REASON};
+use crate::measure::slo::SloVerdict;
+
+pub const TTFT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
+pub const TPOT_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
+];
+pub const E2E_BUCKETS: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
+];
+/// The proxy's own time before the request leaves: microseconds to tens of milliseconds.
+pub const OVERHEAD_BUCKETS: &[f64] = &[
+    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+    0.1,
+];
+
+/// The label for any model not in the set.
+pub const OTHER_MODEL: &str = "other";
+/// Most models the label set learns (configured models always count): bounds series growth
+/// even if an upstream's `/v1/models` lists thousands.
+pub const MAX_LEARNED_MODELS: usize = 256;
+
+/// The bounded set of `model` label values: configured models plus those learned from the
+/// upstreams' `/v1/models`; everything else maps to `other`. Resolved once per request.
+#[derive(Debug, Clone, Default)]
+pub struct ModelLabels {
+    inner: Arc<RwLock<Labels>>,
+}
+
+#[derive(Debug, Default)]
+struct Labels {
+    configured: HashSet<Arc<str>>,
+    learned: HashSet<Arc<str>>,
+}
+
+impl ModelLabels {
+    pub fn new<I: IntoIterator<Item = S>, S: AsRef<str>>(configured: I) -> Self {
+        let configured = configured
+            .into_iter()
+            .map(|s| Arc::from(s.as_ref()))
+            .collect();
+        Self {
+            inner: Arc::new(RwLock::new(Labels {
+                configured,
+                learned: HashSet::new(),
+            })),
+        }
+    }
+
+    /// Replace the learned models (from discovery); at most [`MAX_LEARNED_MODELS`] are kept.
+    pub fn set_learned<I: IntoIterator<Item = S>, S: AsRef<str>>(&self, models: I) {
+        let learned: HashSet<Arc<str>> = models
+            .into_iter()
+            .take(MAX_LEARNED_MODELS)
+            .map(|s| Arc::from(s.as_ref()))
+            .collect();
+        if let Ok(mut l) = self.inner.write() {
+            l.learned = learned;
+        }
+    }
+
+    /// The label value for a request's model name.
+    pub fn resolve(&self, model: &str) -> Arc<str> {
+        if let Ok(l) = self.inner.read() {
+            if let Some(m) = l.configured.get(model).or_else(|| l.learned.get(model)) {
+                return m.clone();
+            }
+        }
+        Arc::from(OTHER_MODEL)
+    }
+
+    pub fn contains(&self, model: &str) -> bool {
+        self.inner
+            .read()
+            .map(|l| l.configured.contains(model) || l.learned.contains(model))
+            .unwrap_or(false)
+    }
+}
+
+/// Every family the proxy's measurement exports.
+#[derive(Clone)]
+pub struct Metrics {
+    pub requests: IntCounterVec,
+    pub goodput: IntCounterVec,
+    pub slo_violations: IntCounterVec,
+    pub ttft: HistogramVec,
+    pub ttfc: HistogramVec,
+    pub tpot: HistogramVec,
+    pub itl: HistogramVec,
+    pub e2e: HistogramVec,
+    pub prompt_tokens: IntCounterVec,
+    pub generation_tokens: IntCounterVec,
+    pub in_flight: IntGaugeVec,
+    pub overhead: Histogram,
+    pub records_dropped: IntCounter,
+    pub models: ModelLabels,
+}
+
+fn hist(name: &str, help: &str, buckets: &[f64]) -> Result<HistogramVec, prometheus::Error> {
+    HistogramVec::new(
+        HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+        &["model"],
+    )
+}
+
+impl Metrics {
+    /// Create and register every family on `registry`.
+    pub fn register(registry: &Registry, models: ModelLabels) -> Result<Self, prometheus::Error> {
+        let m = Self {
+            requests: IntCounterVec::new(
+                Opts::new(
+                    "goodput_proxy_requests_total",
+                    "Finished requests by outcome.",
+                ),
+                &["model", "outcome", "finish_reason"],
+            )?,
+            goodput: IntCounterVec::new(
+                Opts::new(
+                    "goodput_proxy_goodput_requests_total",
+                    "Requests that succeeded and met every applicable SLO.",
+                ),
+                &["model"],
+            )?,
+            slo_violations: IntCounterVec::new(
+                Opts::new(
+                    "goodput_proxy_slo_violations_total",
+                    "Requests that missed an SLO.",
+                ),
+                &["model", "slo"],
+            )?,
+            ttft: hist(
+                "goodput_proxy_time_to_first_token_seconds",
+                "Time from request head to the first output token served to the client.",
+                TTFT_BUCKETS,
+            )?,
+            ttfc: hist(
+                "goodput_proxy_time_to_first_chunk_seconds",
+                "Time from request head to the first chunk carrying a choice (role chunk counts).",
+                TTFT_BUCKETS,
+            )?,
+            tpot: hist(
+                "goodput_proxy_time_per_output_token_seconds",
+                "(last token - first token) / (output tokens - 1), per request.",
+                TPOT_BUCKETS,
+            )?,
+            itl: hist(
+                "goodput_proxy_inter_token_latency_seconds",
+                "Gap between consecutive output events served to the client.",
+                TPOT_BUCKETS,
+            )?,
+            e2e: hist(
+                "goodput_proxy_e2e_request_latency_seconds",
+                "Time from request head to the last body byte handed to the client.",
+                E2E_BUCKETS,
+            )?,
+            prompt_tokens: IntCounterVec::new(
+                Opts::new(
+                    "goodput_proxy_prompt_tokens_total",
+                    "Prompt tokens (engine usage).",
+                ),
+                &["model"],
+            )?,
+            generation_tokens: IntCounterVec::new(
+                Opts::new(
+                    "goodput_proxy_generation_tokens_total",
+                    "Generated tokens (usage when reported, else counted).",
+                ),
+                &["model"],
+            )?,
+            in_flight: IntGaugeVec::new(
+                Opts::new("goodput_proxy_requests_in_flight", "Requests being served."),
+                &["model"],
+            )?,
+            overhead: Histogram::with_opts(
+                HistogramOpts::new(
+                    "goodput_proxy_overhead_seconds",
+                    "Time the proxy spent on a request before it left for the upstream.",
+                )
+                .buckets(OVERHEAD_BUCKETS.to_vec()),
+            )?,
+            records_dropped: IntCounter::new(
+                "goodput_proxy_records_dropped_total",
+                "Records the JSONL sink dropped because its queue was full.",
+            )?,
+            models,
+        };
+        registry.register(Box::new(m.requests.clone()))?;
+        registry.register(Box::new(m.goodput.clone()))?;
+        registry.register(Box::new(m.slo_violations.clone()))?;
+        registry.register(Box::new(m.ttft.clone()))?;
+        registry.register(Box::new(m.ttfc.clone()))?;
+        registry.register(Box::new(m.tpot.clone()))?;
+        registry.register(Box::new(m.itl.clone()))?;
+        registry.register(Box::new(m.e2e.clone()))?;
+        registry.register(Box::new(m.prompt_tokens.clone()))?;
+        registry.register(Box::new(m.generation_tokens.clone()))?;
+        registry.register(Box::new(m.in_flight.clone()))?;
+        registry.register(Box::new(m.overhead.clone()))?;
+        registry.register(Box::new(m.records_dropped.clone()))?;
+        Ok(m)
+    }
+
+    /// Resolve one request's handles (once, at the request head); counts it in flight.
+    pub fn for_request(&self, model: &str) -> RequestMetrics {
+        let model = self.models.resolve(model);
+        let l = [&*model];
+        let in_flight = self.in_flight.with_label_values(&l);
+        in_flight.inc();
+        RequestMetrics {
+            ttft: self.ttft.with_label_values(&l),
+            ttfc: self.ttfc.with_label_values(&l),
+            tpot: self.tpot.with_label_values(&l),
+            itl: self.itl.with_label_values(&l),
+            e2e: self.e2e.with_label_values(&l),
+            goodput: self.goodput.with_label_values(&l),
+            prompt_tokens: self.prompt_tokens.with_label_values(&l),
+            generation_tokens: self.generation_tokens.with_label_values(&l),
+            in_flight: Some(in_flight),
+            requests: self.requests.clone(),
+            slo_violations: self.slo_violations.clone(),
+            model,
+        }
+    }
+
+    pub fn observe_overhead(&self, d: Duration) {
+        self.overhead.observe(d.as_secs_f64());
+    }
+}
+
+/// One request's metric handles, resolved once. Dropping it without [`RequestMetrics::finish`]
+/// still takes the request out of `requests_in_flight`.
+pub struct RequestMetrics {
+    model: Arc<str>,
+    ttft: Histogram,
+    ttfc: Histogram,
+    tpot: Histogram,
+    itl: Histogram,
+    e2e: Histogram,
+    goodput: IntCounter,
+    prompt_tokens: IntCounter,
+    generation_tokens: IntCounter,
+    in_flight: Option<IntGauge>,
+    requests: IntCounterVec,
+    slo_violations: IntCounterVec,
+}
+
+impl RequestMetrics {
+    /// The resolved `model` label value.
+    pub fn model(&self) -> &Arc<str> {
+        &self.model
+    }
+
+    /// The ITL histogram handle, for a per-gap observer (`MeteredBody::with_gap_observer`).
+    pub fn itl_histogram(&self) -> Histogram {
+        self.itl.clone()
+    }
+
+    pub fn observe_gap(&self, gap: Duration) {
+        self.itl.observe(gap.as_secs_f64());
+    }
+
+    /// Record a finished request. Latency histograms: TTFT / TTFC / TPOT whenever defined (any
+    /// outcome, as vLLM does for TTFT); E2E for every outcome except `rejected`. ITL gaps are
+    /// observed as they happen (see [`RequestMetrics::itl_histogram`]).
+    pub fn finish(mut self, m: &Measurement, v: &SloVerdict) {
+        let finish = m.finish_reason.map_or(NO_FINISH_REASON, |f| f.as_str());
+        self.requests
+            .with_label_values(&[&*self.model, m.outcome.as_str(), finish])
+            .inc();
+        if v.good {
+            self.goodput.inc();
+        }
+        for (slo, ok) in [("ttft", v.ttft_ok), ("tpot", v.tpot_ok), ("e2e", v.e2e_ok)] {
+            if ok == Some(false) {
+                self.slo_violations
+                    .with_label_values(&[&*self.model, slo])
+                    .inc();
+            }
+        }
+        if let Some(d) = m.ttft {
+            self.ttft.observe(d.as_secs_f64());
+        }
+        if let Some(d) = m.ttfc {
+            self.ttfc.observe(d.as_secs_f64());
+        }
+        if let Some(d) = m.tpot {
+            self.tpot.observe(d.as_secs_f64());
+        }
+        if m.outcome != Outcome::Rejected {
+            self.e2e.observe(m.e2e.as_secs_f64());
+        }
+        if let Some(n) = m.prompt_tokens {
+            self.prompt_tokens.inc_by(n);
+        }
+        if let Some(n) = m.completion_tokens {
+            self.generation_tokens.inc_by(n);
+        }
+        if let Some(g) = self.in_flight.take() {
+            g.dec();
+        }
+    }
+}
+
+impl Drop for RequestMetrics {
+    fn drop(&mut self) {
+        if let Some(g) = self.in_flight.take() {
+            g.dec();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::measure::outcome::FinishReason;
+    use crate::measure::slo::{judge, Slo};
+    use prometheus::proto::MetricFamily;
+
+    fn setup(configured: &[&str]) -> (Registry, Metrics) {
+        let r = Registry::new();
+        let m = Metrics::register(&r, ModelLabels::new(configured)).unwrap();
+        (r, m)
+    }
+
+    fn family<'a>(fams: &'a [MetricFamily], name: &str) -> &'a MetricFamily {
+        fams.iter()
+            .find(|f| f.name() == name)
+            .unwrap_or_else(|| panic!("{name}"))
+    }
+
+    fn success(ttft_ms: u64, tokens: u64) -> Measurement {
+        let mut m = Measurement::without_body(
+            Outcome::Success,
+            Some(200),
+            Duration::from_millis(ttft_ms + 100),
+        );
+        m.streaming = true;
+        m.finish_reason = Some(FinishReason::Stop);
+        m.ttft = Some(Duration::from_millis(ttft_ms));
+        m.ttfc = m.ttft;
+        m.tpot = Some(Duration::from_millis(20));
+        m.prompt_tokens = Some(5);
+        m.completion_tokens = Some(tokens);
+        m
+    }
+
+    #[test]
+    fn every_family_is_registered_with_the_vllm_grids() {
+        let (r, m) = setup(&["tiny"]);
+        let rm = m.for_request("tiny");
+        rm.observe_gap(Duration::from_millis(5));
+        let meas = success(100, 3);
+        rm.finish(&meas, &judge(&meas, &Slo::default()));
+        m.observe_overhead(Duration::from_micros(30));
+        let fams = r.gather();
+        let mut names: Vec<&str> = fams.iter().map(|f| f.name()).collect();
+        names.sort_unstable();
+        assert_eq!(
+            names,
+            [
+                "goodput_proxy_e2e_request_latency_seconds",
+                "goodput_proxy_generation_tokens_total",
+                "goodput_proxy_goodput_requests_total",
+                "goodput_proxy_inter_token_latency_seconds",
+                "goodput_proxy_overhead_seconds",
+                "goodput_proxy_prompt_tokens_total",
+                "goodput_proxy_records_dropped_total",
+                "goodput_proxy_requests_in_flight",
+                "goodput_proxy_requests_total",
+                "goodput_proxy_time_per_output_token_seconds",
+                "goodput_proxy_time_to_first_chunk_seconds",
+                "goodput_proxy_time_to_first_token_seconds",
+            ]
+        );
+        let bounds = |name: &str| -> Vec<f64> {
+            family(&fams, name).get_metric()[0]
+                .get_histogram()
+                .get_bucket()
+                .iter()
+                .map(|b| b.upper_bound())
+                .collect()
+        };
+        assert_eq!(
+            bounds("goodput_proxy_time_to_first_token_seconds"),
+            TTFT_BUCKETS
+        );
+        assert_eq!(
+            bounds("goodput_proxy_time_to_first_chunk_seconds"),
+            TTFT_BUCKETS
+        );
+        assert_eq!(
+            bounds("goodput_proxy_time_per_output_token_seconds"),
+            TPOT_BUCKETS
+        );
+        assert_eq!(
+            bounds("goodput_proxy_inter_token_latency_seconds"),
+            TPOT_BUCKETS
+        );
+        assert_eq!(
+            bounds("goodput_proxy_e2e_request_latency_seconds"),
+            E2E_BUCKETS
+        );
+        assert_eq!(TTFT_BUCKETS.len(), 22);
+        assert_eq!(TPOT_BUCKETS.len(), 19);
+        assert_eq!(E2E_BUCKETS.len(), 21);
+        // records_dropped_total exists even before a drop (a zero is a signal too).
+        assert_eq!(
+            family(&fams, "goodput_proxy_records_dropped_total").get_metric()[0]
+                .get_counter()
+                .get_value(),
+            0.0
+        );
+    }
+
+    #[test]
+    fn a_finished_request_counts_once_everywhere() {
+        let (_r, m) = setup(&["tiny"]);
+        let rm = m.for_request("tiny");
+        assert_eq!(m.in_flight.with_label_values(&["tiny"]).get(), 1);
+        let meas = success(3000, 7); // TTFT over the 2 s SLO: success, not good
+        let v = judge(&meas, &Slo::default());
+        rm.finish(&meas, &v);
+        assert_eq!(m.in_flight.with_label_values(&["tiny"]).get(), 0);
+        assert_eq!(
+            m.requests
+                .with_label_values(&["tiny", "success", "stop"])
+                .get(),
+            1
+        );
+        assert_eq!(m.goodput.with_label_values(&["tiny"]).get(), 0);
+        assert_eq!(
+            m.slo_violations.with_label_values(&["tiny", "ttft"]).get(),
+            1
+        );
+        assert_eq!(
+            m.slo_violations.with_label_values(&["tiny", "tpot"]).get(),
+            0
+        );
+        assert_eq!(m.generation_tokens.with_label_values(&["tiny"]).get(), 7);
+        assert_eq!(m.prompt_tokens.with_label_values(&["tiny"]).get(), 5);
+        assert_eq!(m.ttft.with_label_values(&["tiny"]).get_sample_count(), 1);
+        assert_eq!(m.e2e.with_label_values(&["tiny"]).get_sample_count(), 1);
+        // Dropped without finish (the proxy answered itself): still leaves in-flight.
+        drop(m.for_request("tiny"));
+        assert_eq!(m.in_flight.with_label_values(&["tiny"]).get(), 0);
+        // A rejection is counted but not timed.
+        let rej = Measurement::without_body(Outcome::Rejected, Some(429), Duration::from_millis(1));
+        m.for_request("tiny")
+            .finish(&rej, &judge(&rej, &Slo::default()));
+        assert_eq!(
+            m.requests
+                .with_label_values(&["tiny", "rejected", "none"])
+                .get(),
+            1
+        );
+        assert_eq!(m.e2e.with_label_values(&["tiny"]).get_sample_count(), 1);
+    }
+
+    #[test]
+    fn random_model_names_share_one_other_series() {
+        let (r, m) = setup(&["tiny"]);
+        m.models.set_learned(["learned-a"]);
+        assert_eq!(&*m.models.resolve("tiny"), "tiny");
+        assert_eq!(&*m.models.resolve("learned-a"), "learned-a");
+        assert_eq!(&*m.models.resolve("learned-b"), OTHER_MODEL);
+        let meas = success(10, 2);
+        let v = judge(&meas, &Slo::default());
+        for i in 0..10_000u32 {
+            m.for_request(&format!("random-{}", i.wrapping_mul(2_654_435_761)))
+                .finish(&meas, &v);
+        }
+        let fams = r.gather();
+        let series = family(&fams, "goodput_proxy_requests_total").get_metric();
+        assert_eq!(series.len(), 1);
+        let labels: Vec<_> = series[0]
+            .get_label()
+            .iter()
+            .map(|l| (l.name(), l.value()))
+            .collect();
+        assert!(labels.contains(&("model", "other")));
+        assert_eq!(series[0].get_counter().get_value(), 10_000.0);
+    }
+
+    #[test]
+    fn learned_models_are_bounded() {
+        let labels = ModelLabels::new(["a"]);
+        labels.set_learned((0..10_000).map(|i| format!("m{i}")));
+        let known = (0..10_000)
+            .filter(|i| labels.contains(&format!("m{i}")))
+            .count();
+        assert_eq!(known, MAX_LEARNED_MODELS);
+        assert!(labels.contains("a"));
+    }
+}

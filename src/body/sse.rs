@@ -149,11 +149,11 @@ impl SseParser {
 
     fn push_partial(&mut self, part: &[u8]) {
         if self.line.len() + part.len() > MAX_LINE_BYTES {
-            self.line.clear();
+            self.line = Vec::new(); // give the memory back too
             self.skipping_line = true;
             self.discarded += 1;
         } else {
-            self.line.extend_from_slice(part);
+            extend_capped(&mut self.line, part);
         }
     }
 
@@ -229,10 +229,10 @@ impl SseParser {
                 if self.data.len() + 1 + value.len() > MAX_LINE_BYTES {
                     self.event_oversized = true;
                     self.discarded += 1;
-                    self.data.clear();
+                    self.data = Vec::new();
                 } else {
-                    self.data.push(b'\n');
-                    self.data.extend_from_slice(value);
+                    extend_capped(&mut self.data, b"\n");
+                    extend_capped(&mut self.data, value);
                 }
             }
         }
@@ -259,5 +259,248 @@ impl SseParser {
         self.state = Data::None;
         self.has_event = false;
         self.event_oversized = false;
+    }
+}
+
+/// Append, growing by doubling but never past [`MAX_LINE_BYTES`] of capacity (the caller has
+/// checked that the result fits).
+fn extend_capped(buf: &mut Vec<u8>, part: &[u8]) {
+    let need = buf.len() + part.len();
+    if need > buf.capacity() {
+        let target = need.max(buf.capacity() * 2).min(MAX_LINE_BYTES.max(need));
+        buf.reserve_exact(target - buf.len());
+    }
+    buf.extend_from_slice(part);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    type Ev = (Option<Vec<u8>>, Vec<u8>);
+
+    fn run(parser: &mut SseParser, chunks: &[&[u8]]) -> Vec<Ev> {
+        let mut out = Vec::new();
+        for c in chunks {
+            parser.feed(c, |e| {
+                out.push((e.event.map(<[u8]>::to_vec), e.data.to_vec()))
+            });
+        }
+        parser.finish(|e| out.push((e.event.map(<[u8]>::to_vec), e.data.to_vec())));
+        out
+    }
+
+    fn events(chunks: &[&[u8]]) -> Vec<Ev> {
+        run(&mut SseParser::new(), chunks)
+    }
+
+    fn data(v: &[&str]) -> Vec<Ev> {
+        v.iter().map(|d| (None, d.as_bytes().to_vec())).collect()
+    }
+
+    #[test]
+    fn table() {
+        type Case<'a> = (&'a str, &'a [&'a [u8]], Vec<Ev>);
+        let cases: &[Case] = &[
+            ("lf", &[b"data: a\n\n"], data(&["a"])),
+            ("crlf", &[b"data: a\r\n\r\n"], data(&["a"])),
+            ("cr", &[b"data: a\r\rdata: b\r\r"], data(&["a", "b"])),
+            (
+                "mixed ends",
+                &[b"data: a\r\n\rdata: b\n\r\n"],
+                data(&["a", "b"]),
+            ),
+            ("comment", &[b": ping\ndata: x\n\n:\n\n"], data(&["x"])),
+            (
+                "multi-line",
+                &[b"data: a\ndata: b\ndata:c\n\n"],
+                data(&["a\nb\nc"]),
+            ),
+            ("no space", &[b"data:a\n\n"], data(&["a"])),
+            ("one space stripped", &[b"data:  a\n\n"], data(&[" a"])),
+            ("bare data", &[b"data\n\n"], data(&[""])),
+            ("empty data", &[b"data:\n\n"], data(&[""])),
+            ("blank lines only", &[b"\n\n\r\n\r\r"], vec![]),
+            (
+                "no data, no event",
+                &[b"id: 1\nretry: 5\nfoo: bar\n\n"],
+                vec![],
+            ),
+            (
+                "missing final blank",
+                &[b"data: a\n\ndata: [DONE]\n"],
+                data(&["a", "[DONE]"]),
+            ),
+            (
+                "missing final line end",
+                &[b"data: [DONE]"],
+                data(&["[DONE]"]),
+            ),
+            (
+                "event name",
+                &[b"event: error\ndata: {}\n\n"],
+                vec![(Some(b"error".to_vec()), b"{}".to_vec())],
+            ),
+            (
+                "event name resets",
+                &[b"event: x\n\ndata: y\n\n"],
+                data(&["y"]),
+            ),
+            (
+                "non-utf8",
+                &[b"data: \xff\xfe\x00\n\n"],
+                vec![(None, b"\xff\xfe\x00".to_vec())],
+            ),
+            (
+                "crlf split at cr",
+                &[b"data: a\r", b"\ndata: b\r\n\r\n"],
+                data(&["a\nb"]),
+            ),
+            (
+                "cr then cr across chunks",
+                &[b"data: a\r", b"\r"],
+                data(&["a"]),
+            ),
+            (
+                "crlf blank split",
+                &[b"data: a\r\n\r", b"\ndata: b\r\n\r\n"],
+                data(&["a", "b"]),
+            ),
+            (
+                "split mid field",
+                &[b"da", b"ta: h", b"i\n", b"\n"],
+                data(&["hi"]),
+            ),
+            (
+                "value with colon",
+                &[b"data: {\"a\":1}\n\n"],
+                data(&["{\"a\":1}"]),
+            ),
+        ];
+        for (name, chunks, want) in cases {
+            assert_eq!(&events(chunks), want, "case {name}");
+        }
+    }
+
+    #[test]
+    fn event_inside_one_chunk_is_borrowed_from_it() {
+        let input = b"data: {\"x\":1}\n\ndata: [DONE]\n\n";
+        let range = input.as_ptr_range();
+        let mut p = SseParser::new();
+        let mut n = 0;
+        p.feed(input, |e| {
+            assert!(range.contains(&e.data.as_ptr()), "not borrowed");
+            n += 1;
+        });
+        assert_eq!(n, 2);
+        assert_eq!(p.data.capacity(), 0, "no buffer was needed");
+    }
+
+    #[test]
+    fn buffers_are_reused_across_events() {
+        let mut p = SseParser::new();
+        let mut seen = 0;
+        for _ in 0..100 {
+            p.feed(b"data: a", |_| seen += 1);
+            p.feed(b"bc\ndata: d\n\n", |e| {
+                assert_eq!(e.data, b"abc\nd");
+                seen += 1;
+            });
+        }
+        assert_eq!(seen, 100);
+        assert!(p.data.capacity() < 64 && p.line.capacity() < 64);
+    }
+
+    #[test]
+    fn a_line_that_never_ends_is_capped() {
+        let mut p = SseParser::new();
+        let piece = vec![b'x'; 64 * 1024];
+        p.feed(b"data: ", |_| panic!("no event yet"));
+        for _ in 0..(MAX_LINE_BYTES / piece.len() + 8) {
+            p.feed(&piece, |_| panic!("an overlong line is not an event"));
+        }
+        assert!(p.line.capacity() <= MAX_LINE_BYTES, "buffer bounded");
+        assert_eq!(p.discarded(), 1);
+        let got = run(&mut p, &[b"tail\n\ndata: ok\n\n"]);
+        assert_eq!(got, data(&["ok"]), "parsing resumes after the line ends");
+    }
+
+    #[test]
+    fn an_event_whose_joined_data_is_too_big_is_dropped() {
+        let line = [b"data: ".as_slice(), &vec![b'y'; MAX_LINE_BYTES / 2], b"\n"].concat();
+        let mut p = SseParser::new();
+        let got = run(&mut p, &[&line, &line, &line, b"\ndata: ok\n\n"]);
+        assert_eq!(got, data(&["ok"]));
+        assert_eq!(p.discarded(), 1);
+    }
+
+    #[test]
+    fn every_capture_parses_to_its_data_lines() {
+        for (name, _) in crate::measure::fixtures::CAPTURES {
+            let c = crate::measure::fixtures::capture(name);
+            if !name.starts_with("stream-") {
+                continue;
+            }
+            let got = events(&[c.body]);
+            let want: Vec<Ev> = c
+                .body
+                .split(|b| *b == b'\n')
+                .filter_map(|l| l.strip_prefix(b"data: "))
+                .map(|d| (None, d.to_vec()))
+                .collect();
+            assert!(want.len() > 2, "{name}");
+            assert_eq!(got, want, "{name}");
+            assert_eq!(got.last().unwrap().1, b"[DONE]", "{name}");
+        }
+    }
+
+    /// Pieces that exercise every rule, glued at random.
+    fn piece() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            Just(b"data: {\"a\":1}".to_vec()),
+            Just(b"data:x".to_vec()),
+            Just(b"data".to_vec()),
+            Just(b"event: error".to_vec()),
+            Just(b": comment".to_vec()),
+            Just(b"id: 7".to_vec()),
+            Just(b"\n".to_vec()),
+            Just(b"\r".to_vec()),
+            Just(b"\r\n".to_vec()),
+            Just(b"\n\n".to_vec()),
+            proptest::collection::vec(any::<u8>(), 0..8),
+        ]
+    }
+
+    fn split_stream() -> impl Strategy<Value = (Vec<u8>, Vec<usize>)> {
+        proptest::collection::vec(piece(), 0..40).prop_flat_map(|pieces| {
+            let stream = pieces.concat();
+            let len = stream.len();
+            (Just(stream), proptest::collection::vec(0..=len, 0..12))
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn any_split_yields_the_same_events((stream, mut cuts) in split_stream()) {
+            cuts.sort_unstable();
+            let mut chunks: Vec<&[u8]> = Vec::new();
+            let mut at = 0;
+            for c in cuts {
+                chunks.push(&stream[at..c]);
+                at = c;
+            }
+            chunks.push(&stream[at..]);
+            prop_assert_eq!(events(&chunks), events(&[&stream]));
+            // Byte by byte too.
+            let bytes: Vec<&[u8]> = stream.chunks(1).collect();
+            prop_assert_eq!(events(&bytes), events(&[&stream]));
+        }
+
+        #[test]
+        fn garbage_never_panics(chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..64), 0..16)) {
+            let refs: Vec<&[u8]> = chunks.iter().map(Vec::as_slice).collect();
+            let _ = events(&refs);
+        }
     }
 }

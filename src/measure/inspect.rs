@@ -105,7 +105,10 @@ pub struct ResponseInfo {
 impl ResponseInfo {
     /// Success by DESIGN.md: `choices` present and every choice has a `finish_reason`.
     pub fn is_complete(&self) -> bool {
-        self.parsed && !self.error && self.choice_count > 0 && self.finished_count == self.choice_count
+        self.parsed
+            && !self.error
+            && self.choice_count > 0
+            && self.finished_count == self.choice_count
     }
 }
 
@@ -335,5 +338,380 @@ impl<'de> Deserialize<'de> for Choices {
             }
         }
         d.deserialize_seq(V)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::body::sse::SseParser;
+    use crate::measure::fixtures::capture;
+    use FinishReason::*;
+
+    /// (payload, kind, choices, output, tokens, finish, usage (prompt, completion))
+    type Case = (
+        &'static str,
+        ChunkKind,
+        u32,
+        bool,
+        u32,
+        Option<FinishReason>,
+        Option<(u64, u64)>,
+    );
+
+    #[test]
+    fn table() {
+        use ChunkKind::*;
+        let cases: &[Case] = &[
+            ("[DONE]", Done, 0, false, 0, None, None),
+            (" [DONE]\n", Done, 0, false, 0, None, None),
+            (
+                r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}"#,
+                Chunk,
+                1,
+                false,
+                0,
+                None,
+                None,
+            ),
+            (
+                r#"{"choices":[{"index":0,"delta":{"content":"SE"},"finish_reason":null}]}"#,
+                Chunk,
+                1,
+                true,
+                1,
+                None,
+                None,
+            ),
+            (
+                r#"{"choices":[{"index":1,"delta":{"content":""},"finish_reason":null}]}"#,
+                Chunk,
+                1,
+                false,
+                0,
+                None,
+                None,
+            ),
+            (
+                r#"{"choices":[{"index":0,"delta":{"content":"\n"}}]}"#,
+                Chunk,
+                1,
+                true,
+                1,
+                None,
+                None,
+            ),
+            (
+                r#"{"choices":[{"index":0,"delta":{"content":null,"reasoning_content":"think"}}]}"#,
+                Chunk,
+                1,
+                true,
+                1,
+                None,
+                None,
+            ),
+            (
+                r#"{"choices":[{"index":0,"delta":{"reasoning":"hm"}}]}"#,
+                Chunk,
+                1,
+                true,
+                1,
+                None,
+                None,
+            ),
+            (
+                r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{"}}]}}]}"#,
+                Chunk,
+                1,
+                true,
+                1,
+                None,
+                None,
+            ),
+            (
+                r#"{"choices":[{"index":0,"delta":{"tool_calls":[]}}]}"#,
+                Chunk,
+                1,
+                false,
+                0,
+                None,
+                None,
+            ),
+            (
+                r#"{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#,
+                Chunk,
+                1,
+                false,
+                0,
+                Some(ToolCalls),
+                None,
+            ),
+            (
+                r#"{"choices":[{"index":0,"text":"ab","finish_reason":null}]}"#,
+                Chunk,
+                1,
+                true,
+                1,
+                None,
+                None,
+            ),
+            (
+                r#"{"choices":[{"index":0,"text":"","finish_reason":"stop"}]}"#,
+                Chunk,
+                1,
+                false,
+                0,
+                Some(Stop),
+                None,
+            ),
+            (
+                r#"{"choices":[{"index":0,"delta":{"content":"abc"},"logprobs":{"content":[{"token":"a"},{"token":"b"},{"token":"c"}]}}]}"#,
+                Chunk,
+                1,
+                true,
+                3,
+                None,
+                None,
+            ),
+            (
+                r#"{"choices":[{"index":0,"text":"ab","logprobs":{"text_offset":[0,1],"token_logprobs":[-1,-1],"tokens":["a","b"],"top_logprobs":null}}]}"#,
+                Chunk,
+                1,
+                true,
+                2,
+                None,
+                None,
+            ),
+            (
+                r#"{"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":"length"},{"index":1,"delta":{"content":"y"},"finish_reason":"stop"}]}"#,
+                Chunk,
+                2,
+                true,
+                2,
+                Some(Length),
+                None,
+            ),
+            (
+                r#"{"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":"weird"}]}"#,
+                Chunk,
+                1,
+                true,
+                1,
+                Some(Other),
+                None,
+            ),
+            (
+                r#"{"choices":[],"usage":{"prompt_tokens":32,"total_tokens":48,"completion_tokens":16}}"#,
+                Chunk,
+                0,
+                false,
+                0,
+                None,
+                Some((32, 16)),
+            ),
+            (
+                r#"{"error": {"message": "boom", "type": "InternalServerError", "param": null, "code": 500}}"#,
+                Error,
+                0,
+                false,
+                0,
+                None,
+                None,
+            ),
+            (
+                r#"{"error":{"message":"bad","type":"BadRequestError","param":null,"code":400}}"#,
+                Error,
+                0,
+                false,
+                0,
+                None,
+                None,
+            ),
+            (
+                r#"{"object":"error","message":"old style","type":"x","code":500}"#,
+                Error,
+                0,
+                false,
+                0,
+                None,
+                None,
+            ),
+            (
+                r#"{"error":null,"choices":[{"index":0,"delta":{"content":"a"}}]}"#,
+                Chunk,
+                1,
+                true,
+                1,
+                None,
+                None,
+            ),
+            ("{}", Unknown, 0, false, 0, None, None),
+            ("[]", Unknown, 0, false, 0, None, None),
+            ("not json", Unknown, 0, false, 0, None, None),
+            ("\u{1}\u{2}", Unknown, 0, false, 0, None, None),
+            (
+                r#"{"choices":[{"index":0,"delta":{"content":"a"}}"#,
+                Unknown,
+                0,
+                false,
+                0,
+                None,
+                None,
+            ),
+            (r#"{"choices":"nope"}"#, Unknown, 0, false, 0, None, None),
+        ];
+        for (payload, kind, choices, output, tokens, finish, usage) in cases {
+            let i = inspect_chunk(payload.as_bytes());
+            let got = (
+                i.kind,
+                i.choice_count,
+                i.output,
+                i.tokens,
+                i.finish_reason(),
+                i.usage
+                    .map(|u| (u.prompt_tokens.unwrap(), u.completion_tokens.unwrap())),
+            );
+            assert_eq!(
+                got,
+                (*kind, *choices, *output, *tokens, *finish, *usage),
+                "{payload}"
+            );
+        }
+        assert_eq!(inspect_chunk(b"\xff\xfe{").kind, ChunkKind::Unknown);
+    }
+
+    #[test]
+    fn choices_beyond_the_kept_ones_are_still_counted() {
+        let one = r#"{"index":0,"delta":{"content":"x"},"finish_reason":"stop"}"#;
+        let body = format!(r#"{{"choices":[{}]}}"#, vec![one; 40].join(","));
+        let i = inspect_chunk(body.as_bytes());
+        assert_eq!((i.choice_count, i.finished_count, i.tokens), (40, 40, 40));
+        assert_eq!(i.choices().len(), MAX_CHOICES_PER_CHUNK);
+    }
+
+    /// Everything a capture's stream says, chunk by chunk.
+    fn chunks(name: &str) -> Vec<ChunkInfo> {
+        let mut p = SseParser::new();
+        let mut out = Vec::new();
+        p.feed(capture(name).body, |e| out.push(inspect_chunk(e.data)));
+        p.finish(|e| out.push(inspect_chunk(e.data)));
+        out
+    }
+
+    /// An independent oracle over serde_json::Value: output events per data payload.
+    fn oracle_outputs(name: &str) -> usize {
+        let body = capture(name).body;
+        body.split(|b| *b == b'\n')
+            .filter_map(|l| l.strip_prefix(b"data: "))
+            .filter(|d| *d != b"[DONE]")
+            .map(|d| serde_json::from_slice::<serde_json::Value>(d).unwrap())
+            .filter(|v| {
+                v["choices"].as_array().unwrap().iter().any(|c| {
+                    let s = |x: &serde_json::Value| x.as_str().is_some_and(|s| !s.is_empty());
+                    s(&c["delta"]["content"]) || s(&c["text"])
+                })
+            })
+            .count()
+    }
+
+    #[test]
+    fn real_captures() {
+        // (capture, chunks incl. [DONE], output events, tokens, finish, usage)
+        type Case = (
+            &'static str,
+            usize,
+            usize,
+            u32,
+            FinishReason,
+            Option<(u64, u64)>,
+        );
+        let cases: &[Case] = &[
+            ("stream-chat.txt", 18, 16, 16, Length, None),
+            ("stream-chat-usage.txt", 19, 16, 16, Length, Some((32, 16))),
+            (
+                "stream-chat-usage-continuous.txt",
+                9,
+                6,
+                6,
+                Length,
+                Some((15, 6)),
+            ),
+            ("stream-chat-logprobs.txt", 11, 8, 8, Length, Some((20, 8))),
+            ("stream-chat-stop.txt", 4, 1, 1, Stop, Some((15, 1))),
+            ("stream-chat-n2.txt", 12, 7, 7, Length, Some((15, 8))),
+            ("stream-completions.txt", 18, 16, 16, Length, Some((10, 16))),
+            ("stream-completions-logprobs.txt", 5, 4, 4, Length, None),
+        ];
+        for (name, n, outputs, tokens, finish, usage) in cases {
+            let c = chunks(name);
+            assert_eq!(c.len(), *n, "{name}: chunks");
+            assert_eq!(c.last().unwrap().kind, ChunkKind::Done, "{name}");
+            assert!(
+                c[..c.len() - 1].iter().all(|i| i.kind == ChunkKind::Chunk),
+                "{name}"
+            );
+            let out = c.iter().filter(|i| i.output).count();
+            assert_eq!(out, *outputs, "{name}: outputs");
+            assert_eq!(out, oracle_outputs(name), "{name}: oracle");
+            assert_eq!(
+                c.iter().map(|i| i.tokens).sum::<u32>(),
+                *tokens,
+                "{name}: tokens"
+            );
+            let finishes: Vec<_> = c.iter().filter_map(|i| i.finish_reason()).collect();
+            assert!(finishes.iter().all(|f| f == finish), "{name}: finish");
+            let last_usage = c.iter().rev().find_map(|i| i.usage);
+            let got = last_usage.map(|u| (u.prompt_tokens.unwrap(), u.completion_tokens.unwrap()));
+            assert_eq!(got, *usage, "{name}: usage");
+        }
+        // Chat streams open with a role-only chunk: a choice, no output.
+        let first = chunks("stream-chat.txt")[0];
+        assert_eq!((first.choice_count, first.output), (1, false));
+        // n=2: one role chunk per index, and both indices finish.
+        let n2 = chunks("stream-chat-n2.txt");
+        let finished: Vec<u32> = n2
+            .iter()
+            .flat_map(|i| {
+                i.choices()
+                    .iter()
+                    .filter(|c| c.finish.is_some())
+                    .map(|c| c.index)
+            })
+            .collect();
+        assert_eq!(finished, vec![0, 1]);
+    }
+
+    #[test]
+    fn non_streaming_bodies() {
+        let ok = inspect_response(capture("nonstream-chat.txt").body);
+        assert!(ok.is_complete());
+        assert_eq!(
+            (ok.choice_count, ok.finished_count, ok.finish_reason),
+            (1, 1, Some(Length))
+        );
+        assert_eq!(
+            ok.usage,
+            Some(Usage {
+                prompt_tokens: Some(15),
+                completion_tokens: Some(8)
+            })
+        );
+        for (name, status) in [
+            ("error-too-long.txt", 400),
+            ("error-unknown-model.txt", 404),
+        ] {
+            assert_eq!(capture(name).status, status);
+            let e = inspect_response(capture(name).body);
+            assert!(e.parsed && e.error && !e.is_complete(), "{name}");
+        }
+        let cut = &capture("nonstream-chat.txt").body[..100];
+        assert!(!inspect_response(cut).parsed);
+        let unfinished = br#"{"choices":[{"index":0,"message":{"content":"a"},"finish_reason":"stop"},{"index":1,"message":{"content":"b"},"finish_reason":null}]}"#;
+        let u = inspect_response(unfinished);
+        assert_eq!(
+            (u.choice_count, u.finished_count, u.is_complete()),
+            (2, 1, false)
+        );
+        assert!(!inspect_response(br#"{"choices":[]}"#).is_complete());
     }
 }

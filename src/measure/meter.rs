@@ -76,30 +76,38 @@ impl Measurement {
     }
 }
 
-/// A growable bit set of choice indices (one word covers n <= 64; no allocation until used).
+/// A bit set of choice indices: one inline word covers n <= 64 (no allocation); larger
+/// indices spill into a vector, grown once per request.
 #[derive(Debug, Default)]
 struct ChoiceSet {
-    words: Vec<u64>,
+    low: u64,
+    high: Vec<u64>,
 }
 
 impl ChoiceSet {
     fn insert(&mut self, index: u32) {
         let i = index.min(MAX_CHOICE_INDEX) as usize;
-        let (w, b) = (i / 64, i % 64);
-        if self.words.len() <= w {
-            self.words.resize(w + 1, 0);
+        if i < 64 {
+            self.low |= 1 << i;
+            return;
         }
-        self.words[w] |= 1 << b;
+        let (w, b) = (i / 64 - 1, i % 64);
+        if self.high.len() <= w {
+            self.high.resize(w + 1, 0);
+        }
+        self.high[w] |= 1 << b;
     }
     fn is_empty(&self) -> bool {
-        self.words.iter().all(|w| *w == 0)
+        self.low == 0 && self.high.iter().all(|w| *w == 0)
     }
     /// Every index in `self` is in `other`.
     fn subset_of(&self, other: &ChoiceSet) -> bool {
-        self.words
-            .iter()
-            .enumerate()
-            .all(|(i, w)| w & !other.words.get(i).copied().unwrap_or(0) == 0)
+        self.low & !other.low == 0
+            && self
+                .high
+                .iter()
+                .enumerate()
+                .all(|(i, w)| w & !other.high.get(i).copied().unwrap_or(0) == 0)
     }
 }
 
@@ -188,7 +196,10 @@ impl Timeline {
 
     /// DESIGN.md: success iff every choice got a finish_reason, `[DONE]` arrived, no error.
     fn stream_complete(&self) -> bool {
-        self.done && !self.inband_error && !self.finished.is_empty() && self.seen.subset_of(&self.finished)
+        self.done
+            && !self.inband_error
+            && !self.finished.is_empty()
+            && self.seen.subset_of(&self.finished)
     }
 }
 
@@ -265,7 +276,8 @@ impl StreamMeter {
         }
         if self.streaming {
             let tl = &mut self.tl;
-            self.parser.feed(bytes, |ev| tl.on_event(t, ev, &mut on_gap));
+            self.parser
+                .feed(bytes, |ev| tl.on_event(t, ev, &mut on_gap));
         } else if !self.body_overflow {
             if self.body.len() + bytes.len() > MAX_JSON_BODY {
                 self.body_overflow = true;
@@ -369,4 +381,414 @@ impl StreamMeter {
 
 fn div_duration(d: Duration, n: u64) -> Duration {
     Duration::from_nanos((d.as_nanos() / u128::from(n.max(1))).min(u128::from(u64::MAX)) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::measure::fixtures::capture;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    const ROLE: &str = r#"data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}"#;
+    const DONE: &str = "data: [DONE]\n\n";
+
+    fn tok(text: &str) -> String {
+        format!(
+            r#"data: {{"choices":[{{"index":0,"delta":{{"content":"{text}"}},"finish_reason":null}}]}}"#
+        ) + "\n\n"
+    }
+    fn fin(text: &str, reason: &str) -> String {
+        format!(
+            r#"data: {{"choices":[{{"index":0,"delta":{{"content":"{text}"}},"finish_reason":"{reason}"}}]}}"#
+        ) + "\n\n"
+    }
+    fn usage(prompt: u64, completion: u64) -> String {
+        format!(
+            r#"data: {{"choices":[],"usage":{{"prompt_tokens":{prompt},"completion_tokens":{completion}}}}}"#
+        ) + "\n\n"
+    }
+    fn role() -> String {
+        format!("{ROLE}\n\n")
+    }
+
+    /// Feed `(offset ms, frame)` pairs after a 200 head at `head` ms; finish at `end` ms.
+    fn measure(frames: &[(u64, String)], end: u64, ending: Ending) -> (Measurement, Vec<Duration>) {
+        let t0 = Instant::now();
+        let mut m = StreamMeter::new(t0, true);
+        m.on_head(t0 + ms(5), 200);
+        let mut gaps = Vec::new();
+        for (at, f) in frames {
+            m.on_frame(t0 + ms(*at), f.as_bytes(), |g| gaps.push(g));
+        }
+        (m.finish(t0 + ms(end), ending), gaps)
+    }
+
+    /// Role at 100 ms, n tokens from 300 ms every `step` ms (last carries finish), then more.
+    fn stream(n: u64, step: u64, tail: &[String]) -> Vec<(u64, String)> {
+        let mut v = vec![(100, role())];
+        for i in 0..n {
+            let f = if i + 1 == n {
+                fin("x", "length")
+            } else {
+                tok("x")
+            };
+            v.push((300 + i * step, f));
+        }
+        let last = 300 + (n - 1) * step;
+        v.extend(tail.iter().map(|t| (last, t.clone())));
+        v
+    }
+
+    #[test]
+    fn ttft_is_the_first_output_token_and_ttfc_the_role_chunk() {
+        let (m, _) = measure(&stream(3, 20, &[DONE.into()]), 400, Ending::Complete);
+        assert_eq!(m.outcome, Outcome::Success);
+        assert_eq!(m.ttfc, Some(ms(100)), "role chunk counts for TTFC");
+        assert_eq!(m.ttft, Some(ms(300)), "role chunk does not count for TTFT");
+        assert_eq!(m.ttfb, Some(ms(5)));
+        assert_eq!(m.e2e, ms(400));
+        assert_eq!(m.finish_reason, Some(FinishReason::Length));
+    }
+
+    #[test]
+    fn no_output_token_means_no_ttft_never_e2e() {
+        let frames = vec![(100, role()), (200, fin("", "stop")), (200, DONE.into())];
+        let (m, _) = measure(&frames, 250, Ending::Complete);
+        assert_eq!(m.outcome, Outcome::Success);
+        assert_eq!((m.ttft, m.tpot), (None, None));
+        assert_eq!(m.ttfc, Some(ms(100)));
+        assert_eq!(m.e2e, ms(250));
+    }
+
+    #[test]
+    fn tpot_uses_usage_completion_tokens_when_present() {
+        // 50 events 20 ms apart: first at 300, last at 1280.
+        let (m, _) = measure(
+            &stream(50, 20, &[usage(7, 50), DONE.into()]),
+            1300,
+            Ending::Complete,
+        );
+        assert_eq!(m.tpot, Some(ms(980) / 49));
+        assert_eq!(
+            (m.completion_tokens, m.prompt_tokens, m.usage_exact),
+            (Some(50), Some(7), true)
+        );
+        // Usage says more tokens than events (several tokens per event): usage wins.
+        let (m, _) = measure(
+            &stream(50, 20, &[usage(7, 99), DONE.into()]),
+            1300,
+            Ending::Complete,
+        );
+        assert_eq!(m.tpot, Some(ms(980) / 98));
+    }
+
+    #[test]
+    fn tpot_without_usage_counts_events_or_logprobs_entries() {
+        let (m, _) = measure(&stream(11, 10, &[DONE.into()]), 500, Ending::Complete);
+        assert_eq!((m.completion_tokens, m.usage_exact), (Some(11), false));
+        assert_eq!(m.tpot, Some(ms(100) / 10));
+        // Two logprobs entries per event: 2 tokens each.
+        let lp = |r: &str| {
+            format!(
+                r#"data: {{"choices":[{{"index":0,"delta":{{"content":"ab"}},"logprobs":{{"content":[{{"t":1}},{{"t":2}}]}},"finish_reason":{r}}}]}}"#
+            ) + "\n\n"
+        };
+        let frames = vec![
+            (100, role()),
+            (300, lp("null")),
+            (400, lp("\"stop\"")),
+            (400, DONE.into()),
+        ];
+        let (m, _) = measure(&frames, 450, Ending::Complete);
+        assert_eq!(m.completion_tokens, Some(4));
+        assert_eq!(m.tpot, Some(ms(100) / 3));
+    }
+
+    #[test]
+    fn tpot_is_undefined_below_two_tokens() {
+        let (m, _) = measure(&stream(1, 20, &[DONE.into()]), 400, Ending::Complete);
+        assert_eq!(
+            (m.ttft, m.tpot, m.completion_tokens),
+            (Some(ms(300)), None, Some(1))
+        );
+        let (m, _) = measure(
+            &stream(3, 20, &[usage(1, 1), DONE.into()]),
+            400,
+            Ending::Complete,
+        );
+        assert_eq!(m.tpot, None, "usage of 1 token");
+    }
+
+    #[test]
+    fn itl_reports_every_gap_between_output_events() {
+        let frames = vec![
+            (100, role()),
+            (300, tok("a")),
+            (310, tok("b")),
+            (350, tok("c") + &tok("d")), // two events in one frame: a zero gap
+            (360, fin("e", "stop")),
+            (360, DONE.into()),
+        ];
+        let (m, gaps) = measure(&frames, 400, Ending::Complete);
+        assert_eq!(gaps, vec![ms(10), ms(40), ms(0), ms(10)]);
+        assert_eq!(
+            (m.itl_count, m.itl_max, m.output_events),
+            (4, Some(ms(40)), 5)
+        );
+        assert!(m.itl_gaps.is_empty(), "gaps are kept only on request");
+    }
+
+    #[test]
+    fn gaps_are_kept_on_request_up_to_the_cap() {
+        let t0 = Instant::now();
+        let mut meter = StreamMeter::new(t0, true).keep_gaps(2);
+        for (i, f) in stream(4, 10, &[DONE.into()]).iter().enumerate() {
+            meter.on_frame(t0 + ms(i as u64 * 10), f.1.as_bytes(), |_| {});
+        }
+        let m = meter.finish(t0 + ms(100), Ending::Complete);
+        assert_eq!(m.itl_gaps, vec![0.01, 0.01]);
+        assert_eq!(m.itl_count, 3);
+    }
+
+    #[test]
+    fn stream_outcomes() {
+        let err = r#"data: {"error": {"message": "boom", "type": "InternalServerError", "param": null, "code": 500}}"#.to_string() + "\n\n";
+        let n2 = |finish_both: bool| {
+            let c = |i: u32, r: &str| {
+                format!(
+                    r#"data: {{"choices":[{{"index":{i},"delta":{{"content":"x"}},"finish_reason":{r}}}]}}"#
+                ) + "\n\n"
+            };
+            let mut v = vec![
+                (100, c(0, "null")),
+                (110, c(1, "null")),
+                (120, c(0, "\"length\"")),
+            ];
+            v.push((130, c(1, if finish_both { "\"length\"" } else { "null" })));
+            v.push((130, DONE.to_string()));
+            v
+        };
+        use Ending::*;
+        use Outcome::*;
+        type Case = (&'static str, Vec<(u64, String)>, Ending, Outcome);
+        let cases: Vec<Case> = vec![
+            ("complete", stream(3, 10, &[DONE.into()]), Complete, Success),
+            (
+                "error then [DONE]",
+                stream(3, 10, &[err.clone(), DONE.into()]),
+                Complete,
+                UpstreamError,
+            ),
+            (
+                "error mid-stream",
+                vec![
+                    (100, role()),
+                    (200, tok("a")),
+                    (300, err.clone()),
+                    (300, DONE.into()),
+                ],
+                Complete,
+                UpstreamError,
+            ),
+            (
+                "event: error",
+                stream(3, 10, &["event: error\ndata: {}\n\n".into(), DONE.into()]),
+                Complete,
+                UpstreamError,
+            ),
+            (
+                "finish without [DONE]",
+                stream(3, 10, &[]),
+                Complete,
+                Truncated,
+            ),
+            (
+                "[DONE] without finish",
+                vec![(100, role()), (200, tok("a")), (200, DONE.into())],
+                Complete,
+                Truncated,
+            ),
+            ("only [DONE]", vec![(100, DONE.into())], Complete, Truncated),
+            ("empty body", vec![], Complete, Truncated),
+            ("n=2, one choice unfinished", n2(false), Complete, Truncated),
+            ("n=2, both finished", n2(true), Complete, Success),
+            (
+                "client gone mid-stream",
+                vec![(100, role()), (200, tok("a"))],
+                ClientGone,
+                ClientAbort,
+            ),
+            (
+                "timeout mid-stream",
+                vec![(100, role()), (200, tok("a"))],
+                Ending::Timeout,
+                Outcome::Timeout,
+            ),
+            (
+                "body error mid-stream",
+                vec![(100, role()), (200, tok("a"))],
+                BodyError,
+                Truncated,
+            ),
+            (
+                "client gone after the whole stream",
+                stream(3, 10, &[DONE.into()]),
+                ClientGone,
+                Success,
+            ),
+            (
+                "error, then client gone",
+                vec![(100, err.clone())],
+                ClientGone,
+                UpstreamError,
+            ),
+            (
+                "final event without blank line",
+                stream(3, 10, &["data: [DONE]".into()]),
+                Complete,
+                Success,
+            ),
+        ];
+        for (name, frames, ending, want) in cases {
+            let (m, _) = measure(&frames, 500, ending);
+            assert_eq!(m.outcome, want, "{name}");
+        }
+    }
+
+    #[test]
+    fn status_decides_before_the_body() {
+        for (status, want) in [
+            (500, Outcome::UpstreamError),
+            (502, Outcome::UpstreamError),
+            (503, Outcome::UpstreamError),
+            (400, Outcome::Rejected),
+            (404, Outcome::Rejected),
+            (429, Outcome::Rejected),
+        ] {
+            for streaming in [true, false] {
+                let t0 = Instant::now();
+                let mut m = StreamMeter::new(t0, streaming);
+                m.on_head(t0 + ms(3), status);
+                m.on_frame(t0 + ms(4), br#"{"error":{"message":"x","code":1}}"#, |_| {});
+                let got = m.finish(t0 + ms(5), Ending::Complete);
+                assert_eq!((got.outcome, got.status), (want, Some(status)), "{status}");
+                assert_eq!(got.e2e, ms(5));
+            }
+        }
+    }
+
+    fn json(body: &[u8], ending: Ending) -> Measurement {
+        let t0 = Instant::now();
+        let mut m = StreamMeter::new(t0, false);
+        m.on_head(t0 + ms(100), 200);
+        let (a, b) = body.split_at(body.len() / 2);
+        m.on_frame(t0 + ms(150), a, |_| panic!("no gaps for JSON"));
+        m.on_frame(t0 + ms(160), b, |_| panic!("no gaps for JSON"));
+        m.finish(t0 + ms(800), ending)
+    }
+
+    #[test]
+    fn non_streaming_rules() {
+        let ok = capture("nonstream-chat.txt").body;
+        let m = json(ok, Ending::Complete);
+        assert_eq!(m.outcome, Outcome::Success);
+        assert_eq!(
+            (m.prompt_tokens, m.completion_tokens, m.usage_exact),
+            (Some(15), Some(8), true)
+        );
+        assert_eq!(
+            (m.ttft, m.ttfc, m.itl_count),
+            (None, None, 0),
+            "no TTFT/ITL for JSON"
+        );
+        assert_eq!(
+            m.tpot,
+            Some(ms(800) / 8),
+            "single choice: E2E / usage tokens"
+        );
+        assert_eq!(m.finish_reason, Some(FinishReason::Length));
+        assert!(!m.streaming);
+
+        let n2 = br#"{"choices":[{"index":0,"finish_reason":"stop"},{"index":1,"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":9}}"#;
+        let m = json(n2, Ending::Complete);
+        assert_eq!(
+            (m.outcome, m.tpot, m.completion_tokens),
+            (Outcome::Success, None, Some(9))
+        );
+
+        let err =
+            br#"{"error":{"message":"boom","type":"InternalServerError","param":null,"code":500}}"#;
+        assert_eq!(json(err, Ending::Complete).outcome, Outcome::UpstreamError);
+        assert_eq!(
+            json(&ok[..ok.len() - 10], Ending::Complete).outcome,
+            Outcome::Truncated
+        );
+        let unfinished = br#"{"choices":[{"index":0,"finish_reason":null}]}"#;
+        assert_eq!(
+            json(unfinished, Ending::Complete).outcome,
+            Outcome::Truncated
+        );
+        assert_eq!(json(ok, Ending::ClientGone).outcome, Outcome::ClientAbort);
+        assert_eq!(json(ok, Ending::Timeout).outcome, Outcome::Timeout);
+        assert_eq!(json(ok, Ending::BodyError).outcome, Outcome::Truncated);
+    }
+
+    #[test]
+    fn without_body() {
+        let m = Measurement::without_body(Outcome::Rejected, Some(429), ms(2));
+        assert_eq!(
+            (m.outcome, m.status, m.e2e, m.ttft),
+            (Outcome::Rejected, Some(429), ms(2), None)
+        );
+    }
+
+    #[test]
+    fn real_captures_measure_alike_whatever_the_framing() {
+        for (name, outputs, tokens) in [
+            ("stream-chat.txt", 16, 16),
+            ("stream-chat-usage.txt", 16, 16),
+            ("stream-chat-n2.txt", 7, 8),
+            ("stream-chat-logprobs.txt", 8, 8),
+            ("stream-completions.txt", 16, 16),
+            ("stream-completions-logprobs.txt", 4, 4),
+            ("stream-chat-stop.txt", 1, 1),
+        ] {
+            let body = capture(name).body;
+            for split in (0..body.len()).step_by(7) {
+                let t0 = Instant::now();
+                let mut m = StreamMeter::new(t0, true);
+                m.on_head(t0, 200);
+                m.on_frame(t0 + ms(1), &body[..split], |_| {});
+                m.on_frame(t0 + ms(2), &body[split..], |_| {});
+                let got = m.finish(t0 + ms(3), Ending::Complete);
+                assert_eq!(got.outcome, Outcome::Success, "{name} @{split}");
+                assert_eq!(got.output_events, outputs, "{name}");
+                assert_eq!(got.completion_tokens, Some(tokens), "{name}");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod choice_set_tests {
+    use super::ChoiceSet;
+
+    #[test]
+    fn subset_across_the_inline_word_and_the_spill() {
+        let (mut seen, mut finished) = (ChoiceSet::default(), ChoiceSet::default());
+        assert!(finished.is_empty());
+        for i in [0, 63, 64, 200, 100_000] {
+            seen.insert(i);
+        }
+        for i in [0, 63, 64, 200] {
+            finished.insert(i);
+            assert!(!seen.subset_of(&finished), "{i}");
+        }
+        finished.insert(4095); // indices past the cap fold onto it
+        assert!(seen.subset_of(&finished));
+        assert!(!finished.is_empty());
+    }
 }

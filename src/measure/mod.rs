@@ -10,8 +10,13 @@ pub mod slo;
 pub mod stats;
 pub mod usage;
 
-pub use inspect::{inspect_chunk, inspect_response, ChoiceInfo, ChunkInfo, ChunkKind, ResponseInfo, Usage};
+pub use inspect::{
+    inspect_chunk, inspect_response, ChoiceInfo, ChunkInfo, ChunkKind, ResponseInfo, Usage,
+};
 pub use meter::{Measurement, StreamMeter};
 pub use outcome::{Ending, FinishReason, Outcome};
 pub use slo::{judge, Slo, SloTable, SloVerdict};
 pub use stats::{percentile, summarize, Summary};
+
+#[cfg(test)]
+pub(crate) mod fixtures;

@@ -1,1 +1,448 @@
 //! Raw per-request records, the bounded ring that keeps them, and the `/stats` computation.
+//!
+//! The ring's lock is taken once per finished request (push) and once per `/stats` call
+//! (snapshot), never per SSE event. ITL gaps are kept beside their record for exact ITL
+//! percentiles, under a separate total cap: past it the oldest records lose their gaps first.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::{json, Map, Value};
+use tokio::time::Instant;
+
+use crate::measure::meter::Measurement;
+use crate::measure::outcome::{FinishReason, Outcome};
+use crate::measure::slo::SloVerdict;
+use crate::measure::stats::summarize;
+
+/// Records the ring keeps by default.
+pub const DEFAULT_RING_CAPACITY: usize = 100_000;
+/// ITL gaps the ring keeps in total by default (4 bytes each: 16 MiB).
+pub const DEFAULT_GAP_CAPACITY: usize = 4 << 20;
+
+/// One finished request. Durations are in seconds.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RequestRecord {
+    pub id: String,
+    pub model: String,
+    pub upstream: Option<String>,
+    pub stream: bool,
+    pub status: Option<u16>,
+    pub outcome: Outcome,
+    pub finish_reason: Option<FinishReason>,
+    /// Wall-clock start, milliseconds since the Unix epoch (for humans and log joins only).
+    pub start_unix_ms: u64,
+    pub ttft_s: Option<f64>,
+    pub ttfc_s: Option<f64>,
+    pub tpot_s: Option<f64>,
+    pub e2e_s: f64,
+    pub itl_count: u64,
+    pub itl_max_s: Option<f64>,
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    pub usage_exact: bool,
+    /// Which SLOs held (`null`: not applicable), and whether the request was good.
+    pub slo: SloVerdict,
+    /// Monotonic end instant, for `/stats` windows (not serialized).
+    #[serde(skip)]
+    pub end: Instant,
+}
+
+impl RequestRecord {
+    /// Build a record from a finished measurement. `end` is when the request finished.
+    pub fn new(
+        id: String,
+        model: String,
+        upstream: Option<String>,
+        start_unix_ms: u64,
+        end: Instant,
+        m: &Measurement,
+        slo: SloVerdict,
+    ) -> Self {
+        let secs = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
+        Self {
+            id,
+            model,
+            upstream,
+            stream: m.streaming,
+            status: m.status,
+            outcome: m.outcome,
+            finish_reason: m.finish_reason,
+            start_unix_ms,
+            ttft_s: secs(m.ttft),
+            ttfc_s: secs(m.ttfc),
+            tpot_s: secs(m.tpot),
+            e2e_s: m.e2e.as_secs_f64(),
+            itl_count: m.itl_count,
+            itl_max_s: secs(m.itl_max),
+            prompt_tokens: m.prompt_tokens,
+            completion_tokens: m.completion_tokens,
+            usage_exact: m.usage_exact,
+            slo,
+            end,
+        }
+    }
+
+    /// Rejections caused by the client (4xx other than 429) do not count against goodput.
+    pub fn rejected_by_client(&self) -> bool {
+        self.outcome == Outcome::Rejected
+            && self
+                .status
+                .is_some_and(|s| (400..500).contains(&s) && s != 429)
+    }
+}
+
+/// A record with its ITL gaps (seconds), as kept in the ring.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub record: Arc<RequestRecord>,
+    pub gaps: Option<Arc<[f32]>>,
+}
+
+#[derive(Debug)]
+struct Ring {
+    entries: VecDeque<Entry>,
+    gaps_total: usize,
+    /// Index in `entries` below which gaps have been shed.
+    gaps_shed_upto: usize,
+}
+
+/// The bounded in-memory ring of recent records.
+#[derive(Debug)]
+pub struct RecordRing {
+    capacity: usize,
+    gap_capacity: usize,
+    started: Instant,
+    inner: Mutex<Ring>,
+}
+
+impl RecordRing {
+    pub fn new(capacity: usize, gap_capacity: usize, started: Instant) -> Self {
+        Self {
+            capacity: capacity.max(1),
+            gap_capacity,
+            started,
+            inner: Mutex::new(Ring {
+                entries: VecDeque::with_capacity(capacity.clamp(1, 1 << 16)),
+                gaps_total: 0,
+                gaps_shed_upto: 0,
+            }),
+        }
+    }
+
+    /// When the ring started (the proxy's start): `/stats` rates use the shorter of the
+    /// window and the time since then.
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// Add a record with its gaps; the oldest is dropped when full.
+    pub fn push(&self, record: Arc<RequestRecord>, gaps: Vec<f32>) {
+        let gaps: Option<Arc<[f32]>> = (!gaps.is_empty()).then(|| gaps.into());
+        let Ok(mut r) = self.inner.lock() else {
+            return;
+        };
+        r.gaps_total += gaps.as_ref().map_or(0, |g| g.len());
+        r.entries.push_back(Entry { record, gaps });
+        if r.entries.len() > self.capacity {
+            if let Some(old) = r.entries.pop_front() {
+                r.gaps_total -= old.gaps.map_or(0, |g| g.len());
+            }
+            r.gaps_shed_upto = r.gaps_shed_upto.saturating_sub(1);
+        }
+        while r.gaps_total > self.gap_capacity && r.gaps_shed_upto < r.entries.len() {
+            let i = r.gaps_shed_upto;
+            let freed = r.entries[i].gaps.take().map_or(0, |g| g.len());
+            r.gaps_total -= freed;
+            r.gaps_shed_upto += 1;
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.lock().map(|r| r.entries.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Copy out the entries that ended within `window` before `now` (cheap: `Arc` clones).
+    pub fn snapshot(&self, now: Instant, window: Duration) -> Vec<Entry> {
+        let Ok(r) = self.inner.lock() else {
+            return Vec::new();
+        };
+        let from = now.checked_sub(window);
+        let mut out: Vec<Entry> = r
+            .entries
+            .iter()
+            .rev()
+            .take_while(|e| from.is_none_or(|f| e.record.end >= f))
+            .cloned()
+            .collect();
+        out.reverse();
+        out
+    }
+
+    /// `/stats` for this ring (see [`compute_stats`]).
+    pub fn stats(&self, now: Instant, window: Duration, model: Option<&str>) -> Value {
+        let entries = self.snapshot(now, window);
+        let elapsed = window.min(now.saturating_duration_since(self.started));
+        compute_stats(&entries, now, window, elapsed, model)
+    }
+}
+
+fn summary_json(values: &mut [f64]) -> Value {
+    match summarize(values) {
+        Some(s) => json!({
+            "count": s.count, "mean": s.mean, "p50": s.p50, "p90": s.p90,
+            "p95": s.p95, "p99": s.p99, "max": s.max,
+        }),
+        None => json!({
+            "count": 0, "mean": null, "p50": null, "p90": null,
+            "p95": null, "p99": null, "max": null,
+        }),
+    }
+}
+
+/// The `/stats` document over `entries` that ended in `(now - window, now]`, optionally for one
+/// model. Percentiles are exact (nearest rank over the raw values). `goodput.per_second` is
+/// good requests / `elapsed` (the window, or less when the proxy has run for less).
+/// `goodput.ratio` is good / (requests - rejections caused by the client); null when 0.
+/// Latency summaries cover every request where the value is defined, whatever its outcome.
+pub fn compute_stats(
+    entries: &[Entry],
+    now: Instant,
+    window: Duration,
+    elapsed: Duration,
+    model: Option<&str>,
+) -> Value {
+    let from = now.checked_sub(window);
+    let in_window = entries.iter().filter(|e| {
+        let r = &e.record;
+        from.is_none_or(|f| r.end >= f) && r.end <= now && model.is_none_or(|m| r.model == m)
+    });
+    let mut outcomes = [0u64; Outcome::ALL.len()];
+    let (mut requests, mut good, mut client_rejected) = (0u64, 0u64, 0u64);
+    let (mut ttft, mut ttfc, mut tpot, mut e2e, mut itl) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for e in in_window {
+        let r = &e.record;
+        requests += 1;
+        if let Some(i) = Outcome::ALL.iter().position(|o| *o == r.outcome) {
+            outcomes[i] += 1;
+        }
+        good += u64::from(r.slo.good);
+        client_rejected += u64::from(r.rejected_by_client());
+        ttft.extend(r.ttft_s);
+        ttfc.extend(r.ttfc_s);
+        tpot.extend(r.tpot_s);
+        e2e.push(r.e2e_s);
+        if let Some(g) = &e.gaps {
+            itl.extend(g.iter().map(|v| f64::from(*v)));
+        }
+    }
+    let mut outcome_map = Map::new();
+    for (o, n) in Outcome::ALL.iter().zip(outcomes) {
+        outcome_map.insert(o.as_str().to_owned(), json!(n));
+    }
+    let denominator = requests - client_rejected;
+    let ratio = (denominator > 0).then(|| good as f64 / denominator as f64);
+    let secs = elapsed.as_secs_f64();
+    let per_second = if secs > 0.0 { good as f64 / secs } else { 0.0 };
+    json!({
+        "window_seconds": window.as_secs_f64(),
+        "model": model,
+        "requests": requests,
+        "outcomes": outcome_map,
+        "goodput": { "good": good, "ratio": ratio, "per_second": per_second },
+        "ttft_seconds": summary_json(&mut ttft),
+        "ttfc_seconds": summary_json(&mut ttfc),
+        "tpot_seconds": summary_json(&mut tpot),
+        "itl_seconds": summary_json(&mut itl),
+        "e2e_seconds": summary_json(&mut e2e),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::measure::slo::{judge, Slo};
+
+    fn secs(s: f64) -> Duration {
+        Duration::from_secs_f64(s)
+    }
+
+    fn rec(
+        model: &str,
+        outcome: Outcome,
+        status: u16,
+        ttft: Option<f64>,
+        e2e: f64,
+        end: Instant,
+    ) -> Arc<RequestRecord> {
+        let mut m = Measurement::without_body(outcome, Some(status), secs(e2e));
+        m.streaming = true;
+        m.ttft = ttft.map(secs);
+        m.ttfc = ttft.map(secs);
+        let v = judge(&m, &Slo::default());
+        Arc::new(RequestRecord::new(
+            "id".into(),
+            model.into(),
+            None,
+            0,
+            end,
+            &m,
+            v,
+        ))
+    }
+
+    #[test]
+    fn record_fields_and_json() {
+        let now = Instant::now();
+        let r = rec("tiny", Outcome::Success, 200, Some(0.25), 1.0, now);
+        let v = serde_json::to_value(&*r).unwrap();
+        for key in [
+            "id",
+            "model",
+            "upstream",
+            "stream",
+            "status",
+            "outcome",
+            "finish_reason",
+            "start_unix_ms",
+            "ttft_s",
+            "ttfc_s",
+            "tpot_s",
+            "e2e_s",
+            "itl_count",
+            "itl_max_s",
+            "prompt_tokens",
+            "completion_tokens",
+            "usage_exact",
+            "slo",
+        ] {
+            assert!(v.get(key).is_some(), "{key}");
+        }
+        assert_eq!(v["outcome"], "success");
+        assert_eq!(v["ttft_s"], 0.25);
+        assert_eq!(v["slo"]["good"], true);
+        assert_eq!(v["slo"]["tpot_ok"], serde_json::Value::Null);
+    }
+
+    #[test]
+    fn ring_is_bounded_and_sheds_gaps_oldest_first() {
+        let now = Instant::now();
+        let ring = RecordRing::new(3, 5, now);
+        for i in 0..5 {
+            ring.push(
+                rec(&format!("m{i}"), Outcome::Success, 200, None, 1.0, now),
+                vec![0.1, 0.2],
+            );
+        }
+        let snap = ring.snapshot(now, secs(60.0));
+        let models: Vec<&str> = snap.iter().map(|e| e.record.model.as_str()).collect();
+        assert_eq!(models, ["m2", "m3", "m4"]);
+        let with_gaps: Vec<bool> = snap.iter().map(|e| e.gaps.is_some()).collect();
+        assert_eq!(
+            with_gaps,
+            [false, true, true],
+            "5 gaps at most: the oldest lost theirs"
+        );
+    }
+
+    #[test]
+    fn stats_shape_windows_filters_and_exact_values() {
+        let t = Instant::now() + secs(1000.0);
+        let ring = RecordRing::new(100, 1000, t - secs(500.0));
+        // Outside a 60 s window.
+        ring.push(
+            rec("a", Outcome::Success, 200, Some(9.0), 9.0, t - secs(100.0)),
+            vec![],
+        );
+        for (i, ttft) in [0.1, 0.2, 0.3, 0.4].iter().enumerate() {
+            ring.push(
+                rec(
+                    "a",
+                    Outcome::Success,
+                    200,
+                    Some(*ttft),
+                    1.0,
+                    t - secs(10.0 - i as f64),
+                ),
+                vec![0.01, 0.03],
+            );
+        }
+        ring.push(
+            rec("a", Outcome::Success, 200, Some(5.0), 6.0, t - secs(5.0)),
+            vec![],
+        ); // slow: not good
+        ring.push(
+            rec("b", Outcome::UpstreamError, 200, None, 2.0, t - secs(4.0)),
+            vec![],
+        );
+        ring.push(
+            rec("b", Outcome::Rejected, 400, None, 0.001, t - secs(3.0)),
+            vec![],
+        ); // client's fault
+        ring.push(
+            rec("b", Outcome::Rejected, 429, None, 0.001, t - secs(2.0)),
+            vec![],
+        ); // shed: counts
+        let s = ring.stats(t, secs(60.0), None);
+        assert_eq!(s["window_seconds"], 60.0);
+        assert_eq!(s["requests"], 8);
+        assert_eq!(s["outcomes"]["success"], 5);
+        assert_eq!(s["outcomes"]["upstream_error"], 1);
+        assert_eq!(s["outcomes"]["rejected"], 2);
+        assert_eq!(s["outcomes"]["client_abort"], 0);
+        assert_eq!(s["outcomes"].as_object().unwrap().len(), 6);
+        assert_eq!(s["goodput"]["good"], 4);
+        assert_eq!(s["goodput"]["ratio"], 4.0 / 7.0);
+        assert_eq!(s["goodput"]["per_second"], 4.0 / 60.0);
+        let ttft = &s["ttft_seconds"];
+        assert_eq!(
+            (
+                ttft["count"].as_u64(),
+                ttft["p50"].as_f64(),
+                ttft["max"].as_f64()
+            ),
+            (Some(5), Some(0.3), Some(5.0))
+        );
+        assert_eq!(s["itl_seconds"]["count"], 8);
+        assert_eq!(s["itl_seconds"]["p50"].as_f64().unwrap() as f32, 0.01);
+        assert_eq!(s["e2e_seconds"]["count"], 8);
+        for key in ["ttfc_seconds", "tpot_seconds"] {
+            assert!(s[key].get("p99").is_some(), "{key}");
+        }
+        assert_eq!(s["tpot_seconds"]["count"], 0);
+        assert_eq!(s["tpot_seconds"]["p50"], serde_json::Value::Null);
+
+        let b = ring.stats(t, secs(60.0), Some("b"));
+        assert_eq!(
+            (b["requests"].as_u64(), b["goodput"]["good"].as_u64()),
+            (Some(3), Some(0))
+        );
+        assert_eq!(b["goodput"]["ratio"], 0.0);
+        assert_eq!(b["model"], "b");
+        // A younger proxy: per-second over its uptime, not the whole window.
+        let young = RecordRing::new(10, 10, t - secs(30.0));
+        young.push(
+            rec("a", Outcome::Success, 200, Some(0.1), 1.0, t - secs(1.0)),
+            vec![],
+        );
+        assert_eq!(
+            young.stats(t, secs(60.0), None)["goodput"]["per_second"],
+            1.0 / 30.0
+        );
+        let empty = RecordRing::new(10, 10, t).stats(t, secs(60.0), None);
+        assert_eq!(
+            (
+                empty["requests"].as_u64(),
+                empty["goodput"]["ratio"].is_null()
+            ),
+            (Some(0), true)
+        );
+    }
+}

@@ -71,3 +71,122 @@ pub fn judge(m: &Measurement, slo: &Slo) -> SloVerdict {
         good,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn stream(outcome: Outcome, ttft: Option<u64>, tpot: Option<u64>, e2e: u64) -> Measurement {
+        let mut m = Measurement::without_body(outcome, Some(200), ms(e2e));
+        m.streaming = true;
+        m.ttft = ttft.map(ms);
+        m.tpot = tpot.map(ms);
+        m
+    }
+
+    #[test]
+    fn defaults_are_the_design_ones() {
+        let s = Slo::default();
+        assert_eq!(
+            (s.ttft, s.tpot, s.e2e),
+            (Some(ms(2000)), Some(ms(150)), Some(ms(30_000)))
+        );
+    }
+
+    #[test]
+    fn verdicts() {
+        let d = Slo::default();
+        use Outcome::*;
+        let cases = [
+            (
+                "all within",
+                stream(Success, Some(300), Some(20), 1300),
+                (Some(true), Some(true), Some(true), true),
+            ),
+            (
+                "on the limit holds",
+                stream(Success, Some(2000), Some(150), 30_000),
+                (Some(true), Some(true), Some(true), true),
+            ),
+            (
+                "slow first token: success, not good",
+                stream(Success, Some(2001), Some(20), 3000),
+                (Some(false), Some(true), Some(true), false),
+            ),
+            (
+                "slow tokens",
+                stream(Success, Some(300), Some(151), 3000),
+                (Some(true), Some(false), Some(true), false),
+            ),
+            (
+                "slow overall",
+                stream(Success, Some(300), Some(20), 30_001),
+                (Some(true), Some(true), Some(false), false),
+            ),
+            (
+                "no token: TTFT/TPOT do not apply",
+                stream(Success, None, None, 100),
+                (None, None, Some(true), true),
+            ),
+            (
+                "fast but truncated",
+                stream(Truncated, Some(1), Some(1), 10),
+                (Some(true), Some(true), Some(true), false),
+            ),
+            (
+                "fast but aborted",
+                stream(ClientAbort, Some(1), None, 10),
+                (Some(true), None, Some(true), false),
+            ),
+        ];
+        for (name, m, (ttft, tpot, e2e, good)) in cases {
+            let v = judge(&m, &d);
+            assert_eq!(
+                (v.ttft_ok, v.tpot_ok, v.e2e_ok, v.good),
+                (ttft, tpot, e2e, good),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn non_streaming_only_e2e_applies() {
+        let mut m = Measurement::without_body(Outcome::Success, Some(200), ms(1000));
+        m.tpot = Some(ms(900)); // defined from usage, but not judged
+        let v = judge(&m, &Slo::default());
+        assert_eq!(
+            (v.ttft_ok, v.tpot_ok, v.e2e_ok, v.good),
+            (None, None, Some(true), true)
+        );
+        m.e2e = ms(31_000);
+        assert!(!judge(&m, &Slo::default()).good);
+    }
+
+    #[test]
+    fn unset_slos_and_per_model_overrides() {
+        let none = Slo {
+            ttft: None,
+            tpot: None,
+            e2e: None,
+        };
+        let m = stream(Outcome::Success, Some(99_000), Some(99_000), 99_000);
+        assert!(judge(&m, &none).good);
+        let mut t = SloTable::default();
+        t.per_model.insert(
+            "big".into(),
+            Slo {
+                ttft: Some(ms(100_000)),
+                ..none
+            },
+        );
+        assert!(judge(&m, t.for_model("big")).good);
+        assert!(
+            !judge(&m, t.for_model("small")).good,
+            "falls back to the defaults"
+        );
+    }
+}

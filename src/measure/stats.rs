@@ -47,3 +47,41 @@ pub fn percentile(sorted: &[f64], q: f64) -> f64 {
     let rank = (q * n as f64 - 1e-9).ceil() as usize;
     sorted[rank.clamp(1, n) - 1]
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        let cases = [
+            (0.0, 1.0),
+            (0.01, 1.0),
+            (0.5, 50.0),
+            (0.9, 90.0),
+            (0.95, 95.0),
+            (0.99, 99.0),
+            (0.999, 100.0),
+            (1.0, 100.0),
+        ];
+        for (q, want) in cases {
+            assert_eq!(percentile(&v, q), want, "q={q}");
+        }
+        let ten: Vec<f64> = (1..=10).map(f64::from).collect();
+        assert_eq!(percentile(&ten, 0.9), 9.0, "0.9 * 10 is rank 9, not 10");
+        assert_eq!(percentile(&ten, 0.5), 5.0);
+        assert_eq!(percentile(&[7.0], 0.99), 7.0);
+        assert!(percentile(&[], 0.5).is_nan());
+    }
+
+    #[test]
+    fn summary_sorts_and_is_exact() {
+        let mut v = vec![5.0, 1.0, 4.0, 2.0, 3.0];
+        let s = summarize(&mut v).unwrap();
+        assert_eq!(s.count, 5);
+        assert_eq!((s.mean, s.p50, s.p90, s.max), (3.0, 3.0, 5.0, 5.0));
+        assert_eq!(v, vec![1.0, 2.0, 3.0, 4.0, 5.0]);
+        assert!(summarize(&mut []).is_none());
+    }
+}

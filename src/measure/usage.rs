@@ -87,7 +87,12 @@ pub fn inject_include_usage(body: &[u8]) -> Option<Vec<u8>> {
     let opts_at = offset_in(body, opts.get());
     let text = opts.get();
     if text == "null" {
-        return Some(splice(body, opts_at, text.len(), &[b"{", INCLUDE_USAGE, b"}"]));
+        return Some(splice(
+            body,
+            opts_at,
+            text.len(),
+            &[b"{", INCLUDE_USAGE, b"}"],
+        ));
     }
     if !text.starts_with('{') {
         return None;
@@ -98,7 +103,12 @@ pub fn inject_include_usage(body: &[u8]) -> Option<Vec<u8>> {
     }
     match o.include_usage {
         Some(v) if v.get() == "true" => None, // the client asked: leave it alone
-        Some(v) => Some(splice(body, offset_in(body, v.get()), v.get().len(), &[b"true"])),
+        Some(v) => Some(splice(
+            body,
+            offset_in(body, v.get()),
+            v.get().len(),
+            &[b"true"],
+        )),
         None => {
             let inner_empty = text[1..text.len() - 1].trim().is_empty();
             let sep: &[u8] = if inner_empty { b"" } else { b"," };
@@ -218,7 +228,9 @@ enum Class {
     /// JSON text, if any.
     Usage(Option<Bytes>),
     /// A chunk where some choice finishes, without usage; whether it has a fingerprint.
-    Finish { has_fingerprint: bool },
+    Finish {
+        has_fingerprint: bool,
+    },
     Other,
 }
 
@@ -354,7 +366,9 @@ impl UsageStripper {
                 return;
             };
             if info.choice_count == 0 && peek.usage.is_some() {
-                let fp = peek.system_fingerprint.map(|f| Bytes::copy_from_slice(f.get().as_bytes()));
+                let fp = peek
+                    .system_fingerprint
+                    .map(|f| Bytes::copy_from_slice(f.get().as_bytes()));
                 class = Class::Usage(fp);
             } else if info.finished_count > 0 && peek.usage.is_none() {
                 class = Class::Finish {
@@ -373,5 +387,208 @@ fn insert_fingerprint(event: &[u8], fp: &[u8]) -> Vec<u8> {
     match event.iter().rposition(|b| *b == b'}') {
         Some(at) => splice(event, at, 0, &[br#","system_fingerprint":"#, fp]),
         None => event.to_vec(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::measure::fixtures::capture;
+    use proptest::prelude::*;
+
+    #[test]
+    fn injection_table() {
+        let cases: &[(&str, Option<&str>)] = &[
+            (r#"{"model":"m","stream":true}"#, Some(r#"{"model":"m","stream":true,"stream_options":{"include_usage":true}}"#)),
+            ("{\"stream\": true ,\"x\":\"\\u00e9\"}\n", Some("{\"stream\": true ,\"x\":\"\\u00e9\",\"stream_options\":{\"include_usage\":true}}\n")),
+            (r#"{"stream":true,"stream_options":{}}"#, Some(r#"{"stream":true,"stream_options":{"include_usage":true}}"#)),
+            (r#"{"stream":true,"stream_options":null}"#, Some(r#"{"stream":true,"stream_options":{"include_usage":true}}"#)),
+            (r#"{"stream":true,"stream_options":{"include_usage":false}}"#, Some(r#"{"stream":true,"stream_options":{"include_usage":true}}"#)),
+            (r#"{"stream":true,"stream_options":{"include_usage":null,"x":1}}"#, Some(r#"{"stream":true,"stream_options":{"include_usage":true,"x":1}}"#)),
+            (r#"{"stream_options":{"continuous_usage_stats":false},"stream":true}"#, Some(r#"{"stream_options":{"include_usage":true,"continuous_usage_stats":false},"stream":true}"#)),
+            (r#"{"stream":true,"messages":[{"content":"\"stream_options\":{}"}]}"#, Some(r#"{"stream":true,"messages":[{"content":"\"stream_options\":{}"}],"stream_options":{"include_usage":true}}"#)),
+            // The client asked for usage: untouched.
+            (r#"{"stream":true,"stream_options":{"include_usage":true}}"#, None),
+            // Continuous usage would put usage on every chunk: not removable byte-exactly.
+            (r#"{"stream":true,"stream_options":{"continuous_usage_stats":true}}"#, None),
+            (r#"{"stream":false}"#, None),
+            (r#"{"model":"m"}"#, None),
+            (r#"{"stream":"yes"}"#, None),
+            (r#"{"stream":true,"stream_options":"x"}"#, None),
+            (r#"[{"stream":true}]"#, None),
+            ("not json", None),
+            ("", None),
+        ];
+        for (input, want) in cases {
+            let got = inject_include_usage(input.as_bytes());
+            let got = got.as_deref().map(|b| std::str::from_utf8(b).unwrap());
+            assert_eq!(got, *want, "{input}");
+            if let Some(out) = got {
+                let v: serde_json::Value = serde_json::from_str(out).unwrap();
+                assert_eq!(v["stream_options"]["include_usage"], true, "{input}");
+            }
+        }
+    }
+
+    #[test]
+    fn real_requests() {
+        let plain = capture("stream-chat.txt").request;
+        let injected = inject_include_usage(plain).unwrap();
+        let mut want: serde_json::Value = serde_json::from_slice(plain).unwrap();
+        want["stream_options"] = serde_json::json!({"include_usage": true});
+        assert_eq!(
+            serde_json::from_slice::<serde_json::Value>(&injected).unwrap(),
+            want
+        );
+        assert_eq!(
+            inject_include_usage(capture("stream-chat-usage.txt").request),
+            None
+        );
+        assert_eq!(
+            inject_include_usage(capture("nonstream-chat.txt").request),
+            None
+        );
+    }
+
+    fn strip_all(frames: &[&[u8]]) -> Vec<u8> {
+        let mut s = UsageStripper::new();
+        let mut out = Vec::new();
+        for f in frames {
+            out.extend_from_slice(&s.push(Bytes::copy_from_slice(f)));
+        }
+        out.extend_from_slice(&s.finish());
+        out
+    }
+
+    /// The usage capture with the plain capture's id, so the two differ only by injection.
+    fn chat_pair() -> (Vec<u8>, Vec<u8>) {
+        let plain = capture("stream-chat.txt").body.to_vec();
+        let usage = capture("stream-chat-usage.txt").body;
+        let usage = String::from_utf8(usage.to_vec())
+            .unwrap()
+            .replace("chatcmpl-ba42e38baeaee861", "chatcmpl-a45afd70d01f6372");
+        (usage.into_bytes(), plain)
+    }
+
+    /// Completions: the same transformation written out by hand (no plain capture exists).
+    fn completions_pair() -> (Vec<u8>, Vec<u8>) {
+        let usage = capture("stream-completions.txt").body;
+        let text = std::str::from_utf8(usage).unwrap();
+        let fp = r#","system_fingerprint":"vllm-0.32.0-f1283a03""#;
+        let usage_line = text
+            .lines()
+            .find(|l| l.contains(r#""choices":[]"#))
+            .unwrap();
+        let plain = text
+            .replace(&format!("{usage_line}\n\n"), "")
+            .replace(r#""finish_reason":"length","stop_reason":null,"prompt_token_ids":null,"token_ids":null}]}"#,
+                &format!(r#""finish_reason":"length","stop_reason":null,"prompt_token_ids":null,"token_ids":null}}]{fp}}}"#));
+        (usage.to_vec(), plain.into_bytes())
+    }
+
+    #[test]
+    fn stripping_the_usage_capture_gives_the_plain_capture_byte_for_byte() {
+        for (usage, plain) in [chat_pair(), completions_pair()] {
+            assert_ne!(usage, plain);
+            assert_eq!(strip_all(&[&usage]), plain);
+            let frames: Vec<&[u8]> = usage.split_inclusive(|b| *b == b'\n').collect();
+            assert_eq!(strip_all(&frames), plain, "line frames");
+            let bytes: Vec<&[u8]> = usage.chunks(1).collect();
+            assert_eq!(strip_all(&bytes), plain, "byte frames");
+        }
+    }
+
+    #[test]
+    fn crlf_and_cr_framing_strip_alike() {
+        let (usage, plain) = chat_pair();
+        for eol in ["\r\n", "\r"] {
+            let conv = |b: &[u8]| {
+                String::from_utf8(b.to_vec())
+                    .unwrap()
+                    .replace('\n', eol)
+                    .into_bytes()
+            };
+            let (u, p) = (conv(&usage), conv(&plain));
+            assert_eq!(strip_all(&[&u]), p, "{eol:?}");
+            let bytes: Vec<&[u8]> = u.chunks(1).collect();
+            assert_eq!(strip_all(&bytes), p, "{eol:?} byte frames");
+        }
+    }
+
+    #[test]
+    fn streams_without_an_injected_usage_chunk_pass_unchanged() {
+        for name in ["stream-chat.txt", "stream-completions-logprobs.txt"] {
+            let body = capture(name).body;
+            assert_eq!(strip_all(&[body]), body, "{name}");
+            let frames: Vec<&[u8]> = body.split_inclusive(|b| *b == b'\n').collect();
+            assert_eq!(strip_all(&frames), body, "{name}");
+        }
+        // Cut right after a finish chunk: the held chunk is released at the end, unchanged.
+        let (usage, _) = chat_pair();
+        let text = std::str::from_utf8(&usage).unwrap();
+        let cut = text.find(r#"{"id":"chatcmpl-a45afd70d01f6372","object":"chat.completion.chunk","created":1795964150,"model":"tiny","choices":[],"#).unwrap() - "data: ".len();
+        assert_eq!(strip_all(&[&usage[..cut]]), &usage[..cut]);
+        // Garbage and half events are never lost either.
+        assert_eq!(
+            strip_all(&[b"data: {nope\n\n", b"data: half"]),
+            b"data: {nope\n\ndata: half"
+        );
+    }
+
+    #[test]
+    fn whole_event_frames_pass_without_copy() {
+        let mut s = UsageStripper::new();
+        let frame = Bytes::from_static(
+            b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"}}]}\n\n",
+        );
+        let out = s.push(frame.clone());
+        assert_eq!(out.as_ptr(), frame.as_ptr());
+        assert_eq!(out.len(), frame.len());
+    }
+
+    #[test]
+    fn n2_usage_stream_releases_the_earlier_finish_chunk() {
+        let body = capture("stream-chat-n2.txt").body;
+        let out = strip_all(&[body]);
+        let text = std::str::from_utf8(&out).unwrap();
+        assert!(!text.contains(r#""choices":[]"#), "usage chunk removed");
+        assert_eq!(
+            text.matches("system_fingerprint").count(),
+            1,
+            "on the last finish chunk"
+        );
+        assert!(
+            text.ends_with("\"system_fingerprint\":\"vllm-0.32.0-f1283a03\"}\n\ndata: [DONE]\n\n")
+        );
+    }
+
+    fn splits() -> impl Strategy<Value = (usize, Vec<usize>)> {
+        (0usize..2, proptest::collection::vec(0usize..5000, 0..20))
+    }
+
+    proptest! {
+        #[test]
+        fn any_split_strips_to_the_plain_stream((which, mut cuts) in splits()) {
+            let (usage, plain) = if which == 0 { chat_pair() } else { completions_pair() };
+            for c in cuts.iter_mut() {
+                *c %= usage.len() + 1;
+            }
+            cuts.sort_unstable();
+            let mut frames: Vec<&[u8]> = Vec::new();
+            let mut at = 0;
+            for c in cuts {
+                frames.push(&usage[at..c]);
+                at = c;
+            }
+            frames.push(&usage[at..]);
+            prop_assert_eq!(strip_all(&frames), plain);
+        }
+
+        #[test]
+        fn arbitrary_bytes_are_never_lost_without_a_usage_chunk(chunks in proptest::collection::vec(proptest::collection::vec(prop_oneof![Just(b'\n'), Just(b'\r'), any::<u8>()], 0..40), 0..10)) {
+            let whole: Vec<u8> = chunks.concat();
+            let refs: Vec<&[u8]> = chunks.iter().map(Vec::as_slice).collect();
+            prop_assert_eq!(strip_all(&refs), whole);
+        }
     }
 }

@@ -1,0 +1,72 @@
+//! Test-only access to the real vLLM 0.32 captures in `tests/fixtures/vllm-0.32/`.
+
+macro_rules! capture {
+    ($name:literal) => {
+        include_bytes!(concat!("../../tests/fixtures/vllm-0.32/", $name))
+    };
+}
+
+/// Every capture: (file name, raw bytes).
+pub const CAPTURES: &[(&str, &[u8])] = &[
+    ("stream-chat.txt", capture!("stream-chat.txt")),
+    ("stream-chat-usage.txt", capture!("stream-chat-usage.txt")),
+    (
+        "stream-chat-usage-continuous.txt",
+        capture!("stream-chat-usage-continuous.txt"),
+    ),
+    (
+        "stream-chat-logprobs.txt",
+        capture!("stream-chat-logprobs.txt"),
+    ),
+    ("stream-chat-stop.txt", capture!("stream-chat-stop.txt")),
+    ("stream-chat-n2.txt", capture!("stream-chat-n2.txt")),
+    ("stream-completions.txt", capture!("stream-completions.txt")),
+    (
+        "stream-completions-logprobs.txt",
+        capture!("stream-completions-logprobs.txt"),
+    ),
+    ("nonstream-chat.txt", capture!("nonstream-chat.txt")),
+    ("error-too-long.txt", capture!("error-too-long.txt")),
+    (
+        "error-unknown-model.txt",
+        capture!("error-unknown-model.txt"),
+    ),
+];
+
+/// A parsed capture: the request body, the status, the response body.
+pub struct Capture {
+    pub request: &'static [u8],
+    pub status: u16,
+    pub body: &'static [u8],
+}
+
+pub fn capture(name: &str) -> Capture {
+    let raw = CAPTURES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, b)| *b)
+        .unwrap_or_else(|| panic!("no capture {name}"));
+    let mut rest = raw;
+    let mut request: &[u8] = b"";
+    // Our `### ` lines first.
+    while rest.starts_with(b"### ") {
+        let end = rest.iter().position(|b| *b == b'\n').unwrap() + 1;
+        let line = &rest[..end - 1];
+        if let Some(r) = line.strip_prefix(b"### request body: ") {
+            request = r;
+        }
+        rest = &rest[end..];
+    }
+    // Then the HTTP head, CRLF-terminated, up to the blank line.
+    let head_end = rest.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let status_line = &rest[..rest.iter().position(|b| *b == b'\r').unwrap()];
+    let status = std::str::from_utf8(&status_line[9..12])
+        .unwrap()
+        .parse()
+        .unwrap();
+    Capture {
+        request,
+        status,
+        body: &rest[head_end + 4..],
+    }
+}
