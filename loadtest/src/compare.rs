@@ -188,8 +188,9 @@ pub fn quantile(b: &Buckets, q: f64) -> Option<f64> {
 
 // ---------- proxy per-request records ----------
 
-/// The fields of a proxy record the join needs, read leniently (the sink's exact key names are
-/// the proxy's: `request_id` or `id`; `ttft_seconds` or `ttft`; ...).
+/// The fields of a proxy record the join needs. The proxy's sink writes
+/// `goodput_proxy::measure::record::RequestRecord` (`id`, `outcome`, `ttft_s`, `tpot_s`, `e2e_s`);
+/// `request_id` / `*_seconds` spellings are accepted too.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProxyRecord {
     pub id: String,
@@ -227,9 +228,9 @@ pub fn parse_proxy_records(text_in: &str) -> Vec<ProxyRecord> {
                 id: text(v, &["request_id", "id"])?,
                 model: text(v, &["model"]),
                 outcome: text(v, &["outcome"]),
-                ttft: num(v, &["ttft_seconds", "ttft"]),
-                tpot: num(v, &["tpot_seconds", "tpot"]),
-                e2e: num(v, &["e2e_seconds", "e2e"]),
+                ttft: num(v, &["ttft_s", "ttft_seconds", "ttft"]),
+                tpot: num(v, &["tpot_s", "tpot_seconds", "tpot"]),
+                e2e: num(v, &["e2e_s", "e2e_seconds", "e2e"]),
             })
         })
         .collect()
@@ -766,6 +767,40 @@ vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"+Inf\",model_name=\"ti
         assert_eq!(l["a"], "x\"y");
         assert_eq!(l["le"], "0.5");
         assert_eq!(l["model"], "m");
+    }
+
+    #[test]
+    fn reads_the_proxys_own_sink_records() {
+        use goodput_proxy::measure::record::RequestRecord as ProxyRec;
+        use goodput_proxy::measure::{judge, Measurement, Outcome, Slo};
+        use std::time::Duration;
+        let mut m =
+            Measurement::without_body(Outcome::Truncated, Some(200), Duration::from_millis(900));
+        m.streaming = true;
+        m.ttft = Some(Duration::from_millis(120));
+        let v = judge(&m, &Slo::default());
+        let rec = ProxyRec::new(
+            "lt1-0000007".into(),
+            "tiny".into(),
+            None,
+            0,
+            tokio::time::Instant::now(),
+            &m,
+            v,
+        );
+        let line = serde_json::to_string(&rec).unwrap();
+        let got = parse_proxy_records(&line);
+        assert_eq!(
+            got,
+            vec![ProxyRecord {
+                id: "lt1-0000007".into(),
+                model: Some("tiny".into()),
+                outcome: Some("truncated".into()),
+                ttft: Some(0.12),
+                tpot: None,
+                e2e: Some(0.9),
+            }]
+        );
     }
 
     #[test]
