@@ -1,7 +1,24 @@
 //! goodput-loadtest: phased load with exact client-side percentiles (issue 5).
 #![forbid(unsafe_code)]
 
-fn main() {
-    eprintln!("goodput-loadtest: not built yet");
-    std::process::exit(2);
+use clap::Parser;
+use goodput_loadtest::cli::{Cli, Command};
+
+#[tokio::main]
+async fn main() {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .init();
+    let cli = Cli::parse();
+    let res = match cli.command {
+        Command::Run(args) => goodput_loadtest::cli::run(*args).await,
+        Command::Report { dir } => goodput_loadtest::cli::rerender(&dir),
+    };
+    if let Err(e) = res {
+        eprintln!("goodput-loadtest: {e:#}");
+        std::process::exit(1);
+    }
 }

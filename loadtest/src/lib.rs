@@ -1,0 +1,16 @@
+//! goodput-loadtest: phased, open-loop load with exact client-side percentiles, an HTML report
+//! and a client / proxy / engine comparison (issue 5). The binary (`main.rs`) is a thin shell
+//! over this library so integration tests can drive a run in-process.
+#![forbid(unsafe_code)]
+
+pub mod cli;
+pub mod client;
+pub mod compare;
+pub mod metrics;
+pub mod progress;
+pub mod record;
+pub mod report;
+pub mod request;
+pub mod runner;
+pub mod scenario;
+pub mod schedule;

@@ -1,0 +1,55 @@
+//! One record per request: what the client saw, as plain data (one line of `requests.jsonl`).
+
+use serde::{Deserialize, Serialize};
+
+/// The client-side record of one request. Latencies in seconds, `null` where undefined
+/// (no output token: no TTFT; fewer than two tokens: no TPOT). Offsets are seconds from the
+/// start of the run on the run's monotonic clock.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequestRecord {
+    /// Sent as `x-request-id`, so the proxy's record of the same request can be joined.
+    pub request_id: String,
+    pub phase: String,
+    pub model: String,
+    pub stream: bool,
+    /// Tag of the extra header this request carried (e.g. an injected fault), if any.
+    pub tag: Option<String>,
+    /// When the schedule wanted the request sent.
+    pub scheduled_s: f64,
+    /// When it was actually sent (later than `scheduled_s` only if the in-flight cap held it).
+    pub start_s: f64,
+    /// The in-flight cap held this arrival back.
+    pub held_back: bool,
+    pub status: Option<u16>,
+    pub outcome: String,
+    pub finish_reason: Option<String>,
+    pub ttft_seconds: Option<f64>,
+    pub ttfc_seconds: Option<f64>,
+    pub tpot_seconds: Option<f64>,
+    pub e2e_seconds: f64,
+    pub itl_count: u64,
+    pub itl_max_seconds: Option<f64>,
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    pub usage_exact: bool,
+    /// Success and every applicable SLO held.
+    pub good: bool,
+    /// Transport error text, when the request failed before or while reading the response.
+    pub error: Option<String>,
+    /// Every inter-token gap (kept in memory for the ITL statistics, not written per line).
+    #[serde(skip)]
+    pub itl_seconds: Vec<f64>,
+}
+
+impl RequestRecord {
+    pub fn end_s(&self) -> f64 {
+        self.start_s + self.e2e_seconds
+    }
+
+    /// Rejections the client caused (bad request, auth, too large) do not count against goodput;
+    /// load shedding (429, 503) does. DESIGN.md: ratio = good / all except client-caused rejects.
+    pub fn counts_for_goodput(&self) -> bool {
+        !(self.outcome == "rejected"
+            && matches!(self.status, Some(s) if (400..500).contains(&s) && s != 429))
+    }
+}

@@ -1,0 +1,333 @@
+//! End to end: the loadtest against an in-process simulated engine on port 0 with known timings
+//! and a share of requests carrying `x-sim-fault`. Bounded in count and time.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use goodput_loadtest::metrics::LoadMetrics;
+use goodput_loadtest::runner::{self, CompareTargets, RunConfig, RunResult};
+use goodput_loadtest::scenario::Scenario;
+use goodput_proxy::sim::{SimConfig, SimServer};
+
+const TTFT_MS: f64 = 80.0;
+const TPOT_MS: f64 = 5.0;
+
+async fn sim() -> goodput_proxy::sim::SimHandle {
+    let cfg = SimConfig {
+        max_num_seqs: 1024,
+        ..SimConfig::with_timing(TTFT_MS, TPOT_MS)
+    };
+    SimServer::bind(cfg, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap()
+        .spawn()
+}
+
+async fn run(
+    target: String,
+    scenario: &str,
+    metrics: Option<Arc<LoadMetrics>>,
+    compare: CompareTargets,
+) -> RunResult {
+    let sc = Scenario::parse(scenario).unwrap();
+    let cfg = RunConfig {
+        target,
+        scenario: sc,
+        scenario_name: "test".into(),
+        show_progress: false,
+        metrics,
+        compare,
+        run_id: goodput_loadtest::cli::run_id(),
+    };
+    tokio::time::timeout(Duration::from_secs(60), runner::run(cfg))
+        .await
+        .expect("run is bounded")
+        .unwrap()
+}
+
+fn out_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("goodput-loadtest-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+const FAULTS: &str = r#"
+seed = 11
+models = ["tiny"]
+[mix]
+prompt_tokens = { fixed = 16 }
+max_tokens = { fixed = 12 }
+ignore_eos = true
+[[mix.headers]]
+name = "x-sim-fault"
+value = "error-after=3"
+share = 0.2
+[[mix.headers]]
+name = "x-sim-fault"
+value = "truncate-after=3"
+share = 0.2
+[[phases]]
+name = "warm"
+requests = 30
+arrivals = { constant = { rate = 60 } }
+[[phases]]
+name = "burst"
+requests = 50
+arrivals = { poisson = { rate = 100 } }
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outcomes_equal_injected_faults_and_ttft_is_the_configured_one() {
+    let sim = sim().await;
+    let names = vec!["warm".to_string(), "burst".to_string()];
+    let metrics = Arc::new(LoadMetrics::new(&names).unwrap());
+    let engine = CompareTargets {
+        engine_metrics: vec![format!("{}/metrics", sim.base_url())],
+        ..Default::default()
+    };
+    let res = run(sim.base_url(), FAULTS, Some(metrics.clone()), engine).await;
+    let s = &res.summary;
+    assert_eq!(res.records.len(), 80);
+    assert_eq!(s.phases[0].requests, 30);
+    assert_eq!(s.phases[1].requests, 50);
+
+    // What was injected, counted from the records' tags, against what was measured.
+    let tagged = |tag: &str| {
+        res.records
+            .iter()
+            .filter(|r| r.tag.as_deref() == Some(tag))
+            .count() as u64
+    };
+    let (errors, truncs) = (tagged("error-after=3"), tagged("truncate-after=3"));
+    assert!(
+        errors > 0 && truncs > 0,
+        "the seeded mix injects both faults ({errors}, {truncs})"
+    );
+    let o = &s.overall.outcomes;
+    assert_eq!(
+        o.get("upstream_error").copied().unwrap_or(0),
+        errors,
+        "{o:?}"
+    );
+    assert_eq!(o.get("truncated").copied().unwrap_or(0), truncs, "{o:?}");
+    assert_eq!(
+        o.get("success").copied().unwrap_or(0),
+        80 - errors - truncs,
+        "{o:?}"
+    );
+    assert_eq!(o.values().sum::<u64>(), 80);
+    let by_tag = &s.overall.outcomes_by_tag;
+    assert_eq!(by_tag["error-after=3"].get("upstream_error"), Some(&errors));
+    assert_eq!(by_tag["truncate-after=3"].get("truncated"), Some(&truncs));
+
+    // Client TTFT p50 is the configured TTFT (plus loopback and scheduling noise).
+    let ttft = s.overall.ttft_seconds.expect("streams produced tokens");
+    let p50_ms = ttft.p50 * 1000.0;
+    assert!(
+        (TTFT_MS - 1.0..TTFT_MS + 40.0).contains(&p50_ms),
+        "TTFT p50 {p50_ms} ms vs {TTFT_MS}"
+    );
+    // Successful streams carry exact usage: 12 tokens each, TPOT near the configured one.
+    let ok: Vec<_> = res
+        .records
+        .iter()
+        .filter(|r| r.outcome == "success")
+        .collect();
+    assert!(ok
+        .iter()
+        .all(|r| r.completion_tokens == Some(12) && r.finish_reason.as_deref() == Some("length")));
+    let tpot = s.overall.tpot_seconds.unwrap().p50 * 1000.0;
+    assert!(
+        (TPOT_MS - 1.0..TPOT_MS + 20.0).contains(&tpot),
+        "TPOT p50 {tpot} ms"
+    );
+    assert_eq!(
+        s.overall.goodput.good,
+        80 - errors - truncs,
+        "fast successes are all good"
+    );
+
+    // The engine's own TTFT histogram, from bucket deltas over each phase, lands in the bucket
+    // around the configured TTFT (vLLM grid: 0.06 < 0.08 <= 0.1).
+    let cmp = s.comparison.as_ref().expect("comparison asked for");
+    for phase in ["warm", "burst"] {
+        let row = cmp
+            .rows
+            .iter()
+            .find(|r| {
+                r.phase == phase && r.metric == "ttft" && r.source.starts_with("engine histogram")
+            })
+            .unwrap_or_else(|| panic!("no engine TTFT row for {phase}: {:?}", cmp.rows));
+        let p50 = row.p50.unwrap();
+        assert!(
+            (0.06..=0.1).contains(&p50),
+            "{phase}: engine TTFT p50 estimate {p50}"
+        );
+        assert!(row.count.unwrap() >= 1.0);
+        assert!(row.diff_p50.is_some());
+    }
+
+    // Request ids are unique and carried in the records.
+    let mut ids: Vec<&str> = res.records.iter().map(|r| r.request_id.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 80);
+
+    // The loadtest's own metrics counted every request once, by phase and outcome.
+    let text = String::from_utf8(metrics.encode()).unwrap();
+    let count = |phase: &str, outcome: &str| {
+        let needle =
+            format!("goodput_loadtest_requests_total{{outcome=\"{outcome}\",phase=\"{phase}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&needle))
+            .map_or(0, |v| v.trim().parse::<u64>().unwrap())
+    };
+    let per_phase = |p: &str| {
+        ["success", "upstream_error", "truncated"]
+            .iter()
+            .map(|o| count(p, o))
+            .sum::<u64>()
+    };
+    assert_eq!(per_phase("warm"), 30);
+    assert_eq!(per_phase("burst"), 50);
+    assert!(text.contains("goodput_loadtest_requests_in_flight 0"));
+
+    // Outputs: one JSONL line per request with the required keys, a summary, a report.
+    let dir = out_dir("faults");
+    goodput_loadtest::report::write_all(&dir, s, &res.windows, &res.records).unwrap();
+    let lines = std::fs::read_to_string(dir.join("requests.jsonl")).unwrap();
+    assert_eq!(lines.lines().count(), 80);
+    let first: serde_json::Value = serde_json::from_str(lines.lines().next().unwrap()).unwrap();
+    for k in [
+        "request_id",
+        "phase",
+        "outcome",
+        "finish_reason",
+        "ttft_seconds",
+        "ttfc_seconds",
+        "tpot_seconds",
+        "e2e_seconds",
+        "prompt_tokens",
+        "completion_tokens",
+    ] {
+        assert!(first.get(k).is_some(), "requests.jsonl lacks {k}");
+    }
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["overall"]["requests"], 80);
+    assert!(summary["phases"][0]["ttft_seconds"]["p999"].is_number());
+    let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
+    assert_eq!(html.matches("<svg").count(), 7);
+    let _ = std::fs::remove_dir_all(&dir);
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_cap_holds_arrivals_back_and_says_so() {
+    let sim = sim().await;
+    // 40/s for 20 requests of ~80 ms + 12*5 ms each: about 6 wanted in flight, the cap is 2.
+    let sc = r#"
+        max_in_flight = 2
+        [mix]
+        max_tokens = { fixed = 12 }
+        ignore_eos = true
+        [[phases]]
+        name = "capped"
+        requests = 20
+        arrivals = { constant = { rate = 40 } }
+    "#;
+    let res = run(sim.base_url(), sc, None, CompareTargets::default()).await;
+    let p = &res.summary.phases[0];
+    assert_eq!(p.requests, 20);
+    assert!(p.in_flight_peak <= 2, "peak {}", p.in_flight_peak);
+    assert!(p.held_back > 0 && p.hold_max_seconds > 0.0, "{p:?}");
+    let held = res.records.iter().filter(|r| r.held_back).count() as u64;
+    assert_eq!(held, p.held_back);
+    assert!(res
+        .records
+        .iter()
+        .filter(|r| r.held_back)
+        .all(|r| r.start_s > r.scheduled_s));
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_loop_does_not_wait_for_slow_responses() {
+    let sim = sim().await;
+    // Each request takes >= 80 ms + 40*5 ms; arrivals every 20 ms must still go out on time.
+    let sc = r#"
+        [mix]
+        max_tokens = { fixed = 40 }
+        ignore_eos = true
+        [[phases]]
+        name = "open"
+        requests = 15
+        arrivals = { constant = { rate = 50 } }
+        drain = true
+        [[phases]]
+        name = "closed"
+        requests = 9
+        arrivals = { concurrency = { n = 3 } }
+    "#;
+    let res = run(sim.base_url(), sc, None, CompareTargets::default()).await;
+    let open: Vec<_> = res.records.iter().filter(|r| r.phase == "open").collect();
+    assert_eq!(open.len(), 15);
+    assert!(
+        res.summary.phases[0].in_flight_peak >= 5,
+        "open loop overlapped requests: {}",
+        res.summary.phases[0].in_flight_peak
+    );
+    // Sent when scheduled (generous bound for a loaded machine), not when the previous ended.
+    let late = open
+        .iter()
+        .map(|r| r.start_s - r.scheduled_s)
+        .fold(0.0, f64::max);
+    // Waiting for responses (>= 280 ms each) would put the last arrival seconds behind.
+    assert!(late < 0.2, "an arrival went out {late} s late");
+    let closed = &res.summary.phases[1];
+    assert_eq!(closed.requests, 9);
+    assert!(
+        closed.in_flight_peak <= 3,
+        "closed loop of 3: peak {}",
+        closed.in_flight_peak
+    );
+    assert_eq!(closed.outcomes.get("success"), Some(&9));
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_api_with_a_non_streaming_share() {
+    let sim = sim().await;
+    let sc = r#"
+        api = "completions"
+        [mix]
+        max_tokens = { fixed = 6 }
+        stream_share = 0.5
+        ignore_eos = true
+        [[phases]]
+        name = "mixed"
+        requests = 30
+        arrivals = { poisson = { rate = 100 } }
+    "#;
+    let res = run(sim.base_url(), sc, None, CompareTargets::default()).await;
+    let p = &res.summary.phases[0];
+    assert_eq!(p.outcomes.get("success"), Some(&30), "{:?}", p.outcomes);
+    let streamed = res.records.iter().filter(|r| r.stream).count() as u64;
+    assert!(
+        streamed > 0 && streamed < 30,
+        "both kinds drawn: {streamed}"
+    );
+    // Only streams have a TTFT; every request has usage and an E2E.
+    assert_eq!(p.ttft_seconds.map_or(0, |s| s.count), streamed);
+    assert!(res
+        .records
+        .iter()
+        .all(|r| r.completion_tokens == Some(6) && r.usage_exact));
+    assert!(res
+        .records
+        .iter()
+        .filter(|r| !r.stream)
+        .all(|r| r.ttft_seconds.is_none() && r.e2e_seconds >= TTFT_MS / 1000.0));
+    sim.shutdown().await;
+}
