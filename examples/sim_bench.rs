@@ -50,7 +50,13 @@ fn rss_mib() -> f64 {
 }
 
 /// Starts the sim on its own single-threaded runtime; returns its address and thread id.
-fn spawn_sim(cfg: SimConfig) -> (SocketAddr, String, std::sync::Arc<goodput_proxy::sim::Engine>) {
+fn spawn_sim(
+    cfg: SimConfig,
+) -> (
+    SocketAddr,
+    String,
+    std::sync::Arc<goodput_proxy::sim::Engine>,
+) {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -58,13 +64,16 @@ fn spawn_sim(cfg: SimConfig) -> (SocketAddr, String, std::sync::Arc<goodput_prox
             .build()
             .unwrap();
         rt.block_on(async move {
-            let server = SimServer::bind(cfg, "127.0.0.1:0".parse().unwrap()).await.unwrap();
+            let server = SimServer::bind(cfg, "127.0.0.1:0".parse().unwrap())
+                .await
+                .unwrap();
             let handle = server.spawn();
             let tid = std::fs::read_link("/proc/thread-self")
                 .ok()
                 .and_then(|p| p.file_name().map(|f| f.to_string_lossy().to_string()))
                 .unwrap_or_default();
-            tx.send((handle.local_addr(), tid, handle.engine().clone())).unwrap();
+            tx.send((handle.local_addr(), tid, handle.engine().clone()))
+                .unwrap();
             // Serve until the process exits.
             std::future::pending::<()>().await;
         });
@@ -127,9 +136,18 @@ fn throughput(secs: u64, conns: usize, max_tokens: u32) {
     let cpu = thread_cpu_secs(&tid) - cpu0;
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!("throughput: {secs}s, {conns} keep-alive connections, max_tokens {max_tokens}, zero think time");
-    println!("  requests          {requests} ({:.0}/s)", requests as f64 / wall);
-    println!("  SSE events        {events} ({:.0}/s wall)", events as f64 / wall);
-    println!("  sim thread CPU    {cpu:.2}s of {wall:.2}s wall ({:.0}% of one core)", 100.0 * cpu / wall);
+    println!(
+        "  requests          {requests} ({:.0}/s)",
+        requests as f64 / wall
+    );
+    println!(
+        "  SSE events        {events} ({:.0}/s wall)",
+        events as f64 / wall
+    );
+    println!(
+        "  sim thread CPU    {cpu:.2}s of {wall:.2}s wall ({:.0}% of one core)",
+        100.0 * cpu / wall
+    );
     if cpu > 0.0 {
         println!("  events per sim CPU-second  {:.0}", events as f64 / cpu);
     }
@@ -190,7 +208,10 @@ fn streams(n: usize) {
     println!("streams: {n} concurrent open streams (tpot 1 s), opened in {opened:.2?}");
     println!("  sim running seqs  {running}");
     println!("  RSS before {rss0:.1} MiB, with streams open {rss1:.1} MiB, growth {:.1} MiB ({:.1} KiB per stream, sim + client)", rss1 - rss0, (rss1 - rss0) * 1024.0 / n as f64);
-    println!("  all slots freed {freed:.2?} after the clients closed (running now {})", eng.running());
+    println!(
+        "  all slots freed {freed:.2?} after the clients closed (running now {})",
+        eng.running()
+    );
 }
 
 fn main() {
@@ -198,9 +219,13 @@ fn main() {
     let num = |i: usize, d: u64| args.get(i).and_then(|v| v.parse().ok()).unwrap_or(d);
     match args.first().map(String::as_str) {
         Some("streams") => streams(num(1, 5000) as usize),
-        Some("throughput") | None => throughput(num(1, 5).min(60), num(2, 32) as usize, num(3, 256) as u32),
+        Some("throughput") | None => {
+            throughput(num(1, 5).min(60), num(2, 32) as usize, num(3, 256) as u32)
+        }
         Some(other) => {
-            eprintln!("unknown mode {other}: use throughput [SECONDS] [CONNS] [MAX_TOKENS] | streams [N]");
+            eprintln!(
+                "unknown mode {other}: use throughput [SECONDS] [CONNS] [MAX_TOKENS] | streams [N]"
+            );
             std::process::exit(2);
         }
     }

@@ -62,8 +62,8 @@ impl SimServer {
             .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)))
     }
 
-    /// Serves until the returned handle is shut down or dropped... (dropping the handle
-    /// leaves the task running; call `shutdown` to stop it).
+    /// Serves in a tokio task until [`SimHandle::shutdown`]. Dropping the handle leaves the
+    /// server running (for the life of the runtime).
     pub fn spawn(self) -> SimHandle {
         let addr = self.local_addr();
         let engine = self.engine.clone();
