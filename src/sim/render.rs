@@ -578,4 +578,25 @@ mod tests {
             r#"{"id":"chatcmpl-8bb1f8ade54c1043","object":"chat.completion","created":1795964150,"model":"tiny","choices":[{"index":0,"message":{"role":"assistant","content":"SE willravered licensedefsagestrip","refusal":null,"annotations":null,"audio":null,"function_call":null,"reasoning":null},"logprobs":null,"finish_reason":"length","stop_reason":null,"token_ids":null,"routed_experts":null}],"service_tier":null,"system_fingerprint":"vllm-0.32.0-f1283a03","usage":{"prompt_tokens":15,"total_tokens":23,"completion_tokens":8,"prompt_tokens_details":null,"completion_tokens_details":null},"prompt_logprobs":null,"prompt_token_ids":null,"prompt_text":null,"kv_transfer_params":null,"ec_transfer_params":null,"metrics":null}"#
         );
     }
+
+    proptest::proptest! {
+        /// Any text (stop-cut tokens are arbitrary strings) yields one valid JSON event whose
+        /// content is that text, on one line.
+        #[test]
+        fn any_text_renders_as_one_valid_event(text in "\\PC*", idx in 0u32..4, done in proptest::bool::ANY) {
+            let t = templates(Api::Chat, r#"{"messages":[{"role":"user","content":"x"}],"stream":true}"#, 1);
+            let mut b = BytesMut::new();
+            let fin = Finish::Stop(Some(text.clone()));
+            t.token_chunk(&mut b, idx, &TokText::Owned(text.clone()), None, done.then_some(&fin), 1);
+            let s = line(&b);
+            let json = s.strip_prefix("data: ").unwrap().strip_suffix("\n\n").unwrap();
+            proptest::prop_assert!(!json.contains('\n'));
+            let v: serde_json::Value = serde_json::from_str(json).unwrap();
+            proptest::prop_assert_eq!(v["choices"][0]["delta"]["content"].as_str().unwrap(), text.as_str());
+            proptest::prop_assert_eq!(v["choices"][0]["index"].as_u64().unwrap(), idx as u64);
+            if done {
+                proptest::prop_assert_eq!(v["choices"][0]["stop_reason"].as_str().unwrap(), text.as_str());
+            }
+        }
+    }
 }
