@@ -125,6 +125,21 @@ impl SimHandle {
         self.engine.stats.aborted.load(Relaxed)
     }
 
+    /// Waits until no sequence runs or waits (every slot freed), polling every 2 ms; false
+    /// if that does not happen `within`. For tests: "the sim saw the disconnect".
+    pub async fn wait_idle(&self, within: std::time::Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if self.running() == 0 && self.waiting() == 0 {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+    }
+
     /// The `/metrics` text as a scrape would return it.
     pub fn metrics_text(&self) -> String {
         self.engine.metrics.render()
