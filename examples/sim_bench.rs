@@ -2,12 +2,15 @@
 //!
 //! ```text
 //! cargo run --release --example sim_bench -- throughput [SECONDS] [CONNS] [MAX_TOKENS]
+//! cargo run --release --example sim_bench -- paced [SECONDS] [CONNS] [MAX_TOKENS] [TPOT_MS]
 //! cargo run --release --example sim_bench -- streams [N]
 //! ```
 //! `throughput`: the sim runs on one current-thread runtime in its own OS thread (one core),
 //! the client on another; zero think time; keep-alive connections each loop streaming chat
 //! requests. Reports SSE events/s by wall clock and per CPU-second of the sim thread (the
 //! figure that does not depend on what else the machine runs).
+//! `paced`: the same with a per-token decode time, so every token is its own frame and timer
+//! wake-up (the per-token path of realistic runs).
 //! `streams`: opens N concurrent streams that stay open (one token per second), checks the
 //! sim holds them all, and reports the process RSS growth (sim + client sockets: an upper
 //! bound for the sim).
@@ -110,8 +113,12 @@ async fn client_loop(addr: SocketAddr, req: std::sync::Arc<Vec<u8>>, until: Inst
     (events, requests)
 }
 
-fn throughput(secs: u64, conns: usize, max_tokens: u32) {
-    let (addr, tid, _eng) = spawn_sim(SimConfig::fast());
+fn throughput(secs: u64, conns: usize, max_tokens: u32, tpot_ms: f64) {
+    let cfg = SimConfig {
+        max_num_seqs: conns.max(1),
+        ..SimConfig::with_timing(0.0, tpot_ms)
+    };
+    let (addr, tid, _eng) = spawn_sim(cfg);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -135,7 +142,11 @@ fn throughput(secs: u64, conns: usize, max_tokens: u32) {
     let wall = t0.elapsed().as_secs_f64();
     let cpu = thread_cpu_secs(&tid) - cpu0;
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    println!("throughput: {secs}s, {conns} keep-alive connections, max_tokens {max_tokens}, zero think time");
+    if tpot_ms > 0.0 {
+        println!("paced: {secs}s, {conns} keep-alive connections, max_tokens {max_tokens}, one token per {tpot_ms} ms per stream");
+    } else {
+        println!("throughput: {secs}s, {conns} keep-alive connections, max_tokens {max_tokens}, zero think time");
+    }
     println!(
         "  requests          {requests} ({:.0}/s)",
         requests as f64 / wall
@@ -219,12 +230,21 @@ fn main() {
     let num = |i: usize, d: u64| args.get(i).and_then(|v| v.parse().ok()).unwrap_or(d);
     match args.first().map(String::as_str) {
         Some("streams") => streams(num(1, 5000) as usize),
-        Some("throughput") | None => {
-            throughput(num(1, 5).min(60), num(2, 32) as usize, num(3, 256) as u32)
-        }
+        Some("throughput") | None => throughput(
+            num(1, 5).min(60),
+            num(2, 32) as usize,
+            num(3, 256) as u32,
+            0.0,
+        ),
+        Some("paced") => throughput(
+            num(1, 5).min(60),
+            num(2, 1000) as usize,
+            num(3, 256) as u32,
+            num(4, 10) as f64,
+        ),
         Some(other) => {
             eprintln!(
-                "unknown mode {other}: use throughput [SECONDS] [CONNS] [MAX_TOKENS] | streams [N]"
+                "unknown mode {other}: use throughput [SECONDS] [CONNS] [MAX_TOKENS] | paced [SECONDS] [CONNS] [MAX_TOKENS] [TPOT_MS] | streams [N]"
             );
             std::process::exit(2);
         }

@@ -89,7 +89,7 @@ async fn client_disconnect_of_a_non_streaming_request_frees_the_slot() {
         .unwrap();
     assert!(eventually(Duration::from_secs(5), || sim.running() == 1).await);
     drop(s);
-    assert!(eventually(Duration::from_millis(100), || sim.running() == 0).await);
+    assert!(sim.wait_idle(Duration::from_millis(100)).await);
     sim.shutdown().await;
 }
 

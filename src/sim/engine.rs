@@ -80,9 +80,9 @@ impl Engine {
 
     /// In-flight requests (`/load`).
     pub fn load(&self) -> u64 {
-        self.stats.started.load(Relaxed)
-            - self.stats.finished.load(Relaxed)
-            - self.stats.aborted.load(Relaxed)
+        // Ended counts are read after started, so they may run ahead: saturate.
+        let ended = self.stats.finished.load(Relaxed) + self.stats.aborted.load(Relaxed);
+        self.stats.started.load(Relaxed).saturating_sub(ended)
     }
 }
 

@@ -261,4 +261,35 @@ mod tests {
         assert!(std::ptr::eq(lp.top[0].piece, lp.sampled.piece));
         assert!(!std::ptr::eq(lp.top[1].piece, lp.sampled.piece));
     }
+
+    proptest::proptest! {
+        /// Whatever the stop strings and seed, the emitted text never contains one, and the
+        /// finish says which one cut it.
+        #[test]
+        fn emitted_text_never_contains_a_stop_string(
+            stops in proptest::collection::vec("[a-z ]{1,3}", 1..3),
+            seed in 0u64..1000,
+        ) {
+            let body = serde_json::json!({
+                "messages": [{"role": "user", "content": "x"}],
+                "max_tokens": 200, "seed": seed, "stop": stops,
+            });
+            let r = req(&body.to_string());
+            let mut g = Generation::new(&r, 0.0, 0.0);
+            let mut text = String::new();
+            let mut last = None;
+            while let Some(t) = g.next(0) {
+                text.push_str(t.text.as_str());
+                last = t.finish;
+            }
+            for s in &stops {
+                proptest::prop_assert!(!text.contains(s.as_str()), "{:?} in {:?}", s, text);
+            }
+            match last {
+                Some(Finish::Stop(Some(s))) => proptest::prop_assert!(stops.contains(&s)),
+                Some(Finish::Length) => proptest::prop_assert_eq!(g.tokens(0), 200),
+                other => proptest::prop_assert!(false, "{:?}", other),
+            }
+        }
+    }
 }

@@ -62,8 +62,8 @@ impl SimServer {
             .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)))
     }
 
-    /// Serves until the returned handle is shut down or dropped... (dropping the handle
-    /// leaves the task running; call `shutdown` to stop it).
+    /// Serves in a tokio task until [`SimHandle::shutdown`]. Dropping the handle leaves the
+    /// server running (for the life of the runtime).
     pub fn spawn(self) -> SimHandle {
         let addr = self.local_addr();
         let engine = self.engine.clone();
@@ -123,6 +123,21 @@ impl SimHandle {
     /// Generation requests that ended early: client disconnect or `truncate-after`.
     pub fn requests_aborted(&self) -> u64 {
         self.engine.stats.aborted.load(Relaxed)
+    }
+
+    /// Waits until no sequence runs or waits (every slot freed), polling every 2 ms; false
+    /// if that does not happen `within`. For tests: "the sim saw the disconnect".
+    pub async fn wait_idle(&self, within: std::time::Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if self.running() == 0 && self.waiting() == 0 {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
     }
 
     /// The `/metrics` text as a scrape would return it.

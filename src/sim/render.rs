@@ -382,3 +382,221 @@ fn push_legacy_logprobs(buf: &mut BytesMut, toks: &[TokenLogprobs]) {
     }
     buf.extend_from_slice(b"]}");
 }
+
+#[cfg(test)]
+mod tests {
+    //! Byte-exact against lines of the real captures, given the captured id, created and text.
+    use super::*;
+    use crate::sim::request::parse;
+    use crate::sim::text::vocab;
+
+    fn piece(t: &str) -> &'static Piece {
+        vocab().iter().find(|p| p.text == t).unwrap()
+    }
+
+    fn templates(api: Api, body: &str, id: u64) -> Templates {
+        let mut req = parse(api, body.as_bytes(), &["tiny".to_string()], 2048, 0).unwrap();
+        req.id_hash = id;
+        Templates::new(&req, "tiny", 1795964150)
+    }
+
+    fn line(buf: &BytesMut) -> String {
+        String::from_utf8(buf.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn chat_chunks_match_stream_chat_txt() {
+        let t = templates(
+            Api::Chat,
+            r#"{"messages":[{"role":"user","content":"Hello, how are you?"}],"stream":true,"max_tokens":16,"seed":1}"#,
+            0xa45afd70d01f6372,
+        );
+        let mut b = BytesMut::new();
+        t.role_chunk(&mut b, 0);
+        assert_eq!(line(&b), "data: {\"id\":\"chatcmpl-a45afd70d01f6372\",\"object\":\"chat.completion.chunk\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null}],\"prompt_token_ids\":null,\"prompt_text\":null}\n\n");
+        b.clear();
+        t.token_chunk(&mut b, 0, &TokText::Piece(piece(" will")), None, None, 2);
+        assert_eq!(line(&b), "data: {\"id\":\"chatcmpl-a45afd70d01f6372\",\"object\":\"chat.completion.chunk\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" will\"},\"logprobs\":null,\"finish_reason\":null,\"token_ids\":null}]}\n\n");
+        b.clear();
+        t.token_chunk(
+            &mut b,
+            0,
+            &TokText::Piece(piece("ow")),
+            None,
+            Some(&Finish::Length),
+            16,
+        );
+        assert_eq!(line(&b), "data: {\"id\":\"chatcmpl-a45afd70d01f6372\",\"object\":\"chat.completion.chunk\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"ow\"},\"logprobs\":null,\"finish_reason\":\"length\",\"stop_reason\":null,\"token_ids\":null}],\"system_fingerprint\":\"vllm-0.32.0-f1283a03\"}\n\n");
+    }
+
+    #[test]
+    fn usage_moves_the_fingerprint_as_in_stream_chat_usage_txt() {
+        let t = templates(
+            Api::Chat,
+            r#"{"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Hello, how are you?"}],"stream":true,"max_tokens":16,"seed":1,"stream_options":{"include_usage":true}}"#,
+            0xba42e38baeaee861,
+        );
+        let mut b = BytesMut::new();
+        t.token_chunk(
+            &mut b,
+            0,
+            &TokText::Piece(piece("ow")),
+            None,
+            Some(&Finish::Length),
+            16,
+        );
+        assert_eq!(line(&b), "data: {\"id\":\"chatcmpl-ba42e38baeaee861\",\"object\":\"chat.completion.chunk\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"ow\"},\"logprobs\":null,\"finish_reason\":\"length\",\"stop_reason\":null,\"token_ids\":null}]}\n\n");
+        b.clear();
+        t.usage_chunk(&mut b, 16);
+        assert_eq!(line(&b), "data: {\"id\":\"chatcmpl-ba42e38baeaee861\",\"object\":\"chat.completion.chunk\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[],\"usage\":{\"prompt_tokens\":32,\"total_tokens\":48,\"completion_tokens\":16},\"system_fingerprint\":\"vllm-0.32.0-f1283a03\"}\n\n");
+    }
+
+    #[test]
+    fn continuous_usage_matches_stream_chat_usage_continuous_txt() {
+        let t = templates(
+            Api::Chat,
+            r#"{"messages":[{"role":"user","content":"Hello"}],"stream":true,"max_tokens":6,"seed":1,"stream_options":{"include_usage":true,"continuous_usage_stats":true}}"#,
+            0xafdf1806bfc29444,
+        );
+        let mut b = BytesMut::new();
+        t.role_chunk(&mut b, 0);
+        assert_eq!(line(&b), "data: {\"id\":\"chatcmpl-afdf1806bfc29444\",\"object\":\"chat.completion.chunk\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null}],\"usage\":{\"prompt_tokens\":15,\"total_tokens\":15,\"completion_tokens\":0,\"completion_tokens_details\":null},\"prompt_token_ids\":null,\"prompt_text\":null}\n\n");
+        b.clear();
+        t.token_chunk(
+            &mut b,
+            0,
+            &TokText::Piece(piece("def")),
+            None,
+            Some(&Finish::Length),
+            6,
+        );
+        assert_eq!(line(&b), "data: {\"id\":\"chatcmpl-afdf1806bfc29444\",\"object\":\"chat.completion.chunk\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"def\"},\"logprobs\":null,\"finish_reason\":\"length\",\"stop_reason\":null,\"token_ids\":null}],\"usage\":{\"prompt_tokens\":15,\"total_tokens\":21,\"completion_tokens\":6,\"completion_tokens_details\":null}}\n\n");
+    }
+
+    #[test]
+    fn chat_logprobs_match_stream_chat_logprobs_txt() {
+        let t = templates(
+            Api::Chat,
+            r#"{"messages":[{"role":"user","content":"Hello, how are you?"}],"stream":true,"max_tokens":8,"seed":1,"logprobs":true,"top_logprobs":2,"stream_options":{"include_usage":true}}"#,
+            0xb7239243a2a4dc2a,
+        );
+        let se = TokLp {
+            piece: piece("SE"),
+            logprob: -7.624619960784912,
+        };
+        let lp = TokenLogprobs {
+            sampled: se,
+            top: vec![
+                se,
+                TokLp {
+                    piece: piece("test"),
+                    logprob: -7.624616622924805,
+                },
+            ],
+            text_offset: 0,
+        };
+        let mut b = BytesMut::new();
+        t.token_chunk(&mut b, 0, &TokText::Piece(piece("SE")), Some(&lp), None, 1);
+        assert_eq!(line(&b), "data: {\"id\":\"chatcmpl-b7239243a2a4dc2a\",\"object\":\"chat.completion.chunk\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"SE\"},\"logprobs\":{\"content\":[{\"token\":\"SE\",\"logprob\":-7.624619960784912,\"bytes\":[83,69],\"top_logprobs\":[{\"token\":\"SE\",\"logprob\":-7.624619960784912,\"bytes\":[83,69]},{\"token\":\"test\",\"logprob\":-7.624616622924805,\"bytes\":[116,101,115,116]}]}]},\"finish_reason\":null,\"token_ids\":null}]}\n\n");
+    }
+
+    #[test]
+    fn completions_chunks_match_the_captures() {
+        let t = templates(
+            Api::Completions,
+            r#"{"prompt":"The quick brown fox","stream":true,"max_tokens":4,"seed":1,"logprobs":2}"#,
+            0xb2060b05d902fdd1,
+        );
+        let lp = TokenLogprobs {
+            sampled: TokLp {
+                piece: piece("SE"),
+                logprob: -7.6246209144592285,
+            },
+            top: vec![
+                TokLp {
+                    piece: piece(" end"),
+                    logprob: -7.624615669250488,
+                },
+                TokLp {
+                    piece: piece("gra"),
+                    logprob: -7.624615669250488,
+                },
+            ],
+            text_offset: 0,
+        };
+        let mut b = BytesMut::new();
+        t.token_chunk(&mut b, 0, &TokText::Piece(piece("SE")), Some(&lp), None, 1);
+        assert_eq!(line(&b), "data: {\"id\":\"cmpl-b2060b05d902fdd1\",\"object\":\"text_completion\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[{\"index\":0,\"text\":\"SE\",\"logprobs\":{\"text_offset\":[0],\"token_logprobs\":[-7.6246209144592285],\"tokens\":[\"SE\"],\"top_logprobs\":[{\"SE\":-7.6246209144592285,\" end\":-7.624615669250488,\"gra\":-7.624615669250488}]},\"finish_reason\":null,\"stop_reason\":null,\"prompt_token_ids\":null,\"token_ids\":null}]}\n\n");
+        b.clear();
+        let t = templates(
+            Api::Completions,
+            r#"{"prompt":"The quick brown fox","stream":true,"max_tokens":16,"seed":1,"stream_options":{"include_usage":true}}"#,
+            0x9a7207426ef199bb,
+        );
+        t.token_chunk(
+            &mut b,
+            0,
+            &TokText::Piece(piece("ow")),
+            None,
+            Some(&Finish::Length),
+            16,
+        );
+        assert_eq!(line(&b), "data: {\"id\":\"cmpl-9a7207426ef199bb\",\"object\":\"text_completion\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[{\"index\":0,\"text\":\"ow\",\"logprobs\":null,\"finish_reason\":\"length\",\"stop_reason\":null,\"prompt_token_ids\":null,\"token_ids\":null}]}\n\n");
+    }
+
+    #[test]
+    fn stop_chunk_matches_stream_chat_stop_txt() {
+        let t = templates(
+            Api::Chat,
+            r#"{"messages":[{"role":"user","content":"Hello"}],"stream":true,"max_tokens":64,"seed":3,"stop":["e"],"stream_options":{"include_usage":true}}"#,
+            0x93fdfd0f0fb21559,
+        );
+        let mut b = BytesMut::new();
+        let fin = Finish::Stop(Some("e".into()));
+        t.token_chunk(&mut b, 0, &TokText::Owned("yp".into()), None, Some(&fin), 1);
+        assert_eq!(line(&b), "data: {\"id\":\"chatcmpl-93fdfd0f0fb21559\",\"object\":\"chat.completion.chunk\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"yp\"},\"logprobs\":null,\"finish_reason\":\"stop\",\"stop_reason\":\"e\",\"token_ids\":null}]}\n\n");
+        b.clear();
+        t.usage_chunk(&mut b, 1);
+        assert_eq!(line(&b), "data: {\"id\":\"chatcmpl-93fdfd0f0fb21559\",\"object\":\"chat.completion.chunk\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[],\"usage\":{\"prompt_tokens\":15,\"total_tokens\":16,\"completion_tokens\":1},\"system_fingerprint\":\"vllm-0.32.0-f1283a03\"}\n\n");
+    }
+
+    #[test]
+    fn nonstream_chat_body_matches_nonstream_chat_txt() {
+        let t = templates(
+            Api::Chat,
+            r#"{"messages":[{"role":"user","content":"Hello"}],"max_tokens":8,"seed":1}"#,
+            0x8bb1f8ade54c1043,
+        );
+        let body = t.json_body(&[ChoiceResult {
+            text: "SE willravered licensedefsagestrip".into(),
+            tokens: 8,
+            finish: Finish::Length,
+            logprobs: None,
+        }]);
+        assert_eq!(
+            String::from_utf8(body).unwrap(),
+            r#"{"id":"chatcmpl-8bb1f8ade54c1043","object":"chat.completion","created":1795964150,"model":"tiny","choices":[{"index":0,"message":{"role":"assistant","content":"SE willravered licensedefsagestrip","refusal":null,"annotations":null,"audio":null,"function_call":null,"reasoning":null},"logprobs":null,"finish_reason":"length","stop_reason":null,"token_ids":null,"routed_experts":null}],"service_tier":null,"system_fingerprint":"vllm-0.32.0-f1283a03","usage":{"prompt_tokens":15,"total_tokens":23,"completion_tokens":8,"prompt_tokens_details":null,"completion_tokens_details":null},"prompt_logprobs":null,"prompt_token_ids":null,"prompt_text":null,"kv_transfer_params":null,"ec_transfer_params":null,"metrics":null}"#
+        );
+    }
+
+    proptest::proptest! {
+        /// Any text (stop-cut tokens are arbitrary strings) yields one valid JSON event whose
+        /// content is that text, on one line.
+        #[test]
+        fn any_text_renders_as_one_valid_event(text in "\\PC*", idx in 0u32..4, done in proptest::bool::ANY) {
+            let t = templates(Api::Chat, r#"{"messages":[{"role":"user","content":"x"}],"stream":true}"#, 1);
+            let mut b = BytesMut::new();
+            let fin = Finish::Stop(Some(text.clone()));
+            t.token_chunk(&mut b, idx, &TokText::Owned(text.clone()), None, done.then_some(&fin), 1);
+            let s = line(&b);
+            let json = s.strip_prefix("data: ").unwrap().strip_suffix("\n\n").unwrap();
+            proptest::prop_assert!(!json.contains('\n'));
+            let v: serde_json::Value = serde_json::from_str(json).unwrap();
+            proptest::prop_assert_eq!(v["choices"][0]["delta"]["content"].as_str().unwrap(), text.as_str());
+            proptest::prop_assert_eq!(v["choices"][0]["index"].as_u64().unwrap(), idx as u64);
+            if done {
+                proptest::prop_assert_eq!(v["choices"][0]["stop_reason"].as_str().unwrap(), text.as_str());
+            }
+        }
+    }
+}

@@ -226,6 +226,12 @@ pub fn parse(
         Api::Completions => get_u64(obj, "max_tokens")?,
     };
     if let Some(mt) = requested {
+        if mt == 0 {
+            return Err(ApiError::bad_request(
+                "max_tokens must be at least 1, got 0.".to_string(),
+                Some("max_tokens"),
+            ));
+        }
         if mt > max_model_len {
             return Err(ApiError::bad_request(
                 format!(
@@ -359,6 +365,11 @@ mod tests {
                 r#"{"messages":[{"role":"user","content":"x"}],"n":0}"#,
                 400,
                 Some("n"),
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":0}"#,
+                400,
+                Some("max_tokens"),
             ),
             (
                 r#"{"messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":true}}"#,
