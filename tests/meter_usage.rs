@@ -14,10 +14,10 @@ use meter_util::*;
 fn reported_usage(body: &[u8]) -> u64 {
     let text = std::str::from_utf8(body).unwrap();
     text.lines()
+        .rev()
         .filter_map(|l| l.strip_prefix("data: "))
         .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
-        .filter_map(|v| v["usage"]["completion_tokens"].as_u64())
-        .last()
+        .find_map(|v| v["usage"]["completion_tokens"].as_u64())
         .expect("a usage chunk")
 }
 
