@@ -10,7 +10,8 @@ use common::*;
 use goodput_proxy::measure::outcome::Outcome;
 use goodput_proxy::sim::SimConfig;
 use meter_util::*;
-use tokio::net::TcpListener;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
 
 /// The outcome counts in `/stats` (600 s window).
 async fn outcomes(proxy: &Proxy) -> serde_json::Value {
@@ -141,6 +142,20 @@ async fn hangs_disconnects_and_connect_failures() {
     drop(body);
     assert_eq!(outcome_of_request(&proxy, &before, 3).await, "client_abort");
     assert!(sim.wait_idle(SLOW).await, "the engine aborted the stream");
+
+    // The client leaves while its body is still being read: client_abort, before the meter
+    // ever saw the request.
+    let before = outcomes(&proxy).await;
+    let mut s = TcpStream::connect(proxy.addr).await.unwrap();
+    s.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+          content-length: 500\r\n\r\n{\"model\":\"tiny\",",
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    drop(s);
+    assert_eq!(outcome_of_request(&proxy, &before, 4).await, "client_abort");
     assert_metrics_agree(&proxy).await;
     sim.shutdown().await;
 
