@@ -340,6 +340,7 @@ async fn open_loop(
 /// `n` workers, each sending its next request when the previous one ends, until the phase's
 /// duration passes or its request count is issued. A request still running at the phase end
 /// keeps running in `tasks` (it stays this phase's request).
+#[allow(clippy::too_many_arguments)]
 async fn closed_loop(
     ctx: &Ctx,
     phase: &Phase,
