@@ -29,6 +29,12 @@ struct EndGuard {
     done: bool,
 }
 
+impl EndGuard {
+    fn finish(mut self) {
+        self.done = true;
+    }
+}
+
 impl Drop for EndGuard {
     fn drop(&mut self) {
         if !self.done {
@@ -72,9 +78,9 @@ async fn serve_one(
     // The guard rides in the stream's state: dropped with the body, it tells whether the
     // server saw the whole stream out or the client went away first.
     let guard = EndGuard { done: false };
-    let body = stream::unfold((events.into_iter(), guard), |(mut it, mut g)| async move {
+    let body = stream::unfold((events.into_iter(), guard), |(mut it, g)| async move {
         let Some((wait, s)) = it.next() else {
-            g.done = true;
+            g.finish();
             return None;
         };
         tokio::time::sleep(wait).await;
