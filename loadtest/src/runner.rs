@@ -163,7 +163,7 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, RunError> {
         if let Some(m) = &cfg.metrics {
             m.set_phase(Some(&phase.name));
         }
-        let start_snap = snapshot(&client, &cfg.compare, None).await;
+        let start_snap = snapshot(&client, &cfg.compare, shared.start, None).await;
         let start_s = shared.start.elapsed().as_secs_f64();
         let mut phase_tasks = JoinSet::new();
         let (held, hold_max) = match phase.arrivals {
@@ -209,6 +209,7 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, RunError> {
         let end_snap = snapshot(
             &client,
             &cfg.compare,
+            shared.start,
             Some((end_s - start_s, sc.models.as_slice())),
         )
         .await;
@@ -234,7 +235,13 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, RunError> {
     // histogram deltas and /stats include them (middle phases: `drain = true` for a clean cut).
     if let (Some(last), Some(win)) = (snaps.last_mut(), windows.last()) {
         let since = shared.start.elapsed().as_secs_f64() - win.start_s;
-        last.end = snapshot(&client, &cfg.compare, Some((since, sc.models.as_slice()))).await;
+        last.end = snapshot(
+            &client,
+            &cfg.compare,
+            shared.start,
+            Some((since, sc.models.as_slice())),
+        )
+        .await;
     }
     ticker.abort();
     progress.finish();
@@ -507,10 +514,14 @@ async fn one_request(
 async fn snapshot(
     client: &HttpClient,
     t: &CompareTargets,
+    run_start: Instant,
     stats_for: Option<(f64, &[String])>,
 ) -> Snapshot {
     let timeout = Duration::from_secs(5);
-    let mut s = Snapshot::default();
+    let mut s = Snapshot {
+        t_s: run_start.elapsed().as_secs_f64(),
+        ..Snapshot::default()
+    };
     if let Some(admin) = &t.proxy_admin {
         s.proxy_asked = true;
         let admin = admin.trim_end_matches('/');
