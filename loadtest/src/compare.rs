@@ -217,7 +217,8 @@ pub fn series_sum(text: &str, name: &str) -> Option<f64> {
 /// `vllm:generation_tokens_total`, `vllm:prompt_tokens_total`, `vllm:num_requests_running`,
 /// `vllm:num_requests_waiting`; for the proxy `goodput_proxy_generation_tokens_total`,
 /// `goodput_proxy_prompt_tokens_total` and `goodput_proxy_requests_in_flight` (summed over
-/// series). `None`: the scrape failed or the family is absent.
+/// series). 0 when the scrape worked but the family has no series yet (a labelled counter
+/// appears with its first request); `None` when the scrape failed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CounterSnapshot {
     pub phase: String,
@@ -262,7 +263,7 @@ fn counters_of(
 ) {
     if snap.proxy_asked {
         let t = snap.proxy_metrics.as_deref();
-        let g = |n: &str| t.and_then(|t| series_sum(t, n));
+        let g = |n: &str| t.map(|t| series_sum(t, n).unwrap_or(0.0));
         out.push(CounterSnapshot {
             phase: phase.into(),
             at: at.into(),
@@ -276,7 +277,7 @@ fn counters_of(
         });
     }
     for (url, text) in &snap.engines {
-        let g = |n: &str| text.as_deref().and_then(|t| series_sum(t, n));
+        let g = |n: &str| text.as_deref().map(|t| series_sum(t, n).unwrap_or(0.0));
         out.push(CounterSnapshot {
             phase: phase.into(),
             at: at.into(),
@@ -298,7 +299,7 @@ fn token_check(
     end: Option<&Snapshot>,
 ) -> TokenCheck {
     let grow = |a: Option<&str>, b: Option<&str>, name: &str| -> Option<f64> {
-        Some(series_sum(b?, name)? - series_sum(a?, name).unwrap_or(0.0))
+        Some(series_sum(b?, name).unwrap_or(0.0) - series_sum(a?, name).unwrap_or(0.0))
     };
     let proxy = match (start, end) {
         (Some(s), Some(e)) if e.proxy_asked => grow(
@@ -592,7 +593,7 @@ pub fn build(
                     cs.map(|s| s.count as f64),
                     client,
                 ));
-                // Proxy exact: joined records when we have them, else /stats over the window.
+                // Proxy exact: the joined records of exactly these requests.
                 if proxy_records.is_some() {
                     let vals: Vec<f64> = of_model
                         .iter()
@@ -613,7 +614,9 @@ pub fn build(
                             client,
                         ));
                     }
-                } else if let Some(st) = snap.and_then(|s| s.end.proxy_stats.get(*model)) {
+                }
+                // /stats as well: it is what an operator sees without the sink.
+                if let Some(st) = snap.and_then(|s| s.end.proxy_stats.get(*model)) {
                     let obj = st.get(format!("{metric}_seconds"));
                     let g = |k: &str| obj.and_then(|o| o.get(k)).and_then(|v| v.as_f64());
                     if g("p50").is_some() {
