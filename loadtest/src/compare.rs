@@ -35,6 +35,8 @@ pub struct PhaseSnapshots {
     pub phase: String,
     pub start: Snapshot,
     pub end: Snapshot,
+    /// The last phase only: taken `settle_s` after every request finished.
+    pub settled: Option<Snapshot>,
 }
 
 // ---------- Prometheus text: histograms only ----------
@@ -222,7 +224,7 @@ pub fn series_sum(text: &str, name: &str) -> Option<f64> {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CounterSnapshot {
     pub phase: String,
-    /// `start` or `end` of the phase.
+    /// `start` or `end` of the phase; `settled`: the last phase, `settle_s` after its end.
     pub at: String,
     /// Seconds since the run started.
     pub t_s: f64,
@@ -682,6 +684,9 @@ pub fn build(
             let last = snaps.last().is_some_and(|l| l.phase == s.phase);
             counters_of(&w.name, "start", false, &s.start, &mut c.counters);
             counters_of(&w.name, "end", last, &s.end, &mut c.counters);
+            if let Some(settled) = &s.settled {
+                counters_of(&w.name, "settled", true, settled, &mut c.counters);
+            }
             c.tokens
                 .push(token_check(&w.name, &mine, Some(&s.start), Some(&s.end)));
         }
@@ -1054,11 +1059,13 @@ plain_gauge 4\n";
                 phase: "a".into(),
                 start: snap(0.0, 100, 200, 0),
                 end: snap(1.0, 110, 210, 2),
+                settled: None,
             },
             PhaseSnapshots {
                 phase: "b".into(),
                 start: snap(1.0, 110, 210, 2),
-                end: snap(2.0, 125, 225, 0),
+                end: snap(2.0, 125, 225, 1),
+                settled: Some(snap(3.0, 125, 225, 0)),
             },
         ];
         let mut r1 = crate::report::summary::tests::rec("a", 0.1, 0.5, Some(0.1), "success");
@@ -1072,13 +1079,20 @@ plain_gauge 4\n";
             &snaps,
             None,
         );
-        assert_eq!(c.counters.len(), 8, "2 sources x 2 instants x 2 phases");
-        let last = c.counters.last().unwrap();
         assert_eq!(
-            (last.phase.as_str(), last.at.as_str(), last.source.as_str()),
+            c.counters.len(),
+            10,
+            "2 sources x (2 instants x 2 phases + settled)"
+        );
+        let end = &c.counters[7];
+        assert_eq!(
+            (end.phase.as_str(), end.at.as_str(), end.source.as_str()),
             ("b", "end", "E")
         );
-        assert!(last.after_all_requests);
+        assert!(end.after_all_requests);
+        assert_eq!(end.num_requests_running, Some(1.0));
+        let last = c.counters.last().unwrap();
+        assert_eq!((last.at.as_str(), last.t_s), ("settled", 3.0));
         assert_eq!(last.num_requests_running, Some(0.0));
         assert_eq!(c.counters[3].num_requests_running, Some(2.0));
         let t: Vec<_> = c.tokens.iter().map(|t| t.phase.as_str()).collect();

@@ -33,6 +33,9 @@ pub struct CompareTargets {
     pub engine_metrics: Vec<String>,
     /// The proxy's JSONL record sink, read after the run to join by request id.
     pub proxy_records: Option<PathBuf>,
+    /// One more snapshot this long after every request finished (`settled` in the counters),
+    /// e.g. to see the engine's running requests back at 0 after hang-ups. Default 1 s; 0: none.
+    pub settle_s: Option<f64>,
 }
 
 impl CompareTargets {
@@ -218,6 +221,7 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, RunError> {
                 phase: phase.name.clone(),
                 start: start_snap,
                 end: end_snap,
+                settled: None,
             });
         }
         windows.push(PhaseWindow {
@@ -242,6 +246,13 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, RunError> {
             Some((since, sc.models.as_slice())),
         )
         .await;
+    }
+    let settle = cfg.compare.settle_s.unwrap_or(1.0);
+    if let Some(last) = snaps.last_mut() {
+        if settle > 0.0 && settle.is_finite() {
+            tokio::time::sleep(Duration::from_secs_f64(settle)).await;
+            last.settled = Some(snapshot(&client, &cfg.compare, shared.start, None).await);
+        }
     }
     ticker.abort();
     progress.finish();

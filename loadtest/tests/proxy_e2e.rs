@@ -123,6 +123,7 @@ async fn run_through_proxy() -> (RunResult, PathBuf) {
                 proxy_admin: Some(proxy.admin.clone()),
                 engine_metrics: vec![format!("{}/metrics", sim.base_url())],
                 proxy_records: Some(sink.clone()),
+                settle_s: Some(0.2),
             },
             run_id: goodput_loadtest::cli::run_id(),
         }),
@@ -262,8 +263,11 @@ async fn through_the_proxy_outcomes_equal_faults_and_client_and_proxy_agree() {
     let engine = tok.engine_generation_tokens.values().next().unwrap();
     assert_eq!(*engine, Some(expected), "{tok:?}");
     // Counters after every request: nothing running at the engine or the proxy.
-    for cs in c.counters.iter().filter(|c| c.after_all_requests) {
+    let settled: Vec<_> = c.counters.iter().filter(|c| c.at == "settled").collect();
+    assert_eq!(settled.len(), 2, "proxy and engine");
+    for cs in settled {
         assert_eq!(cs.num_requests_running, Some(0.0), "{cs:?}");
+        assert!(cs.after_all_requests && cs.phase == "hangups");
     }
 
     // The same figures are in summary.json for a checker.
