@@ -353,6 +353,7 @@ pub struct ProxyRecord {
     pub ttft: Option<f64>,
     pub tpot: Option<f64>,
     pub e2e: Option<f64>,
+    pub completion_tokens: Option<u64>,
 }
 
 fn num(v: &serde_json::Value, keys: &[&str]) -> Option<f64> {
@@ -385,6 +386,7 @@ pub fn parse_proxy_records(text_in: &str) -> Vec<ProxyRecord> {
                 ttft: num(v, &["ttft_s", "ttft_seconds", "ttft"]),
                 tpot: num(v, &["tpot_s", "tpot_seconds", "tpot"]),
                 e2e: num(v, &["e2e_s", "e2e_seconds", "e2e"]),
+                completion_tokens: v.get("completion_tokens").and_then(|x| x.as_u64()),
             })
         })
         .collect()
@@ -430,6 +432,16 @@ pub struct Disagreement {
     pub proxy: Option<String>,
 }
 
+/// One successful request whose completion-token counts differ.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenDisagreement {
+    pub request_id: String,
+    pub client: u64,
+    pub proxy: u64,
+    /// The client's count came from `usage`.
+    pub client_usage: bool,
+}
+
 /// Client and proxy records joined by request id, over one phase or `overall`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Join {
@@ -447,6 +459,14 @@ pub struct Join {
     /// count).
     #[serde(default)]
     pub unmatched_ids: Vec<String>,
+    /// Completion tokens of the requests both sides call `success` and both counted: how many
+    /// were compared, how many agree, and the ones that do not.
+    #[serde(default)]
+    pub tokens_compared: u64,
+    #[serde(default)]
+    pub tokens_agree: u64,
+    #[serde(default)]
+    pub tokens_disagreeing: Vec<TokenDisagreement>,
     pub ttft_proxy_minus_client: Option<DiffStats>,
     pub e2e_proxy_minus_client: Option<DiffStats>,
 }
@@ -723,6 +743,7 @@ fn join(phase: &str, mine: &[&RequestRecord], by_id: &HashMap<&str, &ProxyRecord
     let mut disagreeing = Vec::new();
     let mut unmatched_ids = Vec::new();
     let (mut dt, mut de) = (Vec::new(), Vec::new());
+    let (mut tok_n, mut tok_ok, mut tok_bad) = (0, 0, Vec::new());
     for r in mine {
         let Some(p) = by_id.get(r.request_id.as_str()) else {
             if unmatched_ids.len() < 100 {
@@ -731,6 +752,20 @@ fn join(phase: &str, mine: &[&RequestRecord], by_id: &HashMap<&str, &ProxyRecord
             continue;
         };
         matched += 1;
+        let both_ok = r.outcome == "success" && p.outcome.as_deref() == Some("success");
+        if let (true, Some(c), Some(pc)) = (both_ok, r.completion_tokens, p.completion_tokens) {
+            tok_n += 1;
+            if c == pc {
+                tok_ok += 1;
+            } else {
+                tok_bad.push(TokenDisagreement {
+                    request_id: r.request_id.clone(),
+                    client: c,
+                    proxy: pc,
+                    client_usage: r.usage_exact,
+                });
+            }
+        }
         if p.outcome.as_deref() == Some(r.outcome.as_str()) {
             agree += 1;
         } else {
@@ -763,6 +798,9 @@ fn join(phase: &str, mine: &[&RequestRecord], by_id: &HashMap<&str, &ProxyRecord
         disagreements: dis,
         disagreeing,
         unmatched_ids,
+        tokens_compared: tok_n,
+        tokens_agree: tok_ok,
+        tokens_disagreeing: tok_bad,
         ttft_proxy_minus_client: diff_stats(dt),
         e2e_proxy_minus_client: diff_stats(de),
     }
@@ -832,6 +870,13 @@ pub fn render_text(c: &Comparison) -> String {
             j.outcomes_disagree,
             j.disagreements
         );
+        if j.tokens_compared > 0 {
+            let _ = writeln!(
+                o,
+                "    completion tokens of successes: {}/{} agree",
+                j.tokens_agree, j.tokens_compared
+            );
+        }
         for (n, d) in [
             ("TTFT", &j.ttft_proxy_minus_client),
             ("E2E", &j.e2e_proxy_minus_client),
@@ -1149,6 +1194,7 @@ plain_gauge 4\n";
                 ttft: Some(0.12),
                 tpot: None,
                 e2e: Some(0.9),
+                completion_tokens: None,
             }]
         );
     }
@@ -1160,7 +1206,7 @@ plain_gauge 4\n";
         let mut b = crate::report::summary::tests::rec("p", 0.0, 2.0, Some(0.200), "truncated");
         b.request_id = "r2".into();
         let proxy = parse_proxy_records(
-            "{\"request_id\":\"r1\",\"outcome\":\"success\",\"ttft_seconds\":0.098,\"e2e_seconds\":0.997}\n\
+            "{\"request_id\":\"r1\",\"outcome\":\"success\",\"ttft_seconds\":0.098,\"e2e_seconds\":0.997,\"completion_tokens\":4}\n\
              {\"id\":\"r2\",\"outcome\":\"upstream_error\",\"ttft\":0.199,\"e2e\":1.999}\nnot json\n",
         );
         assert_eq!(proxy.len(), 2);
@@ -1197,6 +1243,15 @@ plain_gauge 4\n";
             }]
         );
         assert_eq!(j.unmatched_ids, ["r3"]);
+        // Tokens are compared on successes only (r1: the client counted 5, the proxy 4).
+        assert_eq!((j.tokens_compared, j.tokens_agree), (1, 0));
+        assert_eq!(
+            (
+                j.tokens_disagreeing[0].client,
+                j.tokens_disagreeing[0].proxy
+            ),
+            (5, 4)
+        );
         let t = j.ttft_proxy_minus_client.as_ref().unwrap();
         assert!((t.max - -0.001).abs() < 1e-9 && (t.min - -0.002).abs() < 1e-9);
         let exact = c
