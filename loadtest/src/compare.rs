@@ -944,7 +944,7 @@ pub fn render_html(c: &Comparison) -> String {
     }
     h.push_str("</table>");
     if !c.joins.is_empty() {
-        h.push_str("<table><tr><th>phase</th><th>matched</th><th>outcomes agree</th><th>disagree</th><th>TTFT proxy−client p50/p99/max ms</th><th>E2E proxy−client p50/p99/max ms</th></tr>");
+        h.push_str("<table><tr><th>phase</th><th>matched</th><th>outcomes agree</th><th>disagree</th><th>success tokens agree</th><th>TTFT proxy−client p50/p99/max ms</th><th>E2E proxy−client p50/p99/max ms</th></tr>");
         let f = |d: &Option<DiffStats>| {
             d.as_ref().map_or("-".into(), |d| {
                 format!(
@@ -958,12 +958,14 @@ pub fn render_html(c: &Comparison) -> String {
         for j in &c.joins {
             let _ = write!(
                 h,
-                "<tr><td>{}</td><td>{}/{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                "<tr><td>{}</td><td>{}/{}</td><td>{}</td><td>{}</td><td>{}/{}</td><td>{}</td><td>{}</td></tr>",
                 esc(&j.phase),
                 j.matched,
                 j.client_requests,
                 j.outcomes_agree,
                 j.outcomes_disagree,
+                j.tokens_agree,
+                j.tokens_compared,
                 f(&j.ttft_proxy_minus_client),
                 f(&j.e2e_proxy_minus_client)
             );
