@@ -575,6 +575,121 @@ fn hist_q(
     })
 }
 
+/// The rows of one span (a phase, or `overall`) for every model in it.
+fn rows_for(
+    rows: &mut Vec<Row>,
+    name: &str,
+    mine: &[&RequestRecord],
+    snap: Option<&PhaseSnapshots>,
+    by_id: &HashMap<&str, &ProxyRecord>,
+    joined: bool,
+) {
+    let mut models: Vec<&str> = mine.iter().map(|r| r.model.as_str()).collect();
+    models.sort_unstable();
+    models.dedup();
+    for model in &models {
+        let of_model: Vec<&&RequestRecord> = mine.iter().filter(|r| r.model == *model).collect();
+        for metric in METRICS {
+            let cs = Stats::of(
+                of_model
+                    .iter()
+                    .filter_map(|r| client_value(r, metric))
+                    .collect(),
+            );
+            let client = cs.map_or([None; 3], |s| [Some(s.p50), Some(s.p95), Some(s.p99)]);
+            rows.push(row(
+                name,
+                model,
+                metric,
+                "client exact".into(),
+                client,
+                cs.map(|s| s.count as f64),
+                client,
+            ));
+            // Proxy exact: the joined records of exactly these requests.
+            if joined {
+                let vals: Vec<f64> = of_model
+                    .iter()
+                    .filter_map(|r| {
+                        by_id
+                            .get(r.request_id.as_str())
+                            .and_then(|p| proxy_value(p, metric))
+                    })
+                    .collect();
+                if let Some(s) = Stats::of(vals) {
+                    rows.push(row(
+                        name,
+                        model,
+                        metric,
+                        "proxy exact".into(),
+                        [Some(s.p50), Some(s.p95), Some(s.p99)],
+                        Some(s.count as f64),
+                        client,
+                    ));
+                }
+            }
+            // /stats as well: it is what an operator sees without the sink.
+            if let Some(st) = snap.and_then(|s| s.end.proxy_stats.get(*model)) {
+                let obj = st.get(format!("{metric}_seconds"));
+                let g = |k: &str| obj.and_then(|o| o.get(k)).and_then(|v| v.as_f64());
+                if g("p50").is_some() {
+                    rows.push(row(
+                        name,
+                        model,
+                        metric,
+                        "proxy exact (/stats)".into(),
+                        [g("p50"), g("p95"), g("p99")],
+                        g("count"),
+                        client,
+                    ));
+                }
+            }
+            if let Some(s) = snap {
+                if let Some((q, n)) = hist_q(
+                    s.start.proxy_metrics.as_deref(),
+                    s.end.proxy_metrics.as_deref(),
+                    proxy_family(metric),
+                    &["model"],
+                    model,
+                ) {
+                    rows.push(row(
+                        name,
+                        model,
+                        metric,
+                        "proxy histogram".into(),
+                        q,
+                        Some(n),
+                        client,
+                    ));
+                }
+                for (i, (url, end_text)) in s.end.engines.iter().enumerate() {
+                    let start_text = s.start.engines.get(i).and_then(|e| e.1.as_deref());
+                    let found = engine_families(metric).iter().find_map(|fam| {
+                        hist_q(
+                            start_text,
+                            end_text.as_deref(),
+                            fam,
+                            &["model_name", "model"],
+                            model,
+                        )
+                    });
+                    if let Some((q, n)) = found {
+                        rows.push(row(
+                            name,
+                            model,
+                            metric,
+                            format!("engine histogram ({url})"),
+                            q,
+                            Some(n),
+                            client,
+                        ));
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Build the comparison tables from the run's records, windows, snapshots and (optionally) the
 /// proxy's own per-request records.
 pub fn build(
@@ -591,112 +706,15 @@ pub fn build(
         .collect();
     for w in windows {
         let mine: Vec<&RequestRecord> = records.iter().filter(|r| r.phase == w.name).collect();
-        let mut models: Vec<&str> = mine.iter().map(|r| r.model.as_str()).collect();
-        models.sort_unstable();
-        models.dedup();
         let snap = snaps.iter().find(|s| s.phase == w.name);
-        for model in &models {
-            let of_model: Vec<&&RequestRecord> =
-                mine.iter().filter(|r| r.model == *model).collect();
-            for metric in METRICS {
-                let cs = Stats::of(
-                    of_model
-                        .iter()
-                        .filter_map(|r| client_value(r, metric))
-                        .collect(),
-                );
-                let client = cs.map_or([None; 3], |s| [Some(s.p50), Some(s.p95), Some(s.p99)]);
-                c.rows.push(row(
-                    &w.name,
-                    model,
-                    metric,
-                    "client exact".into(),
-                    client,
-                    cs.map(|s| s.count as f64),
-                    client,
-                ));
-                // Proxy exact: the joined records of exactly these requests.
-                if proxy_records.is_some() {
-                    let vals: Vec<f64> = of_model
-                        .iter()
-                        .filter_map(|r| {
-                            by_id
-                                .get(r.request_id.as_str())
-                                .and_then(|p| proxy_value(p, metric))
-                        })
-                        .collect();
-                    if let Some(s) = Stats::of(vals) {
-                        c.rows.push(row(
-                            &w.name,
-                            model,
-                            metric,
-                            "proxy exact".into(),
-                            [Some(s.p50), Some(s.p95), Some(s.p99)],
-                            Some(s.count as f64),
-                            client,
-                        ));
-                    }
-                }
-                // /stats as well: it is what an operator sees without the sink.
-                if let Some(st) = snap.and_then(|s| s.end.proxy_stats.get(*model)) {
-                    let obj = st.get(format!("{metric}_seconds"));
-                    let g = |k: &str| obj.and_then(|o| o.get(k)).and_then(|v| v.as_f64());
-                    if g("p50").is_some() {
-                        c.rows.push(row(
-                            &w.name,
-                            model,
-                            metric,
-                            "proxy exact (/stats)".into(),
-                            [g("p50"), g("p95"), g("p99")],
-                            g("count"),
-                            client,
-                        ));
-                    }
-                }
-                if let Some(s) = snap {
-                    if let Some((q, n)) = hist_q(
-                        s.start.proxy_metrics.as_deref(),
-                        s.end.proxy_metrics.as_deref(),
-                        proxy_family(metric),
-                        &["model"],
-                        model,
-                    ) {
-                        c.rows.push(row(
-                            &w.name,
-                            model,
-                            metric,
-                            "proxy histogram".into(),
-                            q,
-                            Some(n),
-                            client,
-                        ));
-                    }
-                    for (i, (url, end_text)) in s.end.engines.iter().enumerate() {
-                        let start_text = s.start.engines.get(i).and_then(|e| e.1.as_deref());
-                        let found = engine_families(metric).iter().find_map(|fam| {
-                            hist_q(
-                                start_text,
-                                end_text.as_deref(),
-                                fam,
-                                &["model_name", "model"],
-                                model,
-                            )
-                        });
-                        if let Some((q, n)) = found {
-                            c.rows.push(row(
-                                &w.name,
-                                model,
-                                metric,
-                                format!("engine histogram ({url})"),
-                                q,
-                                Some(n),
-                                client,
-                            ));
-                        }
-                    }
-                }
-            }
-        }
+        rows_for(
+            &mut c.rows,
+            &w.name,
+            &mine,
+            snap,
+            &by_id,
+            proxy_records.is_some(),
+        );
         if proxy_records.is_some() {
             c.joins.push(join(&w.name, &mine, &by_id));
         }
@@ -712,6 +730,31 @@ pub fn build(
         }
     }
     let all: Vec<&RequestRecord> = records.iter().collect();
+    if windows.len() > 1 {
+        // The whole run: first phase start to last phase end (after every request); /stats
+        // windows are per phase, so none here.
+        let whole = match (snaps.first(), snaps.last()) {
+            (Some(first), Some(last)) => {
+                let mut end = last.end.clone();
+                end.proxy_stats.clear();
+                Some(PhaseSnapshots {
+                    phase: "overall".into(),
+                    start: first.start.clone(),
+                    end,
+                    settled: None,
+                })
+            }
+            _ => None,
+        };
+        rows_for(
+            &mut c.rows,
+            "overall",
+            &all,
+            whole.as_ref(),
+            &by_id,
+            proxy_records.is_some(),
+        );
+    }
     if proxy_records.is_some() {
         c.joins.push(join("overall", &all, &by_id));
     }

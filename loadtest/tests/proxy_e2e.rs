@@ -261,6 +261,19 @@ async fn through_the_proxy_outcomes_equal_faults_and_client_and_proxy_agree() {
             "{phase}"
         );
     }
+    // The whole run as one span: the same agreement, and each request counted once.
+    for metric in ["ttft", "e2e"] {
+        let d = row(c, "overall", metric, "proxy exact").diff_p50.unwrap();
+        assert!(
+            d.abs() <= P50_TOLERANCE_S,
+            "overall {metric} p50 proxy-client {d}"
+        );
+    }
+    assert_eq!(
+        row(c, "overall", "e2e", "proxy histogram").count,
+        Some(120.0)
+    );
+    assert_eq!(row(c, "overall", "e2e", "client exact").count, Some(120.0));
     // /stats over the phase window agrees too (it is what an operator sees without the sink).
     let stats = row(c, "faults", "ttft", "proxy exact (/stats)");
     assert!(
