@@ -18,6 +18,8 @@ use crate::report::summary::{PhaseWindow, Stats};
 /// What was captured at one instant.
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
+    /// When it was taken: seconds since the run started.
+    pub t_s: f64,
     /// A proxy admin URL was given (so a missing `proxy_metrics` is a failure worth a note).
     pub proxy_asked: bool,
     pub proxy_metrics: Option<String>,
@@ -33,6 +35,8 @@ pub struct PhaseSnapshots {
     pub phase: String,
     pub start: Snapshot,
     pub end: Snapshot,
+    /// The last phase only: taken `settle_s` after every request finished.
+    pub settled: Option<Snapshot>,
 }
 
 // ---------- Prometheus text: histograms only ----------
@@ -186,6 +190,156 @@ pub fn quantile(b: &Buckets, q: f64) -> Option<f64> {
     Some(prev_le)
 }
 
+/// Sum of every series of a counter or gauge `name` (e.g. `vllm:generation_tokens_total`), or
+/// `None` when the family is absent.
+pub fn series_sum(text: &str, name: &str) -> Option<f64> {
+    let mut found = None;
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        let value = if let Some(r) = rest.strip_prefix('{') {
+            r.rfind('}').map(|c| &r[c + 1..])
+        } else if rest.starts_with(' ') {
+            Some(rest)
+        } else {
+            None // a longer name (`..._created`)
+        };
+        if let Some(v) = value
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<f64>().ok())
+        {
+            *found.get_or_insert(0.0) += v;
+        }
+    }
+    found
+}
+
+/// Token and running-request counters of one source at one snapshot. For an engine these are
+/// `vllm:generation_tokens_total`, `vllm:prompt_tokens_total`, `vllm:num_requests_running`,
+/// `vllm:num_requests_waiting`; for the proxy `goodput_proxy_generation_tokens_total`,
+/// `goodput_proxy_prompt_tokens_total` and `goodput_proxy_requests_in_flight` (summed over
+/// series). 0 when the scrape worked but the family has no series yet (a labelled counter
+/// appears with its first request); `None` when the scrape failed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CounterSnapshot {
+    pub phase: String,
+    /// `start` or `end` of the phase; `settled`: the last phase, `settle_s` after its end.
+    pub at: String,
+    /// Seconds since the run started.
+    pub t_s: f64,
+    /// Taken after every request of the run had finished (the last phase's end).
+    pub after_all_requests: bool,
+    /// `proxy` or the engine's metrics URL.
+    pub source: String,
+    pub generation_tokens_total: Option<f64>,
+    pub prompt_tokens_total: Option<f64>,
+    pub num_requests_running: Option<f64>,
+    pub num_requests_waiting: Option<f64>,
+}
+
+/// Completion tokens as the client counted them beside the increase of the proxy's and each
+/// engine's generation counter over the same span (a phase, or `overall`: first start to last
+/// end, after every request finished).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenCheck {
+    pub phase: String,
+    /// Sum over the client's records (usage when present, else counted output events).
+    pub client_completion_tokens: u64,
+    /// The part of it that came from `usage`, and how many requests carried usage.
+    pub client_completion_from_usage: u64,
+    pub client_requests_with_usage: u64,
+    pub client_requests: u64,
+    /// Increase of `goodput_proxy_generation_tokens_total`.
+    pub proxy_generation_tokens: Option<f64>,
+    /// Engine metrics URL -> increase of `vllm:generation_tokens_total`.
+    pub engine_generation_tokens: BTreeMap<String, Option<f64>>,
+}
+
+fn counters_of(
+    phase: &str,
+    at: &str,
+    after_all: bool,
+    snap: &Snapshot,
+    out: &mut Vec<CounterSnapshot>,
+) {
+    if snap.proxy_asked {
+        let t = snap.proxy_metrics.as_deref();
+        let g = |n: &str| t.map(|t| series_sum(t, n).unwrap_or(0.0));
+        out.push(CounterSnapshot {
+            phase: phase.into(),
+            at: at.into(),
+            t_s: snap.t_s,
+            after_all_requests: after_all,
+            source: "proxy".into(),
+            generation_tokens_total: g("goodput_proxy_generation_tokens_total"),
+            prompt_tokens_total: g("goodput_proxy_prompt_tokens_total"),
+            num_requests_running: g("goodput_proxy_requests_in_flight"),
+            num_requests_waiting: None,
+        });
+    }
+    for (url, text) in &snap.engines {
+        let g = |n: &str| text.as_deref().map(|t| series_sum(t, n).unwrap_or(0.0));
+        out.push(CounterSnapshot {
+            phase: phase.into(),
+            at: at.into(),
+            t_s: snap.t_s,
+            after_all_requests: after_all,
+            source: url.clone(),
+            generation_tokens_total: g("vllm:generation_tokens_total"),
+            prompt_tokens_total: g("vllm:prompt_tokens_total"),
+            num_requests_running: g("vllm:num_requests_running"),
+            num_requests_waiting: g("vllm:num_requests_waiting"),
+        });
+    }
+}
+
+fn token_check(
+    phase: &str,
+    mine: &[&RequestRecord],
+    start: Option<&Snapshot>,
+    end: Option<&Snapshot>,
+) -> TokenCheck {
+    let grow = |a: Option<&str>, b: Option<&str>, name: &str| -> Option<f64> {
+        Some(series_sum(b?, name).unwrap_or(0.0) - series_sum(a?, name).unwrap_or(0.0))
+    };
+    let proxy = match (start, end) {
+        (Some(s), Some(e)) if e.proxy_asked => grow(
+            s.proxy_metrics.as_deref(),
+            e.proxy_metrics.as_deref(),
+            "goodput_proxy_generation_tokens_total",
+        ),
+        _ => None,
+    };
+    let mut engines = BTreeMap::new();
+    if let (Some(s), Some(e)) = (start, end) {
+        for (i, (url, end_text)) in e.engines.iter().enumerate() {
+            let start_text = s.engines.get(i).and_then(|x| x.1.as_deref());
+            engines.insert(
+                url.clone(),
+                grow(
+                    start_text,
+                    end_text.as_deref(),
+                    "vllm:generation_tokens_total",
+                ),
+            );
+        }
+    }
+    TokenCheck {
+        phase: phase.into(),
+        client_completion_tokens: mine.iter().filter_map(|r| r.completion_tokens).sum(),
+        client_completion_from_usage: mine
+            .iter()
+            .filter(|r| r.usage_exact)
+            .filter_map(|r| r.completion_tokens)
+            .sum(),
+        client_requests_with_usage: mine.iter().filter(|r| r.usage_exact).count() as u64,
+        client_requests: mine.len() as u64,
+        proxy_generation_tokens: proxy,
+        engine_generation_tokens: engines,
+    }
+}
+
 // ---------- proxy per-request records ----------
 
 /// The fields of a proxy record the join needs. The proxy's sink writes
@@ -199,6 +353,7 @@ pub struct ProxyRecord {
     pub ttft: Option<f64>,
     pub tpot: Option<f64>,
     pub e2e: Option<f64>,
+    pub completion_tokens: Option<u64>,
 }
 
 fn num(v: &serde_json::Value, keys: &[&str]) -> Option<f64> {
@@ -231,6 +386,7 @@ pub fn parse_proxy_records(text_in: &str) -> Vec<ProxyRecord> {
                 ttft: num(v, &["ttft_s", "ttft_seconds", "ttft"]),
                 tpot: num(v, &["tpot_s", "tpot_seconds", "tpot"]),
                 e2e: num(v, &["e2e_s", "e2e_seconds", "e2e"]),
+                completion_tokens: v.get("completion_tokens").and_then(|x| x.as_u64()),
             })
         })
         .collect()
@@ -267,6 +423,26 @@ pub struct DiffStats {
     pub max: f64,
 }
 
+/// One request whose outcome the client and the proxy do not agree on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Disagreement {
+    pub request_id: String,
+    pub client: String,
+    /// The proxy's outcome; `null` when the proxy's record has none.
+    pub proxy: Option<String>,
+}
+
+/// One successful request whose completion-token counts differ.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenDisagreement {
+    pub request_id: String,
+    pub client: u64,
+    pub proxy: u64,
+    /// The client's count came from `usage`.
+    pub client_usage: bool,
+}
+
+/// Client and proxy records joined by request id, over one phase or `overall`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Join {
     pub phase: String,
@@ -276,6 +452,21 @@ pub struct Join {
     pub outcomes_disagree: u64,
     /// Client-outcome -> proxy-outcome counts where they differ.
     pub disagreements: BTreeMap<String, u64>,
+    /// Every request whose outcomes differ.
+    #[serde(default)]
+    pub disagreeing: Vec<Disagreement>,
+    /// Client requests with no proxy record (first 100 ids; `client_requests - matched` is the
+    /// count).
+    #[serde(default)]
+    pub unmatched_ids: Vec<String>,
+    /// Completion tokens of the requests both sides call `success` and both counted: how many
+    /// were compared, how many agree, and the ones that do not.
+    #[serde(default)]
+    pub tokens_compared: u64,
+    #[serde(default)]
+    pub tokens_agree: u64,
+    #[serde(default)]
+    pub tokens_disagreeing: Vec<TokenDisagreement>,
     pub ttft_proxy_minus_client: Option<DiffStats>,
     pub e2e_proxy_minus_client: Option<DiffStats>,
 }
@@ -283,7 +474,14 @@ pub struct Join {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Comparison {
     pub rows: Vec<Row>,
+    /// Per phase, then one named `overall`.
     pub joins: Vec<Join>,
+    /// Proxy and engine counters at every phase start and end.
+    #[serde(default)]
+    pub counters: Vec<CounterSnapshot>,
+    /// Per phase, then `overall`: client completion tokens vs proxy and engine counters.
+    #[serde(default)]
+    pub tokens: Vec<TokenCheck>,
     pub notes: Vec<String>,
 }
 
@@ -377,6 +575,121 @@ fn hist_q(
     })
 }
 
+/// The rows of one span (a phase, or `overall`) for every model in it.
+fn rows_for(
+    rows: &mut Vec<Row>,
+    name: &str,
+    mine: &[&RequestRecord],
+    snap: Option<&PhaseSnapshots>,
+    by_id: &HashMap<&str, &ProxyRecord>,
+    joined: bool,
+) {
+    let mut models: Vec<&str> = mine.iter().map(|r| r.model.as_str()).collect();
+    models.sort_unstable();
+    models.dedup();
+    for model in &models {
+        let of_model: Vec<&&RequestRecord> = mine.iter().filter(|r| r.model == *model).collect();
+        for metric in METRICS {
+            let cs = Stats::of(
+                of_model
+                    .iter()
+                    .filter_map(|r| client_value(r, metric))
+                    .collect(),
+            );
+            let client = cs.map_or([None; 3], |s| [Some(s.p50), Some(s.p95), Some(s.p99)]);
+            rows.push(row(
+                name,
+                model,
+                metric,
+                "client exact".into(),
+                client,
+                cs.map(|s| s.count as f64),
+                client,
+            ));
+            // Proxy exact: the joined records of exactly these requests.
+            if joined {
+                let vals: Vec<f64> = of_model
+                    .iter()
+                    .filter_map(|r| {
+                        by_id
+                            .get(r.request_id.as_str())
+                            .and_then(|p| proxy_value(p, metric))
+                    })
+                    .collect();
+                if let Some(s) = Stats::of(vals) {
+                    rows.push(row(
+                        name,
+                        model,
+                        metric,
+                        "proxy exact".into(),
+                        [Some(s.p50), Some(s.p95), Some(s.p99)],
+                        Some(s.count as f64),
+                        client,
+                    ));
+                }
+            }
+            // /stats as well: it is what an operator sees without the sink.
+            if let Some(st) = snap.and_then(|s| s.end.proxy_stats.get(*model)) {
+                let obj = st.get(format!("{metric}_seconds"));
+                let g = |k: &str| obj.and_then(|o| o.get(k)).and_then(|v| v.as_f64());
+                if g("p50").is_some() {
+                    rows.push(row(
+                        name,
+                        model,
+                        metric,
+                        "proxy exact (/stats)".into(),
+                        [g("p50"), g("p95"), g("p99")],
+                        g("count"),
+                        client,
+                    ));
+                }
+            }
+            if let Some(s) = snap {
+                if let Some((q, n)) = hist_q(
+                    s.start.proxy_metrics.as_deref(),
+                    s.end.proxy_metrics.as_deref(),
+                    proxy_family(metric),
+                    &["model"],
+                    model,
+                ) {
+                    rows.push(row(
+                        name,
+                        model,
+                        metric,
+                        "proxy histogram".into(),
+                        q,
+                        Some(n),
+                        client,
+                    ));
+                }
+                for (i, (url, end_text)) in s.end.engines.iter().enumerate() {
+                    let start_text = s.start.engines.get(i).and_then(|e| e.1.as_deref());
+                    let found = engine_families(metric).iter().find_map(|fam| {
+                        hist_q(
+                            start_text,
+                            end_text.as_deref(),
+                            fam,
+                            &["model_name", "model"],
+                            model,
+                        )
+                    });
+                    if let Some((q, n)) = found {
+                        rows.push(row(
+                            name,
+                            model,
+                            metric,
+                            format!("engine histogram ({url})"),
+                            q,
+                            Some(n),
+                            client,
+                        ));
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Build the comparison tables from the run's records, windows, snapshots and (optionally) the
 /// proxy's own per-request records.
 pub fn build(
@@ -393,113 +706,65 @@ pub fn build(
         .collect();
     for w in windows {
         let mine: Vec<&RequestRecord> = records.iter().filter(|r| r.phase == w.name).collect();
-        let mut models: Vec<&str> = mine.iter().map(|r| r.model.as_str()).collect();
-        models.sort_unstable();
-        models.dedup();
         let snap = snaps.iter().find(|s| s.phase == w.name);
-        for model in &models {
-            let of_model: Vec<&&RequestRecord> =
-                mine.iter().filter(|r| r.model == *model).collect();
-            for metric in METRICS {
-                let cs = Stats::of(
-                    of_model
-                        .iter()
-                        .filter_map(|r| client_value(r, metric))
-                        .collect(),
-                );
-                let client = cs.map_or([None; 3], |s| [Some(s.p50), Some(s.p95), Some(s.p99)]);
-                c.rows.push(row(
-                    &w.name,
-                    model,
-                    metric,
-                    "client exact".into(),
-                    client,
-                    cs.map(|s| s.count as f64),
-                    client,
-                ));
-                // Proxy exact: joined records when we have them, else /stats over the window.
-                if proxy_records.is_some() {
-                    let vals: Vec<f64> = of_model
-                        .iter()
-                        .filter_map(|r| {
-                            by_id
-                                .get(r.request_id.as_str())
-                                .and_then(|p| proxy_value(p, metric))
-                        })
-                        .collect();
-                    if let Some(s) = Stats::of(vals) {
-                        c.rows.push(row(
-                            &w.name,
-                            model,
-                            metric,
-                            "proxy exact".into(),
-                            [Some(s.p50), Some(s.p95), Some(s.p99)],
-                            Some(s.count as f64),
-                            client,
-                        ));
-                    }
-                } else if let Some(st) = snap.and_then(|s| s.end.proxy_stats.get(*model)) {
-                    let obj = st.get(format!("{metric}_seconds"));
-                    let g = |k: &str| obj.and_then(|o| o.get(k)).and_then(|v| v.as_f64());
-                    if g("p50").is_some() {
-                        c.rows.push(row(
-                            &w.name,
-                            model,
-                            metric,
-                            "proxy exact (/stats)".into(),
-                            [g("p50"), g("p95"), g("p99")],
-                            g("count"),
-                            client,
-                        ));
-                    }
-                }
-                if let Some(s) = snap {
-                    if let Some((q, n)) = hist_q(
-                        s.start.proxy_metrics.as_deref(),
-                        s.end.proxy_metrics.as_deref(),
-                        proxy_family(metric),
-                        &["model"],
-                        model,
-                    ) {
-                        c.rows.push(row(
-                            &w.name,
-                            model,
-                            metric,
-                            "proxy histogram".into(),
-                            q,
-                            Some(n),
-                            client,
-                        ));
-                    }
-                    for (i, (url, end_text)) in s.end.engines.iter().enumerate() {
-                        let start_text = s.start.engines.get(i).and_then(|e| e.1.as_deref());
-                        let found = engine_families(metric).iter().find_map(|fam| {
-                            hist_q(
-                                start_text,
-                                end_text.as_deref(),
-                                fam,
-                                &["model_name", "model"],
-                                model,
-                            )
-                        });
-                        if let Some((q, n)) = found {
-                            c.rows.push(row(
-                                &w.name,
-                                model,
-                                metric,
-                                format!("engine histogram ({url})"),
-                                q,
-                                Some(n),
-                                client,
-                            ));
-                        }
-                    }
-                }
-            }
-        }
+        rows_for(
+            &mut c.rows,
+            &w.name,
+            &mine,
+            snap,
+            &by_id,
+            proxy_records.is_some(),
+        );
         if proxy_records.is_some() {
             c.joins.push(join(&w.name, &mine, &by_id));
         }
+        if let Some(s) = snap {
+            let last = snaps.last().is_some_and(|l| l.phase == s.phase);
+            counters_of(&w.name, "start", false, &s.start, &mut c.counters);
+            counters_of(&w.name, "end", last, &s.end, &mut c.counters);
+            if let Some(settled) = &s.settled {
+                counters_of(&w.name, "settled", true, settled, &mut c.counters);
+            }
+            c.tokens
+                .push(token_check(&w.name, &mine, Some(&s.start), Some(&s.end)));
+        }
+    }
+    let all: Vec<&RequestRecord> = records.iter().collect();
+    if windows.len() > 1 {
+        // The whole run: first phase start to last phase end (after every request); /stats
+        // windows are per phase, so none here.
+        let whole = match (snaps.first(), snaps.last()) {
+            (Some(first), Some(last)) => {
+                let mut end = last.end.clone();
+                end.proxy_stats.clear();
+                Some(PhaseSnapshots {
+                    phase: "overall".into(),
+                    start: first.start.clone(),
+                    end,
+                    settled: None,
+                })
+            }
+            _ => None,
+        };
+        rows_for(
+            &mut c.rows,
+            "overall",
+            &all,
+            whole.as_ref(),
+            &by_id,
+            proxy_records.is_some(),
+        );
+    }
+    if proxy_records.is_some() {
+        c.joins.push(join("overall", &all, &by_id));
+    }
+    if !snaps.is_empty() {
+        c.tokens.push(token_check(
+            "overall",
+            &all,
+            snaps.first().map(|s| &s.start),
+            snaps.last().map(|s| &s.end),
+        ));
     }
     if snaps
         .iter()
@@ -518,16 +783,41 @@ pub fn build(
 fn join(phase: &str, mine: &[&RequestRecord], by_id: &HashMap<&str, &ProxyRecord>) -> Join {
     let (mut matched, mut agree, mut disagree) = (0, 0, 0);
     let mut dis = BTreeMap::new();
+    let mut disagreeing = Vec::new();
+    let mut unmatched_ids = Vec::new();
     let (mut dt, mut de) = (Vec::new(), Vec::new());
+    let (mut tok_n, mut tok_ok, mut tok_bad) = (0, 0, Vec::new());
     for r in mine {
         let Some(p) = by_id.get(r.request_id.as_str()) else {
+            if unmatched_ids.len() < 100 {
+                unmatched_ids.push(r.request_id.clone());
+            }
             continue;
         };
         matched += 1;
+        let both_ok = r.outcome == "success" && p.outcome.as_deref() == Some("success");
+        if let (true, Some(c), Some(pc)) = (both_ok, r.completion_tokens, p.completion_tokens) {
+            tok_n += 1;
+            if c == pc {
+                tok_ok += 1;
+            } else {
+                tok_bad.push(TokenDisagreement {
+                    request_id: r.request_id.clone(),
+                    client: c,
+                    proxy: pc,
+                    client_usage: r.usage_exact,
+                });
+            }
+        }
         if p.outcome.as_deref() == Some(r.outcome.as_str()) {
             agree += 1;
         } else {
             disagree += 1;
+            disagreeing.push(Disagreement {
+                request_id: r.request_id.clone(),
+                client: r.outcome.clone(),
+                proxy: p.outcome.clone(),
+            });
             *dis.entry(format!(
                 "{} -> {}",
                 r.outcome,
@@ -549,6 +839,11 @@ fn join(phase: &str, mine: &[&RequestRecord], by_id: &HashMap<&str, &ProxyRecord
         outcomes_agree: agree,
         outcomes_disagree: disagree,
         disagreements: dis,
+        disagreeing,
+        unmatched_ids,
+        tokens_compared: tok_n,
+        tokens_agree: tok_ok,
+        tokens_disagreeing: tok_bad,
         ttft_proxy_minus_client: diff_stats(dt),
         e2e_proxy_minus_client: diff_stats(de),
     }
@@ -618,6 +913,13 @@ pub fn render_text(c: &Comparison) -> String {
             j.outcomes_disagree,
             j.disagreements
         );
+        if j.tokens_compared > 0 {
+            let _ = writeln!(
+                o,
+                "    completion tokens of successes: {}/{} agree",
+                j.tokens_agree, j.tokens_compared
+            );
+        }
         for (n, d) in [
             ("TTFT", &j.ttft_proxy_minus_client),
             ("E2E", &j.e2e_proxy_minus_client),
@@ -634,6 +936,27 @@ pub fn render_text(c: &Comparison) -> String {
                 );
             }
         }
+    }
+    for t in &c.tokens {
+        let _ = writeln!(
+            o,
+            "  tokens {}: client {} ({} from usage in {}/{} requests), proxy +{}, {}",
+            t.phase,
+            t.client_completion_tokens,
+            t.client_completion_from_usage,
+            t.client_requests_with_usage,
+            t.client_requests,
+            t.proxy_generation_tokens
+                .map_or("-".into(), |v| format!("{v:.0}")),
+            t.engine_generation_tokens
+                .iter()
+                .map(|(u, v)| format!(
+                    "engine {u} +{}",
+                    v.map_or("-".into(), |v| format!("{v:.0}"))
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
     }
     for n in &c.notes {
         let _ = writeln!(o, "  note: {n}");
@@ -664,7 +987,7 @@ pub fn render_html(c: &Comparison) -> String {
     }
     h.push_str("</table>");
     if !c.joins.is_empty() {
-        h.push_str("<table><tr><th>phase</th><th>matched</th><th>outcomes agree</th><th>disagree</th><th>TTFT proxy−client p50/p99/max ms</th><th>E2E proxy−client p50/p99/max ms</th></tr>");
+        h.push_str("<table><tr><th>phase</th><th>matched</th><th>outcomes agree</th><th>disagree</th><th>success tokens agree</th><th>TTFT proxy−client p50/p99/max ms</th><th>E2E proxy−client p50/p99/max ms</th></tr>");
         let f = |d: &Option<DiffStats>| {
             d.as_ref().map_or("-".into(), |d| {
                 format!(
@@ -678,14 +1001,39 @@ pub fn render_html(c: &Comparison) -> String {
         for j in &c.joins {
             let _ = write!(
                 h,
-                "<tr><td>{}</td><td>{}/{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                "<tr><td>{}</td><td>{}/{}</td><td>{}</td><td>{}</td><td>{}/{}</td><td>{}</td><td>{}</td></tr>",
                 esc(&j.phase),
                 j.matched,
                 j.client_requests,
                 j.outcomes_agree,
                 j.outcomes_disagree,
+                j.tokens_agree,
+                j.tokens_compared,
                 f(&j.ttft_proxy_minus_client),
                 f(&j.e2e_proxy_minus_client)
+            );
+        }
+        h.push_str("</table>");
+    }
+    if !c.tokens.is_empty() {
+        h.push_str("<table><tr><th>tokens</th><th>client completion</th><th>from usage (requests)</th><th>proxy +</th><th>engines +</th></tr>");
+        let n = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.0}"));
+        for t in &c.tokens {
+            let engines: Vec<String> = t
+                .engine_generation_tokens
+                .iter()
+                .map(|(u, v)| format!("{}: {}", esc(u), n(*v)))
+                .collect();
+            let _ = write!(
+                h,
+                "<tr><td>{}</td><td>{}</td><td>{} ({}/{})</td><td>{}</td><td>{}</td></tr>",
+                esc(&t.phase),
+                t.client_completion_tokens,
+                t.client_completion_from_usage,
+                t.client_requests_with_usage,
+                t.client_requests,
+                n(t.proxy_generation_tokens),
+                engines.join("<br>")
             );
         }
         h.push_str("</table>");
@@ -762,6 +1110,98 @@ vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"+Inf\",model_name=\"ti
     }
 
     #[test]
+    fn series_sums_counters_and_gauges() {
+        let t = "# TYPE vllm:generation_tokens_total counter\n\
+vllm:generation_tokens_total{engine=\"0\",model_name=\"tiny\"} 83.0\n\
+vllm:generation_tokens_total{engine=\"1\",model_name=\"tiny\"} 17\n\
+vllm:generation_tokens_created{engine=\"0\"} 1.7e9\n\
+plain_gauge 4\n";
+        assert_eq!(series_sum(t, "vllm:generation_tokens_total"), Some(100.0));
+        assert_eq!(series_sum(t, "plain_gauge"), Some(4.0));
+        assert_eq!(series_sum(t, "plain"), None, "a prefix is not the family");
+        assert_eq!(series_sum(t, "vllm:num_requests_running"), None);
+    }
+
+    #[test]
+    fn counters_and_token_check_per_phase_and_overall() {
+        let engine = |gen: u32, running: u32| {
+            format!("vllm:generation_tokens_total{{model_name=\"m\"}} {gen}\nvllm:num_requests_running{{model_name=\"m\"}} {running}\n")
+        };
+        let proxy =
+            |gen: u32| format!("goodput_proxy_generation_tokens_total{{model=\"m\"}} {gen}\n");
+        let snap = |t: f64, p: u32, e: u32, r: u32| Snapshot {
+            t_s: t,
+            proxy_asked: true,
+            proxy_metrics: Some(proxy(p)),
+            engines: vec![("E".into(), Some(engine(e, r)))],
+            ..Snapshot::default()
+        };
+        let win = |name: &str, a: f64, b: f64| PhaseWindow {
+            name: name.into(),
+            arrivals: String::new(),
+            start_s: a,
+            end_s: b,
+            held_back: 0,
+            hold_max_seconds: 0.0,
+        };
+        let snaps = vec![
+            PhaseSnapshots {
+                phase: "a".into(),
+                start: snap(0.0, 100, 200, 0),
+                end: snap(1.0, 110, 210, 2),
+                settled: None,
+            },
+            PhaseSnapshots {
+                phase: "b".into(),
+                start: snap(1.0, 110, 210, 2),
+                end: snap(2.0, 125, 225, 1),
+                settled: Some(snap(3.0, 125, 225, 0)),
+            },
+        ];
+        let mut r1 = crate::report::summary::tests::rec("a", 0.1, 0.5, Some(0.1), "success");
+        r1.completion_tokens = Some(10);
+        let mut r2 = crate::report::summary::tests::rec("b", 1.1, 0.5, Some(0.1), "success");
+        r2.completion_tokens = Some(15);
+        r2.usage_exact = false;
+        let c = build(
+            &[win("a", 0.0, 1.0), win("b", 1.0, 2.0)],
+            &[r1, r2],
+            &snaps,
+            None,
+        );
+        assert_eq!(
+            c.counters.len(),
+            10,
+            "2 sources x (2 instants x 2 phases + settled)"
+        );
+        let end = &c.counters[7];
+        assert_eq!(
+            (end.phase.as_str(), end.at.as_str(), end.source.as_str()),
+            ("b", "end", "E")
+        );
+        assert!(end.after_all_requests);
+        assert_eq!(end.num_requests_running, Some(1.0));
+        let last = c.counters.last().unwrap();
+        assert_eq!((last.at.as_str(), last.t_s), ("settled", 3.0));
+        assert_eq!(last.num_requests_running, Some(0.0));
+        assert_eq!(c.counters[3].num_requests_running, Some(2.0));
+        let t: Vec<_> = c.tokens.iter().map(|t| t.phase.as_str()).collect();
+        assert_eq!(t, ["a", "b", "overall"]);
+        let all = &c.tokens[2];
+        assert_eq!(
+            (
+                all.client_completion_tokens,
+                all.client_completion_from_usage,
+                all.client_requests_with_usage
+            ),
+            (25, 10, 1)
+        );
+        assert_eq!(all.proxy_generation_tokens, Some(25.0));
+        assert_eq!(all.engine_generation_tokens["E"], Some(25.0));
+        assert_eq!(c.tokens[0].engine_generation_tokens["E"], Some(10.0));
+    }
+
+    #[test]
     fn labels_with_escapes() {
         let l = parse_labels(r#"a="x\"y",le="0.5", model="m""#);
         assert_eq!(l["a"], "x\"y");
@@ -799,6 +1239,7 @@ vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"+Inf\",model_name=\"ti
                 ttft: Some(0.12),
                 tpot: None,
                 e2e: Some(0.9),
+                completion_tokens: None,
             }]
         );
     }
@@ -810,7 +1251,7 @@ vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"+Inf\",model_name=\"ti
         let mut b = crate::report::summary::tests::rec("p", 0.0, 2.0, Some(0.200), "truncated");
         b.request_id = "r2".into();
         let proxy = parse_proxy_records(
-            "{\"request_id\":\"r1\",\"outcome\":\"success\",\"ttft_seconds\":0.098,\"e2e_seconds\":0.997}\n\
+            "{\"request_id\":\"r1\",\"outcome\":\"success\",\"ttft_seconds\":0.098,\"e2e_seconds\":0.997,\"completion_tokens\":4}\n\
              {\"id\":\"r2\",\"outcome\":\"upstream_error\",\"ttft\":0.199,\"e2e\":1.999}\nnot json\n",
         );
         assert_eq!(proxy.len(), 2);
@@ -822,13 +1263,40 @@ vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"+Inf\",model_name=\"ti
             held_back: 0,
             hold_max_seconds: 0.0,
         };
-        let c = build(&[w], &[a, b], &[], Some(&proxy));
+        let mut lost = crate::report::summary::tests::rec("p", 1.0, 1.0, None, "success");
+        lost.request_id = "r3".into();
+        let c = build(&[w], &[a, b, lost], &[], Some(&proxy));
+        assert_eq!(c.joins.len(), 2, "the phase and overall");
+        assert_eq!(c.joins[1].phase, "overall");
         let j = &c.joins[0];
         assert_eq!(
-            (j.matched, j.outcomes_agree, j.outcomes_disagree),
-            (2, 1, 1)
+            (
+                j.client_requests,
+                j.matched,
+                j.outcomes_agree,
+                j.outcomes_disagree
+            ),
+            (3, 2, 1, 1)
         );
         assert_eq!(j.disagreements["truncated -> upstream_error"], 1);
+        assert_eq!(
+            j.disagreeing,
+            vec![Disagreement {
+                request_id: "r2".into(),
+                client: "truncated".into(),
+                proxy: Some("upstream_error".into()),
+            }]
+        );
+        assert_eq!(j.unmatched_ids, ["r3"]);
+        // Tokens are compared on successes only (r1: the client counted 5, the proxy 4).
+        assert_eq!((j.tokens_compared, j.tokens_agree), (1, 0));
+        assert_eq!(
+            (
+                j.tokens_disagreeing[0].client,
+                j.tokens_disagreeing[0].proxy
+            ),
+            (5, 4)
+        );
         let t = j.ttft_proxy_minus_client.as_ref().unwrap();
         assert!((t.max - -0.001).abs() < 1e-9 && (t.min - -0.002).abs() < 1e-9);
         let exact = c
