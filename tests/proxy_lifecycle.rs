@@ -36,7 +36,7 @@ async fn admin_routes() {
         .to_str()
         .unwrap()
         .starts_with("text/plain"));
-    assert_eq!(status_of(&proxy.admin_url("/stats")).await, 501);
+    assert_eq!(status_of(&proxy.admin_url("/stats")).await, 200);
     assert_eq!(status_of(&proxy.admin_url("/v1/models")).await, 404);
 }
 
