@@ -187,8 +187,9 @@ async fn admin_metrics_serve_every_engine_relabelled_on_one_valid_page() {
     .await;
     let (ua, ub) = (a.base_url(), b.base_url());
     let proxy = start_proxy(engine_config(&[ua.clone(), ub.clone()])).await;
+    const THROUGH_PROXY: usize = 4;
     let c = client();
-    for _ in 0..4 {
+    for _ in 0..THROUGH_PROXY {
         let (parts, _) = send(&c, post_json(&proxy.url(CHAT), &chat("tiny", 3))).await;
         assert_eq!(parts.status, 200);
     }
@@ -201,7 +202,8 @@ async fn admin_metrics_serve_every_engine_relabelled_on_one_valid_page() {
         .await;
         assert_eq!(parts.status, 200);
     }
-    let served = a.requests_served() + b.requests_served();
+    // Every request succeeded, so the engines' E2E histograms count each one once.
+    let served = THROUGH_PROXY + 2;
     let page = metrics_until(&proxy, "both engines scraped after the requests", |m| {
         [&ua, &ub].iter().all(|u| {
             metric(m, "goodput_proxy_engine_up", &[("upstream", u)]) == 1.0
@@ -368,9 +370,12 @@ async fn a_queued_engine_shows_in_queue_depth_and_gets_no_new_requests() {
     );
     // Nothing in flight through the proxy: demand is the engines' backlog.
     assert_eq!(metric(&page, "goodput_proxy_demand", &[]), QUEUED as f64);
-    // Both replicas answer their health probes (every 200 ms), so only the engine queue tells
-    // them apart: with in-flight alone, p2c would send about half the requests to `busy`.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Both replicas answer their health probes, so only the engine queue tells them apart:
+    // with in-flight alone, p2c would send about half the requests to `busy`.
+    metrics_until(&proxy, "both replicas healthy", |m| {
+        metric(m, "goodput_proxy_upstream_healthy", &[]) == 2.0
+    })
+    .await;
 
     let busy_before = busy.requests_started();
     let c = client();

@@ -55,6 +55,7 @@ struct EngineMetrics {
     running: GaugeVec,
     kv_cache: GaugeVec,
     in_flight: IntGaugeVec,
+    healthy: IntGaugeVec,
     demand: Gauge,
 }
 
@@ -111,6 +112,13 @@ impl EngineMetrics {
                 ),
                 &up,
             )?,
+            healthy: IntGaugeVec::new(
+                Opts::new(
+                    "goodput_proxy_upstream_healthy",
+                    "1 when the replica answered its last health probe (upstream.health_path), else 0.",
+                ),
+                &up,
+            )?,
             demand: Gauge::new(
                 "goodput_proxy_demand",
                 "In-flight requests (all replicas) plus every scraped engine's waiting queue: one autoscaling signal.",
@@ -123,6 +131,7 @@ impl EngineMetrics {
         registry.register(Box::new(m.running.clone()))?;
         registry.register(Box::new(m.kv_cache.clone()))?;
         registry.register(Box::new(m.in_flight.clone()))?;
+        registry.register(Box::new(m.healthy.clone()))?;
         registry.register(Box::new(m.demand.clone()))?;
         Ok(m)
     }
@@ -242,7 +251,7 @@ impl Engines {
         st.latest.take().is_some()
     }
 
-    /// Sets the gauges that change between scrapes (age, in-flight, demand); called right
+    /// Sets the gauges that change between scrapes (age, in-flight, health, demand); called right
     /// before the registry is gathered.
     pub fn refresh_gauges(&self, upstreams: &Upstreams, now: Instant) {
         let m = &self.metrics;
@@ -253,6 +262,9 @@ impl Engines {
             let n = replica.in_flight();
             in_flight += n;
             m.in_flight.with_label_values(&l).set(n as i64);
+            m.healthy
+                .with_label_values(&l)
+                .set(i64::from(replica.is_healthy()));
             let Ok(st) = r.state.read() else { continue };
             if let Some(ok) = st.last_ok {
                 let age = now.saturating_duration_since(ok).as_secs_f64();
