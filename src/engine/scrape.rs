@@ -31,6 +31,8 @@ pub enum ScrapeError {
     NotUtf8,
     #[error("not Prometheus text: {0}")]
     Parse(#[from] ParseError),
+    #[error("parsing was cancelled")]
+    Cancelled,
 }
 
 /// Scrapes every replica now, then every interval, until the task is aborted.
@@ -59,7 +61,16 @@ async fn scrape_replica(client: &UpstreamClient, engines: &Engines, i: usize, re
         cfg.max_bytes,
     )
     .await;
-    match page.and_then(|text| Ok(parse::parse(&text)?)) {
+    let parsed = match page {
+        // Off the async workers: a large page (up to `max_bytes`) takes milliseconds to
+        // parse, and a blocked worker would delay the frames the meter timestamps.
+        Ok(text) => match tokio::task::spawn_blocking(move || parse::parse(&text)).await {
+            Ok(result) => result.map_err(ScrapeError::from),
+            Err(_) => Err(ScrapeError::Cancelled),
+        },
+        Err(e) => Err(e),
+    };
+    match parsed {
         Ok(families) => {
             let signals = Signals::from_families(&families);
             let queue = if cfg.balance_on_queue {
