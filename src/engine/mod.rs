@@ -38,6 +38,8 @@ struct ReplicaState {
     /// The latest good page; `None` while the last scrape failed (its families are omitted).
     latest: Option<Arc<Snapshot>>,
     last_ok: Option<Instant>,
+    /// The last scrape failed (so a failure is logged once, also for a replica never up).
+    failing: bool,
 }
 
 /// Every replica's engine snapshot and the gauges derived from them.
@@ -213,7 +215,8 @@ impl Engines {
         r.state.read().ok()?.latest.clone()
     }
 
-    /// Stores a good scrape of replica `i`. Returns true when the replica was down before.
+    /// Stores a good scrape of replica `i`. Returns true when it had no good page before (the
+    /// first scrape, or the first after failures).
     pub fn record_success(&self, i: usize, snap: Snapshot) -> bool {
         let Some(r) = self.replicas.get(i) else {
             return false;
@@ -228,12 +231,14 @@ impl Engines {
             return false;
         };
         let was_down = st.latest.is_none();
+        st.failing = false;
         st.last_ok = Some(snap.at);
         st.latest = Some(Arc::new(snap));
         was_down
     }
 
-    /// Counts a failed scrape of replica `i` and forgets its page. Returns true when it was up.
+    /// Counts a failed scrape of replica `i` and forgets its page. Returns true when the scrape
+    /// before did not fail (the first failure of a run of them).
     pub fn record_failure(&self, i: usize) -> bool {
         let Some(r) = self.replicas.get(i) else {
             return false;
@@ -248,7 +253,8 @@ impl Engines {
         let Ok(mut st) = r.state.write() else {
             return false;
         };
-        st.latest.take().is_some()
+        st.latest = None;
+        !std::mem::replace(&mut st.failing, true)
     }
 
     /// Sets the gauges that change between scrapes (age, in-flight, health, demand); called right
@@ -311,6 +317,75 @@ fn set_or_remove(g: &GaugeVec, l: &[&str], v: Option<f64>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::UpstreamConfig;
+
+    fn engines(urls: &[&str]) -> (Upstreams, Engines, Registry) {
+        let cfg = UpstreamConfig {
+            urls: urls.iter().map(|u| u.to_string()).collect(),
+            ..UpstreamConfig::default()
+        };
+        let up = Upstreams::new(&cfg).unwrap();
+        let registry = Registry::new();
+        let e = Engines::new(&EngineConfig::default(), &up, &registry).unwrap();
+        (up, e, registry)
+    }
+
+    fn snap(page: &str) -> Snapshot {
+        let families = parse::parse(page).unwrap();
+        Snapshot {
+            signals: Signals::from_families(&families),
+            families,
+            at: Instant::now(),
+        }
+    }
+
+    fn render(e: &Engines) -> String {
+        let mut out = String::new();
+        e.render_into(&mut out, &|n| n.starts_with("goodput_proxy_"));
+        out
+    }
+
+    #[test]
+    fn state_changes_are_reported_once_and_failures_drop_the_page() {
+        let (_up, e, _r) = engines(&["http://a:1", "http://b:2"]);
+        // Never up: the first failure is the one to log.
+        assert!(e.record_failure(1));
+        assert!(!e.record_failure(1));
+        assert!(e.record_success(0, snap("vllm:num_requests_waiting 2\n")));
+        assert!(!e.record_success(0, snap("vllm:num_requests_waiting 3\n")));
+        assert_eq!(
+            render(&e),
+            "# TYPE vllm:num_requests_waiting untyped\n\
+             vllm:num_requests_waiting{upstream=\"http://a:1\"} 3\n"
+        );
+        assert!(e.record_failure(0));
+        assert!(e.snapshot(0).is_none());
+        assert_eq!(render(&e), "");
+        assert!(e.record_success(0, snap("x 1\n")));
+    }
+
+    #[test]
+    fn demand_is_in_flight_plus_fresh_queues() {
+        let (up, e, registry) = engines(&["http://a:1", "http://b:2"]);
+        let _g1 = up.replicas[0].start();
+        let _g2 = up.replicas[1].start();
+        e.record_success(0, snap("vllm:num_requests_waiting 4\n"));
+        e.record_success(1, snap("vllm:num_requests_waiting 5\n"));
+        e.record_failure(1);
+        e.refresh_gauges(&up, Instant::now());
+        let fams = registry.gather();
+        let value = |name: &str| {
+            let f = fams.iter().find(|f| f.name() == name).unwrap();
+            f.get_metric()
+                .iter()
+                .map(|m| m.get_gauge().get_value())
+                .sum::<f64>()
+        };
+        // 2 in flight + replica 0's queue; replica 1's page is gone with its failure.
+        assert_eq!(value("goodput_proxy_demand"), 6.0);
+        assert_eq!(value("goodput_proxy_upstream_queue_depth"), 4.0);
+        assert_eq!(value("goodput_proxy_upstream_in_flight"), 2.0);
+    }
 
     #[test]
     fn labels_come_from_configuration() {
