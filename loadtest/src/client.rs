@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use goodput_proxy::body::sse::SseParser;
 use goodput_proxy::measure::{Ending, Measurement, Outcome, StreamMeter};
 use http::{header, Method, Request, Uri};
 use http_body_util::{BodyExt, Full};
@@ -34,6 +35,8 @@ pub struct Sent {
     pub itl: Vec<f64>,
     /// Transport error text, if any.
     pub error: Option<String>,
+    /// The client hung up (dropped the response) after `Outgoing::hangup_after` SSE events.
+    pub hung_up: bool,
 }
 
 /// Everything needed to send one request.
@@ -44,6 +47,8 @@ pub struct Outgoing<'a> {
     pub request_id: &'a str,
     pub extra_header: Option<(&'a str, &'a str)>,
     pub timeout: Duration,
+    /// Drop the response once this many SSE events have arrived (a client that hangs up).
+    pub hangup_after: Option<u64>,
 }
 
 /// Send one request and read its body to the end (or the deadline), metering every frame.
@@ -68,6 +73,7 @@ pub async fn send(client: &HttpClient, out: Outgoing<'_>) -> Sent {
                 measurement: Measurement::without_body(Outcome::Rejected, None, Duration::ZERO),
                 itl: Vec::new(),
                 error: Some(format!("building request: {e}")),
+                hung_up: false,
             }
         }
     };
@@ -75,6 +81,11 @@ pub async fn send(client: &HttpClient, out: Outgoing<'_>) -> Sent {
     let mut itl = Vec::new();
     let mut error = None;
     let mut got_head = false;
+    let mut hung_up = false;
+    // Counts whole SSE events (the meter's parser is private to it); only for hanging up.
+    let mut events = SseParser::new();
+    let mut seen: u64 = 0;
+    let hangup_after = out.hangup_after;
     let exchange = async {
         let resp = match client.request(req).await {
             Ok(r) => r,
@@ -92,6 +103,15 @@ pub async fn send(client: &HttpClient, out: Outgoing<'_>) -> Sent {
                 Some(Ok(frame)) => {
                     if let Some(data) = frame.data_ref() {
                         meter.on_frame(Instant::now(), data, |gap| itl.push(gap.as_secs_f64()));
+                        if let Some(k) = hangup_after {
+                            events.feed(data, |_| seen += 1);
+                            if seen >= k {
+                                // Returning drops `body`: the connection closes mid-stream,
+                                // as when a real client goes away.
+                                hung_up = true;
+                                return Some(Ending::ClientGone);
+                            }
+                        }
                     }
                 }
                 Some(Err(e)) => {
@@ -118,6 +138,7 @@ pub async fn send(client: &HttpClient, out: Outgoing<'_>) -> Sent {
         measurement,
         itl,
         error,
+        hung_up,
     }
 }
 

@@ -18,6 +18,8 @@ use crate::report::summary::{PhaseWindow, Stats};
 /// What was captured at one instant.
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
+    /// When it was taken: seconds since the run started.
+    pub t_s: f64,
     /// A proxy admin URL was given (so a missing `proxy_metrics` is a failure worth a note).
     pub proxy_asked: bool,
     pub proxy_metrics: Option<String>,
@@ -186,6 +188,155 @@ pub fn quantile(b: &Buckets, q: f64) -> Option<f64> {
     Some(prev_le)
 }
 
+/// Sum of every series of a counter or gauge `name` (e.g. `vllm:generation_tokens_total`), or
+/// `None` when the family is absent.
+pub fn series_sum(text: &str, name: &str) -> Option<f64> {
+    let mut found = None;
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        let value = if let Some(r) = rest.strip_prefix('{') {
+            r.rfind('}').map(|c| &r[c + 1..])
+        } else if rest.starts_with(' ') {
+            Some(rest)
+        } else {
+            None // a longer name (`..._created`)
+        };
+        if let Some(v) = value
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<f64>().ok())
+        {
+            *found.get_or_insert(0.0) += v;
+        }
+    }
+    found
+}
+
+/// Token and running-request counters of one source at one snapshot. For an engine these are
+/// `vllm:generation_tokens_total`, `vllm:prompt_tokens_total`, `vllm:num_requests_running`,
+/// `vllm:num_requests_waiting`; for the proxy `goodput_proxy_generation_tokens_total`,
+/// `goodput_proxy_prompt_tokens_total` and `goodput_proxy_requests_in_flight` (summed over
+/// series). `None`: the scrape failed or the family is absent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CounterSnapshot {
+    pub phase: String,
+    /// `start` or `end` of the phase.
+    pub at: String,
+    /// Seconds since the run started.
+    pub t_s: f64,
+    /// Taken after every request of the run had finished (the last phase's end).
+    pub after_all_requests: bool,
+    /// `proxy` or the engine's metrics URL.
+    pub source: String,
+    pub generation_tokens_total: Option<f64>,
+    pub prompt_tokens_total: Option<f64>,
+    pub num_requests_running: Option<f64>,
+    pub num_requests_waiting: Option<f64>,
+}
+
+/// Completion tokens as the client counted them beside the increase of the proxy's and each
+/// engine's generation counter over the same span (a phase, or `overall`: first start to last
+/// end, after every request finished).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenCheck {
+    pub phase: String,
+    /// Sum over the client's records (usage when present, else counted output events).
+    pub client_completion_tokens: u64,
+    /// The part of it that came from `usage`, and how many requests carried usage.
+    pub client_completion_from_usage: u64,
+    pub client_requests_with_usage: u64,
+    pub client_requests: u64,
+    /// Increase of `goodput_proxy_generation_tokens_total`.
+    pub proxy_generation_tokens: Option<f64>,
+    /// Engine metrics URL -> increase of `vllm:generation_tokens_total`.
+    pub engine_generation_tokens: BTreeMap<String, Option<f64>>,
+}
+
+fn counters_of(
+    phase: &str,
+    at: &str,
+    after_all: bool,
+    snap: &Snapshot,
+    out: &mut Vec<CounterSnapshot>,
+) {
+    if snap.proxy_asked {
+        let t = snap.proxy_metrics.as_deref();
+        let g = |n: &str| t.and_then(|t| series_sum(t, n));
+        out.push(CounterSnapshot {
+            phase: phase.into(),
+            at: at.into(),
+            t_s: snap.t_s,
+            after_all_requests: after_all,
+            source: "proxy".into(),
+            generation_tokens_total: g("goodput_proxy_generation_tokens_total"),
+            prompt_tokens_total: g("goodput_proxy_prompt_tokens_total"),
+            num_requests_running: g("goodput_proxy_requests_in_flight"),
+            num_requests_waiting: None,
+        });
+    }
+    for (url, text) in &snap.engines {
+        let g = |n: &str| text.as_deref().and_then(|t| series_sum(t, n));
+        out.push(CounterSnapshot {
+            phase: phase.into(),
+            at: at.into(),
+            t_s: snap.t_s,
+            after_all_requests: after_all,
+            source: url.clone(),
+            generation_tokens_total: g("vllm:generation_tokens_total"),
+            prompt_tokens_total: g("vllm:prompt_tokens_total"),
+            num_requests_running: g("vllm:num_requests_running"),
+            num_requests_waiting: g("vllm:num_requests_waiting"),
+        });
+    }
+}
+
+fn token_check(
+    phase: &str,
+    mine: &[&RequestRecord],
+    start: Option<&Snapshot>,
+    end: Option<&Snapshot>,
+) -> TokenCheck {
+    let grow = |a: Option<&str>, b: Option<&str>, name: &str| -> Option<f64> {
+        Some(series_sum(b?, name)? - series_sum(a?, name).unwrap_or(0.0))
+    };
+    let proxy = match (start, end) {
+        (Some(s), Some(e)) if e.proxy_asked => grow(
+            s.proxy_metrics.as_deref(),
+            e.proxy_metrics.as_deref(),
+            "goodput_proxy_generation_tokens_total",
+        ),
+        _ => None,
+    };
+    let mut engines = BTreeMap::new();
+    if let (Some(s), Some(e)) = (start, end) {
+        for (i, (url, end_text)) in e.engines.iter().enumerate() {
+            let start_text = s.engines.get(i).and_then(|x| x.1.as_deref());
+            engines.insert(
+                url.clone(),
+                grow(
+                    start_text,
+                    end_text.as_deref(),
+                    "vllm:generation_tokens_total",
+                ),
+            );
+        }
+    }
+    TokenCheck {
+        phase: phase.into(),
+        client_completion_tokens: mine.iter().filter_map(|r| r.completion_tokens).sum(),
+        client_completion_from_usage: mine
+            .iter()
+            .filter(|r| r.usage_exact)
+            .filter_map(|r| r.completion_tokens)
+            .sum(),
+        client_requests_with_usage: mine.iter().filter(|r| r.usage_exact).count() as u64,
+        client_requests: mine.len() as u64,
+        proxy_generation_tokens: proxy,
+        engine_generation_tokens: engines,
+    }
+}
+
 // ---------- proxy per-request records ----------
 
 /// The fields of a proxy record the join needs. The proxy's sink writes
@@ -267,6 +418,16 @@ pub struct DiffStats {
     pub max: f64,
 }
 
+/// One request whose outcome the client and the proxy do not agree on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Disagreement {
+    pub request_id: String,
+    pub client: String,
+    /// The proxy's outcome; `null` when the proxy's record has none.
+    pub proxy: Option<String>,
+}
+
+/// Client and proxy records joined by request id, over one phase or `overall`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Join {
     pub phase: String,
@@ -276,6 +437,13 @@ pub struct Join {
     pub outcomes_disagree: u64,
     /// Client-outcome -> proxy-outcome counts where they differ.
     pub disagreements: BTreeMap<String, u64>,
+    /// Every request whose outcomes differ.
+    #[serde(default)]
+    pub disagreeing: Vec<Disagreement>,
+    /// Client requests with no proxy record (first 100 ids; `client_requests - matched` is the
+    /// count).
+    #[serde(default)]
+    pub unmatched_ids: Vec<String>,
     pub ttft_proxy_minus_client: Option<DiffStats>,
     pub e2e_proxy_minus_client: Option<DiffStats>,
 }
@@ -283,7 +451,14 @@ pub struct Join {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Comparison {
     pub rows: Vec<Row>,
+    /// Per phase, then one named `overall`.
     pub joins: Vec<Join>,
+    /// Proxy and engine counters at every phase start and end.
+    #[serde(default)]
+    pub counters: Vec<CounterSnapshot>,
+    /// Per phase, then `overall`: client completion tokens vs proxy and engine counters.
+    #[serde(default)]
+    pub tokens: Vec<TokenCheck>,
     pub notes: Vec<String>,
 }
 
@@ -500,6 +675,25 @@ pub fn build(
         if proxy_records.is_some() {
             c.joins.push(join(&w.name, &mine, &by_id));
         }
+        if let Some(s) = snap {
+            let last = snaps.last().is_some_and(|l| l.phase == s.phase);
+            counters_of(&w.name, "start", false, &s.start, &mut c.counters);
+            counters_of(&w.name, "end", last, &s.end, &mut c.counters);
+            c.tokens
+                .push(token_check(&w.name, &mine, Some(&s.start), Some(&s.end)));
+        }
+    }
+    let all: Vec<&RequestRecord> = records.iter().collect();
+    if proxy_records.is_some() {
+        c.joins.push(join("overall", &all, &by_id));
+    }
+    if !snaps.is_empty() {
+        c.tokens.push(token_check(
+            "overall",
+            &all,
+            snaps.first().map(|s| &s.start),
+            snaps.last().map(|s| &s.end),
+        ));
     }
     if snaps
         .iter()
@@ -518,9 +712,14 @@ pub fn build(
 fn join(phase: &str, mine: &[&RequestRecord], by_id: &HashMap<&str, &ProxyRecord>) -> Join {
     let (mut matched, mut agree, mut disagree) = (0, 0, 0);
     let mut dis = BTreeMap::new();
+    let mut disagreeing = Vec::new();
+    let mut unmatched_ids = Vec::new();
     let (mut dt, mut de) = (Vec::new(), Vec::new());
     for r in mine {
         let Some(p) = by_id.get(r.request_id.as_str()) else {
+            if unmatched_ids.len() < 100 {
+                unmatched_ids.push(r.request_id.clone());
+            }
             continue;
         };
         matched += 1;
@@ -528,6 +727,11 @@ fn join(phase: &str, mine: &[&RequestRecord], by_id: &HashMap<&str, &ProxyRecord
             agree += 1;
         } else {
             disagree += 1;
+            disagreeing.push(Disagreement {
+                request_id: r.request_id.clone(),
+                client: r.outcome.clone(),
+                proxy: p.outcome.clone(),
+            });
             *dis.entry(format!(
                 "{} -> {}",
                 r.outcome,
@@ -549,6 +753,8 @@ fn join(phase: &str, mine: &[&RequestRecord], by_id: &HashMap<&str, &ProxyRecord
         outcomes_agree: agree,
         outcomes_disagree: disagree,
         disagreements: dis,
+        disagreeing,
+        unmatched_ids,
         ttft_proxy_minus_client: diff_stats(dt),
         e2e_proxy_minus_client: diff_stats(de),
     }
@@ -635,6 +841,27 @@ pub fn render_text(c: &Comparison) -> String {
             }
         }
     }
+    for t in &c.tokens {
+        let _ = writeln!(
+            o,
+            "  tokens {}: client {} ({} from usage in {}/{} requests), proxy +{}, {}",
+            t.phase,
+            t.client_completion_tokens,
+            t.client_completion_from_usage,
+            t.client_requests_with_usage,
+            t.client_requests,
+            t.proxy_generation_tokens
+                .map_or("-".into(), |v| format!("{v:.0}")),
+            t.engine_generation_tokens
+                .iter()
+                .map(|(u, v)| format!(
+                    "engine {u} +{}",
+                    v.map_or("-".into(), |v| format!("{v:.0}"))
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     for n in &c.notes {
         let _ = writeln!(o, "  note: {n}");
     }
@@ -686,6 +913,29 @@ pub fn render_html(c: &Comparison) -> String {
                 j.outcomes_disagree,
                 f(&j.ttft_proxy_minus_client),
                 f(&j.e2e_proxy_minus_client)
+            );
+        }
+        h.push_str("</table>");
+    }
+    if !c.tokens.is_empty() {
+        h.push_str("<table><tr><th>tokens</th><th>client completion</th><th>from usage (requests)</th><th>proxy +</th><th>engines +</th></tr>");
+        let n = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.0}"));
+        for t in &c.tokens {
+            let engines: Vec<String> = t
+                .engine_generation_tokens
+                .iter()
+                .map(|(u, v)| format!("{}: {}", esc(u), n(*v)))
+                .collect();
+            let _ = write!(
+                h,
+                "<tr><td>{}</td><td>{}</td><td>{} ({}/{})</td><td>{}</td><td>{}</td></tr>",
+                esc(&t.phase),
+                t.client_completion_tokens,
+                t.client_completion_from_usage,
+                t.client_requests_with_usage,
+                t.client_requests,
+                n(t.proxy_generation_tokens),
+                engines.join("<br>")
             );
         }
         h.push_str("</table>");
@@ -762,6 +1012,89 @@ vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"+Inf\",model_name=\"ti
     }
 
     #[test]
+    fn series_sums_counters_and_gauges() {
+        let t = "# TYPE vllm:generation_tokens_total counter\n\
+vllm:generation_tokens_total{engine=\"0\",model_name=\"tiny\"} 83.0\n\
+vllm:generation_tokens_total{engine=\"1\",model_name=\"tiny\"} 17\n\
+vllm:generation_tokens_created{engine=\"0\"} 1.7e9\n\
+plain_gauge 4\n";
+        assert_eq!(series_sum(t, "vllm:generation_tokens_total"), Some(100.0));
+        assert_eq!(series_sum(t, "plain_gauge"), Some(4.0));
+        assert_eq!(series_sum(t, "plain"), None, "a prefix is not the family");
+        assert_eq!(series_sum(t, "vllm:num_requests_running"), None);
+    }
+
+    #[test]
+    fn counters_and_token_check_per_phase_and_overall() {
+        let engine = |gen: u32, running: u32| {
+            format!("vllm:generation_tokens_total{{model_name=\"m\"}} {gen}\nvllm:num_requests_running{{model_name=\"m\"}} {running}\n")
+        };
+        let proxy =
+            |gen: u32| format!("goodput_proxy_generation_tokens_total{{model=\"m\"}} {gen}\n");
+        let snap = |t: f64, p: u32, e: u32, r: u32| Snapshot {
+            t_s: t,
+            proxy_asked: true,
+            proxy_metrics: Some(proxy(p)),
+            engines: vec![("E".into(), Some(engine(e, r)))],
+            ..Snapshot::default()
+        };
+        let win = |name: &str, a: f64, b: f64| PhaseWindow {
+            name: name.into(),
+            arrivals: String::new(),
+            start_s: a,
+            end_s: b,
+            held_back: 0,
+            hold_max_seconds: 0.0,
+        };
+        let snaps = vec![
+            PhaseSnapshots {
+                phase: "a".into(),
+                start: snap(0.0, 100, 200, 0),
+                end: snap(1.0, 110, 210, 2),
+            },
+            PhaseSnapshots {
+                phase: "b".into(),
+                start: snap(1.0, 110, 210, 2),
+                end: snap(2.0, 125, 225, 0),
+            },
+        ];
+        let mut r1 = crate::report::summary::tests::rec("a", 0.1, 0.5, Some(0.1), "success");
+        r1.completion_tokens = Some(10);
+        let mut r2 = crate::report::summary::tests::rec("b", 1.1, 0.5, Some(0.1), "success");
+        r2.completion_tokens = Some(15);
+        r2.usage_exact = false;
+        let c = build(
+            &[win("a", 0.0, 1.0), win("b", 1.0, 2.0)],
+            &[r1, r2],
+            &snaps,
+            None,
+        );
+        assert_eq!(c.counters.len(), 8, "2 sources x 2 instants x 2 phases");
+        let last = c.counters.last().unwrap();
+        assert_eq!(
+            (last.phase.as_str(), last.at.as_str(), last.source.as_str()),
+            ("b", "end", "E")
+        );
+        assert!(last.after_all_requests);
+        assert_eq!(last.num_requests_running, Some(0.0));
+        assert_eq!(c.counters[3].num_requests_running, Some(2.0));
+        let t: Vec<_> = c.tokens.iter().map(|t| t.phase.as_str()).collect();
+        assert_eq!(t, ["a", "b", "overall"]);
+        let all = &c.tokens[2];
+        assert_eq!(
+            (
+                all.client_completion_tokens,
+                all.client_completion_from_usage,
+                all.client_requests_with_usage
+            ),
+            (25, 10, 1)
+        );
+        assert_eq!(all.proxy_generation_tokens, Some(25.0));
+        assert_eq!(all.engine_generation_tokens["E"], Some(25.0));
+        assert_eq!(c.tokens[0].engine_generation_tokens["E"], Some(10.0));
+    }
+
+    #[test]
     fn labels_with_escapes() {
         let l = parse_labels(r#"a="x\"y",le="0.5", model="m""#);
         assert_eq!(l["a"], "x\"y");
@@ -822,13 +1155,31 @@ vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"+Inf\",model_name=\"ti
             held_back: 0,
             hold_max_seconds: 0.0,
         };
-        let c = build(&[w], &[a, b], &[], Some(&proxy));
+        let mut lost = crate::report::summary::tests::rec("p", 1.0, 1.0, None, "success");
+        lost.request_id = "r3".into();
+        let c = build(&[w], &[a, b, lost], &[], Some(&proxy));
+        assert_eq!(c.joins.len(), 2, "the phase and overall");
+        assert_eq!(c.joins[1].phase, "overall");
         let j = &c.joins[0];
         assert_eq!(
-            (j.matched, j.outcomes_agree, j.outcomes_disagree),
-            (2, 1, 1)
+            (
+                j.client_requests,
+                j.matched,
+                j.outcomes_agree,
+                j.outcomes_disagree
+            ),
+            (3, 2, 1, 1)
         );
         assert_eq!(j.disagreements["truncated -> upstream_error"], 1);
+        assert_eq!(
+            j.disagreeing,
+            vec![Disagreement {
+                request_id: "r2".into(),
+                client: "truncated".into(),
+                proxy: Some("upstream_error".into()),
+            }]
+        );
+        assert_eq!(j.unmatched_ids, ["r3"]);
         let t = j.ttft_proxy_minus_client.as_ref().unwrap();
         assert!((t.max - -0.001).abs() < 1e-9 && (t.min - -0.002).abs() < 1e-9);
         let exact = c

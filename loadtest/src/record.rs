@@ -11,7 +11,29 @@ pub struct RequestRecord {
     pub request_id: String,
     pub phase: String,
     pub model: String,
+    /// `chat` or `completions`.
+    #[serde(default = "default_api")]
+    pub api: String,
     pub stream: bool,
+    /// The request's mix options, so a checker can group by them: `max_tokens`, `n` (1 when not
+    /// sent), `logprobs` (top N asked for, null when none), `usage` (what `stream_options`
+    /// asked: `off`, `final`, `continuous`, `continuous_only`), `ignore_eos`, `hangup` (the
+    /// planned hang-up point in SSE events, null when none) and `hung_up` (the client did hang
+    /// up before the stream ended).
+    #[serde(default)]
+    pub max_tokens: u64,
+    #[serde(default = "one")]
+    pub n: u32,
+    #[serde(default)]
+    pub logprobs: Option<u32>,
+    #[serde(default = "default_usage")]
+    pub usage: String,
+    #[serde(default)]
+    pub ignore_eos: bool,
+    #[serde(default)]
+    pub hangup: Option<u64>,
+    #[serde(default)]
+    pub hung_up: bool,
     /// Tag of the extra header this request carried (e.g. an injected fault), if any.
     pub tag: Option<String>,
     /// When the schedule wanted the request sent.
@@ -39,6 +61,16 @@ pub struct RequestRecord {
     /// Every inter-token gap (kept in memory for the ITL statistics, not written per line).
     #[serde(skip)]
     pub itl_seconds: Vec<f64>,
+}
+
+fn default_api() -> String {
+    "chat".into()
+}
+fn one() -> u32 {
+    1
+}
+fn default_usage() -> String {
+    "off".into()
 }
 
 impl RequestRecord {

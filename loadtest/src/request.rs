@@ -1,5 +1,6 @@
-//! What each request looks like (pure, seeded): model, prompt, max_tokens, stream flag and any
-//! extra header, drawn from the scenario's mix; and the JSON body that carries them.
+//! What each request looks like (pure, seeded): API, model, prompt, max_tokens, stream flag, n,
+//! logprobs, stream_options, ignore_eos, hang-up point and any extra header, drawn from the
+//! phase's mix; and the JSON body that carries them.
 
 use std::path::Path;
 
@@ -7,25 +8,65 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Normal};
 
-use crate::scenario::{Api, Dist, HeaderShare, Scenario};
+use crate::scenario::{Api, Dist, HeaderShare, Mix, Scenario};
+
+/// What `stream_options` asked for (`usage` in each record).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UsageAsk {
+    /// No `stream_options` (or not streaming).
+    Off,
+    /// `include_usage: true`: one usage chunk before `[DONE]`.
+    Final,
+    /// `include_usage` and `continuous_usage_stats`: usage on every chunk.
+    Continuous,
+    /// `continuous_usage_stats: true` without `include_usage` (vLLM then sends no usage).
+    ContinuousOnly,
+}
+
+impl UsageAsk {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UsageAsk::Off => "off",
+            UsageAsk::Final => "final",
+            UsageAsk::Continuous => "continuous",
+            UsageAsk::ContinuousOnly => "continuous_only",
+        }
+    }
+    fn of(stream: bool, include: bool, continuous: bool) -> Self {
+        match (stream, include, continuous) {
+            (false, _, _) | (true, false, false) => UsageAsk::Off,
+            (true, true, false) => UsageAsk::Final,
+            (true, true, true) => UsageAsk::Continuous,
+            (true, false, true) => UsageAsk::ContinuousOnly,
+        }
+    }
+}
 
 /// One planned request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RequestPlan {
+    pub api: Api,
     pub model: String,
     pub prompt: String,
     pub prompt_tokens: u64,
     pub max_tokens: u64,
     pub stream: bool,
-    /// Index into the scenario's `mix.headers`, if this request carries one.
-    pub header: Option<usize>,
+    /// `n` choices (1: the field is not sent).
+    pub n: u32,
+    /// Top logprobs asked for, if any.
+    pub logprobs: Option<u32>,
+    pub usage: UsageAsk,
+    pub ignore_eos: bool,
+    /// Hang up after this many SSE events (streaming requests only).
+    pub hangup_after: Option<u64>,
+    /// The extra header this request carries, if any.
+    pub header: Option<HeaderShare>,
 }
 
-/// Draws request plans from a scenario's mix with its own seeded generator.
+/// Draws request plans from a phase's mix with one seeded generator for the run.
 pub struct Mixer {
     rng: SmallRng,
     models: Vec<String>,
-    mix: crate::scenario::Mix,
     dataset: Vec<String>,
 }
 
@@ -91,7 +132,6 @@ impl Mixer {
         Ok(Self {
             rng: SmallRng::seed_from_u64(seed),
             models: sc.models.clone(),
-            mix: sc.mix.clone(),
             dataset,
         })
     }
@@ -107,38 +147,58 @@ impl Mixer {
         }
     }
 
-    pub fn next_plan(&mut self) -> RequestPlan {
+    /// A Bernoulli draw; always consumes one number so one share never shifts the others.
+    fn coin(&mut self, share: f64) -> bool {
+        self.rng.random::<f64>() < share
+    }
+
+    /// The next request of a phase whose mix is `mix` (see `Scenario::phase_mix`).
+    pub fn next_plan(&mut self, mix: &Mix) -> RequestPlan {
         let model = self.models[self.rng.random_range(0..self.models.len())].clone();
-        let prompt_tokens = self.draw(&self.mix.prompt_tokens.clone());
-        let max_tokens = self.draw(&self.mix.max_tokens.clone());
-        let stream = self.rng.random::<f64>() < self.mix.stream_share;
+        let prompt_tokens = self.draw(&mix.prompt_tokens);
+        let max_tokens = self.draw(&mix.max_tokens);
+        let stream = self.coin(mix.stream_share);
         let u = self.rng.random::<f64>();
         let mut acc = 0.0;
         let mut header = None;
-        for (i, h) in self.mix.headers.iter().enumerate() {
+        for h in &mix.headers {
             acc += h.share;
             if u < acc {
-                header = Some(i);
+                header = Some(h.clone());
                 break;
             }
         }
+        let api = if self.coin(mix.completions_share.unwrap_or(0.0)) {
+            Api::Completions
+        } else {
+            Api::Chat
+        };
+        let logprobs = self.coin(mix.logprobs_share).then_some(mix.top_logprobs);
+        let n = if self.coin(mix.n_share) { mix.n } else { 1 };
+        let include = self.coin(mix.include_usage_share);
+        let continuous = self.coin(mix.continuous_usage_share);
+        let ignore_eos = self.coin(mix.ignore_eos.share());
+        let hangup = self.coin(mix.hangup_share);
+        let k = self.draw(&mix.hangup_after_events);
         let prompt = if self.dataset.is_empty() {
             synth_prompt(prompt_tokens, self.rng.random())
         } else {
             self.dataset[self.rng.random_range(0..self.dataset.len())].clone()
         };
         RequestPlan {
+            api,
             model,
             prompt,
             prompt_tokens,
             max_tokens,
             stream,
+            n,
+            logprobs,
+            usage: UsageAsk::of(stream, include, continuous),
+            ignore_eos,
+            hangup_after: (stream && hangup).then_some(k),
             header,
         }
-    }
-
-    pub fn header(&self, i: usize) -> &HeaderShare {
-        &self.mix.headers[i]
     }
 }
 
@@ -156,9 +216,9 @@ pub fn synth_prompt(tokens: u64, salt: u32) -> String {
     s
 }
 
-/// The JSON body for `api`.
-pub fn body(api: Api, plan: &RequestPlan, ignore_eos: bool) -> Vec<u8> {
-    let mut v = match api {
+/// The JSON body of a plan, in the shape its API expects.
+pub fn body(plan: &RequestPlan) -> Vec<u8> {
+    let mut v = match plan.api {
         Api::Chat => serde_json::json!({
             "model": plan.model,
             "messages": [{"role": "user", "content": plan.prompt}],
@@ -172,12 +232,36 @@ pub fn body(api: Api, plan: &RequestPlan, ignore_eos: bool) -> Vec<u8> {
             "stream": plan.stream,
         }),
     };
-    if plan.stream {
-        // Exact completion token counts on the client side too.
-        v["stream_options"] = serde_json::json!({"include_usage": true});
+    if plan.n > 1 {
+        v["n"] = plan.n.into();
     }
-    if ignore_eos {
-        v["ignore_eos"] = serde_json::Value::Bool(true);
+    if let Some(k) = plan.logprobs {
+        match plan.api {
+            Api::Chat => {
+                v["logprobs"] = true.into();
+                v["top_logprobs"] = k.into();
+            }
+            Api::Completions => v["logprobs"] = k.into(),
+        }
+    }
+    let (include, continuous) = match plan.usage {
+        UsageAsk::Off => (false, false),
+        UsageAsk::Final => (true, false),
+        UsageAsk::Continuous => (true, true),
+        UsageAsk::ContinuousOnly => (false, true),
+    };
+    if plan.stream && (include || continuous) {
+        let mut so = serde_json::Map::new();
+        if include {
+            so.insert("include_usage".into(), true.into());
+        }
+        if continuous {
+            so.insert("continuous_usage_stats".into(), true.into());
+        }
+        v["stream_options"] = so.into();
+    }
+    if plan.ignore_eos {
+        v["ignore_eos"] = true.into();
     }
     serde_json::to_vec(&v).unwrap_or_default()
 }
@@ -195,50 +279,136 @@ mod tests {
 
     #[test]
     fn mix_respects_distributions_and_shares() {
-        let sc = scenario("[[mix.headers]]\nname='x-sim-fault'\nvalue='error-after=2'\nshare=0.25");
+        let sc = scenario(
+            "completions_share=0.3\nlogprobs_share=0.2\ntop_logprobs=3\nn_share=0.1\n\
+             include_usage_share=0.6\ncontinuous_usage_share=0.25\nignore_eos=0.4\n\
+             hangup_share=0.5\nhangup_after_events={uniform=[2,4]}\n\
+             [[mix.headers]]\nname='x-sim-fault'\nvalue='error-after=2'\nshare=0.25",
+        );
+        let mix = sc.phase_mix(0).unwrap();
         let mut m = Mixer::new(&sc, 1).unwrap();
-        let plans: Vec<RequestPlan> = (0..4000).map(|_| m.next_plan()).collect();
+        const N: usize = 8000;
+        let plans: Vec<RequestPlan> = (0..N).map(|_| m.next_plan(&mix)).collect();
         assert!(plans
             .iter()
             .all(|p| (5..=9).contains(&p.prompt_tokens) && p.max_tokens == 7));
         let share = |f: &dyn Fn(&RequestPlan) -> bool| {
-            plans.iter().filter(|p| f(p)).count() as f64 / 4000.0
+            plans.iter().filter(|p| f(p)).count() as f64 / N as f64
         };
-        assert!((share(&|p| p.stream) - 0.5).abs() < 0.04);
-        assert!((share(&|p| p.header == Some(0)) - 0.25).abs() < 0.04);
-        assert!((share(&|p| p.model == "a") - 0.5).abs() < 0.04);
+        // Shares of streaming requests are measured among them.
+        let of_streams =
+            |f: &dyn Fn(&RequestPlan) -> bool| share(&|p| p.stream && f(p)) / share(&|p| p.stream);
+        let near = |got: f64, want: f64, what: &str| {
+            assert!((got - want).abs() < 0.03, "{what}: {got} vs {want}");
+        };
+        near(share(&|p| p.stream), 0.5, "stream");
+        near(share(&|p| p.header.is_some()), 0.25, "header");
+        near(share(&|p| p.model == "a"), 0.5, "model");
+        near(share(&|p| p.api == Api::Completions), 0.3, "completions");
+        near(share(&|p| p.logprobs == Some(3)), 0.2, "logprobs");
+        assert!(plans.iter().all(|p| p.logprobs.is_none_or(|k| k == 3)));
+        near(share(&|p| p.n == 2), 0.1, "n");
+        near(share(&|p| p.ignore_eos), 0.4, "ignore_eos");
+        // include and continuous are independent draws: 0.6*0.75, 0.6*0.25, 0.4*0.25.
+        near(of_streams(&|p| p.usage == UsageAsk::Final), 0.45, "final");
+        near(
+            of_streams(&|p| p.usage == UsageAsk::Continuous),
+            0.15,
+            "continuous",
+        );
+        near(
+            of_streams(&|p| p.usage == UsageAsk::ContinuousOnly),
+            0.10,
+            "cont only",
+        );
+        near(of_streams(&|p| p.hangup_after.is_some()), 0.5, "hangup");
+        assert!(plans
+            .iter()
+            .all(|p| p.stream || (p.usage == UsageAsk::Off && p.hangup_after.is_none())));
+        assert!(plans
+            .iter()
+            .filter_map(|p| p.hangup_after)
+            .all(|k| (2..=4).contains(&k)));
         // Same seed, same plans.
         let mut again = Mixer::new(&sc, 1).unwrap();
-        assert_eq!(again.next_plan(), plans[0]);
+        assert_eq!(again.next_plan(&mix), plans[0]);
     }
 
-    #[test]
-    fn body_shapes() {
-        let plan = RequestPlan {
+    fn plan() -> RequestPlan {
+        RequestPlan {
+            api: Api::Chat,
             model: "m".into(),
             prompt: "hi".into(),
             prompt_tokens: 1,
             max_tokens: 3,
             stream: true,
+            n: 1,
+            logprobs: None,
+            usage: UsageAsk::Final,
+            ignore_eos: true,
+            hangup_after: None,
             header: None,
-        };
-        let chat: serde_json::Value =
-            serde_json::from_slice(&body(Api::Chat, &plan, true)).unwrap();
+        }
+    }
+
+    fn json(p: &RequestPlan) -> serde_json::Value {
+        serde_json::from_slice(&body(p)).unwrap()
+    }
+
+    #[test]
+    fn body_shapes() {
+        let chat = json(&plan());
         assert_eq!(chat["messages"][0]["content"], "hi");
         assert_eq!(chat["stream_options"]["include_usage"], true);
+        assert!(chat["stream_options"]
+            .get("continuous_usage_stats")
+            .is_none());
         assert_eq!(chat["ignore_eos"], true);
-        let comp: serde_json::Value = serde_json::from_slice(&body(
-            Api::Completions,
-            &RequestPlan {
-                stream: false,
-                ..plan
-            },
-            false,
-        ))
-        .unwrap();
+        assert!(chat.get("n").is_none() && chat.get("logprobs").is_none());
+        let comp = json(&RequestPlan {
+            api: Api::Completions,
+            stream: false,
+            ignore_eos: false,
+            ..plan()
+        });
         assert_eq!(comp["prompt"], "hi");
         assert!(comp.get("stream_options").is_none() && comp.get("ignore_eos").is_none());
         assert_eq!(synth_prompt(4, 0).split(' ').count(), 4);
+    }
+
+    #[test]
+    fn body_mix_options() {
+        // Chat logprobs: a flag plus top_logprobs; completions: the count itself.
+        let chat = json(&RequestPlan {
+            logprobs: Some(2),
+            n: 2,
+            usage: UsageAsk::Continuous,
+            ..plan()
+        });
+        assert_eq!(chat["logprobs"], true);
+        assert_eq!(chat["top_logprobs"], 2);
+        assert_eq!(chat["n"], 2);
+        assert_eq!(
+            chat["stream_options"],
+            serde_json::json!({"include_usage": true, "continuous_usage_stats": true})
+        );
+        let comp = json(&RequestPlan {
+            api: Api::Completions,
+            logprobs: Some(2),
+            usage: UsageAsk::ContinuousOnly,
+            ..plan()
+        });
+        assert_eq!(comp["logprobs"], 2);
+        assert!(comp.get("top_logprobs").is_none());
+        assert_eq!(
+            comp["stream_options"],
+            serde_json::json!({"continuous_usage_stats": true})
+        );
+        let off = json(&RequestPlan {
+            usage: UsageAsk::Off,
+            ..plan()
+        });
+        assert!(off.get("stream_options").is_none());
     }
 
     #[test]

@@ -21,7 +21,7 @@ use crate::progress::{Progress, Tick};
 use crate::record::RequestRecord;
 use crate::report::summary::{self, PhaseWindow, Summary};
 use crate::request::{self, Mixer};
-use crate::scenario::{HeaderShare, Phase, Scenario};
+use crate::scenario::{Api, Mix, Phase, Scenario};
 use crate::schedule::{self, Arrivals};
 
 /// Where to look for the comparison's other witnesses.
@@ -68,6 +68,8 @@ pub enum RunError {
     Target(String),
     #[error(transparent)]
     Dataset(#[from] request::DatasetError),
+    #[error(transparent)]
+    Scenario(#[from] crate::scenario::ScenarioError),
 }
 
 /// State shared by the arrival loop, the request tasks and the progress ticker.
@@ -92,11 +94,10 @@ impl Shared {
 struct Ctx {
     shared: Arc<Shared>,
     client: HttpClient,
-    uri: Uri,
+    chat_uri: Uri,
+    completions_uri: Uri,
     timeout: Duration,
     slo: Slo,
-    api: crate::scenario::Api,
-    ignore_eos: bool,
     run_id: Arc<str>,
 }
 
@@ -106,9 +107,13 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, RunError> {
     if !base.starts_with("http://") {
         return Err(RunError::Target(cfg.target.clone()));
     }
-    let uri: Uri = format!("{base}{}", sc.api.path())
-        .parse()
-        .map_err(|_| RunError::Target(cfg.target.clone()))?;
+    let uri = |api: Api| -> Result<Uri, RunError> {
+        format!("{base}{}", api.path())
+            .parse()
+            .map_err(|_| RunError::Target(cfg.target.clone()))
+    };
+    let (chat_uri, completions_uri) = (uri(Api::Chat)?, uri(Api::Completions)?);
+    let mixes = sc.phase_mixes()?;
     let mixer: SharedMixer = Arc::new(Mutex::new(Mixer::new(
         sc,
         schedule::phase_seed(sc.seed, usize::MAX),
@@ -126,15 +131,14 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, RunError> {
     let ctx = Ctx {
         shared: shared.clone(),
         client: client.clone(),
-        uri,
+        chat_uri,
+        completions_uri,
         timeout: Duration::from_secs_f64(sc.request_timeout_s),
         slo: Slo {
             ttft: sc.slo.ttft(),
             tpot: sc.slo.tpot(),
             e2e: sc.slo.e2e(),
         },
-        api: sc.api,
-        ignore_eos: sc.mix.ignore_eos,
         run_id: cfg.run_id.clone().into(),
     };
     let cap = Arc::new(Semaphore::new(sc.max_in_flight));
@@ -159,12 +163,22 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, RunError> {
         if let Some(m) = &cfg.metrics {
             m.set_phase(Some(&phase.name));
         }
-        let start_snap = snapshot(&client, &cfg.compare, None).await;
+        let start_snap = snapshot(&client, &cfg.compare, shared.start, None).await;
         let start_s = shared.start.elapsed().as_secs_f64();
         let mut phase_tasks = JoinSet::new();
         let (held, hold_max) = match phase.arrivals {
             Arrivals::Concurrency { n } => {
-                closed_loop(&ctx, phase, n, &cap, &mixer, &mut index, &mut phase_tasks).await
+                closed_loop(
+                    &ctx,
+                    phase,
+                    n,
+                    &cap,
+                    &mixer,
+                    &mixes[pi],
+                    &mut index,
+                    &mut phase_tasks,
+                )
+                .await
             }
             _ => {
                 open_loop(
@@ -174,6 +188,7 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, RunError> {
                     sc.seed,
                     &cap,
                     &mixer,
+                    &mixes[pi],
                     &mut index,
                     &mut phase_tasks,
                 )
@@ -194,6 +209,7 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, RunError> {
         let end_snap = snapshot(
             &client,
             &cfg.compare,
+            shared.start,
             Some((end_s - start_s, sc.models.as_slice())),
         )
         .await;
@@ -219,7 +235,13 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, RunError> {
     // histogram deltas and /stats include them (middle phases: `drain = true` for a clean cut).
     if let (Some(last), Some(win)) = (snaps.last_mut(), windows.last()) {
         let since = shared.start.elapsed().as_secs_f64() - win.start_s;
-        last.end = snapshot(&client, &cfg.compare, Some((since, sc.models.as_slice()))).await;
+        last.end = snapshot(
+            &client,
+            &cfg.compare,
+            shared.start,
+            Some((since, sc.models.as_slice())),
+        )
+        .await;
     }
     ticker.abort();
     progress.finish();
@@ -258,12 +280,12 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, RunError> {
 
 type SharedMixer = Arc<Mutex<Mixer>>;
 
-/// Draw the next plan and its extra header (if any).
-fn next_plan(mixer: &SharedMixer) -> (request::RequestPlan, Option<HeaderShare>) {
-    let mut m = mixer.lock().unwrap_or_else(|e| e.into_inner());
-    let plan = m.next_plan();
-    let header = plan.header.map(|h| m.header(h).clone());
-    (plan, header)
+/// Draw the next plan of a phase.
+fn next_plan(mixer: &SharedMixer, mix: &Mix) -> request::RequestPlan {
+    mixer
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .next_plan(mix)
 }
 
 /// Send at precomputed offsets; never wait for a response. Returns (held back, longest hold).
@@ -275,6 +297,7 @@ async fn open_loop(
     seed: u64,
     cap: &Arc<Semaphore>,
     mixer: &SharedMixer,
+    mix: &Mix,
     index: &mut u64,
     tasks: &mut JoinSet<()>,
 ) -> (u64, f64) {
@@ -307,16 +330,8 @@ async fn open_loop(
             held += 1;
             hold_max = hold_max.max((Instant::now() - due).as_secs_f64());
         }
-        let (plan, header) = next_plan(mixer);
-        let work = one_request(
-            ctx.clone(),
-            name.clone(),
-            *index,
-            plan,
-            header,
-            due,
-            was_held,
-        );
+        let plan = next_plan(mixer, mix);
+        let work = one_request(ctx.clone(), name.clone(), *index, plan, due, was_held);
         *index += 1;
         tasks.spawn(async move {
             work.await;
@@ -332,12 +347,14 @@ async fn open_loop(
 /// `n` workers, each sending its next request when the previous one ends, until the phase's
 /// duration passes or its request count is issued. A request still running at the phase end
 /// keeps running in `tasks` (it stays this phase's request).
+#[allow(clippy::too_many_arguments)]
 async fn closed_loop(
     ctx: &Ctx,
     phase: &Phase,
     n: usize,
     cap: &Arc<Semaphore>,
     mixer: &SharedMixer,
+    mix: &Mix,
     index: &mut u64,
     tasks: &mut JoinSet<()>,
 ) -> (u64, f64) {
@@ -347,13 +364,15 @@ async fn closed_loop(
     let base_index = *index;
     let name: Arc<str> = phase.name.as_str().into();
     let mut workers = JoinSet::new();
+    let mix = Arc::new(mix.clone());
     for _ in 0..n {
-        let (ctx, cap, mixer, issued, name) = (
+        let (ctx, cap, mixer, issued, name, mix) = (
             ctx.clone(),
             cap.clone(),
             mixer.clone(),
             issued.clone(),
             name.clone(),
+            mix.clone(),
         );
         workers.spawn(async move {
             loop {
@@ -367,13 +386,12 @@ async fn closed_loop(
                 let Ok(permit) = cap.clone().acquire_owned().await else {
                     return None;
                 };
-                let (plan, header) = next_plan(&mixer);
+                let plan = next_plan(&mixer, &mix);
                 let mut work = Box::pin(one_request(
                     ctx.clone(),
                     name.clone(),
                     base_index + k,
                     plan,
-                    header,
                     Instant::now(),
                     false,
                 ));
@@ -408,7 +426,6 @@ async fn one_request(
     phase: Arc<str>,
     i: u64,
     plan: request::RequestPlan,
-    header: Option<HeaderShare>,
     due: Instant,
     held_back: bool,
 ) {
@@ -422,12 +439,19 @@ async fn one_request(
     let sent = client::send(
         &ctx.client,
         Outgoing {
-            uri: &ctx.uri,
-            body: request::body(ctx.api, &plan, ctx.ignore_eos),
+            uri: match plan.api {
+                Api::Chat => &ctx.chat_uri,
+                Api::Completions => &ctx.completions_uri,
+            },
+            body: request::body(&plan),
             stream: plan.stream,
             request_id: &request_id,
-            extra_header: header.as_ref().map(|h| (h.name.as_str(), h.value.as_str())),
+            extra_header: plan
+                .header
+                .as_ref()
+                .map(|h| (h.name.as_str(), h.value.as_str())),
             timeout: ctx.timeout,
+            hangup_after: plan.hangup_after,
         },
     )
     .await;
@@ -454,8 +478,16 @@ async fn one_request(
         request_id,
         phase: phase.to_string(),
         model: plan.model,
+        api: plan.api.as_str().to_owned(),
         stream: plan.stream,
-        tag: header.as_ref().map(|h| h.tag().to_owned()),
+        max_tokens: plan.max_tokens,
+        n: plan.n,
+        logprobs: plan.logprobs,
+        usage: plan.usage.as_str().to_owned(),
+        ignore_eos: plan.ignore_eos,
+        hangup: plan.hangup_after,
+        hung_up: sent.hung_up,
+        tag: plan.header.as_ref().map(|h| h.tag().to_owned()),
         scheduled_s: (due - sh.start).as_secs_f64(),
         start_s: (sent.t0 - sh.start).as_secs_f64(),
         held_back,
@@ -482,10 +514,14 @@ async fn one_request(
 async fn snapshot(
     client: &HttpClient,
     t: &CompareTargets,
+    run_start: Instant,
     stats_for: Option<(f64, &[String])>,
 ) -> Snapshot {
     let timeout = Duration::from_secs(5);
-    let mut s = Snapshot::default();
+    let mut s = Snapshot {
+        t_s: run_start.elapsed().as_secs_f64(),
+        ..Snapshot::default()
+    };
     if let Some(admin) = &t.proxy_admin {
         s.proxy_asked = true;
         let admin = admin.trim_end_matches('/');

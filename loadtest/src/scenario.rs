@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::schedule::Arrivals;
 
 /// Which OpenAI-compatible endpoint the requests go to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Api {
     /// `POST /v1/chat/completions` with `messages`.
@@ -28,11 +28,18 @@ impl Api {
             Api::Completions => "/v1/completions",
         }
     }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Api::Chat => "chat",
+            Api::Completions => "completions",
+        }
+    }
 }
 
 /// A token-count distribution, e.g. `{ fixed = 128 }`, `{ uniform = [64, 512] }`,
 /// `{ normal = { mean = 256, std = 64 } }` (clamped to >= 1).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase", deny_unknown_fields)]
 pub enum Dist {
     Fixed(u64),
@@ -97,13 +104,13 @@ fn ms(v: f64) -> Duration {
 /// An extra header sent on a share of requests, e.g. a simulator fault
 /// (`name = "x-sim-fault", value = "error-after=3", share = 0.1`). Its `tag` (default: the value)
 /// is written into each request record so outcomes can be checked against what was injected.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HeaderShare {
     pub name: String,
     pub value: String,
     pub share: f64,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tag: Option<String>,
 }
 
@@ -113,18 +120,58 @@ impl HeaderShare {
     }
 }
 
-/// What each request looks like.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// `ignore_eos = true` (every request), `false`, or a share such as `0.5`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum BoolOrShare {
+    Bool(bool),
+    Share(f64),
+}
+
+impl BoolOrShare {
+    pub fn share(self) -> f64 {
+        match self {
+            BoolOrShare::Bool(b) => f64::from(u8::from(b)),
+            BoolOrShare::Share(s) => s,
+        }
+    }
+}
+
+/// What each request looks like. Every `*_share` is drawn per request from the run's seeded
+/// generator; the shares marked "of streaming requests" only apply to requests that stream.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Mix {
     pub prompt_tokens: Dist,
     pub max_tokens: Dist,
+    /// Share of requests sent to `/v1/completions` (the rest go to chat). Unset: every request
+    /// goes to the scenario's `api`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completions_share: Option<f64>,
     /// Share of requests sent with `"stream": true` (0..=1).
     pub stream_share: f64,
-    /// Ask the engine to ignore EOS so it generates exactly `max_tokens` (vLLM extension).
-    pub ignore_eos: bool,
+    /// Share of requests asking for logprobs: chat `logprobs: true, top_logprobs: N`,
+    /// completions `logprobs: N` (N = `top_logprobs`).
+    pub logprobs_share: f64,
+    pub top_logprobs: u32,
+    /// Share of requests sent with `"n": <n>` (several choices per request).
+    pub n_share: f64,
+    pub n: u32,
+    /// Share of streaming requests with `stream_options.include_usage: true`.
+    pub include_usage_share: f64,
+    /// Share of streaming requests with `stream_options.continuous_usage_stats: true` (drawn
+    /// independently; vLLM only sends usage on every chunk when `include_usage` is also set).
+    pub continuous_usage_share: f64,
+    /// Ask the engine to ignore EOS so it generates exactly `max_tokens` (vLLM extension):
+    /// `true`, `false` or a share.
+    pub ignore_eos: BoolOrShare,
+    /// Share of streaming requests whose client hangs up (drops the response) after
+    /// `hangup_after_events` SSE events: the record's outcome is `client_abort`.
+    pub hangup_share: f64,
+    pub hangup_after_events: Dist,
     /// Optional JSONL of prompts: `{"prompt": "..."}` / `{"text": "..."}` lines or ShareGPT
     /// `{"conversations": [{"from": "human", "value": "..."}, ...]}` (first human turn).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub dataset: Option<PathBuf>,
     /// Extra headers on a share of requests; shares are disjoint and sum to <= 1.
     pub headers: Vec<HeaderShare>,
@@ -135,11 +182,85 @@ impl Default for Mix {
         Self {
             prompt_tokens: Dist::Fixed(128),
             max_tokens: Dist::Fixed(128),
+            completions_share: None,
             stream_share: 1.0,
-            ignore_eos: false,
+            logprobs_share: 0.0,
+            top_logprobs: 2,
+            n_share: 0.0,
+            n: 2,
+            // Exact completion token counts on the client side unless the scenario says otherwise.
+            include_usage_share: 1.0,
+            continuous_usage_share: 0.0,
+            ignore_eos: BoolOrShare::Bool(false),
+            hangup_share: 0.0,
+            hangup_after_events: Dist::Fixed(4),
             dataset: None,
             headers: Vec::new(),
         }
+    }
+}
+
+impl Mix {
+    /// Check values; `at` is the field path of this mix (`mix` or `phases[i].mix`).
+    fn validate(&self, at: &str) -> Result<(), ScenarioError> {
+        self.prompt_tokens
+            .validate(&format!("{at}.prompt_tokens"))?;
+        self.max_tokens.validate(&format!("{at}.max_tokens"))?;
+        self.hangup_after_events
+            .validate(&format!("{at}.hangup_after_events"))?;
+        let shares = [
+            ("completions_share", self.completions_share.unwrap_or(0.0)),
+            ("stream_share", self.stream_share),
+            ("logprobs_share", self.logprobs_share),
+            ("n_share", self.n_share),
+            ("include_usage_share", self.include_usage_share),
+            ("continuous_usage_share", self.continuous_usage_share),
+            ("ignore_eos", self.ignore_eos.share()),
+            ("hangup_share", self.hangup_share),
+        ];
+        for (name, v) in shares {
+            if !(0.0..=1.0).contains(&v) {
+                return Err(invalid(format!("{at}.{name}"), "must be within 0..=1"));
+            }
+        }
+        if !(1..=20).contains(&self.top_logprobs) {
+            return Err(invalid(
+                format!("{at}.top_logprobs"),
+                "must be within 1..=20",
+            ));
+        }
+        if !(2..=16).contains(&self.n) {
+            return Err(invalid(format!("{at}.n"), "must be within 2..=16"));
+        }
+        let mut total = 0.0;
+        for (i, h) in self.headers.iter().enumerate() {
+            if !(0.0..=1.0).contains(&h.share) {
+                return Err(invalid(
+                    format!("{at}.headers[{i}].share"),
+                    "must be within 0..=1",
+                ));
+            }
+            if http::HeaderName::from_bytes(h.name.as_bytes()).is_err() {
+                return Err(invalid(
+                    format!("{at}.headers[{i}].name"),
+                    "not a valid header name",
+                ));
+            }
+            if http::HeaderValue::from_str(&h.value).is_err() {
+                return Err(invalid(
+                    format!("{at}.headers[{i}].value"),
+                    "not a valid header value",
+                ));
+            }
+            total += h.share;
+        }
+        if total > 1.0 + 1e-9 {
+            return Err(invalid(
+                format!("{at}.headers"),
+                "shares sum to more than 1",
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -158,6 +279,9 @@ pub struct Phase {
     /// Wait for this phase's requests to finish before the next phase starts.
     #[serde(default)]
     pub drain: bool,
+    /// Keys that replace the global `[mix]`'s for this phase only (`[phases.mix]`).
+    #[serde(default)]
+    pub mix: Option<toml::Table>,
 }
 
 impl Phase {
@@ -279,36 +403,7 @@ impl Scenario {
                 return Err(invalid(name, "must be >= 0"));
             }
         }
-        self.mix.prompt_tokens.validate("mix.prompt_tokens")?;
-        self.mix.max_tokens.validate("mix.max_tokens")?;
-        if !(0.0..=1.0).contains(&self.mix.stream_share) {
-            return Err(invalid("mix.stream_share", "must be within 0..=1"));
-        }
-        let mut total = 0.0;
-        for (i, h) in self.mix.headers.iter().enumerate() {
-            if !(0.0..=1.0).contains(&h.share) {
-                return Err(invalid(
-                    format!("mix.headers[{i}].share"),
-                    "must be within 0..=1",
-                ));
-            }
-            if http::HeaderName::from_bytes(h.name.as_bytes()).is_err() {
-                return Err(invalid(
-                    format!("mix.headers[{i}].name"),
-                    "not a valid header name",
-                ));
-            }
-            if http::HeaderValue::from_str(&h.value).is_err() {
-                return Err(invalid(
-                    format!("mix.headers[{i}].value"),
-                    "not a valid header value",
-                ));
-            }
-            total += h.share;
-        }
-        if total > 1.0 + 1e-9 {
-            return Err(invalid("mix.headers", "shares sum to more than 1"));
-        }
+        self.mix.validate("mix")?;
         if self.phases.is_empty() {
             return Err(invalid("phases", "needs at least one [[phases]] entry"));
         }
@@ -339,8 +434,49 @@ impl Scenario {
             p.arrivals
                 .validate(&f("arrivals"), p.duration_s.is_some())
                 .map_err(|(field, reason)| invalid(field, reason))?;
+            self.phase_mix(i)?;
         }
         Ok(())
+    }
+
+    /// The mix of phase `i`: the global `[mix]` with the phase's own keys replacing it, and
+    /// `completions_share` filled in from `api` when unset.
+    pub fn phase_mix(&self, i: usize) -> Result<Mix, ScenarioError> {
+        let at = format!("phases[{i}].mix");
+        let mut mix = match self.phases.get(i).and_then(|p| p.mix.as_ref()) {
+            None => self.mix.clone(),
+            Some(over) => {
+                if over.contains_key("dataset") {
+                    return Err(invalid(
+                        format!("{at}.dataset"),
+                        "set the dataset in the global [mix]",
+                    ));
+                }
+                let mut base =
+                    toml::Table::try_from(&self.mix).map_err(|e| invalid("mix", e.to_string()))?;
+                for (k, v) in over {
+                    base.insert(k.clone(), v.clone());
+                }
+                let mut m: Mix = toml::Value::Table(base)
+                    .try_into()
+                    .map_err(|e: toml::de::Error| invalid(&at, e.message().to_owned()))?;
+                m.dataset.clone_from(&self.mix.dataset);
+                m.validate(&at)?;
+                m
+            }
+        };
+        if mix.completions_share.is_none() {
+            mix.completions_share = Some(match self.api {
+                Api::Chat => 0.0,
+                Api::Completions => 1.0,
+            });
+        }
+        Ok(mix)
+    }
+
+    /// Every phase's mix, in order (see [`Scenario::phase_mix`]).
+    pub fn phase_mixes(&self) -> Result<Vec<Mix>, ScenarioError> {
+        (0..self.phases.len()).map(|i| self.phase_mix(i)).collect()
     }
 
     /// Total planned run time when every phase has a duration (for progress bars).
@@ -393,6 +529,7 @@ impl Scenario {
                 requests,
                 arrivals,
                 drain: false,
+                mix: None,
             }],
         };
         sc.apply_overrides(q);
@@ -419,6 +556,8 @@ impl Scenario {
         }
         if let Some(a) = q.api {
             self.api = a;
+            // `--api` means every request goes there.
+            self.mix.completions_share = None;
         }
         if let Some(n) = q.max_in_flight {
             self.max_in_flight = n;
@@ -497,6 +636,13 @@ mod tests {
             ("[mix]\nstream_share=2\n[[phases]]\nname='a'\nrequests=1\narrivals={constant={rate=1}}", "mix.stream_share"),
             ("[mix]\nmax_tokens={uniform=[5,2]}\n[[phases]]\nname='a'\nrequests=1\narrivals={constant={rate=1}}", "mix.max_tokens.uniform"),
             ("phases = []", "phases"),
+            ("[mix]\nhangup_share=1.5\n[[phases]]\nname='a'\nrequests=1\narrivals={constant={rate=1}}", "mix.hangup_share"),
+            ("[mix]\nignore_eos=2\n[[phases]]\nname='a'\nrequests=1\narrivals={constant={rate=1}}", "mix.ignore_eos"),
+            ("[mix]\nn=1\n[[phases]]\nname='a'\nrequests=1\narrivals={constant={rate=1}}", "mix.n"),
+            ("[mix]\nhangup_after_events={fixed=0}\n[[phases]]\nname='a'\nrequests=1\narrivals={constant={rate=1}}", "mix.hangup_after_events.fixed"),
+            ("[[phases]]\nname='a'\nrequests=1\narrivals={constant={rate=1}}\nmix={logprobs_share=-0.1}", "phases[0].mix.logprobs_share"),
+            ("[[phases]]\nname='a'\nrequests=1\narrivals={constant={rate=1}}\nmix={n_shar=0.1}", "phases[0].mix"),
+            ("[[phases]]\nname='a'\nrequests=1\narrivals={constant={rate=1}}\nmix={dataset='x.jsonl'}", "phases[0].mix.dataset"),
             ("[[phases]]\nname='a'\nrequests=1\narrivals={concurrency={n=0}}", "phases[0].arrivals.concurrency.n"),
             (
                 "[[phases]]\nname='a'\nrequests=1\narrivals={constant={rate=1}}\n[[phases]]\nname='a'\nrequests=1\narrivals={constant={rate=1}}",
@@ -510,6 +656,28 @@ mod tests {
                 "error for {text:?} should name {field:?}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn phase_mix_replaces_only_its_keys() {
+        let sc = Scenario::parse(
+            "api='completions'\n[mix]\nmax_tokens={fixed=9}\nstream_share=0.5\nignore_eos=true\n\
+             [[mix.headers]]\nname='x-a'\nvalue='1'\nshare=0.1\n\
+             [[phases]]\nname='a'\nrequests=1\narrivals={constant={rate=1}}\n\
+             [[phases]]\nname='b'\nrequests=1\narrivals={constant={rate=1}}\n\
+             [phases.mix]\nstream_share=1\nhangup_share=0.25\ncompletions_share=0.5\nheaders=[]",
+        )
+        .unwrap();
+        let a = sc.phase_mix(0).unwrap();
+        assert_eq!(a.stream_share, 0.5);
+        assert_eq!(a.completions_share, Some(1.0), "unset: from `api`");
+        assert_eq!(a.headers.len(), 1);
+        let b = sc.phase_mix(1).unwrap();
+        assert_eq!((b.stream_share, b.hangup_share), (1.0, 0.25));
+        assert_eq!(b.completions_share, Some(0.5));
+        assert_eq!(b.max_tokens, Dist::Fixed(9), "kept from the global mix");
+        assert_eq!(b.ignore_eos, BoolOrShare::Bool(true));
+        assert!(b.headers.is_empty());
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! Independent of the simulator, so a client regression shows here first.
 
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -20,6 +21,27 @@ use goodput_loadtest::scenario::Scenario;
 const TTFT: Duration = Duration::from_millis(60);
 const GAP: Duration = Duration::from_millis(10);
 const TOKENS: usize = 5;
+
+/// Streams the server had to drop before their end (the client hung up).
+static DROPPED_EARLY: AtomicUsize = AtomicUsize::new(0);
+
+struct EndGuard {
+    done: bool,
+}
+
+impl EndGuard {
+    fn finish(mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for EndGuard {
+    fn drop(&mut self) {
+        if !self.done {
+            DROPPED_EARLY.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
 
 fn chunk(s: String) -> Result<Frame<Bytes>, Infallible> {
     Ok(Frame::data(Bytes::from(s)))
@@ -53,10 +75,16 @@ async fn serve_one(
         }
         v
     };
-    let body = stream::unfold(events.into_iter(), |mut it| async move {
-        let (wait, s) = it.next()?;
+    // The guard rides in the stream's state: dropped with the body, it tells whether the
+    // server saw the whole stream out or the client went away first.
+    let guard = EndGuard { done: false };
+    let body = stream::unfold((events.into_iter(), guard), |(mut it, g)| async move {
+        let Some((wait, s)) = it.next() else {
+            g.finish();
+            return None;
+        };
         tokio::time::sleep(wait).await;
-        Some((chunk(s), it))
+        Some((chunk(s), (it, g)))
     });
     Ok(Response::builder()
         .header("content-type", "text/event-stream")
@@ -195,4 +223,69 @@ async fn metrics_endpoint_serves_phase_and_counts() {
         "{text}"
     );
     task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_hang_up_drop_the_stream() {
+    let target = stub().await;
+    // Half the streams hang up after 3 SSE events (role, t0, t1): mid-stream, 3 tokens early.
+    let sc = Scenario::parse(
+        r#"
+        seed = 3
+        [mix]
+        hangup_share = 0.5
+        hangup_after_events = { fixed = 3 }
+        [[phases]]
+        name = "p"
+        requests = 24
+        arrivals = { constant = { rate = 40 } }
+    "#,
+    )
+    .unwrap();
+    let before = DROPPED_EARLY.load(Ordering::SeqCst);
+    let res = tokio::time::timeout(
+        Duration::from_secs(30),
+        runner::run(RunConfig {
+            target,
+            scenario: sc,
+            scenario_name: "stub".into(),
+            show_progress: false,
+            metrics: None,
+            compare: CompareTargets::default(),
+            run_id: "hang".into(),
+        }),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let planned: Vec<_> = res.records.iter().filter(|r| r.hangup.is_some()).collect();
+    assert!(
+        !planned.is_empty() && planned.len() < 24,
+        "{}",
+        planned.len()
+    );
+    for r in &res.records {
+        if r.hangup == Some(3) {
+            assert!(r.hung_up);
+            assert_eq!(r.outcome, "client_abort", "{r:?}");
+            // Two tokens arrived (t0, t1): TTFT measured, one gap, no usage.
+            assert!(r.ttft_seconds.is_some());
+            assert_eq!((r.itl_count, r.usage_exact), (1, false));
+            assert!(r.e2e_seconds < TTFT.as_secs_f64() + 3.0 * GAP.as_secs_f64() + 0.04);
+        } else {
+            assert!(!r.hung_up);
+            assert_eq!(r.outcome, "success", "{r:?}");
+        }
+    }
+    let by = &res.summary.overall.outcomes_by_option;
+    assert_eq!(by["hung_up=true"]["client_abort"], planned.len() as u64);
+    // The server saw every hang-up as a stream dropped before its end. Its body is dropped when
+    // the connection closes, which can trail the client's return a little.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while DROPPED_EARLY.load(Ordering::SeqCst) - before < planned.len()
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(DROPPED_EARLY.load(Ordering::SeqCst) - before, planned.len());
 }

@@ -331,3 +331,77 @@ async fn completions_api_with_a_non_streaming_share() {
         .all(|r| r.ttft_seconds.is_none() && r.e2e_seconds >= TTFT_MS / 1000.0));
     sim.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_mix_option_against_the_simulator() {
+    let sim = sim().await;
+    // Every option of the real-engine scenario, against the simulator: each request shape is
+    // accepted and measured, and the clients that hang up free their engine slot.
+    let sc = r#"
+        seed = 5
+        [mix]
+        prompt_tokens = { fixed = 16 }
+        max_tokens = { fixed = 40 }
+        completions_share = 0.5
+        stream_share = 0.8
+        logprobs_share = 0.4
+        n_share = 0.3
+        include_usage_share = 0.6
+        continuous_usage_share = 0.3
+        ignore_eos = true
+        hangup_share = 0.3
+        hangup_after_events = { fixed = 3 }
+        [[phases]]
+        name = "mix"
+        requests = 60
+        arrivals = { poisson = { rate = 80 } }
+    "#;
+    let res = run(sim.base_url(), sc, None, CompareTargets::default()).await;
+    assert_eq!(res.records.len(), 60);
+    let some =
+        |f: &dyn Fn(&goodput_loadtest::record::RequestRecord) -> bool| res.records.iter().any(f);
+    // The seeded mix drew every option.
+    assert!(some(&|r| r.api == "completions") && some(&|r| r.api == "chat"));
+    assert!(some(&|r| r.n == 2 && r.stream) && some(&|r| r.n == 2 && !r.stream));
+    assert!(some(&|r| r.logprobs == Some(2)
+        && r.api == "chat"
+        && r.stream));
+    assert!(some(&|r| r.logprobs == Some(2)
+        && r.api == "completions"
+        && r.stream));
+    for u in ["off", "final", "continuous", "continuous_only"] {
+        assert!(
+            some(&|r| r.stream && r.usage == u),
+            "no stream with usage={u}"
+        );
+    }
+    for r in &res.records {
+        if r.hung_up {
+            assert_eq!(r.outcome, "client_abort", "{r:?}");
+            continue;
+        }
+        assert_eq!(r.outcome, "success", "{r:?}");
+        assert_eq!(r.finish_reason.as_deref(), Some("length"));
+        // Exact usage exactly when the engine sends it: non-streaming, or include_usage asked.
+        let usage_sent = !r.stream || r.usage == "final" || r.usage == "continuous";
+        assert_eq!(r.usage_exact, usage_sent, "{r:?}");
+        // ignore_eos: max_tokens per choice, usage summed over the n choices.
+        if r.usage_exact {
+            assert_eq!(r.completion_tokens, Some(40 * u64::from(r.n)), "{r:?}");
+        }
+    }
+    let hung = res.records.iter().filter(|r| r.hung_up).count() as u64;
+    assert!(hung > 0);
+    assert_eq!(
+        res.summary.overall.outcomes.get("client_abort").copied(),
+        Some(hung)
+    );
+    assert_eq!(
+        res.summary.overall.outcomes_by_option["hung_up=true"]["client_abort"],
+        hung
+    );
+    // The engine saw each hang-up as a disconnect and let go of the request.
+    assert!(sim.wait_idle(Duration::from_secs(10)).await);
+    assert_eq!(sim.requests_aborted(), hung);
+    sim.shutdown().await;
+}

@@ -60,8 +60,15 @@ pub struct Goodput {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Tokens {
     pub prompt: u64,
+    /// Sum of every record's completion tokens (usage when the response carried it, else the
+    /// counted output events).
     pub completion: u64,
     pub completion_per_second: f64,
+    /// The part of `completion` that came from `usage` (exact), and how many requests had it.
+    #[serde(default)]
+    pub completion_from_usage: u64,
+    #[serde(default)]
+    pub requests_with_usage: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -77,6 +84,10 @@ pub struct PhaseSummary {
     pub finish_reasons: BTreeMap<String, u64>,
     /// Outcomes per tag (extra header, e.g. injected fault); `untagged` for the rest.
     pub outcomes_by_tag: BTreeMap<String, BTreeMap<String, u64>>,
+    /// Outcomes per request-mix option: `api=chat`, `stream=true`, `n=2`, `logprobs=true`,
+    /// `usage=final` (streams only), `ignore_eos=true`, `hung_up=true`, ...
+    #[serde(default)]
+    pub outcomes_by_option: BTreeMap<String, BTreeMap<String, u64>>,
     pub goodput: Goodput,
     pub tokens: Tokens,
     pub ttft_seconds: Option<Stats>,
@@ -118,7 +129,9 @@ pub fn summarize_phase(
     let mut outcomes = BTreeMap::new();
     let mut finish = BTreeMap::new();
     let mut by_tag: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+    let mut by_option: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
     let (mut good, mut denom, mut ptok, mut ctok) = (0u64, 0u64, 0u64, 0u64);
+    let (mut ctok_usage, mut with_usage) = (0u64, 0u64);
     let (mut ttft, mut ttfc, mut tpot, mut itl, mut e2e) = (vec![], vec![], vec![], vec![], vec![]);
     let mut lag = Vec::with_capacity(mine.len());
     for r in mine {
@@ -132,6 +145,17 @@ pub fn summarize_phase(
             .or_default()
             .entry(r.outcome.clone())
             .or_insert(0) += 1;
+        for key in option_keys(r) {
+            *by_option
+                .entry(key)
+                .or_default()
+                .entry(r.outcome.clone())
+                .or_insert(0) += 1;
+        }
+        if r.usage_exact {
+            with_usage += 1;
+            ctok_usage += r.completion_tokens.unwrap_or(0);
+        }
         good += r.good as u64;
         denom += r.counts_for_goodput() as u64;
         ptok += r.prompt_tokens.unwrap_or(0);
@@ -154,6 +178,7 @@ pub fn summarize_phase(
         outcomes,
         finish_reasons: finish,
         outcomes_by_tag: by_tag,
+        outcomes_by_option: by_option,
         goodput: Goodput {
             good,
             ratio: (denom > 0).then(|| good as f64 / denom as f64),
@@ -163,6 +188,8 @@ pub fn summarize_phase(
             prompt: ptok,
             completion: ctok,
             completion_per_second: ctok as f64 / elapsed,
+            completion_from_usage: ctok_usage,
+            requests_with_usage: with_usage,
         },
         ttft_seconds: Stats::of(ttft),
         ttfc_seconds: Stats::of(ttfc),
@@ -174,6 +201,22 @@ pub fn summarize_phase(
         held_back: win.held_back,
         hold_max_seconds: win.hold_max_seconds,
     }
+}
+
+/// The mix options of a record as `key=value` group names.
+pub fn option_keys(r: &RequestRecord) -> Vec<String> {
+    let mut k = vec![
+        format!("api={}", r.api),
+        format!("stream={}", r.stream),
+        format!("n={}", r.n),
+        format!("logprobs={}", r.logprobs.is_some()),
+        format!("ignore_eos={}", r.ignore_eos),
+    ];
+    if r.stream {
+        k.push(format!("usage={}", r.usage));
+        k.push(format!("hung_up={}", r.hung_up));
+    }
+    k
 }
 
 /// Step function of requests in flight: `(time, count after this time)`, sorted by time.
@@ -274,7 +317,15 @@ pub(crate) mod tests {
             request_id: format!("{phase}-{start}"),
             phase: phase.into(),
             model: "m".into(),
+            api: "chat".into(),
             stream: true,
+            max_tokens: 16,
+            n: 1,
+            logprobs: None,
+            usage: "final".into(),
+            ignore_eos: false,
+            hangup: None,
+            hung_up: false,
             tag: None,
             scheduled_s: start,
             start_s: start,
