@@ -1,5 +1,6 @@
 //! Admin listener routes, on their own port: `/healthz` (alive), `/readyz` (an upstream answers
-//! and the process is not draining), `/metrics` (Prometheus text), `/stats` (not yet).
+//! and the process is not draining), `/metrics` (Prometheus text), `/stats` (exact statistics
+//! over the recent request records).
 
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
@@ -10,6 +11,8 @@ use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 
 use crate::app::AppState;
+use crate::measure::record::{parse_stats_query, StatsQueryError};
+use tokio::time::Instant;
 
 /// Answers one admin request.
 pub async fn handle<B>(
@@ -23,11 +26,7 @@ pub async fn handle<B>(
         "/healthz" => text(StatusCode::OK, "ok\n"),
         "/readyz" => readyz(&state),
         "/metrics" => metrics(&state),
-        // STATS: the measure engineer's raw-record ring answers here; until then, 501.
-        "/stats" => text(
-            StatusCode::NOT_IMPLEMENTED,
-            "stats are not implemented yet\n",
-        ),
+        "/stats" => stats(&state, req.uri().query()),
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     })
 }
@@ -59,6 +58,39 @@ fn metrics(state: &AppState) -> Response<Full<Bytes>> {
     if let Ok(v) = encoder.format_type().parse() {
         resp.headers_mut().insert(header::CONTENT_TYPE, v);
     }
+    resp
+}
+
+/// `GET /stats?window=SECONDS[&model=NAME]`; a bad query is a 400 naming the parameter.
+fn stats(state: &AppState, query: Option<&str>) -> Response<Full<Bytes>> {
+    match parse_stats_query(query) {
+        Ok(q) => {
+            let doc = state
+                .meter
+                .ring()
+                .stats(Instant::now(), q.window, q.model.as_deref());
+            json(StatusCode::OK, &doc)
+        }
+        Err(e) => {
+            let param = match &e {
+                StatsQueryError::BadWindow(_) => "window".to_string(),
+                StatsQueryError::UnknownParam(p) => p.clone(),
+            };
+            let doc = serde_json::json!({
+                "error": {"message": e.to_string(), "param": param, "code": 400}
+            });
+            json(StatusCode::BAD_REQUEST, &doc)
+        }
+    }
+}
+
+fn json(status: StatusCode, doc: &serde_json::Value) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from(doc.to_string())));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
     resp
 }
 

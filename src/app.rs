@@ -4,6 +4,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use hyper::server::conn::http1;
@@ -12,16 +13,21 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
-use crate::config::Config;
+use crate::config::{Config, UsageInjection};
+use crate::layer::meter::Meter;
 use crate::listener::{self, ServeOptions};
+use crate::measure::sink::{RecordSink, SinkConfig};
+use crate::metrics::{Metrics, ModelLabels};
 use crate::sim::{SimConfig, SimHandle, SimServer};
 use crate::stack;
 use crate::upstream::{health, Upstreams};
 
-/// What the admin routes (and, later, the meter) share with the running proxy.
+/// What the admin routes and the meter share with the running proxy.
 pub struct AppState {
     /// The proxy's own metrics; `metrics.rs` registers the goodput_proxy_* families here.
     pub registry: prometheus::Registry,
+    /// Metric handles, SLOs and the record ring behind `/stats`.
+    pub meter: Arc<Meter>,
     /// Set at SIGTERM/SIGINT: `/readyz` answers 503 from then on.
     pub draining: AtomicBool,
     pub upstreams: Arc<Upstreams>,
@@ -73,8 +79,11 @@ impl App {
                     config.server.admin_listen
                 )
             })?;
+        let registry = prometheus::Registry::new();
+        let meter = Arc::new(build_meter(&config, &registry)?);
         let state = Arc::new(AppState {
-            registry: prometheus::Registry::new(),
+            registry,
+            meter,
             draining: AtomicBool::new(false),
             upstreams: Arc::new(upstreams),
         });
@@ -131,8 +140,13 @@ impl App {
             tls,
             demo,
         } = self;
-        let service = stack::build(&config, state.upstreams.clone());
+        let service = stack::build(&config, state.upstreams.clone(), state.meter.clone());
         let health = tokio::spawn(health::run(state.upstreams.clone()));
+        let models = tokio::spawn(learn_models(
+            state.upstreams.clone(),
+            state.meter.clone(),
+            config.measure.models_refresh(),
+        ));
         let admin_task = tokio::spawn(serve_admin(admin, state.clone()));
         let drain_delay = config.server.drain_delay();
         let draining = {
@@ -160,6 +174,7 @@ impl App {
         )
         .await;
         health.abort();
+        models.abort();
         admin_task.abort();
         if let Some(demo) = demo {
             demo.handle.shutdown().await;
@@ -184,6 +199,97 @@ async fn serve_admin(listener: TcpListener, state: Arc<AppState>) {
                 .serve_connection(TokioIo::new(stream), svc)
                 .await;
         });
+    }
+}
+
+/// Registers the goodput_proxy_* families and builds the meter (ring, SLOs, optional sink).
+fn build_meter(config: &Config, registry: &prometheus::Registry) -> anyhow::Result<Meter> {
+    let m = &config.measure;
+    let metrics =
+        Metrics::register(registry, ModelLabels::new(&m.models)).context("registering metrics")?;
+    let sink = match &m.sink_path {
+        Some(path) => {
+            let cfg = SinkConfig {
+                path: path.clone(),
+                max_bytes: m.sink_max_bytes,
+                keep: m.sink_keep,
+                queue: m.sink_queue,
+            };
+            // The writer task ends by itself once the last sender (the meter) is dropped.
+            let (sink, _task) = RecordSink::spawn(cfg, metrics.records_dropped.clone())
+                .with_context(|| format!("measure.sink_path: cannot open {}", path.display()))?;
+            Some(sink)
+        }
+        None => None,
+    };
+    Ok(Meter::new(
+        metrics,
+        config.slo.table(),
+        m.records,
+        sink,
+        m.usage_injection == UsageInjection::Auto,
+    ))
+}
+
+/// Learns the model names the upstreams serve (`GET /v1/models`) so they get their own
+/// `model` label: when a request names a model without a label (at most once per second, so a
+/// flood of random names costs one listing a second) and every `every`. Names are only added
+/// (a replica that is briefly down keeps its series), bounded by `MAX_LEARNED_MODELS`.
+///
+/// Not at startup: the first request for a model an upstream serves starts the listing and is
+/// itself labelled `other` (configure `measure.models` to label from the first request).
+async fn learn_models(upstreams: Arc<Upstreams>, meter: Arc<Meter>, every: Duration) {
+    const DEBOUNCE: Duration = Duration::from_secs(1);
+    let labels = meter.metrics().models.clone();
+    loop {
+        tokio::select! {
+            _ = meter.unknown_model_seen() => {}
+            _ = tokio::time::sleep(every) => {}
+        }
+        for replica in &upstreams.replicas {
+            let names = list_models(&upstreams, replica).await;
+            let added = labels.add_learned(&names);
+            if added > 0 {
+                tracing::info!(upstream = %replica.url, added, "learned model names");
+            }
+        }
+        tokio::time::sleep(DEBOUNCE).await;
+    }
+}
+
+/// The `data[].id` of one replica's `/v1/models`; empty on any failure (tried again later).
+async fn list_models(up: &Upstreams, replica: &crate::upstream::Replica) -> Vec<String> {
+    use http_body_util::{BodyExt, Full, Limited};
+    #[derive(serde::Deserialize)]
+    struct Model {
+        id: String,
+    }
+    #[derive(serde::Deserialize)]
+    struct List {
+        data: Vec<Model>,
+    }
+    let Ok(uri) = replica.uri_for("/v1/models") else {
+        return Vec::new();
+    };
+    let Ok(req) = http::Request::get(uri).body(Full::new(bytes::Bytes::new())) else {
+        return Vec::new();
+    };
+    let limit = up.config.connect_timeout() + Duration::from_secs(5);
+    let fetch = async {
+        let resp = up.client.request(req).await.ok()?;
+        if !resp.status().is_success() {
+            return None;
+        }
+        // A model list is small; bound what a misbehaving upstream can make us buffer.
+        let body = Limited::new(resp.into_body(), 1 << 20)
+            .collect()
+            .await
+            .ok()?;
+        serde_json::from_slice::<List>(&body.to_bytes()).ok()
+    };
+    match tokio::time::timeout(limit, fetch).await {
+        Ok(Some(list)) => list.data.into_iter().map(|m| m.id).collect(),
+        _ => Vec::new(),
     }
 }
 

@@ -42,6 +42,8 @@ pub struct Config {
     pub server: ServerConfig,
     pub upstream: UpstreamConfig,
     pub log: LogConfig,
+    pub measure: MeasureConfig,
+    pub slo: SloConfig,
     /// The built-in simulated engine used in demo mode (no `upstream.urls`); see the sim's
     /// own documentation for its fields. Not overridable from the environment.
     #[serde(skip_serializing)]
@@ -154,6 +156,116 @@ impl Default for UpstreamConfig {
             health_path: "/health".into(),
             health_interval_ms: 2_000,
         }
+    }
+}
+
+/// What the meter does besides watching: usage injection, the model label set, the record
+/// ring and the optional JSONL sink.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MeasureConfig {
+    /// `auto`: a streaming request that did not ask for usage gets
+    /// `stream_options.include_usage` injected (exact token counts) and the usage chunk is
+    /// removed from what the client receives. `off`: requests are forwarded as sent.
+    pub usage_injection: UsageInjection,
+    /// Model names that get their own `model` label value; models the upstreams list at
+    /// `GET /v1/models` are learned too; any other name is labelled `other`.
+    pub models: Vec<String>,
+    /// How often the upstreams' `/v1/models` is re-read, ms.
+    pub models_refresh_ms: u64,
+    /// Finished-request records kept in memory for `/stats`.
+    pub records: usize,
+    /// JSONL file every record is appended to (off the request path). Default: none.
+    pub sink_path: Option<PathBuf>,
+    /// Rotate the sink file when it would grow past this many bytes.
+    pub sink_max_bytes: u64,
+    /// Rotated sink files kept (`path.1` .. `path.N`).
+    pub sink_keep: usize,
+    /// Records queued for the sink at most; beyond, records are dropped and counted.
+    pub sink_queue: usize,
+}
+
+impl Default for MeasureConfig {
+    fn default() -> Self {
+        Self {
+            usage_injection: UsageInjection::Auto,
+            models: Vec::new(),
+            models_refresh_ms: 30_000,
+            records: crate::measure::record::DEFAULT_RING_CAPACITY,
+            sink_path: None,
+            sink_max_bytes: 100 * 1024 * 1024,
+            sink_keep: 3,
+            sink_queue: 65_536,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UsageInjection {
+    Auto,
+    Off,
+}
+
+/// Service-level objectives a request must meet to count as good (in ms; 0 = not judged).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SloConfig {
+    pub ttft_ms: u64,
+    pub tpot_ms: u64,
+    pub e2e_ms: u64,
+    /// Per-model overrides (`[slo.models."llama-70b"]`); a field left out keeps the global value.
+    pub models: std::collections::BTreeMap<String, SloOverride>,
+}
+
+impl Default for SloConfig {
+    fn default() -> Self {
+        Self {
+            ttft_ms: 2_000,
+            tpot_ms: 150,
+            e2e_ms: 30_000,
+            models: Default::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SloOverride {
+    pub ttft_ms: Option<u64>,
+    pub tpot_ms: Option<u64>,
+    pub e2e_ms: Option<u64>,
+}
+
+impl SloConfig {
+    /// The table the meter judges by.
+    pub fn table(&self) -> crate::measure::slo::SloTable {
+        use crate::measure::slo::{Slo, SloTable};
+        let limit = |v: u64| (v > 0).then(|| ms(v));
+        let default = Slo {
+            ttft: limit(self.ttft_ms),
+            tpot: limit(self.tpot_ms),
+            e2e: limit(self.e2e_ms),
+        };
+        let per_model = self
+            .models
+            .iter()
+            .map(|(name, o)| {
+                let slo = Slo {
+                    ttft: o.ttft_ms.map_or(default.ttft, limit),
+                    tpot: o.tpot_ms.map_or(default.tpot, limit),
+                    e2e: o.e2e_ms.map_or(default.e2e, limit),
+                };
+                (name.clone(), slo)
+            })
+            .collect();
+        SloTable { default, per_model }
+    }
+}
+
+impl MeasureConfig {
+    pub fn models_refresh(&self) -> Duration {
+        ms(self.models_refresh_ms)
     }
 }
 
@@ -353,6 +465,22 @@ impl Config {
         if !u.health_path.starts_with('/') {
             return bad("upstream.health_path", "must start with `/`");
         }
+        let m = &self.measure;
+        if m.records == 0 {
+            return bad("measure.records", "must be at least 1");
+        }
+        if m.models_refresh_ms == 0 {
+            return bad("measure.models_refresh_ms", "must be positive");
+        }
+        if m.sink_path.is_some() && (m.sink_queue == 0 || m.sink_max_bytes == 0) {
+            return bad(
+                "measure.sink_queue",
+                "sink_queue and sink_max_bytes must be positive",
+            );
+        }
+        if let Some(name) = self.slo.models.keys().find(|n| n.is_empty()) {
+            return bad("slo.models", &format!("`{name}`: empty model name"));
+        }
         if let Some(sim) = &self.sim {
             if let Err(e) = sim.validate() {
                 return bad(&format!("sim.{}", e.field), &e.reason);
@@ -363,7 +491,10 @@ impl Config {
 }
 
 fn is_optional_field(section: &str, field: &str) -> bool {
-    matches!((section, field), ("server", "tls_cert" | "tls_key"))
+    matches!(
+        (section, field),
+        ("server", "tls_cert" | "tls_key") | ("measure", "sink_path")
+    )
 }
 
 /// Parses an environment value into the TOML type of the value it replaces.
@@ -471,6 +602,47 @@ mod tests {
     }
 
     #[test]
+    fn measure_and_slo_settings() {
+        let c = Config::from_toml(
+            "[measure]\nusage_injection = \"off\"\nmodels = [\"a\"]\nrecords = 10\n\
+             [slo]\nttft_ms = 500\ne2e_ms = 0\n[slo.models.big]\nttft_ms = 4000\n",
+            "m.toml",
+        )
+        .unwrap();
+        c.validate("m.toml").unwrap();
+        assert_eq!(c.measure.usage_injection, UsageInjection::Off);
+        assert_eq!(c.measure.records, 10);
+        let t = c.slo.table();
+        assert_eq!(t.default.ttft, Some(Duration::from_millis(500)));
+        assert_eq!(t.default.tpot, Some(Duration::from_millis(150)));
+        assert_eq!(t.default.e2e, None);
+        let big = t.for_model("big");
+        assert_eq!(big.ttft, Some(Duration::from_secs(4)));
+        assert_eq!(big.tpot, t.default.tpot);
+        assert_eq!(t.for_model("small"), &t.default);
+        let d = Config::default();
+        assert_eq!(d.measure.usage_injection, UsageInjection::Auto);
+        assert_eq!(d.measure.records, 100_000);
+        let e = Config::default()
+            .with_env(env(&[
+                ("GOODPUT_PROXY_MEASURE_USAGE_INJECTION", "off"),
+                ("GOODPUT_PROXY_MEASURE_SINK_PATH", "/tmp/r.jsonl"),
+                ("GOODPUT_PROXY_SLO_TTFT_MS", "700"),
+            ]))
+            .unwrap();
+        assert_eq!(e.measure.usage_injection, UsageInjection::Off);
+        assert_eq!(
+            e.measure.sink_path.as_deref(),
+            Some(Path::new("/tmp/r.jsonl"))
+        );
+        assert_eq!(e.slo.ttft_ms, 700);
+        let err = Config::from_toml("[measure]\nusage_injection = \"on\"\n", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("usage_injection"), "{err}");
+    }
+
+    #[test]
     fn validation_names_the_field() {
         type Case = (&'static str, fn(&mut Config));
         let cases: Vec<Case> = vec![
@@ -483,6 +655,7 @@ mod tests {
             ("upstream.first_byte_timeout_ms", |c| {
                 c.upstream.first_byte_timeout_ms = 0
             }),
+            ("measure.records", |c| c.measure.records = 0),
         ];
         for (field, mutate) in cases {
             let mut c = Config::default();

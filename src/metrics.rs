@@ -87,6 +87,27 @@ impl ModelLabels {
         }
     }
 
+    /// Add learned models (from discovery) without forgetting earlier ones, so a replica that
+    /// is briefly down does not move its model's series to `other`; bounded by
+    /// [`MAX_LEARNED_MODELS`]. Returns how many were new.
+    pub fn add_learned<I: IntoIterator<Item = S>, S: AsRef<str>>(&self, models: I) -> usize {
+        let Ok(mut l) = self.inner.write() else {
+            return 0;
+        };
+        let mut added = 0;
+        for m in models {
+            let m = m.as_ref();
+            if l.learned.len() >= MAX_LEARNED_MODELS {
+                break;
+            }
+            if !l.configured.contains(m) && !l.learned.contains(m) {
+                l.learned.insert(Arc::from(m));
+                added += 1;
+            }
+        }
+        added
+    }
+
     /// The label value for a request's model name.
     pub fn resolve(&self, model: &str) -> Arc<str> {
         if let Ok(l) = self.inner.read() {
@@ -518,5 +539,13 @@ mod tests {
             .count();
         assert_eq!(known, MAX_LEARNED_MODELS);
         assert!(labels.contains("a"));
+        let labels = ModelLabels::new(["a"]);
+        assert_eq!(labels.add_learned(["a", "b"]), 1);
+        assert_eq!(labels.add_learned(["c"]), 1);
+        assert!(labels.contains("b") && labels.contains("c"));
+        assert_eq!(
+            labels.add_learned((0..1000).map(|i| format!("m{i}"))),
+            MAX_LEARNED_MODELS - 2
+        );
     }
 }

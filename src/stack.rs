@@ -17,6 +17,7 @@ use crate::layer::access_log::AccessLogLayer;
 use crate::layer::collect::CollectLayer;
 use crate::layer::error_response::ErrorResponseLayer;
 use crate::layer::limit::InFlightLimitLayer;
+use crate::layer::meter::{Meter, MeterLayer, RecordRejectionsLayer};
 use crate::layer::request_id::RequestIdLayer;
 use crate::layer::route::RouteLayer;
 use crate::upstream::{Forward, Upstreams};
@@ -27,8 +28,8 @@ pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 /// The assembled stack as the listener sees it.
 pub type ProxyService = BoxCloneService<Request<Incoming>, Response<ProxyBody>, Infallible>;
 
-/// Builds the public stack for `config`, forwarding to `upstreams`.
-pub fn build(config: &Config, upstreams: Arc<Upstreams>) -> ProxyService {
+/// Builds the public stack for `config`, forwarding to `upstreams`, measured by `meter`.
+pub fn build(config: &Config, upstreams: Arc<Upstreams>, meter: Arc<Meter>) -> ProxyService {
     let s = &config.server;
     let service = ServiceBuilder::new()
         // Outermost: take t0 before anything spends time; stamp the id on every response.
@@ -37,6 +38,10 @@ pub fn build(config: &Config, upstreams: Arc<Upstreams>) -> ProxyService {
         .layer(AccessLogLayer)
         // Turns every inner ProxyError into the one OpenAI-style error response.
         .layer(ErrorResponseLayer)
+        // Records what the layers below answer themselves (404, 413, 503 shed) as `rejected`:
+        // inside the error mapping so it still sees the typed error, outside everything that
+        // can reject. Requests the meter takes over are left to the meter.
+        .layer(RecordRejectionsLayer::new(meter.clone()))
         // AUTH: an auth layer belongs here: after errors are mapped, before any work is spent.
         // Shed before reading the body; the permit lives until the response body ends.
         .layer(InFlightLimitLayer::new(s.max_in_flight, s.retry_after_s))
@@ -44,12 +49,10 @@ pub fn build(config: &Config, upstreams: Arc<Upstreams>) -> ProxyService {
         .layer(RouteLayer::new(&s.paths))
         // Bounded body read (413) + RequestFacts (model, stream, t0) for meter and shaping.
         .layer(CollectLayer::new(s.max_body_bytes))
-        // METER: the meter layer goes here, innermost around forwarding. It sees
-        // Request<Bytes> with the RequestFacts extension and returns Response<ProxyBody>
-        // (wrap the body: `resp.map(|b| MeteredBody::new(b, ..).boxed_unsync())`), with
-        // Error = ProxyError (connect failure, first-byte timeout) so it can record outcomes.
-        // Upstream errors inside a body surface as body errors; `DeadlineError` marks the
-        // proxy's own stream deadlines.
+        // Innermost, around forwarding: it needs RequestFacts (model, stream) from collect,
+        // may rewrite the collected body (usage injection), sees forwarding's typed errors
+        // (connect failure, first-byte timeout), and wraps the upstream body as it leaves.
+        .layer(MeterLayer::new(meter))
         .service(Forward::new(upstreams));
     BoxCloneService::new(service)
 }

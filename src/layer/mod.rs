@@ -5,6 +5,7 @@ pub mod collect;
 pub mod error_response;
 pub mod hold;
 pub mod limit;
+pub mod meter;
 pub mod request_id;
 pub mod route;
 
