@@ -31,13 +31,12 @@ HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrad
 
 
 class Relay:
-    """TCP relay that records every byte each way, in order, across all connections."""
+    """TCP relay that records every byte each way, per connection."""
 
     def __init__(self, target):
         self.target = target
         self.lock = threading.Lock()
-        self.down = bytearray()  # engine -> proxy
-        self.up = bytearray()    # proxy -> engine
+        self.conns = []  # [up bytearray (proxy -> engine), down bytearray (engine -> proxy)]
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
@@ -49,8 +48,11 @@ class Relay:
         while True:
             c, _ = self.sock.accept()
             u = socket.create_connection(self.target)
-            threading.Thread(target=self._pump, args=(c, u, self.up), daemon=True).start()
-            threading.Thread(target=self._pump, args=(u, c, self.down), daemon=True).start()
+            bufs = [bytearray(), bytearray()]
+            with self.lock:
+                self.conns.append(bufs)
+            threading.Thread(target=self._pump, args=(c, u, bufs[0]), daemon=True).start()
+            threading.Thread(target=self._pump, args=(u, c, bufs[1]), daemon=True).start()
 
     def _pump(self, src, dst, buf):
         try:
@@ -71,18 +73,35 @@ class Relay:
                     pass
 
     def take(self):
+        """Every (request bytes, response bytes) exchange seen since the last call."""
+        out = []
         with self.lock:
-            up, down = bytes(self.up), bytes(self.down)
-            self.up.clear()
-            self.down.clear()
-        return up, down
+            for up, down in self.conns:
+                u, d = bytes(up), bytes(down)
+                up.clear()
+                down.clear()
+                reqs = [m.start() for m in re.finditer(rb"(GET|POST|PUT|DELETE|HEAD) /\S* HTTP/1\.1\r\n", u)]
+                resps = [m.start() for m in re.finditer(rb"HTTP/1\.1 \d\d\d ", d)]
+                for k, start in enumerate(reqs):
+                    if k >= len(resps):
+                        break
+                    uend = reqs[k + 1] if k + 1 < len(reqs) else len(u)
+                    dend = resps[k + 1] if k + 1 < len(resps) else len(d)
+                    out.append((u[start:uend], d[resps[k]:dend]))
+        return out
 
 
 def parse_response(raw):
     """One HTTP/1.1 response: (status, [(name, value)], de-chunked body)."""
+    first, hdrs, body = parse_message(raw)
+    return int(first.split()[1]), hdrs, body
+
+
+def parse_message(raw):
+    """One HTTP/1.1 message: (first line, [(name, value)], de-chunked body)."""
     head, _, rest = raw.partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
-    status = int(lines[0].split()[1])
+    status = lines[0]
     hdrs = [(k.strip().lower(), v.strip()) for k, v in (l.split(":", 1) for l in lines[1:])]
     h = dict(hdrs)
     if h.get("transfer-encoding", "").lower() == "chunked":
@@ -100,8 +119,7 @@ def parse_response(raw):
 
 
 def request_body(raw):
-    _, _, rest = raw.partition(b"\r\n\r\n")
-    return rest
+    return parse_message(raw)[2]
 
 
 def without_usage(body):
@@ -214,16 +232,11 @@ def main():
             chdrs = [(k.lower(), v) for k, v in r.getheaders()]
             conn.close()
             time.sleep(0.05)  # let the relay see the end
-            up, down = relay.take()
-            # the health prober may interleave GET /health exchanges: keep the request's own
-            reqs = [m.start() for m in re.finditer(rb"(?m)^(GET|POST) ", up)]
-            resps = [m.start() for m in re.finditer(rb"HTTP/1\.1 \d\d\d ", down)]
             picked = None
-            for k, start in enumerate(reqs):
-                line = up[start:up.index(b"\r\n", start)].decode()
-                if line.split()[1] == path and k < len(resps):
-                    end = resps[k + 1] if k + 1 < len(resps) else len(down)
-                    picked = (up[start:(reqs[k + 1] if k + 1 < len(reqs) else len(up))], down[resps[k]:end])
+            for eup, edown in relay.take():
+                line = eup[:eup.index(b"\r\n")].decode().split()
+                if line[0] == method and line[1] == path:
+                    picked = (eup, edown)
             if picked is None:
                 print(f"DIFF {name:40s} the engine never saw the request")
                 bad += 1
