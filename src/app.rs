@@ -56,7 +56,10 @@ impl App {
     /// Checks the config, starts the demo engine when there is no upstream, binds both ports.
     pub async fn bind(mut config: Config) -> anyhow::Result<App> {
         let demo = if config.upstream.urls.is_empty() {
-            let demo = start_demo_engine(config.sim.clone().unwrap_or_default()).await?;
+            let sim = config.sim.clone().unwrap_or_default();
+            // The demo engine's models are known: label them from the first request.
+            config.measure.models.extend(sim.models.iter().cloned());
+            let demo = start_demo_engine(sim).await?;
             config.upstream.urls = vec![format!("http://{}", demo.addr)];
             Some(demo)
         } else {

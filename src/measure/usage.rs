@@ -34,6 +34,8 @@ struct RequestPeek<'a> {
     stream: Option<bool>,
     #[serde(default, borrow, deserialize_with = "some_raw")]
     stream_options: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "some_raw")]
+    n: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -65,10 +67,16 @@ fn splice(body: &[u8], at: usize, remove: usize, insert: &[&[u8]]) -> Vec<u8> {
 /// (`stream_options.include_usage` not `true`). The client's other `stream_options` stay.
 /// Not injected (returns `None`) when the body is not a JSON object, when the client set
 /// `continuous_usage_stats: true` (usage would then ride on every chunk and could not be
-/// removed byte-exactly), or when `stream_options` is not an object or null.
+/// removed byte-exactly), when `stream_options` is not an object or null, or when `n` is
+/// above 1: with several choices, every finish chunk loses its `system_fingerprint` to the usage
+/// chunk (the simulator does so; real vLLM was not captured), and a finish chunk that came long
+/// before the usage chunk could only be restored by holding it back from the client.
 pub fn inject_include_usage(body: &[u8]) -> Option<Vec<u8>> {
     let peek: RequestPeek<'_> = serde_json::from_slice(body).ok()?;
     if peek.stream != Some(true) {
+        return None;
+    }
+    if peek.n.is_some_and(|n| !matches!(n.get(), "1" | "null")) {
         return None;
     }
     let Some(opts) = peek.stream_options else {
@@ -415,6 +423,9 @@ mod tests {
             (r#"{"model":"m"}"#, None),
             (r#"{"stream":"yes"}"#, None),
             (r#"{"stream":true,"stream_options":"x"}"#, None),
+            // Several choices: the fingerprint cannot be restored on every finish chunk.
+            (r#"{"stream":true,"n":2}"#, None),
+            (r#"{"stream":true,"n":1}"#, Some(r#"{"stream":true,"n":1,"stream_options":{"include_usage":true}}"#)),
             (r#"[{"stream":true}]"#, None),
             ("not json", None),
             ("", None),

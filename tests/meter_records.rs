@@ -1,0 +1,98 @@
+//! Raw records: one per request in the `/stats` ring and in the optional JSONL sink, carrying
+//! the request id and the replica that served it; `/stats` query errors name the parameter.
+
+mod common;
+mod meter_util;
+
+use std::time::Duration;
+
+use common::*;
+use goodput_proxy::sim::SimConfig;
+use meter_util::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_reach_the_jsonl_sink_with_id_and_upstream() {
+    let sim = start_sim(SimConfig::with_timing(5.0, 1.0)).await;
+    let dir = std::env::temp_dir().join(format!(
+        "goodput-meter-records-{}-{:x}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("records.jsonl");
+    let mut config = meter_config(&sim.base_url());
+    config.measure.sink_path = Some(path.clone());
+    let proxy = start_proxy(config).await;
+    let c = client();
+    for i in 0..3 {
+        let mut req = post_json(&proxy.url(CHAT), &chat_body(4, ""));
+        req.headers_mut()
+            .insert("x-request-id", format!("rec-{i}").parse().unwrap());
+        observe(&c, req, true).await;
+    }
+    let (parts, _) = send(&c, post_json(&proxy.url("/nope"), "{}")).await;
+    assert_eq!(parts.status, 404);
+    wait_requests(&proxy, 4).await;
+    let read = || std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        eventually(SLOW, || read().lines().count() == 4).await,
+        "{}",
+        read()
+    );
+    let lines: Vec<serde_json::Value> = read()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    for (i, r) in lines[..3].iter().enumerate() {
+        assert_eq!(r["id"], format!("rec-{i}"), "{r}");
+        assert_eq!(r["model"], "tiny", "{r}");
+        assert_eq!(r["upstream"], sim.base_url(), "{r}");
+        assert_eq!(r["outcome"], "success", "{r}");
+        assert_eq!(r["finish_reason"], "length", "{r}");
+        assert_eq!(r["stream"], true, "{r}");
+        assert_eq!(r["completion_tokens"], 4, "{r}");
+        assert_eq!(r["usage_exact"], true, "{r}");
+        assert!(r["ttft_s"].as_f64().unwrap() > 0.0, "{r}");
+        assert_eq!(r["slo"]["good"], true, "{r}");
+    }
+    assert_eq!(lines[3]["outcome"], "rejected");
+    assert_eq!(lines[3]["status"], 404);
+    let _ = std::fs::remove_dir_all(&dir);
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_filters_by_model_and_window_and_names_bad_parameters() {
+    let sim = start_sim(SimConfig::with_timing(5.0, 1.0)).await;
+    let proxy = start_proxy(meter_config(&sim.base_url())).await;
+    let c = client();
+    observe(&c, post_json(&proxy.url(CHAT), &chat_body(4, "")), true).await;
+    let s = wait_requests(&proxy, 1).await;
+    assert_eq!(s["window_seconds"], 600.0);
+    assert_eq!(stats(&proxy, "window=600&model=tiny").await["requests"], 1);
+    assert_eq!(stats(&proxy, "model=other").await["requests"], 0);
+    // Without a window: the default (60 s).
+    let s = stats(&proxy, "").await;
+    assert_eq!(s["window_seconds"], 60.0, "{s}");
+    assert_eq!(s["requests"], 1, "{s}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(stats(&proxy, "window=0.1").await["requests"], 0);
+
+    for (query, param) in [
+        ("window=abc", "window"),
+        ("window=0", "window"),
+        ("window=-5", "window"),
+        ("window=60&mdl=tiny", "mdl"),
+    ] {
+        let (parts, body) = send(&c, get(&proxy.admin_url(&format!("/stats?{query}")))).await;
+        assert_eq!(parts.status, 400, "{query}");
+        assert_eq!(parts.headers["content-type"], "application/json");
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["error"]["param"], param, "{query}: {v}");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains(param),
+            "{v}"
+        );
+    }
+    sim.shutdown().await;
+}
