@@ -92,6 +92,10 @@ pub struct RunArgs {
     /// The proxy's JSONL record sink, to join client and proxy records by request id.
     #[arg(long)]
     pub proxy_records: Option<PathBuf>,
+    /// Seconds after the last request to take one more proxy/engine snapshot (`settled`
+    /// counters: e.g. the engine's running requests back at 0); 0 for none.
+    #[arg(long, default_value_t = 1.0)]
+    pub settle_s: f64,
     /// Never show the live progress line.
     #[arg(long)]
     pub no_progress: bool,
@@ -163,6 +167,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             proxy_admin: args.proxy_admin.clone(),
             engine_metrics: args.engine_metrics.clone(),
             proxy_records: args.proxy_records.clone(),
+            settle_s: Some(args.settle_s),
         },
         run_id: run_id(),
     })

@@ -35,6 +35,8 @@ pub struct PhaseSnapshots {
     pub phase: String,
     pub start: Snapshot,
     pub end: Snapshot,
+    /// The last phase only: taken `settle_s` after every request finished.
+    pub settled: Option<Snapshot>,
 }
 
 // ---------- Prometheus text: histograms only ----------
@@ -217,11 +219,12 @@ pub fn series_sum(text: &str, name: &str) -> Option<f64> {
 /// `vllm:generation_tokens_total`, `vllm:prompt_tokens_total`, `vllm:num_requests_running`,
 /// `vllm:num_requests_waiting`; for the proxy `goodput_proxy_generation_tokens_total`,
 /// `goodput_proxy_prompt_tokens_total` and `goodput_proxy_requests_in_flight` (summed over
-/// series). `None`: the scrape failed or the family is absent.
+/// series). 0 when the scrape worked but the family has no series yet (a labelled counter
+/// appears with its first request); `None` when the scrape failed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CounterSnapshot {
     pub phase: String,
-    /// `start` or `end` of the phase.
+    /// `start` or `end` of the phase; `settled`: the last phase, `settle_s` after its end.
     pub at: String,
     /// Seconds since the run started.
     pub t_s: f64,
@@ -262,7 +265,7 @@ fn counters_of(
 ) {
     if snap.proxy_asked {
         let t = snap.proxy_metrics.as_deref();
-        let g = |n: &str| t.and_then(|t| series_sum(t, n));
+        let g = |n: &str| t.map(|t| series_sum(t, n).unwrap_or(0.0));
         out.push(CounterSnapshot {
             phase: phase.into(),
             at: at.into(),
@@ -276,7 +279,7 @@ fn counters_of(
         });
     }
     for (url, text) in &snap.engines {
-        let g = |n: &str| text.as_deref().and_then(|t| series_sum(t, n));
+        let g = |n: &str| text.as_deref().map(|t| series_sum(t, n).unwrap_or(0.0));
         out.push(CounterSnapshot {
             phase: phase.into(),
             at: at.into(),
@@ -298,7 +301,7 @@ fn token_check(
     end: Option<&Snapshot>,
 ) -> TokenCheck {
     let grow = |a: Option<&str>, b: Option<&str>, name: &str| -> Option<f64> {
-        Some(series_sum(b?, name)? - series_sum(a?, name).unwrap_or(0.0))
+        Some(series_sum(b?, name).unwrap_or(0.0) - series_sum(a?, name).unwrap_or(0.0))
     };
     let proxy = match (start, end) {
         (Some(s), Some(e)) if e.proxy_asked => grow(
@@ -592,7 +595,7 @@ pub fn build(
                     cs.map(|s| s.count as f64),
                     client,
                 ));
-                // Proxy exact: joined records when we have them, else /stats over the window.
+                // Proxy exact: the joined records of exactly these requests.
                 if proxy_records.is_some() {
                     let vals: Vec<f64> = of_model
                         .iter()
@@ -613,7 +616,9 @@ pub fn build(
                             client,
                         ));
                     }
-                } else if let Some(st) = snap.and_then(|s| s.end.proxy_stats.get(*model)) {
+                }
+                // /stats as well: it is what an operator sees without the sink.
+                if let Some(st) = snap.and_then(|s| s.end.proxy_stats.get(*model)) {
                     let obj = st.get(format!("{metric}_seconds"));
                     let g = |k: &str| obj.and_then(|o| o.get(k)).and_then(|v| v.as_f64());
                     if g("p50").is_some() {
@@ -679,6 +684,9 @@ pub fn build(
             let last = snaps.last().is_some_and(|l| l.phase == s.phase);
             counters_of(&w.name, "start", false, &s.start, &mut c.counters);
             counters_of(&w.name, "end", last, &s.end, &mut c.counters);
+            if let Some(settled) = &s.settled {
+                counters_of(&w.name, "settled", true, settled, &mut c.counters);
+            }
             c.tokens
                 .push(token_check(&w.name, &mine, Some(&s.start), Some(&s.end)));
         }
@@ -1051,11 +1059,13 @@ plain_gauge 4\n";
                 phase: "a".into(),
                 start: snap(0.0, 100, 200, 0),
                 end: snap(1.0, 110, 210, 2),
+                settled: None,
             },
             PhaseSnapshots {
                 phase: "b".into(),
                 start: snap(1.0, 110, 210, 2),
-                end: snap(2.0, 125, 225, 0),
+                end: snap(2.0, 125, 225, 1),
+                settled: Some(snap(3.0, 125, 225, 0)),
             },
         ];
         let mut r1 = crate::report::summary::tests::rec("a", 0.1, 0.5, Some(0.1), "success");
@@ -1069,13 +1079,20 @@ plain_gauge 4\n";
             &snaps,
             None,
         );
-        assert_eq!(c.counters.len(), 8, "2 sources x 2 instants x 2 phases");
-        let last = c.counters.last().unwrap();
         assert_eq!(
-            (last.phase.as_str(), last.at.as_str(), last.source.as_str()),
+            c.counters.len(),
+            10,
+            "2 sources x (2 instants x 2 phases + settled)"
+        );
+        let end = &c.counters[7];
+        assert_eq!(
+            (end.phase.as_str(), end.at.as_str(), end.source.as_str()),
             ("b", "end", "E")
         );
-        assert!(last.after_all_requests);
+        assert!(end.after_all_requests);
+        assert_eq!(end.num_requests_running, Some(1.0));
+        let last = c.counters.last().unwrap();
+        assert_eq!((last.at.as_str(), last.t_s), ("settled", 3.0));
         assert_eq!(last.num_requests_running, Some(0.0));
         assert_eq!(c.counters[3].num_requests_running, Some(2.0));
         let t: Vec<_> = c.tokens.iter().map(|t| t.phase.as_str()).collect();

@@ -19,7 +19,7 @@ pub enum UsageAsk {
     Final,
     /// `include_usage` and `continuous_usage_stats`: usage on every chunk.
     Continuous,
-    /// `continuous_usage_stats: true` without `include_usage` (vLLM then sends no usage).
+    /// `include_usage: false, continuous_usage_stats: true` (vLLM then sends no usage).
     ContinuousOnly,
 }
 
@@ -252,9 +252,9 @@ pub fn body(plan: &RequestPlan) -> Vec<u8> {
     };
     if plan.stream && (include || continuous) {
         let mut so = serde_json::Map::new();
-        if include {
-            so.insert("include_usage".into(), true.into());
-        }
+        // Always explicit: vLLM defaults `include_usage` to true once `stream_options` is
+        // present, so `{"continuous_usage_stats": true}` alone would ask for usage after all.
+        so.insert("include_usage".into(), include.into());
         if continuous {
             so.insert("continuous_usage_stats".into(), true.into());
         }
@@ -402,7 +402,7 @@ mod tests {
         assert!(comp.get("top_logprobs").is_none());
         assert_eq!(
             comp["stream_options"],
-            serde_json::json!({"continuous_usage_stats": true})
+            serde_json::json!({"include_usage": false, "continuous_usage_stats": true})
         );
         let off = json(&RequestPlan {
             usage: UsageAsk::Off,

@@ -33,6 +33,9 @@ pub struct CompareTargets {
     pub engine_metrics: Vec<String>,
     /// The proxy's JSONL record sink, read after the run to join by request id.
     pub proxy_records: Option<PathBuf>,
+    /// One more snapshot this long after every request finished (`settled` in the counters),
+    /// e.g. to see the engine's running requests back at 0 after hang-ups. Default 1 s; 0: none.
+    pub settle_s: Option<f64>,
 }
 
 impl CompareTargets {
@@ -218,6 +221,7 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, RunError> {
                 phase: phase.name.clone(),
                 start: start_snap,
                 end: end_snap,
+                settled: None,
             });
         }
         windows.push(PhaseWindow {
@@ -243,6 +247,13 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, RunError> {
         )
         .await;
     }
+    let settle = cfg.compare.settle_s.unwrap_or(1.0);
+    if let Some(last) = snaps.last_mut() {
+        if settle > 0.0 && settle.is_finite() {
+            tokio::time::sleep(Duration::from_secs_f64(settle)).await;
+            last.settled = Some(snapshot(&client, &cfg.compare, shared.start, None).await);
+        }
+    }
     ticker.abort();
     progress.finish();
     if let Some(m) = &cfg.metrics {
@@ -252,15 +263,14 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, RunError> {
     let mut records = std::mem::take(&mut *shared.lock_records());
     records.sort_by(|a, b| a.start_s.total_cmp(&b.start_s));
     let (phases, overall) = summary::build(&windows, &records);
-    let comparison = cfg.compare.any().then(|| {
-        let proxy = cfg
-            .compare
-            .proxy_records
-            .as_ref()
-            .and_then(|p| std::fs::read_to_string(p).ok())
-            .map(|t| compare::parse_proxy_records(&t));
-        compare::build(&windows, &records, &snaps, proxy.as_deref())
-    });
+    let proxy = match &cfg.compare.proxy_records {
+        Some(p) => Some(read_proxy_records(p, &records).await),
+        None => None,
+    };
+    let comparison = cfg
+        .compare
+        .any()
+        .then(|| compare::build(&windows, &records, &snaps, proxy.as_deref()));
     let summary = Summary {
         target: cfg.target.clone(),
         scenario: cfg.scenario_name.clone(),
@@ -508,6 +518,27 @@ async fn one_request(
         itl_seconds: sent.itl,
     };
     sh.lock_records().push(rec);
+}
+
+/// The proxy's JSONL sink. Its writer runs off the request path, so the last records can land a
+/// moment after the last response ended: read again (up to 3 s) until every client request id
+/// is there.
+async fn read_proxy_records(
+    path: &std::path::Path,
+    records: &[RequestRecord],
+) -> Vec<compare::ProxyRecord> {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let got = std::fs::read_to_string(path)
+            .map(|t| compare::parse_proxy_records(&t))
+            .unwrap_or_default();
+        let ids: std::collections::HashSet<&str> = got.iter().map(|p| p.id.as_str()).collect();
+        let complete = records.iter().all(|r| ids.contains(r.request_id.as_str()));
+        if complete || Instant::now() >= deadline {
+            return got;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Proxy `/metrics` (+ `/stats` per model at a phase end) and each engine's `/metrics`.

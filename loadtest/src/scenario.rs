@@ -160,7 +160,8 @@ pub struct Mix {
     /// Share of streaming requests with `stream_options.include_usage: true`.
     pub include_usage_share: f64,
     /// Share of streaming requests with `stream_options.continuous_usage_stats: true` (drawn
-    /// independently; vLLM only sends usage on every chunk when `include_usage` is also set).
+    /// independently; `include_usage` is then sent explicitly, true or false, because vLLM
+    /// defaults it to true once `stream_options` is present).
     pub continuous_usage_share: f64,
     /// Ask the engine to ignore EOS so it generates exactly `max_tokens` (vLLM extension):
     /// `true`, `false` or a share.

@@ -179,6 +179,7 @@ async fn client_and_proxy_join_by_request_id() {
         proxy_admin: Some(url.clone()),
         engine_metrics: vec![],
         proxy_records: Some(fake.sink.clone()),
+        settle_s: Some(0.0),
     };
     let res = run(&url, compare).await;
     let c = res.summary.comparison.as_ref().unwrap();

@@ -175,6 +175,22 @@ pub fn render(summary: &Summary, windows: &[PhaseWindow], records: &[RequestReco
     for p in &summary.phases {
         h.push_str(&phase_block(p));
     }
+    let by_option = &summary.overall.outcomes_by_option;
+    if !by_option.is_empty() {
+        h.push_str("<h2>Outcomes by request option</h2><table><tr><th>option</th>");
+        for n in &names {
+            let _ = write!(h, "<th>{}</th>", esc(n));
+        }
+        h.push_str("</tr>");
+        for (k, counts) in by_option {
+            let _ = write!(h, "<tr><td>{}</td>", esc(k));
+            for n in &names {
+                let _ = write!(h, "<td>{}</td>", counts.get(n).copied().unwrap_or(0));
+            }
+            h.push_str("</tr>");
+        }
+        h.push_str("</table>");
+    }
     if let Some(c) = &summary.comparison {
         h.push_str("<h2>Client vs proxy vs engine</h2>");
         h.push_str(&crate::compare::render_html(c));

@@ -97,6 +97,21 @@ pub fn render(s: &Summary) -> String {
     if s.phases.len() > 1 {
         phase(&mut out, &s.overall);
     }
+    // Only when the mix varied: one line per option value that not every request shared.
+    let n = s.overall.requests;
+    let varied: Vec<_> = s
+        .overall
+        .outcomes_by_option
+        .iter()
+        .filter(|(_, c)| c.values().sum::<u64>() < n)
+        .collect();
+    if !varied.is_empty() {
+        out.push_str("\noutcomes by request option\n");
+        for (k, c) in varied {
+            let parts: Vec<String> = c.iter().map(|(o, v)| format!("{o} {v}")).collect();
+            let _ = writeln!(out, "  {k:<24} {}", parts.join(", "));
+        }
+    }
     if let Some(c) = &s.comparison {
         out.push_str(&crate::compare::render_text(c));
     }

@@ -1,0 +1,285 @@
+//! Through the proxy, end to end (issue 5 "what must show"): the simulator with known timings
+//! behind the in-process proxy; the loadtest injects `error-after` / `truncate-after` on a share
+//! of requests in one phase and hangs up mid-stream on a share in another, with `--proxy-admin`
+//! and the proxy's JSONL sink (`--proxy-records`). The summary's outcome counts equal what was
+//! injected; client and proxy agree by request id on every outcome, and within 5 ms at p50 on
+//! TTFT and E2E. Bounded in count and time.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use goodput_loadtest::compare::Comparison;
+use goodput_loadtest::record::RequestRecord;
+use goodput_loadtest::runner::{self, CompareTargets, RunConfig, RunResult};
+use goodput_loadtest::scenario::Scenario;
+use goodput_proxy::app::App;
+use goodput_proxy::config::Config;
+use goodput_proxy::sim::{SimConfig, SimHandle, SimServer};
+use tokio::sync::oneshot;
+
+const TTFT_MS: f64 = 80.0;
+const TPOT_MS: f64 = 5.0;
+/// The spec's tolerance between client and proxy at p50.
+const P50_TOLERANCE_S: f64 = 0.005;
+
+const SCENARIO: &str = r#"
+seed = 21
+models = ["tiny"]
+[mix]
+prompt_tokens = { fixed = 16 }
+max_tokens = { fixed = 16 }
+ignore_eos = true
+stream_share = 0.85
+completions_share = 0.3
+
+[[phases]]
+name = "warm"
+requests = 20
+arrivals = { constant = { rate = 40 } }
+drain = true
+
+[[phases]]
+name = "faults"
+requests = 60
+arrivals = { poisson = { rate = 60 } }
+drain = true
+[phases.mix]
+headers = [
+  { name = "x-sim-fault", value = "error-after=3", share = 0.15 },
+  { name = "x-sim-fault", value = "truncate-after=3", share = 0.15 },
+]
+
+[[phases]]
+name = "hangups"
+requests = 40
+arrivals = { poisson = { rate = 60 } }
+drain = true
+[phases.mix]
+hangup_share = 0.3
+hangup_after_events = { fixed = 4 }
+"#;
+
+struct Proxy {
+    target: String,
+    admin: String,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+async fn start_sim() -> SimHandle {
+    let cfg = SimConfig {
+        max_num_seqs: 1024,
+        ..SimConfig::with_timing(TTFT_MS, TPOT_MS)
+    };
+    SimServer::bind(cfg, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap()
+        .spawn()
+}
+
+async fn start_proxy(upstream: String, sink: PathBuf) -> Proxy {
+    let mut c = Config::default();
+    c.server.listen = "127.0.0.1:0".parse().unwrap();
+    c.server.admin_listen = "127.0.0.1:0".parse().unwrap();
+    c.server.drain_delay_ms = 0;
+    c.server.grace_period_ms = 5_000;
+    c.upstream.urls = vec![upstream];
+    c.upstream.health_interval_ms = 200;
+    c.measure.models = vec!["tiny".into()];
+    c.measure.sink_path = Some(sink);
+    let app = App::bind(c).await.expect("bind proxy");
+    let (addr, admin) = (app.local_addr(), app.admin_addr());
+    let (tx, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(app.run(async move {
+        let _ = rx.await;
+    }));
+    Proxy {
+        target: format!("http://{addr}"),
+        admin: format!("http://{admin}"),
+        stop: Some(tx),
+        task,
+    }
+}
+
+fn temp_path(name: &str) -> PathBuf {
+    let p = std::env::temp_dir().join(format!("goodput-lt-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_file(&p);
+    p
+}
+
+async fn run_through_proxy() -> (RunResult, PathBuf) {
+    let sim = start_sim().await;
+    let sink = temp_path("sink.jsonl");
+    let mut proxy = start_proxy(sim.base_url(), sink.clone()).await;
+    let res = tokio::time::timeout(
+        Duration::from_secs(90),
+        runner::run(RunConfig {
+            target: proxy.target.clone(),
+            scenario: Scenario::parse(SCENARIO).unwrap(),
+            scenario_name: "proxy-e2e".into(),
+            show_progress: false,
+            metrics: None,
+            compare: CompareTargets {
+                proxy_admin: Some(proxy.admin.clone()),
+                engine_metrics: vec![format!("{}/metrics", sim.base_url())],
+                proxy_records: Some(sink.clone()),
+                settle_s: Some(0.2),
+            },
+            run_id: goodput_loadtest::cli::run_id(),
+        }),
+    )
+    .await
+    .expect("run is bounded")
+    .unwrap();
+    // Every engine slot is free again: the hang-ups reached the engine as disconnects.
+    assert!(sim.wait_idle(Duration::from_secs(10)).await);
+    // The simulator counts a request that did not run to its end as aborted: each hang-up, and
+    // each `truncate-after` (it cuts its own stream; `error-after` ends its stream properly).
+    let cut = res
+        .records
+        .iter()
+        .filter(|r| r.hung_up || r.tag.as_deref() == Some("truncate-after=3"))
+        .count() as u64;
+    assert_eq!(sim.requests_aborted(), cut, "each cut request aborted once");
+    if let Some(stop) = proxy.stop.take() {
+        let _ = stop.send(());
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(10), &mut proxy.task).await;
+    sim.shutdown().await;
+    (res, sink)
+}
+
+fn count(records: &[RequestRecord], f: impl Fn(&RequestRecord) -> bool) -> u64 {
+    records.iter().filter(|r| f(r)).count() as u64
+}
+
+fn row<'a>(
+    c: &'a Comparison,
+    phase: &str,
+    metric: &str,
+    source: &str,
+) -> &'a goodput_loadtest::compare::Row {
+    c.rows
+        .iter()
+        .find(|r| r.phase == phase && r.metric == metric && r.source == source)
+        .unwrap_or_else(|| panic!("no {source} {metric} row for {phase}: {:#?}", c.rows))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_the_proxy_outcomes_equal_faults_and_client_and_proxy_agree() {
+    let (res, sink) = run_through_proxy().await;
+    let s = &res.summary;
+    let recs = &res.records;
+    assert_eq!(recs.len(), 120);
+
+    // What was injected, from the records' tags and hang-ups, equals the summary's counts.
+    let errors = count(recs, |r| r.tag.as_deref() == Some("error-after=3"));
+    let truncs = count(recs, |r| r.tag.as_deref() == Some("truncate-after=3"));
+    let hung = count(recs, |r| r.hung_up);
+    assert!(
+        errors > 0 && truncs > 0 && hung > 0,
+        "{errors} {truncs} {hung}"
+    );
+    // A fault only bites a stream or a JSON body the same way: both end as the fault says.
+    let o = &s.overall.outcomes;
+    let get = |k: &str| o.get(k).copied().unwrap_or(0);
+    assert_eq!(get("upstream_error"), errors, "{o:?}");
+    assert_eq!(get("truncated"), truncs, "{o:?}");
+    assert_eq!(get("client_abort"), hung, "{o:?}");
+    assert_eq!(get("success"), 120 - errors - truncs - hung, "{o:?}");
+    assert_eq!(s.phases[1].outcomes.get("client_abort"), None);
+    assert_eq!(s.phases[2].outcomes.get("upstream_error"), None);
+
+    // The proxy saw every request, with the same outcome, by request id.
+    let c = s.comparison.as_ref().expect("comparison asked for");
+    let overall = c.joins.iter().find(|j| j.phase == "overall").unwrap();
+    assert_eq!(overall.client_requests, 120);
+    assert_eq!(
+        overall.matched, 120,
+        "unmatched: {:?}",
+        overall.unmatched_ids
+    );
+    assert_eq!(
+        overall.outcomes_agree, 120,
+        "disagreeing: {:?}",
+        overall.disagreeing
+    );
+    assert!(overall.disagreeing.is_empty());
+
+    // Client and proxy agree within 5 ms at p50 on TTFT and E2E: over the joined pairs, and as
+    // percentiles of each side (proxy exact from its records) per phase.
+    let ttft_d = overall.ttft_proxy_minus_client.as_ref().unwrap();
+    let e2e_d = overall.e2e_proxy_minus_client.as_ref().unwrap();
+    assert!(
+        ttft_d.p50.abs() <= P50_TOLERANCE_S,
+        "TTFT proxy-client {ttft_d:?}"
+    );
+    assert!(
+        e2e_d.p50.abs() <= P50_TOLERANCE_S,
+        "E2E proxy-client {e2e_d:?}"
+    );
+    eprintln!("proxy - client: TTFT {ttft_d:?}\nproxy - client: E2E {e2e_d:?}");
+    // One process, one clock: the proxy's clock starts after the client's and it hands each
+    // frame over before the client can read it, so its TTFT is never the longer one. (E2E of a
+    // hang-up can be: the proxy learns of the drop after the client made it.)
+    assert!(ttft_d.max <= 0.0, "{ttft_d:?}");
+    for phase in ["warm", "faults", "hangups"] {
+        for metric in ["ttft", "e2e"] {
+            let client = row(c, phase, metric, "client exact");
+            let proxy = row(c, phase, metric, "proxy exact");
+            assert_eq!(client.count, proxy.count, "{phase} {metric}");
+            let d = proxy.diff_p50.unwrap();
+            assert!(
+                d.abs() <= P50_TOLERANCE_S,
+                "{phase} {metric} p50 proxy-client {d}"
+            );
+        }
+        // The client's TTFT is the configured one (plus loopback and scheduling noise).
+        let ttft = row(c, phase, "ttft", "client exact").p50.unwrap() * 1000.0;
+        assert!(
+            (TTFT_MS - 1.0..TTFT_MS + 40.0).contains(&ttft),
+            "{phase}: TTFT p50 {ttft}"
+        );
+        // The proxy's E2E histogram counted each request of the phase once (phases drain).
+        let n = s.phases.iter().find(|p| p.name == phase).unwrap().requests as f64;
+        assert_eq!(
+            row(c, phase, "e2e", "proxy histogram").count,
+            Some(n),
+            "{phase}"
+        );
+    }
+    // /stats over the phase window agrees too (it is what an operator sees without the sink).
+    let stats = row(c, "faults", "ttft", "proxy exact (/stats)");
+    assert!(
+        stats.diff_p50.unwrap().abs() <= P50_TOLERANCE_S,
+        "{stats:?}"
+    );
+
+    // Tokens: on the successes every witness counts the same.
+    let tok = c.tokens.iter().find(|t| t.phase == "warm").unwrap();
+    assert_eq!(tok.client_requests, 20);
+    let expected = tok.client_completion_tokens as f64;
+    assert_eq!(tok.proxy_generation_tokens, Some(expected), "{tok:?}");
+    let engine = tok.engine_generation_tokens.values().next().unwrap();
+    assert_eq!(*engine, Some(expected), "{tok:?}");
+    // Counters after every request: nothing running at the engine or the proxy.
+    let settled: Vec<_> = c.counters.iter().filter(|c| c.at == "settled").collect();
+    assert_eq!(settled.len(), 2, "proxy and engine");
+    for cs in settled {
+        assert_eq!(cs.num_requests_running, Some(0.0), "{cs:?}");
+        assert!(cs.after_all_requests && cs.phase == "hangups");
+    }
+
+    // The same figures are in summary.json for a checker.
+    let dir = std::env::temp_dir().join(format!("goodput-lt-proxy-e2e-{}", std::process::id()));
+    goodput_loadtest::report::write_all(&dir, s, &res.windows, recs).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("summary.json")).unwrap()).unwrap();
+    let joins = v["comparison"]["joins"].as_array().unwrap();
+    let j = joins.iter().find(|j| j["phase"] == "overall").unwrap();
+    assert_eq!(j["outcomes_agree"], 120);
+    assert!(j["ttft_proxy_minus_client"]["p50"].is_number());
+    assert!(v["comparison"]["counters"][0]["generation_tokens_total"].is_number());
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_file(&sink);
+}
