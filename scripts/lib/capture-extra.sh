@@ -33,6 +33,11 @@ post stream-completions-n2-usage.txt /v1/completions \
 # completions + continuous usage
 post stream-completions-usage-continuous.txt /v1/completions \
   "{\"model\":\"${MODEL}\",\"prompt\":\"The quick brown fox\",\"stream\":true,\"max_tokens\":3,\"seed\":1,\"stream_options\":{\"include_usage\":true,\"continuous_usage_stats\":true}}"
+# stream_options without include_usage (empty, or continuous only): vLLM 0.32 sends no usage at all
+post stream-chat-continuous-only.txt /v1/chat/completions \
+  "{\"model\":\"${MODEL}\",${msg},\"stream\":true,\"max_tokens\":3,\"seed\":1,\"stream_options\":{\"continuous_usage_stats\":true}}"
+post stream-chat-stream-options-empty.txt /v1/chat/completions \
+  "{\"model\":\"${MODEL}\",${msg},\"stream\":true,\"max_tokens\":3,\"seed\":1,\"stream_options\":{}}"
 # chat: one token only, with usage
 post stream-chat-max1-usage.txt /v1/chat/completions \
   "{\"model\":\"${MODEL}\",${msg},\"stream\":true,\"max_tokens\":1,\"seed\":1,\"stream_options\":{\"include_usage\":true}}"
