@@ -131,6 +131,14 @@ python3 "$LIB/passthrough.py" "$ENGINE" "$PROXY_BIN" --model "$MODEL" \
 set -e
 
 # ---- 5. the proxy under test ----
+# The proxy and the load client measure; on a 2-core machine they share a core with vLLM's API
+# server (and whatever else runs), and a request head that waits 20-30 ms in the proxy's accept
+# queue shifts the proxy's t0 against the client's. Run both at a higher priority when allowed
+# (root), so the comparison measures the proxy, not the scheduler.
+PRIO=()
+if [[ "$(nice -n -10 nice 2>/dev/null)" == "-10" ]]; then
+  PRIO=(nice -n -10)
+fi
 LISTEN="127.0.0.1:$(free_port)"
 ADMIN="127.0.0.1:$(free_port)"
 cat > "$OUT/proxy.toml" <<EOF
@@ -149,7 +157,7 @@ models = ["$MODEL"]
 sink_path = "$OUT/records.jsonl"
 EOF
 step "starting the proxy on $LISTEN (admin $ADMIN) in front of $ENGINE, records to records.jsonl"
-"$PROXY_BIN" serve --config "$OUT/proxy.toml" >"$OUT/proxy.log" 2>&1 &
+"${PRIO[@]}" "$PROXY_BIN" serve --config "$OUT/proxy.toml" >"$OUT/proxy.log" 2>&1 &
 PROXY_PID=$!
 for _ in $(seq 1 100); do
   curl -sf -m 1 -o /dev/null "http://$ADMIN/readyz" && break
@@ -161,8 +169,8 @@ curl -sf -m 1 -o /dev/null "http://$ADMIN/readyz" || { echo "e2e: proxy not read
 # ---- 6. load ----
 curl -sf -m 5 "http://$ADMIN/metrics" > "$OUT/proxy-metrics-before.txt"
 curl -sf -m 5 "$ENGINE/metrics" > "$OUT/engine-metrics-before.txt"
-step "load: loadtest/scenarios/real-vllm.toml through the proxy"
-"$LOADTEST_BIN" run --target "http://$LISTEN" --scenario "$ROOT/loadtest/scenarios/real-vllm.toml" \
+step "load: loadtest/scenarios/real-vllm.toml through the proxy${PRIO:+ (proxy and client at nice -10)}"
+"${PRIO[@]}" "$LOADTEST_BIN" run --target "http://$LISTEN" --scenario "$ROOT/loadtest/scenarios/real-vllm.toml" \
   --out "$OUT/lt" --proxy-admin "http://$ADMIN" --engine-metrics "$ENGINE/metrics" \
   --proxy-records "$OUT/records.jsonl" --no-progress > "$OUT/loadtest.txt" 2>&1 \
   || { cat "$OUT/loadtest.txt"; echo "e2e: the load run failed" >&2; exit 1; }

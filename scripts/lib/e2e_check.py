@@ -25,11 +25,9 @@ from promtext import bucket_delta, buckets, histogram_quantile, metric_sum  # no
 
 FAILED = []
 
-# Differences the proxy is known to make; each is reported, not failed (remove when fixed).
-_FP = ("vLLM puts system_fingerprint on every choice's finish chunk without include_usage "
-       "(tests/fixtures/vllm-0.32/stream-chat-n2-nousage.txt); the usage stripper puts it on the "
-       "last finish chunk only")
-KNOWN_AUTO_DIFFS = {"chat stream n=2": _FP, "completions stream n=2": _FP}
+# Differences the proxy is known to make (case name -> why); each is reported, not failed.
+# Keep empty unless a known, filed issue is waiting for its fix.
+KNOWN_AUTO_DIFFS = {}
 
 
 def check(name, ok, figures):
@@ -183,9 +181,9 @@ def main():
     # - proxy counter increase == sum of the proxy's records (its own bookkeeping);
     # - where the client saw usage, it equals the proxy's record (the engine's usage);
     # - engine counter increase == what the engine reported: usage where any reached the proxy
-    #   (asked by the client or injected by the proxy), and for the few streams that carry no
-    #   usage at all (continuous_usage_stats without include_usage, which the proxy leaves alone)
-    #   max_tokens x n when every choice finished by `length`: the engine generated exactly that.
+    #   (asked by the client or injected by the proxy), and for the streams that carry no usage
+    #   (n > 1, where the proxy does not inject; continuous_usage_stats without include_usage)
+    #   max_tokens x n when the request finished by `length`: the engine generated exactly that.
     #   The proxy's own count for those is an estimate (one per output event) and is printed.
     # - in a phase with hang-ups, the engine also generated tokens no client received: the gap.
     summary = json.load(open(os.path.join(d, "lt", "summary.json")))
@@ -208,27 +206,46 @@ def main():
         done = [(c, p) for c, p in sel if p["outcome"] != "client_abort"]
         exact = [(c, p) for c, p in done if p.get("usage_exact")]
         est = [(c, p) for c, p in done if not p.get("usage_exact")]
-        est_len = [(c, p) for c, p in est if p.get("finish_reason") == "length" and c.get("max_tokens")]
-        reported = (sum(p["completion_tokens"] or 0 for _, p in exact)
-                    + sum(c["max_tokens"] * c.get("n", 1) for c, _ in est_len))
-        seen = [(c, p) for c, p in sel if c.get("usage_exact")]
+        # the engine generated exactly max_tokens x n for a request that finished by length when
+        # EOS was ignored or there is one choice (its finish_reason is the request's); with n > 1
+        # and EOS allowed, one choice may have stopped early: the truth lies between the proxy's
+        # count and max_tokens x n
+        est_len = [(c, p) for c, p in est if p.get("finish_reason") == "length" and c.get("max_tokens")
+                   and (c.get("ignore_eos") or c.get("n", 1) == 1)]
+        est_open = [(c, p) for c, p in est if (c, p) not in est_len and c.get("max_tokens")]
+        known = (sum(p["completion_tokens"] or 0 for _, p in exact)
+                 + sum(c["max_tokens"] * c.get("n", 1) for c, _ in est_len))
+        lo = known + sum(p["completion_tokens"] or 0 for _, p in est_open)
+        hi = known + sum(c["max_tokens"] * c.get("n", 1) for c, _ in est_open)
+        reported = lo
+        # a client that hung up read less than the proxy had passed on: only finished requests
+        seen = [(c, p) for c, p in done if c.get("usage_exact")]
         seen_ok = sum(1 for c, p in seen if c.get("completion_tokens") == p.get("completion_tokens"))
-        good = (prx == rec_sum and seen_ok == len(seen) and len(est_len) == len(est) and eng is not None)
+        good = (prx == rec_sum and seen_ok == len(seen) and len(est_len) + len(est_open) == len(est)
+                and eng is not None)
+        rep = f"{lo}" if lo == hi else f"{lo}..{hi}"
         if hung:
-            good = good and eng >= reported
-            verdict = f"engine - reported = {eng - reported:.0f} tokens generated for the {len(hung)} hung-up streams"
+            good = good and eng >= lo
+            verdict = f"engine - reported = {eng - hi:.0f}" + ("" if lo == hi else f"..{eng - lo:.0f}") \
+                + f" tokens generated for the {len(hung)} hung-up streams"
         else:
-            good = good and eng == reported
-            verdict = "equal" if eng == reported else "DIFFER"
+            good = good and lo <= eng <= hi
+            verdict = ("equal" if lo == eng == hi else "within" if lo <= eng <= hi else "DIFFER")
         ok = ok and good
         figs.append(f"{phase:10s} {len(sel):4d} {len(hung):7d} | {rec_sum:14d} {_n(prx):>7s} | {_n(eng):>14s} "
-                    f"{reported:8d} | {len(exact):5d}/{len(done):<3d} {seen_ok:4d}/{len(seen):<4d} {verdict}")
+                    f"{rep:>8s} | {len(exact):5d}/{len(done):<3d} {seen_ok:4d}/{len(seen):<4d} {verdict}")
         if est and phase == "overall":
             under = sum(c["max_tokens"] * c.get("n", 1) - (p["completion_tokens"] or 0) for c, p in est_len)
-            notes.append(f"{len(est)} finished streams carried no usage at all (continuous_usage_stats without "
-                         f"include_usage: vLLM sends none, and the proxy does not inject there); their "
-                         f"reported count is max_tokens x n (finish_reason length); the proxy's event count "
-                         f"for them is {under} tokens short: vLLM puts several tokens in one chunk under load")
+            if est_open:
+                notes.append(f"{len(est_open)} of them with n > 1 and EOS allowed: the engine's count lies between "
+                             f"the proxy's and max_tokens x n, so the check takes that range")
+            n2 = sum(1 for c, _ in est if c.get("n", 1) > 1)
+            notes.append(f"{len(est)} finished streams carried no usage ({n2} with n > 1, where the proxy does not "
+                         f"inject include_usage; {len(est) - n2} with continuous_usage_stats but not "
+                         f"include_usage, where vLLM sends none and the proxy does not inject); their "
+                         f"reported count is max_tokens x n (finished by length); for {len(est_len)} of them the "
+                         f"proxy's count, one per output event, is {under} tokens short: under load vLLM "
+                         f"puts several tokens in one chunk")
     figs += notes
     figs.append("(records = sum of completion_tokens in the proxy's records; reported = engine usage seen by "
                 "the proxy + max_tokens x n for streams without usage; exact = records holding the engine's usage)")
@@ -338,7 +355,9 @@ Why they differ:
   (TTFT when the first token leaves the model step, before detokenization, SSE framing and the
   socket write; E2E when the last token is produced, before the finish chunk, usage chunk and
   [DONE] are written). That API-server work shares one core with the proxy and the client here,
-  so the engine's TTFT is the lowest, by milliseconds to tens of milliseconds.
+  so the engine's own TTFT is the shortest, by a millisecond to tens of milliseconds when the
+  core is busy; only its histogram estimate can be read here, and that can land above the
+  client's exact figure (see the last point).
 - engine counts differ: vLLM records TTFT for non-streaming requests too (client and proxy have
   no TTFT without a stream), records an n=2 request as two requests (each choice is a child
   request with its own TTFT and E2E), and records no E2E for requests a client hung up on (TTFT
