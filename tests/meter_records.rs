@@ -96,3 +96,32 @@ async fn stats_filters_by_model_and_window_and_names_bad_parameters() {
     }
     sim.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_request_id_still_reaches_the_upstream_through_the_meter() {
+    let fake = start_fake().await;
+    let proxy = start_proxy(meter_config(&fake.url())).await;
+    let mut req = post_json(&proxy.url(CHAT), &chat_body(4, ""));
+    req.headers_mut()
+        .insert("x-request-id", "id-through-meter".parse().unwrap());
+    req.headers_mut()
+        .insert("x-fake-echo", "1".parse().unwrap());
+    let (parts, body) = send(&client(), req).await;
+    assert_eq!(parts.status, 200);
+    let echo: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let headers = echo["headers"].as_array().unwrap();
+    assert!(
+        headers
+            .iter()
+            .any(|h| h[0] == "x-request-id" && h[1] == "id-through-meter"),
+        "{echo}"
+    );
+    // The injected usage option went upstream too (a streaming request without usage).
+    assert!(
+        echo["body"]
+            .as_str()
+            .unwrap()
+            .ends_with(r#","stream_options":{"include_usage":true}}"#),
+        "{echo}"
+    );
+}

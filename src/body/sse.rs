@@ -105,6 +105,9 @@ impl SseParser {
     }
 
     fn feed_lines(&mut self, bytes: &[u8], on_event: &mut impl FnMut(SseEvent<'_>)) {
+        if bytes.is_empty() {
+            return; // keeps `after_cr`: the `\n` of a CRLF may come in the next chunk
+        }
         let mut pos = 0;
         if self.after_cr {
             self.after_cr = false;
@@ -528,6 +531,16 @@ mod tests {
             let len = stream.len();
             (Just(stream), proptest::collection::vec(0..=len, 0..12))
         })
+    }
+
+    #[test]
+    fn an_empty_chunk_between_cr_and_lf_is_not_a_blank_line() {
+        // Found by the split proptest: an empty frame used to forget the pending `\r`, so the
+        // `\n` after it ended a second (blank) line and dispatched the event early.
+        let want = events(&[b"event: e\r\ndata: x\r\n\r\n"]);
+        assert_eq!(want, vec![(Some(b"e".to_vec()), b"x".to_vec())]);
+        let got = events(&[b"event: e\r", b"", b"\ndata: x\r", b"", b"", b"\n\r\n"]);
+        assert_eq!(got, want);
     }
 
     proptest! {

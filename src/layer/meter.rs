@@ -252,11 +252,13 @@ where
         if !is_generation(req.uri().path()) {
             return Box::pin(self.inner.call(req));
         }
-        let (id, model, stream, t0) = match req.extensions_mut().remove::<RequestFacts>() {
-            Some(f) => (f.request_id, f.model, f.stream, f.t0),
-            None => (Arc::from("-"), None, false, Instant::now()),
-        };
-        let pending = self.meter.begin(id, model.as_deref(), t0);
+        // Read, not taken: forwarding reads the request id from the facts too.
+        let facts = req.extensions().get::<RequestFacts>();
+        let (t0, stream) = facts.map_or_else(|| (Instant::now(), false), |f| (f.t0, f.stream));
+        let id = facts.map_or_else(|| Arc::from("-"), |f| f.request_id.clone());
+        let pending = self
+            .meter
+            .begin(id, facts.and_then(|f| f.model.as_deref()), t0);
         let mut injected = false;
         if stream && self.meter.usage_injection {
             if let Some(body) = inject_include_usage(req.body()) {

@@ -271,6 +271,9 @@ impl UsageStripper {
 
     /// Feed one upstream frame; returns the bytes to send to the client now (possibly empty).
     pub fn push(&mut self, frame: Bytes) -> Bytes {
+        if frame.is_empty() {
+            return frame; // keeps `trailing_cr` for the `\n` that may open the next frame
+        }
         let mut out = Out::Empty;
         let mut start = 0;
         if let Some(fate) = self.trailing_cr.take() {
@@ -523,6 +526,14 @@ mod tests {
             assert_eq!(strip_all(&[&u]), p, "{eol:?}");
             let bytes: Vec<&[u8]> = u.chunks(1).collect();
             assert_eq!(strip_all(&bytes), p, "{eol:?} byte frames");
+            // Empty frames (a body may yield them) between every byte: a `\r` at the end of
+            // a frame must still pair with a `\n` that comes after an empty frame.
+            let with_empty: Vec<&[u8]> = u.chunks(1).flat_map(|b| [b, &[][..]]).collect();
+            assert_eq!(
+                strip_all(&with_empty),
+                p,
+                "{eol:?} byte frames with empty ones"
+            );
         }
     }
 
