@@ -353,6 +353,7 @@ pub struct ProxyRecord {
     pub ttft: Option<f64>,
     pub tpot: Option<f64>,
     pub e2e: Option<f64>,
+    pub completion_tokens: Option<u64>,
 }
 
 fn num(v: &serde_json::Value, keys: &[&str]) -> Option<f64> {
@@ -385,6 +386,7 @@ pub fn parse_proxy_records(text_in: &str) -> Vec<ProxyRecord> {
                 ttft: num(v, &["ttft_s", "ttft_seconds", "ttft"]),
                 tpot: num(v, &["tpot_s", "tpot_seconds", "tpot"]),
                 e2e: num(v, &["e2e_s", "e2e_seconds", "e2e"]),
+                completion_tokens: v.get("completion_tokens").and_then(|x| x.as_u64()),
             })
         })
         .collect()
@@ -430,6 +432,16 @@ pub struct Disagreement {
     pub proxy: Option<String>,
 }
 
+/// One successful request whose completion-token counts differ.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenDisagreement {
+    pub request_id: String,
+    pub client: u64,
+    pub proxy: u64,
+    /// The client's count came from `usage`.
+    pub client_usage: bool,
+}
+
 /// Client and proxy records joined by request id, over one phase or `overall`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Join {
@@ -447,6 +459,14 @@ pub struct Join {
     /// count).
     #[serde(default)]
     pub unmatched_ids: Vec<String>,
+    /// Completion tokens of the requests both sides call `success` and both counted: how many
+    /// were compared, how many agree, and the ones that do not.
+    #[serde(default)]
+    pub tokens_compared: u64,
+    #[serde(default)]
+    pub tokens_agree: u64,
+    #[serde(default)]
+    pub tokens_disagreeing: Vec<TokenDisagreement>,
     pub ttft_proxy_minus_client: Option<DiffStats>,
     pub e2e_proxy_minus_client: Option<DiffStats>,
 }
@@ -555,6 +575,121 @@ fn hist_q(
     })
 }
 
+/// The rows of one span (a phase, or `overall`) for every model in it.
+fn rows_for(
+    rows: &mut Vec<Row>,
+    name: &str,
+    mine: &[&RequestRecord],
+    snap: Option<&PhaseSnapshots>,
+    by_id: &HashMap<&str, &ProxyRecord>,
+    joined: bool,
+) {
+    let mut models: Vec<&str> = mine.iter().map(|r| r.model.as_str()).collect();
+    models.sort_unstable();
+    models.dedup();
+    for model in &models {
+        let of_model: Vec<&&RequestRecord> = mine.iter().filter(|r| r.model == *model).collect();
+        for metric in METRICS {
+            let cs = Stats::of(
+                of_model
+                    .iter()
+                    .filter_map(|r| client_value(r, metric))
+                    .collect(),
+            );
+            let client = cs.map_or([None; 3], |s| [Some(s.p50), Some(s.p95), Some(s.p99)]);
+            rows.push(row(
+                name,
+                model,
+                metric,
+                "client exact".into(),
+                client,
+                cs.map(|s| s.count as f64),
+                client,
+            ));
+            // Proxy exact: the joined records of exactly these requests.
+            if joined {
+                let vals: Vec<f64> = of_model
+                    .iter()
+                    .filter_map(|r| {
+                        by_id
+                            .get(r.request_id.as_str())
+                            .and_then(|p| proxy_value(p, metric))
+                    })
+                    .collect();
+                if let Some(s) = Stats::of(vals) {
+                    rows.push(row(
+                        name,
+                        model,
+                        metric,
+                        "proxy exact".into(),
+                        [Some(s.p50), Some(s.p95), Some(s.p99)],
+                        Some(s.count as f64),
+                        client,
+                    ));
+                }
+            }
+            // /stats as well: it is what an operator sees without the sink.
+            if let Some(st) = snap.and_then(|s| s.end.proxy_stats.get(*model)) {
+                let obj = st.get(format!("{metric}_seconds"));
+                let g = |k: &str| obj.and_then(|o| o.get(k)).and_then(|v| v.as_f64());
+                if g("p50").is_some() {
+                    rows.push(row(
+                        name,
+                        model,
+                        metric,
+                        "proxy exact (/stats)".into(),
+                        [g("p50"), g("p95"), g("p99")],
+                        g("count"),
+                        client,
+                    ));
+                }
+            }
+            if let Some(s) = snap {
+                if let Some((q, n)) = hist_q(
+                    s.start.proxy_metrics.as_deref(),
+                    s.end.proxy_metrics.as_deref(),
+                    proxy_family(metric),
+                    &["model"],
+                    model,
+                ) {
+                    rows.push(row(
+                        name,
+                        model,
+                        metric,
+                        "proxy histogram".into(),
+                        q,
+                        Some(n),
+                        client,
+                    ));
+                }
+                for (i, (url, end_text)) in s.end.engines.iter().enumerate() {
+                    let start_text = s.start.engines.get(i).and_then(|e| e.1.as_deref());
+                    let found = engine_families(metric).iter().find_map(|fam| {
+                        hist_q(
+                            start_text,
+                            end_text.as_deref(),
+                            fam,
+                            &["model_name", "model"],
+                            model,
+                        )
+                    });
+                    if let Some((q, n)) = found {
+                        rows.push(row(
+                            name,
+                            model,
+                            metric,
+                            format!("engine histogram ({url})"),
+                            q,
+                            Some(n),
+                            client,
+                        ));
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Build the comparison tables from the run's records, windows, snapshots and (optionally) the
 /// proxy's own per-request records.
 pub fn build(
@@ -571,112 +706,15 @@ pub fn build(
         .collect();
     for w in windows {
         let mine: Vec<&RequestRecord> = records.iter().filter(|r| r.phase == w.name).collect();
-        let mut models: Vec<&str> = mine.iter().map(|r| r.model.as_str()).collect();
-        models.sort_unstable();
-        models.dedup();
         let snap = snaps.iter().find(|s| s.phase == w.name);
-        for model in &models {
-            let of_model: Vec<&&RequestRecord> =
-                mine.iter().filter(|r| r.model == *model).collect();
-            for metric in METRICS {
-                let cs = Stats::of(
-                    of_model
-                        .iter()
-                        .filter_map(|r| client_value(r, metric))
-                        .collect(),
-                );
-                let client = cs.map_or([None; 3], |s| [Some(s.p50), Some(s.p95), Some(s.p99)]);
-                c.rows.push(row(
-                    &w.name,
-                    model,
-                    metric,
-                    "client exact".into(),
-                    client,
-                    cs.map(|s| s.count as f64),
-                    client,
-                ));
-                // Proxy exact: the joined records of exactly these requests.
-                if proxy_records.is_some() {
-                    let vals: Vec<f64> = of_model
-                        .iter()
-                        .filter_map(|r| {
-                            by_id
-                                .get(r.request_id.as_str())
-                                .and_then(|p| proxy_value(p, metric))
-                        })
-                        .collect();
-                    if let Some(s) = Stats::of(vals) {
-                        c.rows.push(row(
-                            &w.name,
-                            model,
-                            metric,
-                            "proxy exact".into(),
-                            [Some(s.p50), Some(s.p95), Some(s.p99)],
-                            Some(s.count as f64),
-                            client,
-                        ));
-                    }
-                }
-                // /stats as well: it is what an operator sees without the sink.
-                if let Some(st) = snap.and_then(|s| s.end.proxy_stats.get(*model)) {
-                    let obj = st.get(format!("{metric}_seconds"));
-                    let g = |k: &str| obj.and_then(|o| o.get(k)).and_then(|v| v.as_f64());
-                    if g("p50").is_some() {
-                        c.rows.push(row(
-                            &w.name,
-                            model,
-                            metric,
-                            "proxy exact (/stats)".into(),
-                            [g("p50"), g("p95"), g("p99")],
-                            g("count"),
-                            client,
-                        ));
-                    }
-                }
-                if let Some(s) = snap {
-                    if let Some((q, n)) = hist_q(
-                        s.start.proxy_metrics.as_deref(),
-                        s.end.proxy_metrics.as_deref(),
-                        proxy_family(metric),
-                        &["model"],
-                        model,
-                    ) {
-                        c.rows.push(row(
-                            &w.name,
-                            model,
-                            metric,
-                            "proxy histogram".into(),
-                            q,
-                            Some(n),
-                            client,
-                        ));
-                    }
-                    for (i, (url, end_text)) in s.end.engines.iter().enumerate() {
-                        let start_text = s.start.engines.get(i).and_then(|e| e.1.as_deref());
-                        let found = engine_families(metric).iter().find_map(|fam| {
-                            hist_q(
-                                start_text,
-                                end_text.as_deref(),
-                                fam,
-                                &["model_name", "model"],
-                                model,
-                            )
-                        });
-                        if let Some((q, n)) = found {
-                            c.rows.push(row(
-                                &w.name,
-                                model,
-                                metric,
-                                format!("engine histogram ({url})"),
-                                q,
-                                Some(n),
-                                client,
-                            ));
-                        }
-                    }
-                }
-            }
-        }
+        rows_for(
+            &mut c.rows,
+            &w.name,
+            &mine,
+            snap,
+            &by_id,
+            proxy_records.is_some(),
+        );
         if proxy_records.is_some() {
             c.joins.push(join(&w.name, &mine, &by_id));
         }
@@ -692,6 +730,31 @@ pub fn build(
         }
     }
     let all: Vec<&RequestRecord> = records.iter().collect();
+    if windows.len() > 1 {
+        // The whole run: first phase start to last phase end (after every request); /stats
+        // windows are per phase, so none here.
+        let whole = match (snaps.first(), snaps.last()) {
+            (Some(first), Some(last)) => {
+                let mut end = last.end.clone();
+                end.proxy_stats.clear();
+                Some(PhaseSnapshots {
+                    phase: "overall".into(),
+                    start: first.start.clone(),
+                    end,
+                    settled: None,
+                })
+            }
+            _ => None,
+        };
+        rows_for(
+            &mut c.rows,
+            "overall",
+            &all,
+            whole.as_ref(),
+            &by_id,
+            proxy_records.is_some(),
+        );
+    }
     if proxy_records.is_some() {
         c.joins.push(join("overall", &all, &by_id));
     }
@@ -723,6 +786,7 @@ fn join(phase: &str, mine: &[&RequestRecord], by_id: &HashMap<&str, &ProxyRecord
     let mut disagreeing = Vec::new();
     let mut unmatched_ids = Vec::new();
     let (mut dt, mut de) = (Vec::new(), Vec::new());
+    let (mut tok_n, mut tok_ok, mut tok_bad) = (0, 0, Vec::new());
     for r in mine {
         let Some(p) = by_id.get(r.request_id.as_str()) else {
             if unmatched_ids.len() < 100 {
@@ -731,6 +795,20 @@ fn join(phase: &str, mine: &[&RequestRecord], by_id: &HashMap<&str, &ProxyRecord
             continue;
         };
         matched += 1;
+        let both_ok = r.outcome == "success" && p.outcome.as_deref() == Some("success");
+        if let (true, Some(c), Some(pc)) = (both_ok, r.completion_tokens, p.completion_tokens) {
+            tok_n += 1;
+            if c == pc {
+                tok_ok += 1;
+            } else {
+                tok_bad.push(TokenDisagreement {
+                    request_id: r.request_id.clone(),
+                    client: c,
+                    proxy: pc,
+                    client_usage: r.usage_exact,
+                });
+            }
+        }
         if p.outcome.as_deref() == Some(r.outcome.as_str()) {
             agree += 1;
         } else {
@@ -763,6 +841,9 @@ fn join(phase: &str, mine: &[&RequestRecord], by_id: &HashMap<&str, &ProxyRecord
         disagreements: dis,
         disagreeing,
         unmatched_ids,
+        tokens_compared: tok_n,
+        tokens_agree: tok_ok,
+        tokens_disagreeing: tok_bad,
         ttft_proxy_minus_client: diff_stats(dt),
         e2e_proxy_minus_client: diff_stats(de),
     }
@@ -832,6 +913,13 @@ pub fn render_text(c: &Comparison) -> String {
             j.outcomes_disagree,
             j.disagreements
         );
+        if j.tokens_compared > 0 {
+            let _ = writeln!(
+                o,
+                "    completion tokens of successes: {}/{} agree",
+                j.tokens_agree, j.tokens_compared
+            );
+        }
         for (n, d) in [
             ("TTFT", &j.ttft_proxy_minus_client),
             ("E2E", &j.e2e_proxy_minus_client),
@@ -899,7 +987,7 @@ pub fn render_html(c: &Comparison) -> String {
     }
     h.push_str("</table>");
     if !c.joins.is_empty() {
-        h.push_str("<table><tr><th>phase</th><th>matched</th><th>outcomes agree</th><th>disagree</th><th>TTFT proxy−client p50/p99/max ms</th><th>E2E proxy−client p50/p99/max ms</th></tr>");
+        h.push_str("<table><tr><th>phase</th><th>matched</th><th>outcomes agree</th><th>disagree</th><th>success tokens agree</th><th>TTFT proxy−client p50/p99/max ms</th><th>E2E proxy−client p50/p99/max ms</th></tr>");
         let f = |d: &Option<DiffStats>| {
             d.as_ref().map_or("-".into(), |d| {
                 format!(
@@ -913,12 +1001,14 @@ pub fn render_html(c: &Comparison) -> String {
         for j in &c.joins {
             let _ = write!(
                 h,
-                "<tr><td>{}</td><td>{}/{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                "<tr><td>{}</td><td>{}/{}</td><td>{}</td><td>{}</td><td>{}/{}</td><td>{}</td><td>{}</td></tr>",
                 esc(&j.phase),
                 j.matched,
                 j.client_requests,
                 j.outcomes_agree,
                 j.outcomes_disagree,
+                j.tokens_agree,
+                j.tokens_compared,
                 f(&j.ttft_proxy_minus_client),
                 f(&j.e2e_proxy_minus_client)
             );
@@ -1149,6 +1239,7 @@ plain_gauge 4\n";
                 ttft: Some(0.12),
                 tpot: None,
                 e2e: Some(0.9),
+                completion_tokens: None,
             }]
         );
     }
@@ -1160,7 +1251,7 @@ plain_gauge 4\n";
         let mut b = crate::report::summary::tests::rec("p", 0.0, 2.0, Some(0.200), "truncated");
         b.request_id = "r2".into();
         let proxy = parse_proxy_records(
-            "{\"request_id\":\"r1\",\"outcome\":\"success\",\"ttft_seconds\":0.098,\"e2e_seconds\":0.997}\n\
+            "{\"request_id\":\"r1\",\"outcome\":\"success\",\"ttft_seconds\":0.098,\"e2e_seconds\":0.997,\"completion_tokens\":4}\n\
              {\"id\":\"r2\",\"outcome\":\"upstream_error\",\"ttft\":0.199,\"e2e\":1.999}\nnot json\n",
         );
         assert_eq!(proxy.len(), 2);
@@ -1197,6 +1288,15 @@ plain_gauge 4\n";
             }]
         );
         assert_eq!(j.unmatched_ids, ["r3"]);
+        // Tokens are compared on successes only (r1: the client counted 5, the proxy 4).
+        assert_eq!((j.tokens_compared, j.tokens_agree), (1, 0));
+        assert_eq!(
+            (
+                j.tokens_disagreeing[0].client,
+                j.tokens_disagreeing[0].proxy
+            ),
+            (5, 4)
+        );
         let t = j.ttft_proxy_minus_client.as_ref().unwrap();
         assert!((t.max - -0.001).abs() < 1e-9 && (t.min - -0.002).abs() < 1e-9);
         let exact = c

@@ -1,7 +1,8 @@
 //! Through the proxy, end to end (issue 5 "what must show"): the simulator with known timings
 //! behind the in-process proxy; the loadtest injects `error-after` / `truncate-after` on a share
 //! of requests in one phase and hangs up mid-stream on a share in another, with `--proxy-admin`
-//! and the proxy's JSONL sink (`--proxy-records`). The summary's outcome counts equal what was
+//! and the proxy's JSONL sink (`--proxy-records`); the request mix varies API, streaming, `n`,
+//! logprobs and `stream_options` throughout. The summary's outcome counts equal what was
 //! injected; client and proxy agree by request id on every outcome, and within 5 ms at p50 on
 //! TTFT and E2E. Bounded in count and time.
 
@@ -31,6 +32,10 @@ max_tokens = { fixed = 16 }
 ignore_eos = true
 stream_share = 0.85
 completions_share = 0.3
+logprobs_share = 0.3
+n_share = 0.2
+include_usage_share = 0.5
+continuous_usage_share = 0.3
 
 [[phases]]
 name = "warm"
@@ -205,6 +210,14 @@ async fn through_the_proxy_outcomes_equal_faults_and_client_and_proxy_agree() {
         overall.disagreeing
     );
     assert!(overall.disagreeing.is_empty());
+    // Every success carries the same completion-token count on both sides.
+    let successes = s.overall.outcomes["success"];
+    assert_eq!(overall.tokens_compared, successes);
+    assert_eq!(
+        overall.tokens_agree, successes,
+        "{:?}",
+        overall.tokens_disagreeing
+    );
 
     // Client and proxy agree within 5 ms at p50 on TTFT and E2E: over the joined pairs, and as
     // percentiles of each side (proxy exact from its records) per phase.
@@ -248,6 +261,19 @@ async fn through_the_proxy_outcomes_equal_faults_and_client_and_proxy_agree() {
             "{phase}"
         );
     }
+    // The whole run as one span: the same agreement, and each request counted once.
+    for metric in ["ttft", "e2e"] {
+        let d = row(c, "overall", metric, "proxy exact").diff_p50.unwrap();
+        assert!(
+            d.abs() <= P50_TOLERANCE_S,
+            "overall {metric} p50 proxy-client {d}"
+        );
+    }
+    assert_eq!(
+        row(c, "overall", "e2e", "proxy histogram").count,
+        Some(120.0)
+    );
+    assert_eq!(row(c, "overall", "e2e", "client exact").count, Some(120.0));
     // /stats over the phase window agrees too (it is what an operator sees without the sink).
     let stats = row(c, "faults", "ttft", "proxy exact (/stats)");
     assert!(
