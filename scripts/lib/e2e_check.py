@@ -264,6 +264,19 @@ def main():
             f"client_abort ({len(raced)} more hung up after the proxy had delivered everything); "
             f"engine abort counter increase {eng_abort_run:.0f}"]
     ok = lt_aborts_agree + len(raced) == lt_aborts and eng_abort_run == 0
+    try:
+        counters = json.load(open(os.path.join(d, "lt", "summary.json")))["comparison"]["counters"]
+    except (OSError, KeyError, ValueError):
+        counters = []
+    for at in ("end", "settled"):
+        snap = [x for x in counters if x["phase"] == "hangups" and x["at"] == at]
+        if snap:
+            t = snap[0]["t_s"] - next((x["t_s"] for x in counters
+                                       if x["phase"] == "hangups" and x["at"] == "end"), snap[0]["t_s"])
+            figs.append(f"load run, phase hangups {at}" + (f" (+{t:.1f} s)" if at == "settled" else "")
+                        + ": " + ", ".join(f"{'proxy in flight' if x['source'] == 'proxy' else 'engine running'} "
+                                           f"{_n(x['num_requests_running'])}" for x in snap))
+            ok = ok and all(x["num_requests_running"] == 0 for x in snap if at == "settled")
     if hang is None:
         figs.append("hangup.json missing")
         ok = False
