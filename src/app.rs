@@ -208,8 +208,11 @@ async fn serve_admin(listener: TcpListener, state: Arc<AppState>) {
 /// Registers the goodput_proxy_* families and builds the meter (ring, SLOs, optional sink).
 fn build_meter(config: &Config, registry: &prometheus::Registry) -> anyhow::Result<Meter> {
     let m = &config.measure;
+    // A model with its own SLOs is a configured model too: its label (and so its SLOs) must
+    // not depend on learning.
+    let labelled = m.models.iter().chain(config.slo.models.keys());
     let metrics =
-        Metrics::register(registry, ModelLabels::new(&m.models)).context("registering metrics")?;
+        Metrics::register(registry, ModelLabels::new(labelled)).context("registering metrics")?;
     let sink = match &m.sink_path {
         Some(path) => {
             let cfg = SinkConfig {

@@ -220,16 +220,25 @@ async fn the_proxys_own_rejections_are_recorded_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_first_token_is_a_success_but_not_good() {
-    let sim = start_sim(SimConfig::with_timing(300.0, 2.0)).await;
-    let mut config = meter_config(&sim.base_url());
-    config.slo.ttft_ms = 100;
-    let proxy = start_proxy(config).await;
-    let seen = observe(
-        &client(),
-        post_json(&proxy.url(CHAT), &chat_body(8, "")),
-        true,
-    )
+    let sim = start_sim(SimConfig {
+        models: vec!["tiny".into(), "strict".into()],
+        ..SimConfig::with_timing(300.0, 2.0)
+    })
     .await;
+    let mut config = meter_config(&sim.base_url());
+    // Only `strict` has a TTFT SLO below the engine's 300 ms; it is labelled from the first
+    // request because it has its own SLOs.
+    config.slo.models.insert(
+        "strict".into(),
+        goodput_proxy::config::SloOverride {
+            ttft_ms: Some(100),
+            ..Default::default()
+        },
+    );
+    let proxy = start_proxy(config).await;
+    let c = client();
+    let strict = chat_body(8, "").replace(r#""model":"tiny""#, r#""model":"strict""#);
+    let seen = observe(&c, post_json(&proxy.url(CHAT), &strict), true).await;
     assert_eq!(seen.status, 200);
     let s = wait_requests(&proxy, 1).await;
     assert_eq!(s["outcomes"]["success"], 1, "{s}");
@@ -237,10 +246,22 @@ async fn a_slow_first_token_is_a_success_but_not_good() {
     assert_eq!(s["goodput"]["ratio"], 0.0, "{s}");
     let m = metrics(&proxy).await;
     assert_eq!(
-        metric(&m, "goodput_proxy_slo_violations_total", &[("slo", "ttft")]),
+        metric(
+            &m,
+            "goodput_proxy_slo_violations_total",
+            &[("model", "strict"), ("slo", "ttft")]
+        ),
         1.0
     );
     assert_eq!(metric(&m, "goodput_proxy_goodput_requests_total", &[]), 0.0);
+    // The same timing is good under the global 2 s default.
+    observe(&c, post_json(&proxy.url(CHAT), &chat_body(8, "")), true).await;
+    let s = wait_requests(&proxy, 2).await;
+    assert_eq!(s["goodput"]["good"], 1, "{s}");
+    assert_eq!(
+        stats(&proxy, "window=600&model=strict").await["goodput"]["good"],
+        0
+    );
     sim.shutdown().await;
 }
 
