@@ -66,6 +66,11 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+# ---- 0. the checker's own self-tests (pure parts, milliseconds) ----
+python3 -m unittest discover -s "$LIB" -p 'test_*.py' 2>"$OUT/selftest.txt" \
+  || { cat "$OUT/selftest.txt" >&2; echo "e2e: checker self-tests failed" >&2; exit 1; }
+step "checker self-tests passed ($(grep -o 'Ran [0-9]* tests' "$OUT/selftest.txt"))"
+
 # ---- 1. engine install ----
 VENV="${ENGINE_VENV:-/opt/vllm-venv}"
 MODEL_DIR="${ENGINE_MODEL:-/opt/vllm-tiny-model}"

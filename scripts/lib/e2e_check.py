@@ -360,9 +360,10 @@ Why they differ:
   when it has read the last byte; the proxy starts when hyper hands it the request head and stops
   when it has handed the last byte to the client's connection. That leaves the loopback hop and
   scheduling both ways, so proxy figures sit a fraction of a millisecond below the client's. On
-  this loaded 2-core machine the client process is now and then not scheduled for tens of ms: it
-  then reads a first token late that the proxy had long passed on (the min of the per-request
-  differences above), and catches up by the end (E2E agrees again).
+  a busy 2-core machine a process is now and then not scheduled for 10-1000 ms; when that hits
+  the client or the proxy between the two clocks, one request shows the client far behind (the
+  min of the per-request differences above). The script runs both in the real-time class when
+  it may, which keeps every per-request difference under a millisecond.
 - engine hist vs the rest: vLLM starts its clock later (arrival in the engine client, after HTTP
   parsing, validation, chat templating and tokenization in the API server) and stops it earlier
   (TTFT when the first token leaves the model step, before detokenization, SSE framing and the
