@@ -6,7 +6,6 @@
 //! OpenAI request bodies are small next to the responses, so the cost is a copy of kilobytes.
 
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{header, Request, Response};
@@ -16,7 +15,7 @@ use tokio::time::Instant;
 use tower::{Layer, Service};
 
 use super::request_id::{RequestId, RequestStart};
-use super::BoxFuture;
+use super::{Around, ResponseFuture, Wrapped};
 use crate::error::{BoxError, ProxyError};
 use crate::stack::ProxyBody;
 
@@ -61,20 +60,13 @@ impl CollectLayer {
 impl<S> Layer<S> for CollectLayer {
     type Service = Collect<S>;
     fn layer(&self, inner: S) -> Self::Service {
-        Collect {
-            inner,
-            limit: self.limit,
-        }
+        Wrapped::new(*self, inner)
     }
 }
 
-#[derive(Debug, Clone)]
-pub struct Collect<S> {
-    inner: S,
-    limit: u64,
-}
+pub type Collect<S> = Wrapped<CollectLayer, S>;
 
-impl<S, B> Service<Request<B>> for Collect<S>
+impl<S, B> Around<S, B> for CollectLayer
 where
     S: Service<Request<Bytes>, Response = Response<ProxyBody>, Error = ProxyError>
         + Clone
@@ -84,18 +76,12 @@ where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    type Response = Response<ProxyBody>;
-    type Error = ProxyError;
-    type Future = BoxFuture<Response<ProxyBody>, ProxyError>;
+    type InnerBody = Bytes;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: Request<B>) -> Self::Future {
+    fn around(&self, inner: &mut S, req: Request<B>) -> ResponseFuture {
         // The ready service is the one that must be called (tower's contract).
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let clone = inner.clone();
+        let mut inner = std::mem::replace(inner, clone);
         let limit = self.limit;
         Box::pin(async move {
             let (parts, body) = req.into_parts();

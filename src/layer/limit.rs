@@ -4,7 +4,6 @@
 //! Shedding happens before the body is read, so an overloaded proxy spends nothing on them.
 
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use http::{Request, Response};
 use http_body_util::BodyExt;
@@ -12,7 +11,7 @@ use tokio::sync::Semaphore;
 use tower::{Layer, Service};
 
 use super::hold::Hold;
-use super::BoxFuture;
+use super::{reject, Around, ResponseFuture, Wrapped};
 use crate::error::ProxyError;
 use crate::stack::ProxyBody;
 
@@ -36,41 +35,27 @@ impl InFlightLimitLayer {
 impl<S> Layer<S> for InFlightLimitLayer {
     type Service = InFlightLimit<S>;
     fn layer(&self, inner: S) -> Self::Service {
-        InFlightLimit {
-            inner,
-            layer: self.clone(),
-        }
+        Wrapped::new(self.clone(), inner)
     }
 }
 
-#[derive(Debug, Clone)]
-pub struct InFlightLimit<S> {
-    inner: S,
-    layer: InFlightLimitLayer,
-}
+pub type InFlightLimit<S> = Wrapped<InFlightLimitLayer, S>;
 
-impl<S, B> Service<Request<B>> for InFlightLimit<S>
+impl<S, B> Around<S, B> for InFlightLimitLayer
 where
     S: Service<Request<B>, Response = Response<ProxyBody>, Error = ProxyError>,
     S::Future: Send + 'static,
 {
-    type Response = Response<ProxyBody>;
-    type Error = ProxyError;
-    type Future = BoxFuture<Response<ProxyBody>, ProxyError>;
+    type InnerBody = B;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: Request<B>) -> Self::Future {
-        let Ok(permit) = self.layer.permits.clone().try_acquire_owned() else {
-            let err = ProxyError::Overloaded {
-                limit: self.layer.limit,
-                retry_after_s: self.layer.retry_after_s,
-            };
-            return Box::pin(async move { Err(err) });
+    fn around(&self, inner: &mut S, req: Request<B>) -> ResponseFuture {
+        let Ok(permit) = self.permits.clone().try_acquire_owned() else {
+            return reject(ProxyError::Overloaded {
+                limit: self.limit,
+                retry_after_s: self.retry_after_s,
+            });
         };
-        let fut = self.inner.call(req);
+        let fut = inner.call(req);
         Box::pin(async move {
             let resp = fut.await?;
             Ok(resp.map(|b| Hold::new(b, permit).boxed_unsync()))

@@ -15,7 +15,6 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -27,7 +26,7 @@ use tower::{Layer, Service};
 
 use super::collect::RequestFacts;
 use super::request_id::{RequestId, RequestStart};
-use super::BoxFuture;
+use super::{Around, ResponseFuture, Wrapped};
 use crate::body::metered::{MeteredBody, OnFinish};
 use crate::error::{BoxError, ProxyError};
 use crate::measure::meter::{Measurement, StreamMeter};
@@ -219,38 +218,25 @@ impl MeterLayer {
 impl<S> Layer<S> for MeterLayer {
     type Service = MeterService<S>;
     fn layer(&self, inner: S) -> Self::Service {
-        MeterService {
-            inner,
-            meter: self.meter.clone(),
-        }
+        Wrapped::new(self.clone(), inner)
     }
 }
 
-#[derive(Clone)]
-pub struct MeterService<S> {
-    inner: S,
-    meter: Arc<Meter>,
-}
+pub type MeterService<S> = Wrapped<MeterLayer, S>;
 
-impl<S> Service<Request<Bytes>> for MeterService<S>
+impl<S> Around<S, Bytes> for MeterLayer
 where
     S: Service<Request<Bytes>, Response = Response<ProxyBody>, Error = ProxyError>,
     S::Future: Send + 'static,
 {
-    type Response = Response<ProxyBody>;
-    type Error = ProxyError;
-    type Future = BoxFuture<Response<ProxyBody>, ProxyError>;
+    type InnerBody = Bytes;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut req: Request<Bytes>) -> Self::Future {
+    fn around(&self, inner: &mut S, mut req: Request<Bytes>) -> ResponseFuture {
         if let Some(c) = req.extensions().get::<MeterClaim>() {
             c.claim();
         }
         if !is_generation(req.uri().path()) {
-            return Box::pin(self.inner.call(req));
+            return Box::pin(inner.call(req));
         }
         // Read, not taken: forwarding reads the request id from the facts too.
         let facts = req.extensions().get::<RequestFacts>();
@@ -271,7 +257,7 @@ where
             t0,
         };
         let meter = self.meter.clone();
-        let fut = self.inner.call(req);
+        let fut = inner.call(req);
         Box::pin(async move {
             let mut armed = armed;
             // The request is about to be handed to the upstream client (Forward's future is
@@ -326,18 +312,11 @@ impl RecordRejectionsLayer {
 impl<S> Layer<S> for RecordRejectionsLayer {
     type Service = RecordRejections<S>;
     fn layer(&self, inner: S) -> Self::Service {
-        RecordRejections {
-            inner,
-            meter: self.meter.clone(),
-        }
+        Wrapped::new(self.clone(), inner)
     }
 }
 
-#[derive(Clone)]
-pub struct RecordRejections<S> {
-    inner: S,
-    meter: Arc<Meter>,
-}
+pub type RecordRejections<S> = Wrapped<RecordRejectionsLayer, S>;
 
 /// Records a client abort if the request is dropped before the meter claimed it (the client
 /// left while its body was being read).
@@ -368,20 +347,14 @@ impl Drop for Unclaimed {
     }
 }
 
-impl<S, B> Service<Request<B>> for RecordRejections<S>
+impl<S, B> Around<S, B> for RecordRejectionsLayer
 where
     S: Service<Request<B>, Response = Response<ProxyBody>, Error = ProxyError>,
     S::Future: Send + 'static,
 {
-    type Response = Response<ProxyBody>;
-    type Error = ProxyError;
-    type Future = BoxFuture<Response<ProxyBody>, ProxyError>;
+    type InnerBody = B;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+    fn around(&self, inner: &mut S, mut req: Request<B>) -> ResponseFuture {
         let claim = MeterClaim::default();
         req.extensions_mut().insert(claim.clone());
         let ext = req.extensions();
@@ -399,7 +372,7 @@ where
         if !is_generation(req.uri().path()) {
             guard.armed = false;
         }
-        let fut = self.inner.call(req);
+        let fut = inner.call(req);
         Box::pin(async move {
             let mut guard = guard;
             let result = fut.await;

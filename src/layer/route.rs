@@ -2,12 +2,11 @@
 //! upstream (the admin routes in particular are never reachable on the public port).
 
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use http::{Request, Response};
 use tower::{Layer, Service};
 
-use super::BoxFuture;
+use super::{reject, Around, ResponseFuture, Wrapped};
 use crate::error::ProxyError;
 use crate::stack::ProxyBody;
 
@@ -38,38 +37,25 @@ impl RouteLayer {
 impl<S> Layer<S> for RouteLayer {
     type Service = Route<S>;
     fn layer(&self, inner: S) -> Self::Service {
-        Route {
-            inner,
-            rules: self.clone(),
-        }
+        Wrapped::new(self.clone(), inner)
     }
 }
 
-#[derive(Debug, Clone)]
-pub struct Route<S> {
-    inner: S,
-    rules: RouteLayer,
-}
+pub type Route<S> = Wrapped<RouteLayer, S>;
 
-impl<S, B> Service<Request<B>> for Route<S>
+impl<S, B> Around<S, B> for RouteLayer
 where
     S: Service<Request<B>, Response = Response<ProxyBody>, Error = ProxyError>,
     S::Future: Send + 'static,
 {
-    type Response = Response<ProxyBody>;
-    type Error = ProxyError;
-    type Future = BoxFuture<Response<ProxyBody>, ProxyError>;
+    type InnerBody = B;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: Request<B>) -> Self::Future {
-        if !self.rules.allows(req.uri().path()) {
+    fn around(&self, inner: &mut S, req: Request<B>) -> ResponseFuture {
+        if !self.allows(req.uri().path()) {
             let path = req.uri().path().to_string();
-            return Box::pin(async move { Err(ProxyError::NotFound { path }) });
+            return reject(ProxyError::NotFound { path });
         }
-        Box::pin(self.inner.call(req))
+        Box::pin(inner.call(req))
     }
 }
 

@@ -3,9 +3,10 @@
 //! Percentiles use the nearest-rank method: the q-quantile of n sorted values is the value at
 //! rank `ceil(q * n)` (1-based, at least 1). It always returns an observed value.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+/// Exact statistics of one quantity; the load generator's `summary.json` reads them back.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
     pub count: u64,
     pub mean: f64,
@@ -15,6 +16,13 @@ pub struct Summary {
     pub p99: f64,
     pub p999: f64,
     pub max: f64,
+}
+
+impl Summary {
+    /// Summarizes owned values; `None` when there are none.
+    pub fn of(mut values: Vec<f64>) -> Option<Summary> {
+        summarize(&mut values)
+    }
 }
 
 /// Sorts `values` in place and summarizes them; `None` when empty. NaNs sort last.

@@ -209,6 +209,17 @@ mod tests {
         out
     }
 
+    /// Choice 0's whole text and how it ended.
+    fn text_and_finish(g: &mut Generation) -> (String, Option<Finish>) {
+        let mut text = String::new();
+        let mut last = None;
+        while let Some(t) = g.next(0) {
+            text.push_str(t.text.as_str());
+            last = t.finish;
+        }
+        (text, last)
+    }
+
     #[test]
     fn length_is_max_tokens_and_text_is_seeded() {
         let r =
@@ -225,13 +236,7 @@ mod tests {
         let r = req(
             r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":500,"stop":["e"],"seed":3}"#,
         );
-        let mut g = Generation::new(&r, 0.0, 0.0);
-        let mut text = String::new();
-        let mut last = None;
-        while let Some(t) = g.next(0) {
-            text.push_str(t.text.as_str());
-            last = t.finish;
-        }
+        let (text, last) = text_and_finish(&mut Generation::new(&r, 0.0, 0.0));
         assert!(!text.contains('e'), "{text}");
         assert_eq!(last, Some(Finish::Stop(Some("e".into()))));
     }
@@ -276,12 +281,7 @@ mod tests {
             });
             let r = req(&body.to_string());
             let mut g = Generation::new(&r, 0.0, 0.0);
-            let mut text = String::new();
-            let mut last = None;
-            while let Some(t) = g.next(0) {
-                text.push_str(t.text.as_str());
-                last = t.finish;
-            }
+            let (text, last) = text_and_finish(&mut g);
             for s in &stops {
                 proptest::prop_assert!(!text.contains(s.as_str()), "{:?} in {:?}", s, text);
             }

@@ -137,12 +137,8 @@ impl Templates {
 
     fn push_continuous_usage(&self, buf: &mut BytesMut, completion: u64) {
         if self.continuous_usage {
-            buf.extend_from_slice(b",\"usage\":{\"prompt_tokens\":");
-            push_u64(buf, self.prompt_tokens);
-            buf.extend_from_slice(b",\"total_tokens\":");
-            push_u64(buf, self.prompt_tokens + completion);
-            buf.extend_from_slice(b",\"completion_tokens\":");
-            push_u64(buf, completion);
+            buf.extend_from_slice(b",\"usage\":{");
+            push_usage_counts(buf, self.prompt_tokens, completion);
             buf.extend_from_slice(b",\"completion_tokens_details\":null}");
         }
     }
@@ -169,38 +165,23 @@ impl Templates {
         finish: Option<&Finish>,
         completion: u64,
     ) {
+        let shape = match self.api {
+            Api::Chat => &CHAT_DELTA,
+            Api::Completions => &COMPLETION_CHUNK,
+        };
         buf.extend_from_slice(&self.head);
-        buf.extend_from_slice(b"{\"index\":");
-        push_u64(buf, index as u64);
-        match self.api {
-            Api::Chat => {
-                buf.extend_from_slice(b",\"delta\":{\"content\":");
-                push_tok(buf, text);
-                buf.extend_from_slice(b"},\"logprobs\":");
-                match logprobs {
-                    Some(lp) => push_chat_logprobs(buf, std::slice::from_ref(lp)),
-                    None => buf.extend_from_slice(b"null"),
-                }
-                push_finish(buf, finish, false);
-                buf.extend_from_slice(b",\"token_ids\":null}]");
-            }
-            Api::Completions => {
-                buf.extend_from_slice(b",\"text\":");
-                push_tok(buf, text);
-                buf.extend_from_slice(b",\"logprobs\":");
-                match logprobs {
-                    Some(lp) => push_legacy_logprobs(buf, std::slice::from_ref(lp)),
-                    None => buf.extend_from_slice(b"null"),
-                }
-                push_finish(buf, finish, true);
-                buf.extend_from_slice(b",\"prompt_token_ids\":null,\"token_ids\":null}]");
-            }
-        }
+        push_choice(
+            buf,
+            shape,
+            index as u64,
+            |buf| push_tok(buf, text),
+            logprobs.map(std::slice::from_ref),
+            finish,
+        );
+        buf.extend_from_slice(b"]");
         self.push_continuous_usage(buf, completion);
         if finish.is_some() && !self.include_usage {
-            buf.extend_from_slice(b",\"system_fingerprint\":\"");
-            buf.extend_from_slice(SYSTEM_FINGERPRINT.as_bytes());
-            buf.extend_from_slice(b"\"");
+            push_fingerprint(buf);
         }
         buf.extend_from_slice(b"}\n\n");
     }
@@ -208,15 +189,11 @@ impl Templates {
     /// The final `"choices":[]` usage chunk (only with `include_usage`).
     pub fn usage_chunk(&self, buf: &mut BytesMut, completion: u64) {
         buf.extend_from_slice(&self.head);
-        buf.extend_from_slice(b"],\"usage\":{\"prompt_tokens\":");
-        push_u64(buf, self.prompt_tokens);
-        buf.extend_from_slice(b",\"total_tokens\":");
-        push_u64(buf, self.prompt_tokens + completion);
-        buf.extend_from_slice(b",\"completion_tokens\":");
-        push_u64(buf, completion);
-        buf.extend_from_slice(b"},\"system_fingerprint\":\"");
-        buf.extend_from_slice(SYSTEM_FINGERPRINT.as_bytes());
-        buf.extend_from_slice(b"\"}\n\n");
+        buf.extend_from_slice(b"],\"usage\":{");
+        push_usage_counts(buf, self.prompt_tokens, completion);
+        buf.extend_from_slice(b"}");
+        push_fingerprint(buf);
+        buf.extend_from_slice(b"}\n\n");
     }
 
     /// A data line whose JSON is cut short (the `malformed-after` fault).
@@ -227,57 +204,129 @@ impl Templates {
 
     /// The whole non-streaming body.
     pub fn json_body(&self, choices: &[ChoiceResult]) -> Vec<u8> {
+        let shape = match self.api {
+            Api::Chat => &CHAT_MESSAGE,
+            Api::Completions => &COMPLETION_BODY,
+        };
         let mut b =
             BytesMut::with_capacity(512 + choices.iter().map(|c| c.text.len() * 2).sum::<usize>());
         b.extend_from_slice(self.json_head.as_bytes());
         b.extend_from_slice(b"\"choices\":[");
-        for (i, c) in choices.iter().enumerate() {
-            if i > 0 {
-                b.extend_from_slice(b",");
-            }
-            b.extend_from_slice(b"{\"index\":");
-            push_u64(&mut b, i as u64);
-            match self.api {
-                Api::Chat => {
-                    b.extend_from_slice(b",\"message\":{\"role\":\"assistant\",\"content\":");
-                    push_json(&mut b, &c.text);
-                    b.extend_from_slice(b",\"refusal\":null,\"annotations\":null,\"audio\":null,\"function_call\":null,\"reasoning\":null},\"logprobs\":");
-                    match &c.logprobs {
-                        Some(lp) => push_chat_logprobs(&mut b, lp),
-                        None => b.extend_from_slice(b"null"),
-                    }
-                    push_finish(&mut b, Some(&c.finish), true);
-                    b.extend_from_slice(b",\"token_ids\":null,\"routed_experts\":null}");
-                }
-                Api::Completions => {
-                    b.extend_from_slice(b",\"text\":");
-                    push_json(&mut b, &c.text);
-                    b.extend_from_slice(b",\"logprobs\":");
-                    match &c.logprobs {
-                        Some(lp) => push_legacy_logprobs(&mut b, lp),
-                        None => b.extend_from_slice(b"null"),
-                    }
-                    push_finish(&mut b, Some(&c.finish), true);
-                    b.extend_from_slice(
-                        b",\"token_ids\":null,\"prompt_logprobs\":null,\"prompt_token_ids\":null}",
-                    );
-                }
-            }
-        }
+        push_joined(&mut b, choices.iter().enumerate(), |b, (i, c)| {
+            push_choice(
+                b,
+                shape,
+                i as u64,
+                |b| push_json(b, &c.text),
+                c.logprobs.as_deref(),
+                Some(&c.finish),
+            )
+        });
         let completion: u64 = choices.iter().map(|c| c.tokens).sum();
-        b.extend_from_slice(b"],\"service_tier\":null,\"system_fingerprint\":\"");
-        b.extend_from_slice(SYSTEM_FINGERPRINT.as_bytes());
-        b.extend_from_slice(b"\",\"usage\":{\"prompt_tokens\":");
-        push_u64(&mut b, self.prompt_tokens);
-        b.extend_from_slice(b",\"total_tokens\":");
-        push_u64(&mut b, self.prompt_tokens + completion);
-        b.extend_from_slice(b",\"completion_tokens\":");
-        push_u64(&mut b, completion);
+        b.extend_from_slice(b"],\"service_tier\":null");
+        push_fingerprint(&mut b);
+        b.extend_from_slice(b",\"usage\":{");
+        push_usage_counts(&mut b, self.prompt_tokens, completion);
         match self.api {
             Api::Chat => b.extend_from_slice(b",\"prompt_tokens_details\":null,\"completion_tokens_details\":null},\"prompt_logprobs\":null,\"prompt_token_ids\":null,\"prompt_text\":null,\"kv_transfer_params\":null,\"ec_transfer_params\":null,\"metrics\":null}"),
             Api::Completions => b.extend_from_slice(b",\"prompt_tokens_details\":null},\"kv_transfer_params\":null}"),
         }
         b.to_vec()
+    }
+}
+
+/// How one choice object is laid out; the four layouts differ only in these pieces.
+struct ChoiceShape {
+    /// Between the index and the text.
+    text_open: &'static [u8],
+    /// Between the text and `,"logprobs":`.
+    text_close: &'static [u8],
+    logprobs: fn(&mut BytesMut, &[TokenLogprobs]),
+    /// Whether `stop_reason` is written before the choice finishes.
+    always_stop_reason: bool,
+    /// After the finish fields, closing the choice object.
+    tail: &'static [u8],
+}
+
+const CHAT_DELTA: ChoiceShape = ChoiceShape {
+    text_open: b",\"delta\":{\"content\":",
+    text_close: b"}",
+    logprobs: push_chat_logprobs,
+    always_stop_reason: false,
+    tail: b",\"token_ids\":null}",
+};
+
+const CHAT_MESSAGE: ChoiceShape = ChoiceShape {
+    text_open: b",\"message\":{\"role\":\"assistant\",\"content\":",
+    text_close: b",\"refusal\":null,\"annotations\":null,\"audio\":null,\"function_call\":null,\"reasoning\":null}",
+    logprobs: push_chat_logprobs,
+    always_stop_reason: true,
+    tail: b",\"token_ids\":null,\"routed_experts\":null}",
+};
+
+const COMPLETION_CHUNK: ChoiceShape = ChoiceShape {
+    text_open: b",\"text\":",
+    text_close: b"",
+    logprobs: push_legacy_logprobs,
+    always_stop_reason: true,
+    tail: b",\"prompt_token_ids\":null,\"token_ids\":null}",
+};
+
+const COMPLETION_BODY: ChoiceShape = ChoiceShape {
+    tail: b",\"token_ids\":null,\"prompt_logprobs\":null,\"prompt_token_ids\":null}",
+    ..COMPLETION_CHUNK
+};
+
+/// `{"index":..,<text>,"logprobs":..,"finish_reason":..<tail>` laid out by `shape`.
+fn push_choice(
+    buf: &mut BytesMut,
+    shape: &ChoiceShape,
+    index: u64,
+    text: impl FnOnce(&mut BytesMut),
+    logprobs: Option<&[TokenLogprobs]>,
+    finish: Option<&Finish>,
+) {
+    buf.extend_from_slice(b"{\"index\":");
+    push_u64(buf, index);
+    buf.extend_from_slice(shape.text_open);
+    text(buf);
+    buf.extend_from_slice(shape.text_close);
+    buf.extend_from_slice(b",\"logprobs\":");
+    match logprobs {
+        Some(lp) => (shape.logprobs)(buf, lp),
+        None => buf.extend_from_slice(b"null"),
+    }
+    push_finish(buf, finish, shape.always_stop_reason);
+    buf.extend_from_slice(shape.tail);
+}
+
+/// `"prompt_tokens":..,"total_tokens":..,"completion_tokens":..`, vLLM's key order.
+fn push_usage_counts(buf: &mut BytesMut, prompt: u64, completion: u64) {
+    buf.extend_from_slice(b"\"prompt_tokens\":");
+    push_u64(buf, prompt);
+    buf.extend_from_slice(b",\"total_tokens\":");
+    push_u64(buf, prompt + completion);
+    buf.extend_from_slice(b",\"completion_tokens\":");
+    push_u64(buf, completion);
+}
+
+fn push_fingerprint(buf: &mut BytesMut) {
+    buf.extend_from_slice(b",\"system_fingerprint\":\"");
+    buf.extend_from_slice(SYSTEM_FINGERPRINT.as_bytes());
+    buf.extend_from_slice(b"\"");
+}
+
+/// Writes each item with `push`, comma-separated.
+fn push_joined<T>(
+    buf: &mut BytesMut,
+    items: impl IntoIterator<Item = T>,
+    mut push: impl FnMut(&mut BytesMut, T),
+) {
+    for (i, item) in items.into_iter().enumerate() {
+        if i > 0 {
+            buf.extend_from_slice(b",");
+        }
+        push(buf, item);
     }
 }
 
@@ -321,65 +370,41 @@ fn push_chat_entry(buf: &mut BytesMut, t: &TokLp) {
 
 fn push_chat_logprobs(buf: &mut BytesMut, toks: &[TokenLogprobs]) {
     buf.extend_from_slice(b"{\"content\":[");
-    for (i, lp) in toks.iter().enumerate() {
-        if i > 0 {
-            buf.extend_from_slice(b",");
-        }
+    push_joined(buf, toks, |buf, lp| {
         push_chat_entry(buf, &lp.sampled);
         buf.extend_from_slice(b",\"top_logprobs\":[");
-        for (j, t) in lp.top.iter().enumerate() {
-            if j > 0 {
-                buf.extend_from_slice(b",");
-            }
+        push_joined(buf, &lp.top, |buf, t| {
             push_chat_entry(buf, t);
             buf.extend_from_slice(b"}");
-        }
+        });
         buf.extend_from_slice(b"]}");
-    }
+    });
     buf.extend_from_slice(b"]}");
 }
 
 fn push_legacy_logprobs(buf: &mut BytesMut, toks: &[TokenLogprobs]) {
     buf.extend_from_slice(b"{\"text_offset\":[");
-    for (i, lp) in toks.iter().enumerate() {
-        if i > 0 {
-            buf.extend_from_slice(b",");
-        }
-        push_u64(buf, lp.text_offset);
-    }
+    push_joined(buf, toks, |buf, lp| push_u64(buf, lp.text_offset));
     buf.extend_from_slice(b"],\"token_logprobs\":[");
-    for (i, lp) in toks.iter().enumerate() {
-        if i > 0 {
-            buf.extend_from_slice(b",");
-        }
-        push_f64(buf, lp.sampled.logprob);
-    }
+    push_joined(buf, toks, |buf, lp| push_f64(buf, lp.sampled.logprob));
     buf.extend_from_slice(b"],\"tokens\":[");
-    for (i, lp) in toks.iter().enumerate() {
-        if i > 0 {
-            buf.extend_from_slice(b",");
-        }
-        buf.extend_from_slice(lp.sampled.piece.json.as_bytes());
-    }
+    push_joined(buf, toks, |buf, lp| {
+        buf.extend_from_slice(lp.sampled.piece.json.as_bytes())
+    });
     buf.extend_from_slice(b"],\"top_logprobs\":[");
-    for (i, lp) in toks.iter().enumerate() {
-        if i > 0 {
-            buf.extend_from_slice(b",");
-        }
+    push_joined(buf, toks, |buf, lp| {
         buf.extend_from_slice(b"{");
-        for (j, t) in std::iter::once(&lp.sampled)
-            .chain(lp.top.iter())
-            .enumerate()
-        {
-            if j > 0 {
-                buf.extend_from_slice(b",");
-            }
-            buf.extend_from_slice(t.piece.json.as_bytes());
-            buf.extend_from_slice(b":");
-            push_f64(buf, t.logprob);
-        }
+        push_joined(
+            buf,
+            std::iter::once(&lp.sampled).chain(&lp.top),
+            |buf, t| {
+                buf.extend_from_slice(t.piece.json.as_bytes());
+                buf.extend_from_slice(b":");
+                push_f64(buf, t.logprob);
+            },
+        );
         buf.extend_from_slice(b"}");
-    }
+    });
     buf.extend_from_slice(b"]}");
 }
 
@@ -404,6 +429,26 @@ mod tests {
         String::from_utf8(buf.to_vec()).unwrap()
     }
 
+    /// Choice 0's chunk for the vocabulary piece `text`.
+    fn piece_chunk(
+        t: &Templates,
+        text: &str,
+        lp: Option<&TokenLogprobs>,
+        finish: Option<&Finish>,
+        completion: u64,
+    ) -> String {
+        let mut b = BytesMut::new();
+        t.token_chunk(
+            &mut b,
+            0,
+            &TokText::Piece(piece(text)),
+            lp,
+            finish,
+            completion,
+        );
+        line(&b)
+    }
+
     #[test]
     fn chat_chunks_match_stream_chat_txt() {
         let t = templates(
@@ -414,19 +459,8 @@ mod tests {
         let mut b = BytesMut::new();
         t.role_chunk(&mut b, 0);
         assert_eq!(line(&b), "data: {\"id\":\"chatcmpl-a45afd70d01f6372\",\"object\":\"chat.completion.chunk\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null}],\"prompt_token_ids\":null,\"prompt_text\":null}\n\n");
-        b.clear();
-        t.token_chunk(&mut b, 0, &TokText::Piece(piece(" will")), None, None, 2);
-        assert_eq!(line(&b), "data: {\"id\":\"chatcmpl-a45afd70d01f6372\",\"object\":\"chat.completion.chunk\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" will\"},\"logprobs\":null,\"finish_reason\":null,\"token_ids\":null}]}\n\n");
-        b.clear();
-        t.token_chunk(
-            &mut b,
-            0,
-            &TokText::Piece(piece("ow")),
-            None,
-            Some(&Finish::Length),
-            16,
-        );
-        assert_eq!(line(&b), "data: {\"id\":\"chatcmpl-a45afd70d01f6372\",\"object\":\"chat.completion.chunk\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"ow\"},\"logprobs\":null,\"finish_reason\":\"length\",\"stop_reason\":null,\"token_ids\":null}],\"system_fingerprint\":\"vllm-0.32.0-f1283a03\"}\n\n");
+        assert_eq!(piece_chunk(&t, " will", None, None, 2), "data: {\"id\":\"chatcmpl-a45afd70d01f6372\",\"object\":\"chat.completion.chunk\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" will\"},\"logprobs\":null,\"finish_reason\":null,\"token_ids\":null}]}\n\n");
+        assert_eq!(piece_chunk(&t, "ow", None, Some(&Finish::Length), 16), "data: {\"id\":\"chatcmpl-a45afd70d01f6372\",\"object\":\"chat.completion.chunk\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"ow\"},\"logprobs\":null,\"finish_reason\":\"length\",\"stop_reason\":null,\"token_ids\":null}],\"system_fingerprint\":\"vllm-0.32.0-f1283a03\"}\n\n");
     }
 
     #[test]
@@ -436,17 +470,8 @@ mod tests {
             r#"{"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Hello, how are you?"}],"stream":true,"max_tokens":16,"seed":1,"stream_options":{"include_usage":true}}"#,
             0xba42e38baeaee861,
         );
+        assert_eq!(piece_chunk(&t, "ow", None, Some(&Finish::Length), 16), "data: {\"id\":\"chatcmpl-ba42e38baeaee861\",\"object\":\"chat.completion.chunk\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"ow\"},\"logprobs\":null,\"finish_reason\":\"length\",\"stop_reason\":null,\"token_ids\":null}]}\n\n");
         let mut b = BytesMut::new();
-        t.token_chunk(
-            &mut b,
-            0,
-            &TokText::Piece(piece("ow")),
-            None,
-            Some(&Finish::Length),
-            16,
-        );
-        assert_eq!(line(&b), "data: {\"id\":\"chatcmpl-ba42e38baeaee861\",\"object\":\"chat.completion.chunk\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"ow\"},\"logprobs\":null,\"finish_reason\":\"length\",\"stop_reason\":null,\"token_ids\":null}]}\n\n");
-        b.clear();
         t.usage_chunk(&mut b, 16);
         assert_eq!(line(&b), "data: {\"id\":\"chatcmpl-ba42e38baeaee861\",\"object\":\"chat.completion.chunk\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[],\"usage\":{\"prompt_tokens\":32,\"total_tokens\":48,\"completion_tokens\":16},\"system_fingerprint\":\"vllm-0.32.0-f1283a03\"}\n\n");
     }
@@ -461,16 +486,7 @@ mod tests {
         let mut b = BytesMut::new();
         t.role_chunk(&mut b, 0);
         assert_eq!(line(&b), "data: {\"id\":\"chatcmpl-afdf1806bfc29444\",\"object\":\"chat.completion.chunk\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null}],\"usage\":{\"prompt_tokens\":15,\"total_tokens\":15,\"completion_tokens\":0,\"completion_tokens_details\":null},\"prompt_token_ids\":null,\"prompt_text\":null}\n\n");
-        b.clear();
-        t.token_chunk(
-            &mut b,
-            0,
-            &TokText::Piece(piece("def")),
-            None,
-            Some(&Finish::Length),
-            6,
-        );
-        assert_eq!(line(&b), "data: {\"id\":\"chatcmpl-afdf1806bfc29444\",\"object\":\"chat.completion.chunk\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"def\"},\"logprobs\":null,\"finish_reason\":\"length\",\"stop_reason\":null,\"token_ids\":null}],\"usage\":{\"prompt_tokens\":15,\"total_tokens\":21,\"completion_tokens\":6,\"completion_tokens_details\":null}}\n\n");
+        assert_eq!(piece_chunk(&t, "def", None, Some(&Finish::Length), 6), "data: {\"id\":\"chatcmpl-afdf1806bfc29444\",\"object\":\"chat.completion.chunk\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"def\"},\"logprobs\":null,\"finish_reason\":\"length\",\"stop_reason\":null,\"token_ids\":null}],\"usage\":{\"prompt_tokens\":15,\"total_tokens\":21,\"completion_tokens\":6,\"completion_tokens_details\":null}}\n\n");
     }
 
     #[test]
@@ -495,9 +511,7 @@ mod tests {
             ],
             text_offset: 0,
         };
-        let mut b = BytesMut::new();
-        t.token_chunk(&mut b, 0, &TokText::Piece(piece("SE")), Some(&lp), None, 1);
-        assert_eq!(line(&b), "data: {\"id\":\"chatcmpl-b7239243a2a4dc2a\",\"object\":\"chat.completion.chunk\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"SE\"},\"logprobs\":{\"content\":[{\"token\":\"SE\",\"logprob\":-7.624619960784912,\"bytes\":[83,69],\"top_logprobs\":[{\"token\":\"SE\",\"logprob\":-7.624619960784912,\"bytes\":[83,69]},{\"token\":\"test\",\"logprob\":-7.624616622924805,\"bytes\":[116,101,115,116]}]}]},\"finish_reason\":null,\"token_ids\":null}]}\n\n");
+        assert_eq!(piece_chunk(&t, "SE", Some(&lp), None, 1), "data: {\"id\":\"chatcmpl-b7239243a2a4dc2a\",\"object\":\"chat.completion.chunk\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"SE\"},\"logprobs\":{\"content\":[{\"token\":\"SE\",\"logprob\":-7.624619960784912,\"bytes\":[83,69],\"top_logprobs\":[{\"token\":\"SE\",\"logprob\":-7.624619960784912,\"bytes\":[83,69]},{\"token\":\"test\",\"logprob\":-7.624616622924805,\"bytes\":[116,101,115,116]}]}]},\"finish_reason\":null,\"token_ids\":null}]}\n\n");
     }
 
     #[test]
@@ -524,24 +538,13 @@ mod tests {
             ],
             text_offset: 0,
         };
-        let mut b = BytesMut::new();
-        t.token_chunk(&mut b, 0, &TokText::Piece(piece("SE")), Some(&lp), None, 1);
-        assert_eq!(line(&b), "data: {\"id\":\"cmpl-b2060b05d902fdd1\",\"object\":\"text_completion\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[{\"index\":0,\"text\":\"SE\",\"logprobs\":{\"text_offset\":[0],\"token_logprobs\":[-7.6246209144592285],\"tokens\":[\"SE\"],\"top_logprobs\":[{\"SE\":-7.6246209144592285,\" end\":-7.624615669250488,\"gra\":-7.624615669250488}]},\"finish_reason\":null,\"stop_reason\":null,\"prompt_token_ids\":null,\"token_ids\":null}]}\n\n");
-        b.clear();
+        assert_eq!(piece_chunk(&t, "SE", Some(&lp), None, 1), "data: {\"id\":\"cmpl-b2060b05d902fdd1\",\"object\":\"text_completion\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[{\"index\":0,\"text\":\"SE\",\"logprobs\":{\"text_offset\":[0],\"token_logprobs\":[-7.6246209144592285],\"tokens\":[\"SE\"],\"top_logprobs\":[{\"SE\":-7.6246209144592285,\" end\":-7.624615669250488,\"gra\":-7.624615669250488}]},\"finish_reason\":null,\"stop_reason\":null,\"prompt_token_ids\":null,\"token_ids\":null}]}\n\n");
         let t = templates(
             Api::Completions,
             r#"{"prompt":"The quick brown fox","stream":true,"max_tokens":16,"seed":1,"stream_options":{"include_usage":true}}"#,
             0x9a7207426ef199bb,
         );
-        t.token_chunk(
-            &mut b,
-            0,
-            &TokText::Piece(piece("ow")),
-            None,
-            Some(&Finish::Length),
-            16,
-        );
-        assert_eq!(line(&b), "data: {\"id\":\"cmpl-9a7207426ef199bb\",\"object\":\"text_completion\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[{\"index\":0,\"text\":\"ow\",\"logprobs\":null,\"finish_reason\":\"length\",\"stop_reason\":null,\"prompt_token_ids\":null,\"token_ids\":null}]}\n\n");
+        assert_eq!(piece_chunk(&t, "ow", None, Some(&Finish::Length), 16), "data: {\"id\":\"cmpl-9a7207426ef199bb\",\"object\":\"text_completion\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[{\"index\":0,\"text\":\"ow\",\"logprobs\":null,\"finish_reason\":\"length\",\"stop_reason\":null,\"prompt_token_ids\":null,\"token_ids\":null}]}\n\n");
     }
 
     #[test]

@@ -3,39 +3,13 @@
 
 use std::collections::BTreeMap;
 
-use goodput_proxy::measure::stats;
 use serde::{Deserialize, Serialize};
 
 use crate::record::RequestRecord;
 
-/// Exact statistics of one latency over raw values (seconds).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct Stats {
-    pub count: u64,
-    pub mean: f64,
-    pub p50: f64,
-    pub p90: f64,
-    pub p95: f64,
-    pub p99: f64,
-    pub p999: f64,
-    pub max: f64,
-}
-
-impl Stats {
-    /// Exact statistics, `None` when there are no values.
-    pub fn of(mut values: Vec<f64>) -> Option<Stats> {
-        stats::summarize(&mut values).map(|s| Stats {
-            count: s.count,
-            mean: s.mean,
-            p50: s.p50,
-            p90: s.p90,
-            p95: s.p95,
-            p99: s.p99,
-            p999: s.p999,
-            max: s.max,
-        })
-    }
-}
+/// Exact statistics of one latency over raw values (seconds): the proxy's own definition, so
+/// both sides of a comparison rank percentiles the same way.
+pub use goodput_proxy::measure::stats::Summary as Stats;
 
 /// What the runner knows about a phase besides its records.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

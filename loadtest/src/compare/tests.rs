@@ -1,0 +1,261 @@
+use super::prom::parse_labels;
+use super::*;
+
+const START: &str = "# TYPE vllm:time_to_first_token_seconds histogram\n\
+vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"0.1\",model_name=\"tiny\"} 1.0\n\
+vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"0.2\",model_name=\"tiny\"} 2.0\n\
+vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"+Inf\",model_name=\"tiny\"} 2.0\n\
+vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"0.1\",model_name=\"big\"} 50.0\n\
+vllm:time_to_first_token_seconds_count{engine=\"0\",model_name=\"tiny\"} 2.0\n";
+const END: &str =
+    "vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"0.1\",model_name=\"tiny\"} 1.0\n\
+vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"0.2\",model_name=\"tiny\"} 102.0\n\
+vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"+Inf\",model_name=\"tiny\"} 102.0\n";
+
+#[test]
+fn histogram_delta_and_quantile() {
+    let s = histogram(
+        START,
+        "vllm:time_to_first_token_seconds",
+        &["model_name"],
+        Some("tiny"),
+    )
+    .unwrap();
+    let e = histogram(
+        END,
+        "vllm:time_to_first_token_seconds",
+        &["model_name"],
+        Some("tiny"),
+    )
+    .unwrap();
+    let d = delta(Some(&s), &e);
+    assert_eq!(d, vec![(0.1, 0.0), (0.2, 100.0), (f64::INFINITY, 100.0)]);
+    // All 100 in (0.1, 0.2]: p50 interpolates to the middle.
+    assert!((quantile(&d, 0.5).unwrap() - 0.15).abs() < 1e-12);
+    assert!((quantile(&d, 0.99).unwrap() - 0.199).abs() < 1e-12);
+    assert!(histogram(
+        START,
+        "vllm:time_to_first_token_seconds",
+        &["model_name"],
+        Some("nope")
+    )
+    .is_none());
+}
+
+#[test]
+fn quantile_edge_cases() {
+    assert_eq!(quantile(&vec![(1.0, 0.0), (f64::INFINITY, 0.0)], 0.5), None);
+    // Rank in +Inf: the highest finite bound (as PromQL).
+    assert_eq!(
+        quantile(&vec![(1.0, 0.0), (f64::INFINITY, 4.0)], 0.5),
+        Some(1.0)
+    );
+    // First bucket interpolates from 0.
+    assert_eq!(
+        quantile(&vec![(2.0, 4.0), (f64::INFINITY, 4.0)], 0.5),
+        Some(1.0)
+    );
+    // Counter reset: the end snapshot alone.
+    let d = delta(
+        Some(&vec![(1.0, 9.0), (f64::INFINITY, 9.0)]),
+        &vec![(1.0, 2.0), (f64::INFINITY, 3.0)],
+    );
+    assert_eq!(d, vec![(1.0, 2.0), (f64::INFINITY, 3.0)]);
+}
+
+#[test]
+fn series_sums_counters_and_gauges() {
+    let t = "# TYPE vllm:generation_tokens_total counter\n\
+vllm:generation_tokens_total{engine=\"0\",model_name=\"tiny\"} 83.0\n\
+vllm:generation_tokens_total{engine=\"1\",model_name=\"tiny\"} 17\n\
+vllm:generation_tokens_created{engine=\"0\"} 1.7e9\n\
+plain_gauge 4\n";
+    assert_eq!(series_sum(t, "vllm:generation_tokens_total"), Some(100.0));
+    assert_eq!(series_sum(t, "plain_gauge"), Some(4.0));
+    assert_eq!(series_sum(t, "plain"), None, "a prefix is not the family");
+    assert_eq!(series_sum(t, "vllm:num_requests_running"), None);
+}
+
+#[test]
+fn counters_and_token_check_per_phase_and_overall() {
+    let engine = |gen: u32, running: u32| {
+        format!("vllm:generation_tokens_total{{model_name=\"m\"}} {gen}\nvllm:num_requests_running{{model_name=\"m\"}} {running}\n")
+    };
+    let proxy = |gen: u32| format!("goodput_proxy_generation_tokens_total{{model=\"m\"}} {gen}\n");
+    let snap = |t: f64, p: u32, e: u32, r: u32| Snapshot {
+        t_s: t,
+        proxy_asked: true,
+        proxy_metrics: Some(proxy(p)),
+        engines: vec![("E".into(), Some(engine(e, r)))],
+        ..Snapshot::default()
+    };
+    let win = |name: &str, a: f64, b: f64| PhaseWindow {
+        name: name.into(),
+        arrivals: String::new(),
+        start_s: a,
+        end_s: b,
+        held_back: 0,
+        hold_max_seconds: 0.0,
+    };
+    let snaps = vec![
+        PhaseSnapshots {
+            phase: "a".into(),
+            start: snap(0.0, 100, 200, 0),
+            end: snap(1.0, 110, 210, 2),
+            settled: None,
+        },
+        PhaseSnapshots {
+            phase: "b".into(),
+            start: snap(1.0, 110, 210, 2),
+            end: snap(2.0, 125, 225, 1),
+            settled: Some(snap(3.0, 125, 225, 0)),
+        },
+    ];
+    let mut r1 = crate::report::summary::tests::rec("a", 0.1, 0.5, Some(0.1), "success");
+    r1.completion_tokens = Some(10);
+    let mut r2 = crate::report::summary::tests::rec("b", 1.1, 0.5, Some(0.1), "success");
+    r2.completion_tokens = Some(15);
+    r2.usage_exact = false;
+    let c = build(
+        &[win("a", 0.0, 1.0), win("b", 1.0, 2.0)],
+        &[r1, r2],
+        &snaps,
+        None,
+    );
+    assert_eq!(
+        c.counters.len(),
+        10,
+        "2 sources x (2 instants x 2 phases + settled)"
+    );
+    let end = &c.counters[7];
+    assert_eq!(
+        (end.phase.as_str(), end.at.as_str(), end.source.as_str()),
+        ("b", "end", "E")
+    );
+    assert!(end.after_all_requests);
+    assert_eq!(end.num_requests_running, Some(1.0));
+    let last = c.counters.last().unwrap();
+    assert_eq!((last.at.as_str(), last.t_s), ("settled", 3.0));
+    assert_eq!(last.num_requests_running, Some(0.0));
+    assert_eq!(c.counters[3].num_requests_running, Some(2.0));
+    let t: Vec<_> = c.tokens.iter().map(|t| t.phase.as_str()).collect();
+    assert_eq!(t, ["a", "b", "overall"]);
+    let all = &c.tokens[2];
+    assert_eq!(
+        (
+            all.client_completion_tokens,
+            all.client_completion_from_usage,
+            all.client_requests_with_usage
+        ),
+        (25, 10, 1)
+    );
+    assert_eq!(all.proxy_generation_tokens, Some(25.0));
+    assert_eq!(all.engine_generation_tokens["E"], Some(25.0));
+    assert_eq!(c.tokens[0].engine_generation_tokens["E"], Some(10.0));
+}
+
+#[test]
+fn labels_with_escapes() {
+    let l = parse_labels(r#"a="x\"y",le="0.5", model="m""#);
+    assert_eq!(l["a"], "x\"y");
+    assert_eq!(l["le"], "0.5");
+    assert_eq!(l["model"], "m");
+}
+
+#[test]
+fn reads_the_proxys_own_sink_records() {
+    use goodput_proxy::measure::record::RequestRecord as ProxyRec;
+    use goodput_proxy::measure::{judge, Measurement, Outcome, Slo};
+    use std::time::Duration;
+    let mut m =
+        Measurement::without_body(Outcome::Truncated, Some(200), Duration::from_millis(900));
+    m.streaming = true;
+    m.ttft = Some(Duration::from_millis(120));
+    let v = judge(&m, &Slo::default());
+    let rec = ProxyRec::new(
+        "lt1-0000007".into(),
+        "tiny".into(),
+        None,
+        0,
+        tokio::time::Instant::now(),
+        &m,
+        v,
+    );
+    let line = serde_json::to_string(&rec).unwrap();
+    let got = parse_proxy_records(&line);
+    assert_eq!(
+        got,
+        vec![ProxyRecord {
+            id: "lt1-0000007".into(),
+            model: Some("tiny".into()),
+            outcome: Some("truncated".into()),
+            ttft: Some(0.12),
+            tpot: None,
+            e2e: Some(0.9),
+            completion_tokens: None,
+        }]
+    );
+}
+
+#[test]
+fn join_by_request_id() {
+    let mut a = crate::report::summary::tests::rec("p", 0.0, 1.0, Some(0.100), "success");
+    a.request_id = "r1".into();
+    let mut b = crate::report::summary::tests::rec("p", 0.0, 2.0, Some(0.200), "truncated");
+    b.request_id = "r2".into();
+    let proxy = parse_proxy_records(
+        "{\"request_id\":\"r1\",\"outcome\":\"success\",\"ttft_seconds\":0.098,\"e2e_seconds\":0.997,\"completion_tokens\":4}\n\
+         {\"id\":\"r2\",\"outcome\":\"upstream_error\",\"ttft\":0.199,\"e2e\":1.999}\nnot json\n",
+    );
+    assert_eq!(proxy.len(), 2);
+    let w = PhaseWindow {
+        name: "p".into(),
+        arrivals: String::new(),
+        start_s: 0.0,
+        end_s: 2.0,
+        held_back: 0,
+        hold_max_seconds: 0.0,
+    };
+    let mut lost = crate::report::summary::tests::rec("p", 1.0, 1.0, None, "success");
+    lost.request_id = "r3".into();
+    let c = build(&[w], &[a, b, lost], &[], Some(&proxy));
+    assert_eq!(c.joins.len(), 2, "the phase and overall");
+    assert_eq!(c.joins[1].phase, "overall");
+    let j = &c.joins[0];
+    assert_eq!(
+        (
+            j.client_requests,
+            j.matched,
+            j.outcomes_agree,
+            j.outcomes_disagree
+        ),
+        (3, 2, 1, 1)
+    );
+    assert_eq!(j.disagreements["truncated -> upstream_error"], 1);
+    assert_eq!(
+        j.disagreeing,
+        vec![Disagreement {
+            request_id: "r2".into(),
+            client: "truncated".into(),
+            proxy: Some("upstream_error".into()),
+        }]
+    );
+    assert_eq!(j.unmatched_ids, ["r3"]);
+    // Tokens are compared on successes only (r1: the client counted 5, the proxy 4).
+    assert_eq!((j.tokens_compared, j.tokens_agree), (1, 0));
+    assert_eq!(
+        (
+            j.tokens_disagreeing[0].client,
+            j.tokens_disagreeing[0].proxy
+        ),
+        (5, 4)
+    );
+    let t = j.ttft_proxy_minus_client.as_ref().unwrap();
+    assert!((t.max - -0.001).abs() < 1e-9 && (t.min - -0.002).abs() < 1e-9);
+    let exact = c
+        .rows
+        .iter()
+        .find(|r| r.source == "proxy exact" && r.metric == "ttft")
+        .unwrap();
+    assert_eq!(exact.count, Some(2.0));
+}
