@@ -1,7 +1,9 @@
 //! Admin listener routes, on their own port: `/healthz` (alive), `/readyz` (an upstream answers
-//! and the process is not draining), `/metrics` (Prometheus text), `/stats` (exact statistics
+//! and the process is not draining), `/metrics` (Prometheus text: the proxy's families, then
+//! every engine's relabelled `upstream`), `/stats` (exact statistics
 //! over the recent request records).
 
+use std::collections::HashSet;
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -44,17 +46,28 @@ fn readyz(state: &AppState) -> Response<Full<Bytes>> {
     }
 }
 
+/// The proxy's own families, then every engine's (relabelled `upstream`, each family once).
 fn metrics(state: &AppState) -> Response<Full<Bytes>> {
     use prometheus::Encoder;
+    state
+        .engines
+        .refresh_gauges(&state.upstreams, Instant::now());
     let encoder = prometheus::TextEncoder::new();
+    let families = state.registry.gather();
     let mut buf = Vec::new();
-    if let Err(e) = encoder.encode(&state.registry.gather(), &mut buf) {
+    if let Err(e) = encoder.encode(&families, &mut buf) {
         return text(
             StatusCode::INTERNAL_SERVER_ERROR,
             &format!("encoding metrics failed: {e}\n"),
         );
     }
-    let mut resp = Response::new(Full::new(Bytes::from(buf)));
+    let mut page = String::from_utf8(buf).unwrap_or_default();
+    let own: HashSet<&str> = families.iter().map(|f| f.name()).collect();
+    // The proxy's prefix is reserved even for families not registered (yet) here, so an engine
+    // can never shadow or interleave with one of ours.
+    let reserved = |name: &str| own.contains(name) || name.starts_with("goodput_proxy_");
+    state.engines.render_into(&mut page, &reserved);
+    let mut resp = Response::new(Full::new(Bytes::from(page)));
     if let Ok(v) = encoder.format_type().parse() {
         resp.headers_mut().insert(header::CONTENT_TYPE, v);
     }

@@ -14,6 +14,7 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::{Config, UsageInjection};
+use crate::engine::{self, Engines};
 use crate::layer::meter::Meter;
 use crate::listener::{self, ServeOptions};
 use crate::measure::sink::{RecordSink, SinkConfig};
@@ -31,6 +32,8 @@ pub struct AppState {
     /// Set at SIGTERM/SIGINT: `/readyz` answers 503 from then on.
     pub draining: AtomicBool,
     pub upstreams: Arc<Upstreams>,
+    /// Each replica's latest engine `/metrics` and the gauges derived from it.
+    pub engines: Arc<Engines>,
 }
 
 /// A bound, not yet running proxy: both sockets are open, so callers can read the addresses
@@ -84,11 +87,14 @@ impl App {
             })?;
         let registry = prometheus::Registry::new();
         let meter = Arc::new(build_meter(&config, &registry)?);
+        let engines = Engines::new(&config.engine, &upstreams, &registry)
+            .context("registering engine metrics")?;
         let state = Arc::new(AppState {
             registry,
             meter,
             draining: AtomicBool::new(false),
             upstreams: Arc::new(upstreams),
+            engines: Arc::new(engines),
         });
         Ok(App {
             config,
@@ -145,6 +151,17 @@ impl App {
         } = self;
         let service = stack::build(&config, state.upstreams.clone(), state.meter.clone());
         let health = tokio::spawn(health::run(state.upstreams.clone()));
+        let scraper = config.engine.scrape.then(|| {
+            tokio::spawn(engine::scrape::run(
+                state.upstreams.clone(),
+                state.engines.clone(),
+            ))
+        });
+        // Learn the served models before the first request is taken (connections wait in the
+        // backlog meanwhile), so its `model` label is right; bounded, so a replica that is slow
+        // to answer delays startup by at most STARTUP_LEARNING.
+        let _ = tokio::time::timeout(STARTUP_LEARNING, learn_once(&state.upstreams, &state.meter))
+            .await;
         let models = tokio::spawn(learn_models(
             state.upstreams.clone(),
             state.meter.clone(),
@@ -177,6 +194,9 @@ impl App {
         )
         .await;
         health.abort();
+        if let Some(scraper) = scraper {
+            scraper.abort();
+        }
         models.abort();
         admin_task.abort();
         if let Some(demo) = demo {
@@ -237,29 +257,38 @@ fn build_meter(config: &Config, registry: &prometheus::Registry) -> anyhow::Resu
     ))
 }
 
+/// The longest `run` waits for the upstreams' model lists before it starts serving.
+const STARTUP_LEARNING: Duration = Duration::from_secs(2);
+
 /// Learns the model names the upstreams serve (`GET /v1/models`) so they get their own
-/// `model` label: when a request names a model without a label (at most once per second, so a
-/// flood of random names costs one listing a second) and every `every`. Names are only added
-/// (a replica that is briefly down keeps its series), bounded by `MAX_LEARNED_MODELS`.
-///
-/// Not at startup: the first request for a model an upstream serves starts the listing and is
-/// itself labelled `other` (configure `measure.models` to label from the first request).
+/// `model` label: once before serving (see `run`), then when a request names a model without
+/// a label (at most once per second, so a flood of random names costs one listing a second)
+/// and every `every`. Names are only added (a replica that is briefly down keeps its series),
+/// bounded by `MAX_LEARNED_MODELS`.
 async fn learn_models(upstreams: Arc<Upstreams>, meter: Arc<Meter>, every: Duration) {
     const DEBOUNCE: Duration = Duration::from_secs(1);
-    let labels = meter.metrics().models.clone();
     loop {
         tokio::select! {
             _ = meter.unknown_model_seen() => {}
             _ = tokio::time::sleep(every) => {}
         }
-        for replica in &upstreams.replicas {
-            let names = list_models(&upstreams, replica).await;
-            let added = labels.add_learned(&names);
-            if added > 0 {
-                tracing::info!(upstream = %replica.url, added, "learned model names");
-            }
-        }
+        learn_once(&upstreams, &meter).await;
         tokio::time::sleep(DEBOUNCE).await;
+    }
+}
+
+/// Lists every replica's models (concurrently) and adds the names to the label set.
+async fn learn_once(upstreams: &Upstreams, meter: &Meter) {
+    let labels = &meter.metrics().models;
+    let lists = upstreams
+        .replicas
+        .iter()
+        .map(|replica| async move { (replica, list_models(upstreams, replica).await) });
+    for (replica, names) in futures_util::future::join_all(lists).await {
+        let added = labels.add_learned(&names);
+        if added > 0 {
+            tracing::info!(upstream = %replica.url, added, "learned model names");
+        }
     }
 }
 

@@ -44,6 +44,7 @@ pub struct Config {
     pub log: LogConfig,
     pub measure: MeasureConfig,
     pub slo: SloConfig,
+    pub engine: EngineConfig,
     /// The built-in simulated engine used in demo mode (no `upstream.urls`); see the sim's
     /// own documentation for its fields. Not overridable from the environment.
     #[serde(skip_serializing)]
@@ -269,6 +270,59 @@ impl MeasureConfig {
     }
 }
 
+/// The engine scraper: each replica's Prometheus `/metrics`, served again on the admin
+/// `/metrics` (relabelled `upstream`), read by the balancer (queue) and the autoscale gauges.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineConfig {
+    /// Scrape the replicas at all.
+    pub scrape: bool,
+    /// Path scraped on each replica (after its URL's path prefix).
+    pub path: String,
+    /// Interval between scrapes, ms.
+    pub scrape_interval_ms: u64,
+    /// Deadline for one scrape (connect, head and whole body), ms.
+    pub scrape_timeout_ms: u64,
+    /// Largest `/metrics` body read; a larger one fails the scrape.
+    pub max_bytes: usize,
+    /// The `upstream` label value: `url` (the configured URL) or `index` (`0`, `1`, ... in the
+    /// order of `upstream.urls`).
+    pub upstream_label: UpstreamLabel,
+    /// Add the engine's waiting queue (`vllm:num_requests_waiting`) to a replica's in-flight
+    /// count when balancing.
+    pub balance_on_queue: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            scrape: true,
+            path: "/metrics".into(),
+            scrape_interval_ms: 5_000,
+            scrape_timeout_ms: 2_000,
+            max_bytes: 8 * 1024 * 1024,
+            upstream_label: UpstreamLabel::Url,
+            balance_on_queue: true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UpstreamLabel {
+    Url,
+    Index,
+}
+
+impl EngineConfig {
+    pub fn scrape_interval(&self) -> Duration {
+        ms(self.scrape_interval_ms)
+    }
+    pub fn scrape_timeout(&self) -> Duration {
+        ms(self.scrape_timeout_ms)
+    }
+}
+
 /// Logs go to stderr.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -478,6 +532,19 @@ impl Config {
                 "sink_queue and sink_max_bytes must be positive",
             );
         }
+        let e = &self.engine;
+        if e.scrape_interval_ms == 0 || e.scrape_timeout_ms == 0 {
+            return bad(
+                "engine.scrape_interval_ms",
+                "scrape_interval_ms and scrape_timeout_ms must be positive",
+            );
+        }
+        if e.max_bytes == 0 {
+            return bad("engine.max_bytes", "must be positive");
+        }
+        if !e.path.starts_with('/') {
+            return bad("engine.path", "must start with `/`");
+        }
         if let Some(name) = self.slo.models.keys().find(|n| n.is_empty()) {
             return bad("slo.models", &format!("`{name}`: empty model name"));
         }
@@ -643,6 +710,34 @@ mod tests {
     }
 
     #[test]
+    fn engine_settings() {
+        let d = Config::default();
+        assert!(d.engine.scrape);
+        assert_eq!(d.engine.scrape_interval(), Duration::from_secs(5));
+        let c = Config::from_toml(
+            "[engine]\nscrape = false\nscrape_interval_ms = 250\nupstream_label = \"index\"\n",
+            "e.toml",
+        )
+        .unwrap();
+        c.validate("e.toml").unwrap();
+        assert!(!c.engine.scrape);
+        assert_eq!(c.engine.scrape_interval_ms, 250);
+        assert_eq!(c.engine.upstream_label, UpstreamLabel::Index);
+        let e = Config::default()
+            .with_env(env(&[
+                ("GOODPUT_PROXY_ENGINE_SCRAPE", "false"),
+                ("GOODPUT_PROXY_ENGINE_SCRAPE_INTERVAL_MS", "100"),
+            ]))
+            .unwrap();
+        assert!(!e.engine.scrape);
+        assert_eq!(e.engine.scrape_interval_ms, 100);
+        let err = Config::from_toml("[engine]\nupstream_label = \"ip\"\n", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("upstream_label"), "{err}");
+    }
+
+    #[test]
     fn validation_names_the_field() {
         type Case = (&'static str, fn(&mut Config));
         let cases: Vec<Case> = vec![
@@ -656,6 +751,10 @@ mod tests {
                 c.upstream.first_byte_timeout_ms = 0
             }),
             ("measure.records", |c| c.measure.records = 0),
+            ("engine.scrape_interval_ms", |c| {
+                c.engine.scrape_timeout_ms = 0
+            }),
+            ("engine.path", |c| c.engine.path = "metrics".into()),
         ];
         for (field, mutate) in cases {
             let mut c = Config::default();

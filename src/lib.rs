@@ -7,6 +7,7 @@ pub mod app;
 pub mod body;
 pub mod cli;
 pub mod config;
+pub mod engine;
 pub mod error;
 pub mod layer;
 pub mod listener;

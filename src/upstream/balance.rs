@@ -1,7 +1,15 @@
-//! Replica choice: power of two choices on in-flight requests, healthy replicas first.
+//! Replica choice: power of two choices on in-flight requests plus the engine's waiting queue,
+//! healthy replicas first.
 //!
 //! Two random candidates, the less loaded wins: near-least-loaded without the herd behaviour of
-//! always picking the global minimum. The engine queue signal can be folded into the load later.
+//! always picking the global minimum.
+//!
+//! Load of a replica: `score = in_flight + engine_queue`, where `in_flight` is what this proxy
+//! has sent and not yet finished there, and `engine_queue` is the engine's
+//! `vllm:num_requests_waiting` from its last scrape (0 when unknown, stale or turned off).
+//! A request that waits in the engine queue is counted twice on purpose: at equal in-flight,
+//! the replica whose engine is already saturated (queueing) loses, and traffic the engine gets
+//! from elsewhere (other proxies, direct clients) shows up at all.
 
 use rand::Rng;
 
@@ -9,7 +17,14 @@ use rand::Rng;
 #[derive(Debug, Clone, Copy)]
 pub struct Load {
     pub in_flight: usize,
+    /// The engine's waiting queue as last scraped (0 when unknown).
+    pub engine_queue: usize,
     pub healthy: bool,
+}
+
+/// The number p2c compares: lower is less loaded.
+pub fn score(load: &Load) -> usize {
+    load.in_flight.saturating_add(load.engine_queue)
 }
 
 /// Picks a replica index, never `exclude` (a replica that just failed to connect).
@@ -34,7 +49,7 @@ pub fn pick<R: Rng + ?Sized>(loads: &[Load], exclude: Option<usize>, rng: &mut R
                 b += 1;
             }
             let (a, b) = (candidates[a], candidates[b]);
-            Some(if loads[b].in_flight < loads[a].in_flight {
+            Some(if score(&loads[b]) < score(&loads[a]) {
                 b
             } else {
                 a
@@ -50,7 +65,62 @@ mod tests {
     use rand::SeedableRng;
 
     fn l(in_flight: usize, healthy: bool) -> Load {
-        Load { in_flight, healthy }
+        Load {
+            in_flight,
+            engine_queue: 0,
+            healthy,
+        }
+    }
+
+    fn q(in_flight: usize, engine_queue: usize) -> Load {
+        Load {
+            in_flight,
+            engine_queue,
+            healthy: true,
+        }
+    }
+
+    #[test]
+    fn score_is_in_flight_plus_engine_queue() {
+        for (load, want) in [
+            (q(0, 0), 0),
+            (q(3, 0), 3),
+            (q(0, 4), 4),
+            (q(2, 5), 7),
+            (q(usize::MAX, 1), usize::MAX),
+        ] {
+            assert_eq!(score(&load), want, "{load:?}");
+        }
+    }
+
+    #[test]
+    fn engine_queue_moves_traffic() {
+        let mut rng = SmallRng::seed_from_u64(3);
+        let cases: Vec<(Vec<Load>, Option<usize>)> = vec![
+            // equal in-flight: the replica whose engine queues loses
+            (vec![q(2, 6), q(2, 0)], Some(1)),
+            // a long engine queue outweighs fewer in-flight requests
+            (vec![q(1, 8), q(4, 0)], Some(1)),
+            // fewer in-flight still wins when the queues are level
+            (vec![q(1, 3), q(4, 3)], Some(0)),
+            // an unhealthy replica loses even with an empty queue
+            (
+                vec![
+                    Load {
+                        in_flight: 0,
+                        engine_queue: 0,
+                        healthy: false,
+                    },
+                    q(5, 5),
+                ],
+                Some(1),
+            ),
+        ];
+        for (loads, want) in cases {
+            for _ in 0..20 {
+                assert_eq!(pick(&loads, None, &mut rng), want, "{loads:?}");
+            }
+        }
     }
 
     #[test]

@@ -66,14 +66,7 @@ async fn forward(
 
     let mut exclude = None;
     loop {
-        let loads: Vec<Load> = up
-            .replicas
-            .iter()
-            .map(|r| Load {
-                in_flight: r.in_flight(),
-                healthy: r.is_healthy(),
-            })
-            .collect();
+        let loads: Vec<Load> = up.replicas.iter().map(|r| r.load()).collect();
         let Some(idx) = balance::pick(&loads, exclude, &mut rand::rng()) else {
             return Err(ProxyError::UpstreamConnect {
                 source: "no upstream replica configured".into(),

@@ -53,6 +53,9 @@ pub struct Replica {
     prefix: String,
     in_flight: AtomicUsize,
     healthy: AtomicBool,
+    /// The engine's waiting queue from its latest `/metrics` scrape (0 when unknown or stale);
+    /// written by the engine scraper, read by the balancer: one atomic load per pick.
+    engine_queue: AtomicUsize,
 }
 
 impl Replica {
@@ -66,6 +69,7 @@ impl Replica {
             prefix,
             in_flight: AtomicUsize::new(0),
             healthy: AtomicBool::new(false),
+            engine_queue: AtomicUsize::new(0),
         })
     }
 
@@ -88,6 +92,24 @@ impl Replica {
 
     pub fn set_healthy(&self, v: bool) {
         self.healthy.store(v, Ordering::Relaxed);
+    }
+
+    /// Requests waiting in the engine's own queue, as last scraped (0 when unknown).
+    pub fn engine_queue(&self) -> usize {
+        self.engine_queue.load(Ordering::Relaxed)
+    }
+
+    pub fn set_engine_queue(&self, waiting: usize) {
+        self.engine_queue.store(waiting, Ordering::Relaxed);
+    }
+
+    /// What the balancer compares (see `balance::score`).
+    pub fn load(&self) -> balance::Load {
+        balance::Load {
+            in_flight: self.in_flight(),
+            engine_queue: self.engine_queue(),
+            healthy: self.is_healthy(),
+        }
     }
 
     /// Counts a request against this replica until the returned guard drops (at body end).

@@ -122,13 +122,14 @@ pub fn assert_openai_error(status: u16, body: &[u8]) {
 //   x-fake-bulk: N        N chunks of 64 KiB, as fast as they are pulled
 //   x-fake-echo: 1        answer with the request line, headers and body as JSON
 //   GET /unhealthy        503 (a health path that always fails)
+//   GET /metrics          a one-family Prometheus page (not counted)
 // Anything else: a fixed JSON body. Responses carry hop-by-hop headers the proxy must strip.
 
 #[derive(Default)]
 pub struct FakeStats {
     /// Streams whose body was dropped before its end (client went away upstream of us).
     pub aborted: AtomicUsize,
-    /// Requests other than health probes.
+    /// Requests other than health probes, `/metrics` scrapes and `GET /v1/models`.
     pub requests: AtomicUsize,
     /// Bytes of `x-fake-bulk` bodies produced so far (pulled by the proxy).
     pub bulk_bytes: AtomicUsize,
@@ -208,9 +209,18 @@ async fn fake_handle(
     stats: Arc<FakeStats>,
     req: Request<Incoming>,
 ) -> Result<Response<BoxBody<Bytes, Infallible>>, Infallible> {
-    match req.uri().path() {
-        "/health" => {}
-        "/unhealthy" => {
+    match (req.method(), req.uri().path()) {
+        // Background traffic of the proxy itself (health probes, engine scrapes, model
+        // learning) is not counted: tests count what clients caused.
+        (_, "/health") | (&http::Method::GET, "/v1/models") => {}
+        (_, "/metrics") => {
+            let page =
+                "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n\
+                        # TYPE vllm:num_requests_waiting gauge\n\
+                        vllm:num_requests_waiting{engine=\"0\",model_name=\"tiny\"} 0.0\n";
+            return Ok(Response::new(Full::new(Bytes::from(page)).boxed()));
+        }
+        (_, "/unhealthy") => {
             let mut r = Response::new(Full::new(Bytes::new()).boxed());
             *r.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
             return Ok(r);

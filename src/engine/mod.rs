@@ -1,0 +1,412 @@
+//! Engine metrics: each replica's `/metrics` scraped in the background ([`scrape`]), parsed
+//! ([`parse`]), kept as the latest snapshot per replica, and read three ways: the admin
+//! `/metrics` serves every engine's families after the proxy's own, relabelled
+//! `upstream="<replica>"`; the balancer reads each engine's waiting queue (one atomic per
+//! replica, set here, read in `Replica::load`); autoscalers read the `goodput_proxy_upstream_*`
+//! and `goodput_proxy_demand` gauges ([`signals`]).
+
+pub mod parse;
+pub mod scrape;
+pub mod signals;
+
+use std::sync::{Arc, RwLock};
+
+use prometheus::{Gauge, GaugeVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+use tokio::time::Instant;
+
+use crate::config::{EngineConfig, UpstreamLabel};
+use crate::upstream::Upstreams;
+use parse::{Family, Source};
+use signals::Signals;
+
+/// One successful scrape of one replica.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub families: Vec<Family>,
+    pub signals: Signals,
+    pub at: Instant,
+}
+
+/// Per replica: its label and what its last scrape left.
+struct EngineReplica {
+    upstream: Arc<str>,
+    state: RwLock<ReplicaState>,
+}
+
+#[derive(Default)]
+struct ReplicaState {
+    /// The latest good page; `None` while the last scrape failed (its families are omitted).
+    latest: Option<Arc<Snapshot>>,
+    last_ok: Option<Instant>,
+    /// The last scrape failed (so a failure is logged once, also for a replica never up).
+    failing: bool,
+}
+
+/// Every replica's engine snapshot and the gauges derived from them.
+pub struct Engines {
+    replicas: Vec<EngineReplica>,
+    metrics: EngineMetrics,
+    config: EngineConfig,
+}
+
+struct EngineMetrics {
+    scrape_errors: IntCounterVec,
+    up: IntGaugeVec,
+    age: GaugeVec,
+    queue_depth: GaugeVec,
+    running: GaugeVec,
+    kv_cache: GaugeVec,
+    in_flight: IntGaugeVec,
+    healthy: IntGaugeVec,
+    demand: Gauge,
+}
+
+impl EngineMetrics {
+    fn register(registry: &Registry) -> Result<EngineMetrics, prometheus::Error> {
+        let up = ["upstream"];
+        let m = EngineMetrics {
+            scrape_errors: IntCounterVec::new(
+                Opts::new(
+                    "goodput_proxy_engine_scrape_errors_total",
+                    "Failed scrapes of an engine's /metrics (its families are omitted until one succeeds).",
+                ),
+                &up,
+            )?,
+            up: IntGaugeVec::new(
+                Opts::new(
+                    "goodput_proxy_engine_up",
+                    "1 when the last scrape of the engine's /metrics succeeded, else 0.",
+                ),
+                &up,
+            )?,
+            age: GaugeVec::new(
+                Opts::new(
+                    "goodput_proxy_engine_scrape_age_seconds",
+                    "Seconds since the engine's /metrics was last scraped successfully.",
+                ),
+                &up,
+            )?,
+            queue_depth: GaugeVec::new(
+                Opts::new(
+                    "goodput_proxy_upstream_queue_depth",
+                    "Requests waiting in the engine (vllm:num_requests_waiting), last scrape.",
+                ),
+                &up,
+            )?,
+            running: GaugeVec::new(
+                Opts::new(
+                    "goodput_proxy_upstream_running",
+                    "Requests in the engine's running batch (vllm:num_requests_running), last scrape.",
+                ),
+                &up,
+            )?,
+            kv_cache: GaugeVec::new(
+                Opts::new(
+                    "goodput_proxy_upstream_kv_cache_usage",
+                    "Engine KV-cache usage, 0..1 (vllm:kv_cache_usage_perc), last scrape.",
+                ),
+                &up,
+            )?,
+            in_flight: IntGaugeVec::new(
+                Opts::new(
+                    "goodput_proxy_upstream_in_flight",
+                    "Requests this proxy has sent to the replica and not finished.",
+                ),
+                &up,
+            )?,
+            healthy: IntGaugeVec::new(
+                Opts::new(
+                    "goodput_proxy_upstream_healthy",
+                    "1 when the replica answered its last health probe (upstream.health_path), else 0.",
+                ),
+                &up,
+            )?,
+            demand: Gauge::new(
+                "goodput_proxy_demand",
+                "In-flight requests (all replicas) plus every scraped engine's waiting queue: one autoscaling signal.",
+            )?,
+        };
+        registry.register(Box::new(m.scrape_errors.clone()))?;
+        registry.register(Box::new(m.up.clone()))?;
+        registry.register(Box::new(m.age.clone()))?;
+        registry.register(Box::new(m.queue_depth.clone()))?;
+        registry.register(Box::new(m.running.clone()))?;
+        registry.register(Box::new(m.kv_cache.clone()))?;
+        registry.register(Box::new(m.in_flight.clone()))?;
+        registry.register(Box::new(m.healthy.clone()))?;
+        registry.register(Box::new(m.demand.clone()))?;
+        Ok(m)
+    }
+}
+
+/// The `upstream` label value of each replica, from configuration only: the URL (without any
+/// `user:password@`) or the index. A repeated URL gets `#<index>` so series stay distinct.
+pub fn upstream_labels(urls: &[&str], kind: UpstreamLabel) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(urls.len());
+    for (i, url) in urls.iter().enumerate() {
+        let label = match kind {
+            UpstreamLabel::Index => i.to_string(),
+            UpstreamLabel::Url => {
+                let url = without_userinfo(url);
+                if out.contains(&url) {
+                    format!("{url}#{i}")
+                } else {
+                    url
+                }
+            }
+        };
+        out.push(label);
+    }
+    out
+}
+
+fn without_userinfo(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let auth_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..auth_end].rfind('@') {
+        Some(at) => format!("{scheme}://{}", &rest[at + 1..]),
+        None => url.to_string(),
+    }
+}
+
+impl Engines {
+    /// One entry per replica of `upstreams`; registers the engine families on `registry`.
+    pub fn new(
+        config: &EngineConfig,
+        upstreams: &Upstreams,
+        registry: &Registry,
+    ) -> Result<Engines, prometheus::Error> {
+        let urls: Vec<&str> = upstreams.replicas.iter().map(|r| &*r.url).collect();
+        let metrics = EngineMetrics::register(registry)?;
+        let replicas: Vec<EngineReplica> = upstream_labels(&urls, config.upstream_label)
+            .into_iter()
+            .map(|l| EngineReplica {
+                upstream: Arc::from(l),
+                state: RwLock::new(ReplicaState::default()),
+            })
+            .collect();
+        if config.scrape {
+            for r in &replicas {
+                // Zero is a signal too: the series exist before the first failure.
+                metrics.scrape_errors.with_label_values(&[&*r.upstream]);
+            }
+        }
+        Ok(Engines {
+            replicas,
+            metrics,
+            config: config.clone(),
+        })
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// The `upstream` label of replica `i` (same order as `Upstreams::replicas`).
+    pub fn upstream(&self, i: usize) -> Option<&str> {
+        self.replicas.get(i).map(|r| &*r.upstream)
+    }
+
+    /// The latest good snapshot of replica `i`.
+    pub fn snapshot(&self, i: usize) -> Option<Arc<Snapshot>> {
+        let r = self.replicas.get(i)?;
+        r.state.read().ok()?.latest.clone()
+    }
+
+    /// Stores a good scrape of replica `i`. Returns true when it had no good page before (the
+    /// first scrape, or the first after failures).
+    pub fn record_success(&self, i: usize, snap: Snapshot) -> bool {
+        let Some(r) = self.replicas.get(i) else {
+            return false;
+        };
+        let l = [&*r.upstream];
+        let m = &self.metrics;
+        m.up.with_label_values(&l).set(1);
+        set_or_remove(&m.queue_depth, &l, snap.signals.waiting);
+        set_or_remove(&m.running, &l, snap.signals.running);
+        set_or_remove(&m.kv_cache, &l, snap.signals.kv_cache_usage);
+        let Ok(mut st) = r.state.write() else {
+            return false;
+        };
+        let was_down = st.latest.is_none();
+        st.failing = false;
+        st.last_ok = Some(snap.at);
+        st.latest = Some(Arc::new(snap));
+        was_down
+    }
+
+    /// Counts a failed scrape of replica `i` and forgets its page. Returns true when the scrape
+    /// before did not fail (the first failure of a run of them).
+    pub fn record_failure(&self, i: usize) -> bool {
+        let Some(r) = self.replicas.get(i) else {
+            return false;
+        };
+        let l = [&*r.upstream];
+        let m = &self.metrics;
+        m.scrape_errors.with_label_values(&l).inc();
+        m.up.with_label_values(&l).set(0);
+        for g in [&m.queue_depth, &m.running, &m.kv_cache] {
+            let _ = g.remove_label_values(&l);
+        }
+        let Ok(mut st) = r.state.write() else {
+            return false;
+        };
+        st.latest = None;
+        !std::mem::replace(&mut st.failing, true)
+    }
+
+    /// Sets the gauges that change between scrapes (age, in-flight, health, demand); called right
+    /// before the registry is gathered.
+    pub fn refresh_gauges(&self, upstreams: &Upstreams, now: Instant) {
+        let m = &self.metrics;
+        let mut in_flight = 0;
+        let mut queues = Vec::with_capacity(self.replicas.len());
+        for (r, replica) in self.replicas.iter().zip(&upstreams.replicas) {
+            let l = [&*r.upstream];
+            let n = replica.in_flight();
+            in_flight += n;
+            m.in_flight.with_label_values(&l).set(n as i64);
+            m.healthy
+                .with_label_values(&l)
+                .set(i64::from(replica.is_healthy()));
+            let Ok(st) = r.state.read() else { continue };
+            if let Some(ok) = st.last_ok {
+                let age = now.saturating_duration_since(ok).as_secs_f64();
+                m.age.with_label_values(&l).set(age);
+            }
+            if let Some(w) = st.latest.as_ref().and_then(|s| s.signals.waiting) {
+                queues.push(w);
+            }
+        }
+        m.demand.set(signals::demand(in_flight, queues));
+    }
+
+    /// Appends every engine's latest families (see [`parse::merge_into`]); `reserved` names
+    /// the proxy's own families, which engines cannot shadow.
+    pub fn render_into(&self, out: &mut String, reserved: &dyn Fn(&str) -> bool) {
+        let snaps: Vec<(Arc<str>, Arc<Snapshot>)> = self
+            .replicas
+            .iter()
+            .filter_map(|r| {
+                let st = r.state.read().ok()?;
+                Some((r.upstream.clone(), st.latest.clone()?))
+            })
+            .collect();
+        let sources: Vec<Source> = snaps
+            .iter()
+            .map(|(u, s)| Source {
+                upstream: u,
+                families: &s.families,
+            })
+            .collect();
+        parse::merge_into(out, reserved, &sources);
+    }
+}
+
+fn set_or_remove(g: &GaugeVec, l: &[&str], v: Option<f64>) {
+    match v {
+        Some(v) => g.with_label_values(l).set(v),
+        None => {
+            let _ = g.remove_label_values(l);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::UpstreamConfig;
+
+    fn engines(urls: &[&str]) -> (Upstreams, Engines, Registry) {
+        let cfg = UpstreamConfig {
+            urls: urls.iter().map(|u| u.to_string()).collect(),
+            ..UpstreamConfig::default()
+        };
+        let up = Upstreams::new(&cfg).unwrap();
+        let registry = Registry::new();
+        let e = Engines::new(&EngineConfig::default(), &up, &registry).unwrap();
+        (up, e, registry)
+    }
+
+    fn snap(page: &str) -> Snapshot {
+        let families = parse::parse(page).unwrap();
+        Snapshot {
+            signals: Signals::from_families(&families),
+            families,
+            at: Instant::now(),
+        }
+    }
+
+    fn render(e: &Engines) -> String {
+        let mut out = String::new();
+        e.render_into(&mut out, &|n| n.starts_with("goodput_proxy_"));
+        out
+    }
+
+    #[test]
+    fn state_changes_are_reported_once_and_failures_drop_the_page() {
+        let (_up, e, _r) = engines(&["http://a:1", "http://b:2"]);
+        // Never up: the first failure is the one to log.
+        assert!(e.record_failure(1));
+        assert!(!e.record_failure(1));
+        assert!(e.record_success(0, snap("vllm:num_requests_waiting 2\n")));
+        assert!(!e.record_success(0, snap("vllm:num_requests_waiting 3\n")));
+        assert_eq!(
+            render(&e),
+            "# TYPE vllm:num_requests_waiting untyped\n\
+             vllm:num_requests_waiting{upstream=\"http://a:1\"} 3\n"
+        );
+        assert!(e.record_failure(0));
+        assert!(e.snapshot(0).is_none());
+        assert_eq!(render(&e), "");
+        assert!(e.record_success(0, snap("x 1\n")));
+    }
+
+    #[test]
+    fn demand_is_in_flight_plus_fresh_queues() {
+        let (up, e, registry) = engines(&["http://a:1", "http://b:2"]);
+        let _g1 = up.replicas[0].start();
+        let _g2 = up.replicas[1].start();
+        e.record_success(0, snap("vllm:num_requests_waiting 4\n"));
+        e.record_success(1, snap("vllm:num_requests_waiting 5\n"));
+        e.record_failure(1);
+        e.refresh_gauges(&up, Instant::now());
+        let fams = registry.gather();
+        let value = |name: &str| {
+            let f = fams.iter().find(|f| f.name() == name).unwrap();
+            f.get_metric()
+                .iter()
+                .map(|m| m.get_gauge().get_value())
+                .sum::<f64>()
+        };
+        // 2 in flight + replica 0's queue; replica 1's page is gone with its failure.
+        assert_eq!(value("goodput_proxy_demand"), 6.0);
+        assert_eq!(value("goodput_proxy_upstream_queue_depth"), 4.0);
+        assert_eq!(value("goodput_proxy_upstream_in_flight"), 2.0);
+    }
+
+    #[test]
+    fn labels_come_from_configuration() {
+        let urls = [
+            "http://a:1",
+            "http://user:pw@b:2/prefix",
+            "http://a:1",
+            "http://c@d:3",
+        ];
+        assert_eq!(
+            upstream_labels(&urls, UpstreamLabel::Url),
+            [
+                "http://a:1",
+                "http://b:2/prefix",
+                "http://a:1#2",
+                "http://d:3"
+            ]
+        );
+        assert_eq!(
+            upstream_labels(&urls, UpstreamLabel::Index),
+            ["0", "1", "2", "3"]
+        );
+    }
+}

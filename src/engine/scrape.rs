@@ -1,0 +1,130 @@
+//! The background scraper: every `engine.scrape_interval_ms`, each replica's `/metrics` is
+//! fetched (bounded in time and size), parsed and stored; the replica's waiting queue goes to
+//! the balancer. A failed scrape is counted, its families are dropped, its queue reads 0.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, Request};
+use http_body_util::{BodyExt, Full, Limited};
+use tokio::time::Instant;
+
+use super::parse::{self, ParseError};
+use super::signals::Signals;
+use super::{Engines, Snapshot};
+use crate::upstream::{Replica, UpstreamClient, Upstreams};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ScrapeError {
+    #[error("bad scrape URI: {0}")]
+    Uri(#[from] http::Error),
+    #[error("request failed: {0}")]
+    Request(#[from] hyper_util::client::legacy::Error),
+    #[error("status {0}")]
+    Status(u16),
+    #[error("body failed or larger than {max} bytes")]
+    Body { max: usize },
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    #[error("body is not UTF-8")]
+    NotUtf8,
+    #[error("not Prometheus text: {0}")]
+    Parse(#[from] ParseError),
+    #[error("parsing was cancelled")]
+    Cancelled,
+}
+
+/// Scrapes every replica now, then every interval, until the task is aborted.
+pub async fn run(upstreams: Arc<Upstreams>, engines: Arc<Engines>) {
+    let mut tick = tokio::time::interval(engines.config().scrape_interval());
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let scrapes = upstreams
+            .replicas
+            .iter()
+            .enumerate()
+            .map(|(i, r)| scrape_replica(&upstreams.client, &engines, i, r));
+        futures_util::future::join_all(scrapes).await;
+    }
+}
+
+async fn scrape_replica(client: &UpstreamClient, engines: &Engines, i: usize, replica: &Replica) {
+    let cfg = engines.config();
+    let upstream = engines.upstream(i).unwrap_or("?");
+    let page = fetch(
+        client,
+        replica,
+        &cfg.path,
+        cfg.scrape_timeout(),
+        cfg.max_bytes,
+    )
+    .await;
+    let parsed = match page {
+        // Off the async workers: a large page (up to `max_bytes`) takes milliseconds to
+        // parse, and a blocked worker would delay the frames the meter timestamps.
+        Ok(text) => match tokio::task::spawn_blocking(move || parse::parse(&text)).await {
+            Ok(result) => result.map_err(ScrapeError::from),
+            Err(_) => Err(ScrapeError::Cancelled),
+        },
+        Err(e) => Err(e),
+    };
+    match parsed {
+        Ok(families) => {
+            let signals = Signals::from_families(&families);
+            let queue = if cfg.balance_on_queue {
+                signals.queue()
+            } else {
+                0
+            };
+            replica.set_engine_queue(queue);
+            let snap = Snapshot {
+                families,
+                signals,
+                at: Instant::now(),
+            };
+            if engines.record_success(i, snap) {
+                tracing::info!(upstream, "engine metrics scraped");
+            }
+        }
+        Err(error) => {
+            // Unknown is not busy: a stale queue must not keep traffic away.
+            replica.set_engine_queue(0);
+            if engines.record_failure(i) {
+                tracing::warn!(upstream, %error, "engine metrics scrape failed");
+            } else {
+                tracing::debug!(upstream, %error, "engine metrics scrape failed");
+            }
+        }
+    }
+}
+
+/// One `GET` of the replica's metrics page, whole, within `timeout` and `max_bytes`.
+pub async fn fetch(
+    client: &UpstreamClient,
+    replica: &Replica,
+    path: &str,
+    timeout: Duration,
+    max_bytes: usize,
+) -> Result<String, ScrapeError> {
+    let req = Request::get(replica.uri_for(path)?)
+        // The classic text format (not OpenMetrics), which the parser reads.
+        .header(header::ACCEPT, "text/plain;version=0.0.4;q=1,*/*;q=0.1")
+        .body(Full::new(Bytes::new()))?;
+    let get = async {
+        let resp = client.request(req).await?;
+        if !resp.status().is_success() {
+            return Err(ScrapeError::Status(resp.status().as_u16()));
+        }
+        let body = Limited::new(resp.into_body(), max_bytes)
+            .collect()
+            .await
+            .map_err(|_| ScrapeError::Body { max: max_bytes })?
+            .to_bytes();
+        String::from_utf8(body.to_vec()).map_err(|_| ScrapeError::NotUtf8)
+    };
+    tokio::time::timeout(timeout, get)
+        .await
+        .map_err(|_| ScrapeError::Timeout(timeout))?
+}
