@@ -368,7 +368,11 @@ async fn ping_unknown_path_and_wrong_method_match_the_captures() {
         let h = sim_head(&r);
         assert_eq!(h.lines().next(), head.lines().next(), "{path}: status line");
         assert_eq!(header_names(&h), header_names(head), "{path}: header names");
-        assert_eq!(fixed_headers(&h), fixed_headers(head), "{path}: header values");
+        assert_eq!(
+            fixed_headers(&h),
+            fixed_headers(head),
+            "{path}: header values"
+        );
         assert_eq!(r.text(), body, "{path}: body bytes");
         seen += 1;
     }

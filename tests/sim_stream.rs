@@ -184,7 +184,10 @@ async fn errors_are_vllm_json_before_any_stream() {
         assert_eq!(v["error"]["code"], 400);
     }
     let r = get(a, "/nope").await;
-    assert_eq!((r.status, r.text().as_str()), (404, r#"{"detail":"Not Found"}"#));
+    assert_eq!(
+        (r.status, r.text().as_str()),
+        (404, r#"{"detail":"Not Found"}"#)
+    );
     assert_eq!(sim.requests_started(), 0);
     sim.shutdown().await;
 }
