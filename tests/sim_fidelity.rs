@@ -15,6 +15,17 @@ use goodput_proxy::sim::SimConfig;
 use sim_util::*;
 
 const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sim_fixtures/vllm-0.32");
+/// The project's captures (including the later ones); read in place, preferred over `DIR`.
+const FIX: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/vllm-0.32");
+
+fn capture_path(name: &str) -> String {
+    let fix = format!("{FIX}/{name}");
+    if std::path::Path::new(&fix).exists() {
+        fix
+    } else {
+        format!("{DIR}/{name}")
+    }
+}
 
 struct Capture {
     method: String,
@@ -25,7 +36,7 @@ struct Capture {
 }
 
 fn load(name: &str) -> Capture {
-    let raw = std::fs::read_to_string(format!("{DIR}/{name}")).unwrap();
+    let raw = std::fs::read_to_string(capture_path(name)).unwrap();
     let mut method = String::new();
     let mut path = String::new();
     let mut body = String::new();
@@ -279,8 +290,20 @@ async fn streams_match_the_captures_chunk_by_chunk() {
 async fn json_and_error_responses_match_the_captures() {
     for name in [
         "nonstream-chat.txt",
+        "nonstream-chat-n2.txt",
+        "nonstream-chat-logprobs.txt",
+        "nonstream-completions.txt",
         "error-too-long.txt",
         "error-unknown-model.txt",
+        "error-unknown-model-completions.txt",
+        // Request validation (pydantic): "Bad Request", param = body.<loc>.
+        "error-invalid-json.txt",
+        "error-empty-body.txt",
+        "error-missing-messages.txt",
+        "error-bad-type.txt",
+        // Semantic: BadRequestError, " (parameter=X)", param = X.
+        "error-missing-prompt.txt",
+        "error-stream-options-nonstream.txt",
     ] {
         let (cap, r) = replay(name).await;
         let head = sim_head(&r);
@@ -320,6 +343,40 @@ async fn info_endpoints_match_the_captures() {
             assert_eq!(skeleton(&r.text()), skeleton(body), "{path}");
         }
     }
+    sim.shutdown().await;
+}
+
+/// `GET /ping`, an unknown path and a wrong method, byte for byte (status, headers, body).
+#[tokio::test]
+async fn ping_unknown_path_and_wrong_method_match_the_captures() {
+    let raw = std::fs::read_to_string(format!("{FIX}/get-extra.txt")).unwrap();
+    let sim = start(SimConfig::fast()).await;
+    let mut seen = 0;
+    for part in raw.split("### GET ").filter(|p| !p.is_empty()) {
+        let (path, rest) = part.split_once('\n').unwrap();
+        let (head, body) = rest.split_once("\r\n\r\n").unwrap();
+        // The capture file puts a newline after each body; content-length says how much is body.
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length: "))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let body = &body[..len];
+        let r = get(sim.local_addr(), path.trim()).await;
+        let h = sim_head(&r);
+        assert_eq!(h.lines().next(), head.lines().next(), "{path}: status line");
+        assert_eq!(header_names(&h), header_names(head), "{path}: header names");
+        assert_eq!(
+            fixed_headers(&h),
+            fixed_headers(head),
+            "{path}: header values"
+        );
+        assert_eq!(r.text(), body, "{path}: body bytes");
+        seen += 1;
+    }
+    assert_eq!(seen, 3, "405, 404 and /ping");
     sim.shutdown().await;
 }
 

@@ -171,14 +171,23 @@ async fn errors_are_vllm_json_before_any_stream() {
         r.text(),
         r#"{"error":{"message":"max_tokens=100000 cannot be greater than max_model_len=2048. Please request fewer output tokens. (parameter=max_tokens, value=100000)","type":"BadRequestError","param":"max_tokens","code":400}}"#
     );
-    for body in [r#"{"model":"tiny","#, r#"{"model":"tiny","stream":true}"#] {
+    // Request validation (pydantic) errors: "Bad Request", param = body.<loc>.
+    for (body, param) in [
+        (r#"{"model":"tiny","#, "body.16"),
+        (r#"{"model":"tiny","stream":true}"#, "body.messages"),
+    ] {
         let r = post(a, CHAT, body).await;
         assert_eq!(r.status, 400, "{body}");
         let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
-        assert_eq!(v["error"]["type"], "BadRequestError");
+        assert_eq!(v["error"]["type"], "Bad Request", "{body}");
+        assert_eq!(v["error"]["param"], param, "{body}");
         assert_eq!(v["error"]["code"], 400);
     }
-    assert_eq!(get(a, "/nope").await.status, 404);
+    let r = get(a, "/nope").await;
+    assert_eq!(
+        (r.status, r.text().as_str()),
+        (404, r#"{"detail":"Not Found"}"#)
+    );
     assert_eq!(sim.requests_started(), 0);
     sim.shutdown().await;
 }

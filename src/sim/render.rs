@@ -229,7 +229,7 @@ impl Templates {
         push_usage_counts(&mut b, self.prompt_tokens, completion);
         match self.api {
             Api::Chat => b.extend_from_slice(b",\"prompt_tokens_details\":null,\"completion_tokens_details\":null},\"prompt_logprobs\":null,\"prompt_token_ids\":null,\"prompt_text\":null,\"kv_transfer_params\":null,\"ec_transfer_params\":null,\"metrics\":null}"),
-            Api::Completions => b.extend_from_slice(b",\"prompt_tokens_details\":null},\"kv_transfer_params\":null}"),
+            Api::Completions => b.extend_from_slice(b",\"prompt_tokens_details\":null,\"completion_tokens_details\":null},\"kv_transfer_params\":null,\"ec_transfer_params\":null,\"metrics\":null}"),
         }
         b.to_vec()
     }
@@ -273,7 +273,7 @@ const COMPLETION_CHUNK: ChoiceShape = ChoiceShape {
 };
 
 const COMPLETION_BODY: ChoiceShape = ChoiceShape {
-    tail: b",\"token_ids\":null,\"prompt_logprobs\":null,\"prompt_token_ids\":null}",
+    tail: b",\"token_ids\":null,\"prompt_logprobs\":null,\"prompt_token_ids\":null,\"routed_experts\":null}",
     ..COMPLETION_CHUNK
 };
 

@@ -138,19 +138,40 @@ pub async fn handle(
             Some("text/plain; version=1.0.0; charset=utf-8"),
             eng.metrics.render(),
         ),
-        (
-            _,
-            "/v1/chat/completions"
-            | "/v1/completions"
-            | "/v1/models"
-            | "/health"
-            | "/version"
-            | "/load"
-            | "/metrics",
-        ) => json(405, "{\"detail\":\"Method Not Allowed\"}"),
-        _ => json(404, "{\"detail\":\"Not Found\"}"),
+        // vLLM's SageMaker-style liveness probe: 200 with an empty body, GET or POST.
+        (&Method::GET | &Method::POST, "/ping") => full(200, None, Bytes::new()),
+        (_, path) => match allowed_methods(path) {
+            Some(allow) => method_not_allowed(allow),
+            None => json(404, "{\"detail\":\"Not Found\"}"),
+        },
     };
     Ok(resp)
+}
+
+/// The methods a known path answers (Starlette's `allow` header on a 405), `None` for an
+/// unknown path.
+fn allowed_methods(path: &str) -> Option<&'static str> {
+    match path {
+        "/v1/chat/completions" | "/v1/completions" => Some("POST"),
+        "/v1/models" | "/health" | "/version" | "/load" | "/metrics" => Some("GET"),
+        "/ping" => Some("GET, POST"),
+        _ => None,
+    }
+}
+
+/// 405 as Starlette sends it: `allow` right after `server`, then the JSON body.
+fn method_not_allowed(allow: &'static str) -> Response<SimBody> {
+    let body = Bytes::from_static(b"{\"detail\":\"Method Not Allowed\"}");
+    let mut b = Response::builder()
+        .status(StatusCode::METHOD_NOT_ALLOWED)
+        .header(header::DATE, http_date(std::time::SystemTime::now()))
+        .header(header::SERVER, HeaderValue::from_static("uvicorn"))
+        .header(header::ALLOW, HeaderValue::from_static(allow))
+        .header(header::CONTENT_LENGTH, body.len())
+        .header(header::CONTENT_TYPE, HeaderValue::from_static(JSON));
+    b = b.header(header::VARY, HeaderValue::from_static("Origin"));
+    b.body(SimBody::Full(Some(body)))
+        .unwrap_or_else(|_| Response::new(SimBody::Full(None)))
 }
 
 async fn generate(
