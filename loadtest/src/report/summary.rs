@@ -1,5 +1,5 @@
 //! `summary.json`: per phase and overall, counts by outcome, exact latency percentiles (the
-//! shared `measure::stats` code, nearest rank over raw values), goodput, tokens, in-flight peak.
+//! shared `measure::stats` code, numpy's linear interpolation over raw values), goodput, tokens, in-flight peak.
 
 use std::collections::BTreeMap;
 
@@ -126,7 +126,7 @@ pub fn summarize_phase(
                 .entry(r.outcome.clone())
                 .or_insert(0) += 1;
         }
-        if r.usage_exact {
+        if r.tokens_exact {
             with_usage += 1;
             ctok_usage += r.completion_tokens.unwrap_or(0);
         }
@@ -134,12 +134,16 @@ pub fn summarize_phase(
         denom += r.counts_for_goodput() as u64;
         ptok += r.prompt_tokens.unwrap_or(0);
         ctok += r.completion_tokens.unwrap_or(0);
+        lag.push((r.start_s - r.scheduled_s).max(0.0));
+        // DESIGN.md: latency statistics leave out `rejected` requests, as the proxy does.
+        if r.outcome == "rejected" {
+            continue;
+        }
         ttft.extend(r.ttft_seconds);
         ttfc.extend(r.ttfc_seconds);
-        tpot.extend(r.tpot_seconds);
+        tpot.extend(r.tpot_values());
         itl.extend_from_slice(&r.itl_seconds);
         e2e.push(r.e2e_seconds);
-        lag.push((r.start_s - r.scheduled_s).max(0.0));
     }
     PhaseSummary {
         name: win.name.clone(),
@@ -310,12 +314,13 @@ pub(crate) mod tests {
             ttft_seconds: ttft,
             ttfc_seconds: ttft,
             tpot_seconds: None,
+            choice_tpot_seconds: None,
             e2e_seconds: e2e,
             itl_count: 0,
             itl_max_seconds: None,
             prompt_tokens: Some(10),
             completion_tokens: Some(5),
-            usage_exact: true,
+            tokens_exact: true,
             good: outcome == "success",
             error: None,
             itl_seconds: vec![],
