@@ -327,12 +327,15 @@ pub(crate) mod tests {
         }
     }
 
-    /// Nearest rank, by hand with integer arithmetic: the value at rank ceil(q*n), q in per mille.
+    /// numpy's linear interpolation, by hand with integer arithmetic for the rank: for
+    /// q = q_milli / 1000, h = (n - 1) * q splits exactly into floor and fraction.
     fn brute(values: &[f64], q_milli: usize) -> f64 {
         let mut v = values.to_vec();
         v.sort_by(f64::total_cmp);
-        let rank = (q_milli * v.len()).div_ceil(1000).clamp(1, v.len());
-        v[rank - 1]
+        let h_milli = (v.len() - 1) * q_milli;
+        let (lo, frac) = (h_milli / 1000, (h_milli % 1000) as f64 / 1000.0);
+        let hi = (lo + 1).min(v.len() - 1);
+        v[lo] + frac * (v[hi] - v[lo])
     }
 
     #[test]
@@ -351,7 +354,8 @@ pub(crate) mod tests {
                 (999, s.p999),
                 (1000, s.max),
             ] {
-                assert_eq!(got, brute(&values, q), "n={n} q={q}");
+                let want = brute(&values, q);
+                assert!((got - want).abs() <= 1e-12, "n={n} q={q}: {got} vs {want}");
             }
             let mean = values.iter().sum::<f64>() / n as f64;
             assert!((s.mean - mean).abs() < 1e-9);
