@@ -4,14 +4,12 @@
 //! reasons the engine gives up with, per-choice TPOT for `n > 1`, packed events, JSON bodies,
 //! and `/stats` agreeing with `/metrics` after rejections.
 
-mod common;
-mod meter_util;
-
 use std::path::PathBuf;
 
-use common::*;
+use crate::support::meter::*;
+use crate::support::prom::*;
+use crate::support::proxy::*;
 use goodput_proxy::sim::SimConfig;
-use meter_util::*;
 use serde_json::Value;
 
 /// The simulator's decode time per token: the per-choice TPOT the proxy must report.
@@ -119,6 +117,8 @@ fn assert_tpot_near_sim(got_s: f64, what: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_flags_are_read_as_the_engine_reads_them() {
+    // TPOT within 5% of the engine's: never beside a CPU-heavy test.
+    let _serial = crate::support::serial().await;
     let mut rig = Rig::start().await;
     // (case, extra body, client gets usage chunks, proxy injected usage, tokens exact)
     let cases: &[(&str, &str, usize, bool, bool)] = &[
@@ -240,7 +240,11 @@ async fn a_choice_the_engine_gave_up_on_is_not_a_success() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_choices_get_one_tpot_each() {
+    // TPOT within 5% of the engine's: never beside a CPU-heavy test.
+    let _serial = crate::support::serial().await;
     let mut rig = Rig::start().await;
+    // One plain stream first, so the TPOT histogram's series exists before we diff it.
+    rig.send(CHAT, &chat(r#","stream":true"#), "", true).await;
     for n in [2u32, 3] {
         let before = metric(
             &metrics(&rig.proxy).await,
@@ -280,6 +284,8 @@ async fn several_choices_get_one_tpot_each() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn packed_events_keep_tpot_exact_from_usage() {
+    // TPOT within 5% of the engine's: never beside a CPU-heavy test.
+    let _serial = crate::support::serial().await;
     let mut rig = Rig::start().await;
     // Two tokens per event: usage (injected and stripped) gives the exact token count, so TPOT
     // stays that of the engine; (last - first) spans 28 of the 29 steps, hence the margin.

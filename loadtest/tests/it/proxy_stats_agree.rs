@@ -69,6 +69,8 @@ fn check(metric: &str, client: Option<&Stats>, proxy: &serde_json::Value) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_stats_percentiles_equal_the_clients() {
+    // Timing-sensitive: never beside another load run of this binary.
+    let _serial = crate::support::serial().await;
     let sim = SimServer::bind(
         SimConfig {
             max_num_seqs: 256,
