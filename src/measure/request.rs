@@ -45,8 +45,8 @@ pub fn lax_bool(raw: Option<&RawValue>) -> Lax {
             Err(_) => Lax::Invalid,
         },
         Some(c) if c.is_ascii_digit() || *c == b'-' => match text.parse::<f64>() {
-            Ok(v) if v == 1.0 => Lax::Bool(true),
-            Ok(v) if v == 0.0 => Lax::Bool(false),
+            Ok(1.0) => Lax::Bool(true),
+            Ok(0.0) => Lax::Bool(false),
             _ => Lax::Invalid,
         },
         Some(_) => Lax::Invalid,
