@@ -3,13 +3,12 @@
 //! entries, exact usage, ceil(tokens / K) events per choice, timing and `/metrics` per token,
 //! seeded repeatability.
 
-mod sim_util;
-
 use std::time::Duration;
 
+use crate::support::prom::sample;
+use crate::support::raw_http::*;
 use goodput_proxy::sim::{SimConfig, SimHandle, FAULT_HEADER};
 use serde_json::Value;
-use sim_util::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const CHAT: &str = "/v1/chat/completions";
@@ -378,9 +377,9 @@ async fn a_packed_event_leaves_with_its_last_token_and_metrics_count_tokens() {
     // The engine counts tokens and steps, not events.
     let m = sim.metrics_text();
     let l = |f: &str| format!("vllm:{f}{{engine=\"0\",model_name=\"tiny\"}}");
-    assert_eq!(metric(&m, &l("generation_tokens_total")), 8.0);
-    assert_eq!(metric(&m, &l("inter_token_latency_seconds_count")), 7.0);
-    let tpot = metric(&m, &l("request_time_per_output_token_seconds_sum"));
+    assert_eq!(sample(&m, &l("generation_tokens_total")), 8.0);
+    assert_eq!(sample(&m, &l("inter_token_latency_seconds_count")), 7.0);
+    let tpot = sample(&m, &l("request_time_per_output_token_seconds_sum"));
     assert!(tpot >= 0.020, "TPOT over 7 steps, not 1 gap: {tpot}");
     sim.shutdown().await;
 }

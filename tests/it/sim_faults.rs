@@ -1,12 +1,11 @@
 //! Each fault behaves as documented in docs/sim.md, from the header and from configured
 //! probabilities.
 
-mod sim_util;
-
 use std::time::Duration;
 
+use crate::support::prom::sample;
+use crate::support::raw_http::*;
 use goodput_proxy::sim::{SimConfig, FAULT_HEADER};
-use sim_util::*;
 use tokio::io::AsyncWriteExt;
 
 const CHAT: &str = "/v1/chat/completions";
@@ -51,7 +50,7 @@ async fn error_after_sends_the_in_band_error_then_done() {
     assert_eq!(err["error"]["code"], 500);
     assert_eq!(ev[4], "[DONE]");
     let m = sim.metrics_text();
-    assert_eq!(metric(&m, "vllm:request_success_total{engine=\"0\",finished_reason=\"error\",model_name=\"tiny\"}"), 1.0);
+    assert_eq!(sample(&m, "vllm:request_success_total{engine=\"0\",finished_reason=\"error\",model_name=\"tiny\"}"), 1.0);
     // Non-streaming: a 500 error body.
     let r = faulted(
         &sim,
@@ -106,7 +105,7 @@ async fn stall_first_and_stall_every_delay_tokens() {
     );
     assert_eq!(r.events().last().map(String::as_str), Some("[DONE]"));
     let m = sim.metrics_text();
-    let itl_sum = metric(
+    let itl_sum = sample(
         &m,
         "vllm:inter_token_latency_seconds_sum{engine=\"0\",model_name=\"tiny\"}",
     );
@@ -236,7 +235,7 @@ async fn finish_abort_and_error_end_the_choices_then_done() {
         let series = format!(
             "vllm:request_success_total{{engine=\"0\",finished_reason=\"{reason}\",model_name=\"tiny\"}}"
         );
-        let before = metric(&sim.metrics_text(), &series);
+        let before = sample(&sim.metrics_text(), &series);
         let r = faulted(&sim, &format!("finish={reason},finish-after=3"), &usage).await;
         assert_eq!(r.status, 200);
         assert!(r.complete);
@@ -256,7 +255,7 @@ async fn finish_abort_and_error_end_the_choices_then_done() {
         )));
         assert_eq!(j[5]["usage"]["completion_tokens"], 3);
         assert_eq!(ev[6], "[DONE]");
-        assert_eq!(metric(&sim.metrics_text(), &series), before + 1.0);
+        assert_eq!(sample(&sim.metrics_text(), &series), before + 1.0);
 
         // Without usage: the finish event carries the fingerprint, then [DONE]. K = 0: no token.
         let r = faulted(&sim, &format!("finish={reason}"), BODY).await;
@@ -364,7 +363,7 @@ async fn finish_and_coalesce_work_as_configured_probabilities() {
     }
     let m = sim.metrics_text();
     assert_eq!(
-        metric(
+        sample(
             &m,
             "vllm:request_success_total{engine=\"0\",finished_reason=\"abort\",model_name=\"tiny\"}"
         ),
