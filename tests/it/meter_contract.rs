@@ -407,3 +407,36 @@ async fn stats_and_histograms_count_the_same_requests_after_rejections() {
     }
     rig.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn measure_disabled_forwards_the_same_bytes_and_records_nothing() {
+    let sim = start_sim(SimConfig::with_timing(5.0, 1.0)).await;
+    let on = start_proxy(meter_config(&sim.base_url())).await;
+    let mut off_config = meter_config(&sim.base_url());
+    off_config.measure.enabled = false;
+    let off = start_proxy(off_config).await;
+    let c = client();
+    let body = chat(r#","stream":true,"seed":4"#);
+    let direct = observe(
+        &c,
+        post_json(&format!("{}{CHAT}", sim.base_url()), &body),
+        true,
+    )
+    .await;
+    for proxy in [&on, &off] {
+        let seen = observe(&c, post_json(&proxy.url(CHAT), &body), true).await;
+        assert_eq!(
+            seen.body, direct.body,
+            "the client's bytes do not depend on metering"
+        );
+    }
+    let (parts, _) = send(&c, post_json(&off.url("/nope"), "{}")).await;
+    assert_eq!(parts.status, 404, "routing still answers");
+    wait_requests(&on, 1).await;
+    let s = stats(&off, "window=600").await;
+    assert_eq!(s["requests"], 0, "nothing recorded: {s}");
+    let requests = |text: &str| series(text, "goodput_proxy_requests_total").count();
+    assert_eq!(requests(&metrics(&on).await), 1, "metering on: one series");
+    assert_eq!(requests(&metrics(&off).await), 0, "metering off: none");
+    sim.shutdown().await;
+}
