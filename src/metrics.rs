@@ -142,6 +142,7 @@ pub struct Metrics {
     pub in_flight: IntGaugeVec,
     pub overhead: Histogram,
     pub records_dropped: IntCounter,
+    pub sse_discarded: IntCounter,
     pub models: ModelLabels,
 }
 
@@ -189,7 +190,7 @@ impl Metrics {
             )?,
             tpot: hist(
                 "goodput_proxy_time_per_output_token_seconds",
-                "(last token - first token) / (output tokens - 1), per request.",
+                "(last token - first token) / (output tokens - 1), one per choice.",
                 TPOT_BUCKETS,
             )?,
             itl: hist(
@@ -231,8 +232,13 @@ impl Metrics {
                 "goodput_proxy_records_dropped_total",
                 "Records the JSONL sink dropped because its queue was full.",
             )?,
+            sse_discarded: IntCounter::new(
+                "goodput_proxy_sse_discarded_total",
+                "SSE lines or events from the engines that the parser dropped (over its 4 MiB line limit).",
+            )?,
             models,
         };
+        registry.register(Box::new(m.sse_discarded.clone()))?;
         registry.register(Box::new(m.requests.clone()))?;
         registry.register(Box::new(m.goodput.clone()))?;
         registry.register(Box::new(m.slo_violations.clone()))?;
@@ -267,6 +273,7 @@ impl Metrics {
             in_flight: Some(in_flight),
             requests: self.requests.clone(),
             slo_violations: self.slo_violations.clone(),
+            sse_discarded: self.sse_discarded.clone(),
             model,
         }
     }
@@ -291,6 +298,7 @@ pub struct RequestMetrics {
     in_flight: Option<IntGauge>,
     requests: IntCounterVec,
     slo_violations: IntCounterVec,
+    sse_discarded: IntCounter,
 }
 
 impl RequestMetrics {
@@ -344,6 +352,9 @@ impl RequestMetrics {
         }
         if let Some(n) = m.completion_tokens {
             self.generation_tokens.inc_by(n);
+        }
+        if m.sse_discarded > 0 {
+            self.sse_discarded.inc_by(m.sse_discarded);
         }
         if let Some(g) = self.in_flight.take() {
             g.dec();
@@ -417,6 +428,7 @@ mod tests {
                 "goodput_proxy_records_dropped_total",
                 "goodput_proxy_requests_in_flight",
                 "goodput_proxy_requests_total",
+                "goodput_proxy_sse_discarded_total",
                 "goodput_proxy_time_per_output_token_seconds",
                 "goodput_proxy_time_to_first_chunk_seconds",
                 "goodput_proxy_time_to_first_token_seconds",
