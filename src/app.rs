@@ -89,6 +89,15 @@ impl App {
         let meter = Arc::new(build_meter(&config, &registry)?);
         let engines = Engines::new(&config.engine, &upstreams, &registry)
             .context("registering engine metrics")?;
+        // The proxy's own families carry the same `upstream` value as the engine families of
+        // that replica, so the two join in PromQL.
+        meter.metrics().upstreams.add(
+            upstreams
+                .replicas
+                .iter()
+                .enumerate()
+                .filter_map(|(i, r)| Some((r.url.clone(), engines.upstream(i)?.to_string()))),
+        );
         let state = Arc::new(AppState {
             registry,
             meter,
@@ -233,6 +242,7 @@ fn build_meter(config: &Config, registry: &prometheus::Registry) -> anyhow::Resu
     let labelled = m.models.iter().chain(config.slo.models.keys());
     let metrics =
         Metrics::register(registry, ModelLabels::new(labelled)).context("registering metrics")?;
+    metrics.set_goodput_window(m.goodput_window());
     let sink = match &m.sink_path {
         Some(path) => {
             let cfg = SinkConfig {

@@ -184,6 +184,8 @@ pub struct MeasureConfig {
     pub sink_keep: usize,
     /// Records queued for the sink at most; beyond, records are dropped and counted.
     pub sink_queue: usize,
+    /// Sliding window of the `goodput_proxy_goodput_ratio` gauges, seconds.
+    pub goodput_window_s: u64,
 }
 
 impl Default for MeasureConfig {
@@ -197,6 +199,7 @@ impl Default for MeasureConfig {
             sink_max_bytes: 100 * 1024 * 1024,
             sink_keep: 3,
             sink_queue: 65_536,
+            goodput_window_s: 60,
         }
     }
 }
@@ -267,6 +270,10 @@ impl SloConfig {
 impl MeasureConfig {
     pub fn models_refresh(&self) -> Duration {
         ms(self.models_refresh_ms)
+    }
+
+    pub fn goodput_window(&self) -> Duration {
+        Duration::from_secs(self.goodput_window_s)
     }
 }
 
@@ -525,6 +532,9 @@ impl Config {
         }
         if m.models_refresh_ms == 0 {
             return bad("measure.models_refresh_ms", "must be positive");
+        }
+        if m.goodput_window_s == 0 {
+            return bad("measure.goodput_window_s", "must be positive");
         }
         if m.sink_path.is_some() && (m.sink_queue == 0 || m.sink_max_bytes == 0) {
             return bad(
