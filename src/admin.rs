@@ -49,9 +49,7 @@ fn readyz(state: &AppState) -> Response<Full<Bytes>> {
 /// The proxy's own families, then every engine's (relabelled `upstream`, each family once).
 fn metrics(state: &AppState) -> Response<Full<Bytes>> {
     use prometheus::Encoder;
-    state
-        .engines
-        .refresh_gauges(&state.upstreams, Instant::now());
+    state.engines.refresh_gauges(Instant::now());
     state.meter.metrics().refresh_goodput_ratio(Instant::now());
     let encoder = prometheus::TextEncoder::new();
     let families = state.registry.gather();

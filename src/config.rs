@@ -121,9 +121,16 @@ fn default_paths() -> Vec<String> {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct UpstreamConfig {
-    /// Base URLs of the engine replicas (`http://host:port`). Empty: `serve` starts the built-in
-    /// simulated engine on a loopback port (demo mode).
+    /// Base URLs of the engine replicas (`http://host:port`). Empty (and no `discover`): `serve`
+    /// starts the built-in simulated engine on a loopback port (demo mode).
     pub urls: Vec<String>,
+    /// Replicas found by DNS: `dns://NAME:PORT` (e.g. a Kubernetes headless Service); every
+    /// address NAME resolves to is one replica `http://ADDRESS:PORT`. Re-resolved every
+    /// `discover_interval_ms`: a replica that disappears gets no new requests (its streams
+    /// finish), a new one gets traffic after its first good health probe.
+    pub discover: Vec<String>,
+    /// Interval between DNS resolutions of `discover`, ms.
+    pub discover_interval_ms: u64,
     /// TCP connect deadline per attempt, ms. A failed connect is retried once on another replica.
     pub connect_timeout_ms: u64,
     /// Deadline for the upstream response head, from sending the request, ms (504 when it fires).
@@ -148,6 +155,8 @@ impl Default for UpstreamConfig {
     fn default() -> Self {
         Self {
             urls: Vec::new(),
+            discover: Vec::new(),
+            discover_interval_ms: 5_000,
             connect_timeout_ms: 5_000,
             first_byte_timeout_ms: 300_000,
             stream_idle_timeout_ms: 120_000,
@@ -392,6 +401,10 @@ impl UpstreamConfig {
     pub fn health_interval(&self) -> Duration {
         ms(self.health_interval_ms)
     }
+
+    pub fn discover_interval(&self) -> Duration {
+        ms(self.discover_interval_ms)
+    }
 }
 
 impl Config {
@@ -512,6 +525,14 @@ impl Config {
             if let Err(message) = crate::upstream::parse_base_url(url) {
                 return bad("upstream.urls", &format!("`{url}`: {message}"));
             }
+        }
+        for d in &u.discover {
+            if let Err(message) = crate::upstream::discover::DnsTarget::parse(d) {
+                return bad("upstream.discover", &format!("`{d}`: {message}"));
+            }
+        }
+        if !u.discover.is_empty() && u.discover_interval_ms == 0 {
+            return bad("upstream.discover_interval_ms", "must be positive");
         }
         for (field, v) in [
             ("upstream.connect_timeout_ms", u.connect_timeout_ms),

@@ -202,21 +202,29 @@ fn engine_filter<'a>(model: &'a str, upstream: Option<&'a str>) -> impl Fn(&Samp
     }
 }
 
-/// Checks that every family the table reads is on the end page (`page` names it in errors).
-pub fn check_families(end: &[Family], page: &str) -> Result<(), CompareError> {
-    let has = |name: &str| end.iter().any(|f| f.name == name);
+/// A family every goodput-proxy admin page has, traffic or not (the latency histograms only
+/// appear with the first request).
+pub const PROXY_IDENTITY: &str = "goodput_proxy_records_dropped_total";
+
+/// Checks that `page` is a goodput-proxy admin page, and with `engines` that it carries the
+/// engine families the table reads (`url` names the page in errors).
+pub fn check_families(page: &[Family], url: &str, engines: bool) -> Result<(), CompareError> {
+    let has = |name: &str| page.iter().any(|f| f.name == name);
     let missing = |family: &str, hint| CompareError::MissingFamily {
-        page: page.to_string(),
+        page: url.to_string(),
         family: family.to_string(),
         hint,
     };
+    if !has(PROXY_IDENTITY) {
+        return Err(missing(
+            PROXY_IDENTITY,
+            "is this a goodput-proxy admin port (server.admin_listen)?",
+        ));
+    }
+    if !engines {
+        return Ok(());
+    }
     for q in QUANTITIES {
-        if !has(q.proxy_family) {
-            return Err(missing(
-                q.proxy_family,
-                "is this a goodput-proxy admin port (server.admin_listen)?",
-            ));
-        }
         if !q.engine_families.iter().any(|f| has(f)) {
             return Err(missing(
                 q.engine_families[0],

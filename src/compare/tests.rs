@@ -48,6 +48,7 @@ fn page(n: f64, legacy: bool) -> Vec<Family> {
         }
         s.push_str(&format!("# TYPE {name} histogram\n{block}"));
     }
+    s.push_str("# TYPE goodput_proxy_records_dropped_total counter\ngoodput_proxy_records_dropped_total 0\n");
     s.push_str("# TYPE vllm:request_success_total counter\n");
     for up in ["a", "b"] {
         s.push_str(&format!(
@@ -100,7 +101,7 @@ fn one_group_per_model_from_the_bucket_deltas() {
         upstream: None,
     };
     w.exact.insert(key.clone(), exact(0.05));
-    check_families(&w.end, "page").unwrap();
+    check_families(&w.end, "page", true).unwrap();
     let t = build(&w, false);
     assert_eq!(t.groups.len(), 1);
     let g = &t.groups[0];
@@ -159,11 +160,11 @@ fn a_model_without_requests_in_the_window_has_no_group() {
 
 #[test]
 fn missing_families_are_named() {
-    let p = parse("# TYPE goodput_proxy_requests_total counter\n").unwrap();
-    let e = check_families(&p, "http://x/metrics").unwrap_err();
+    let p = parse("# TYPE vllm:num_requests_running gauge\n").unwrap();
+    let e = check_families(&p, "http://x/metrics", false).unwrap_err();
     assert!(e
         .to_string()
-        .contains("no `goodput_proxy_time_to_first_token_seconds` family"));
+        .contains("no `goodput_proxy_records_dropped_total` family"));
     // Proxy families present, engine ones missing: the hint names engine scraping.
     let w = window(0.0, 1.0, false);
     let proxy_only: Vec<Family> = w
@@ -171,7 +172,10 @@ fn missing_families_are_named() {
         .into_iter()
         .filter(|f| f.name.starts_with("goodput_proxy_"))
         .collect();
-    let e = check_families(&proxy_only, "p").unwrap_err().to_string();
+    check_families(&proxy_only, "p", false).unwrap();
+    let e = check_families(&proxy_only, "p", true)
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("vllm:time_to_first_token_seconds") && e.contains("engine.scrape"),
         "{e}"

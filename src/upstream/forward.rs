@@ -65,14 +65,16 @@ async fn forward(
     let first_byte = up.config.first_byte_timeout();
 
     let mut exclude = None;
+    // One snapshot per request: discovery may change the set meanwhile.
+    let replicas = up.replicas();
     loop {
-        let loads: Vec<Load> = up.replicas.iter().map(|r| r.load()).collect();
+        let loads: Vec<Load> = replicas.iter().map(|r| r.load()).collect();
         let Some(idx) = balance::pick(&loads, exclude, &mut rand::rng()) else {
             return Err(ProxyError::UpstreamConnect {
                 source: "no upstream replica configured".into(),
             });
         };
-        let replica = &up.replicas[idx];
+        let replica = &replicas[idx];
         let guard = replica.start();
         let uri = replica
             .uri_for(path_and_query)
@@ -93,7 +95,7 @@ async fn forward(
             }
             Ok(Ok(resp)) => resp,
             Ok(Err(e)) if e.is_connect() => {
-                let another = up.replicas.len() > 1 && exclude.is_none();
+                let another = replicas.len() > 1 && exclude.is_none();
                 tracing::warn!(upstream = %replica.url, error = %e, retry = another, "upstream connect failed");
                 if another {
                     exclude = Some(idx);
