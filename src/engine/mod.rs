@@ -55,13 +55,15 @@ struct ReplicaState {
     failing: bool,
 }
 
+/// Labels given to discovered URLs, kept when a replica leaves so it gets the same one back;
+/// and the next index label.
+type DiscoveredLabels = (HashMap<Arc<str>, Arc<str>>, usize);
+
 /// Every replica's engine snapshot and the gauges derived from them. Follows the replica set
 /// ([`Engines::sync`] after discovery changed it).
 pub struct Engines {
     replicas: RwLock<Arc<[Arc<EngineReplica>]>>,
-    /// Labels given to discovered URLs, kept when a replica leaves so it gets the same one
-    /// back; and the next index label.
-    discovered_labels: Mutex<(HashMap<Arc<str>, Arc<str>>, usize)>,
+    discovered_labels: Mutex<DiscoveredLabels>,
     metrics: EngineMetrics,
     config: EngineConfig,
 }

@@ -3,15 +3,13 @@
 //! figures within one bucket width of each other, per model and per upstream; a clear error
 //! for an admin URL that does not answer.
 
-mod common;
-mod meter_util;
-
 use std::time::Duration;
 
-use common::*;
+use crate::support::meter::*;
+use crate::support::prom::*;
+use crate::support::proxy::*;
 use goodput_proxy::compare::{self, admin::Admin, render, Cell};
 use goodput_proxy::sim::{Jitter, SimConfig};
-use meter_util::*;
 
 /// Requests sent during the window, 4 at a time.
 const REQUESTS: usize = 40;
@@ -54,6 +52,7 @@ fn within_a_bucket(c: &Cell, grid: &[f64], what: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compare_after_a_load_through_two_simulators() {
+    let _serial = crate::support::serial().await;
     let a = start_sim(sim_config(1, false)).await;
     let b = start_sim(sim_config(2, true)).await;
     let mut cfg = test_config(&[a.base_url(), b.base_url()]);

@@ -3,18 +3,16 @@
 //! finishes every stream already sent to it and gets no new ones; a replica added gets traffic
 //! within one interval. Once more with a real name from /etc/hosts (`localhost`).
 
-mod common;
-mod meter_util;
-
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::*;
+use crate::support::meter::*;
+use crate::support::prom::*;
+use crate::support::proxy::*;
 use goodput_proxy::app::App;
 use goodput_proxy::sim::{SimConfig, SimHandle};
 use goodput_proxy::upstream::discover::{Resolved, Resolver};
-use meter_util::*;
 use tokio::sync::oneshot;
 
 const INTERVAL_MS: u64 = 200;
@@ -78,6 +76,7 @@ async fn stream(c: &TestClient, proxy: &Proxy, max_tokens: u32) -> (u16, String)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_removed_replica_finishes_its_streams_and_a_new_one_gets_traffic() {
+    let _serial = crate::support::serial().await;
     // 20 ms per token: a 60-token stream takes over a second, many discovery intervals.
     let sim = |seed| SimConfig {
         seed,
