@@ -64,8 +64,8 @@ async fn compare_after_a_load_through_two_simulators() {
     let deadline = tokio::time::Instant::now() + SLOW;
     loop {
         let m = metrics(&proxy).await;
-        if metric(&m, "goodput_proxy_engine_up", &[]) == 2.0
-            && metric(&m, "goodput_proxy_upstream_healthy", &[]) == 2.0
+        if try_metric(&m, "goodput_proxy_engine_up", &[]) == Some(2.0)
+            && try_metric(&m, "goodput_proxy_upstream_healthy", &[]) == Some(2.0)
         {
             break;
         }
