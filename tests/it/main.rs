@@ -8,6 +8,7 @@ mod discovery;
 mod engine_metrics;
 mod measure_alloc;
 mod measure_body;
+mod meter_contract;
 mod meter_models;
 mod meter_outcomes;
 mod meter_records;

@@ -6,5 +6,6 @@ mod chromium;
 mod client_stub;
 mod compare_fake_proxy;
 mod proxy_e2e;
+mod proxy_stats_agree;
 mod sim_e2e;
 mod support;
