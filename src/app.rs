@@ -19,6 +19,7 @@ use crate::layer::meter::Meter;
 use crate::listener::{self, ServeOptions};
 use crate::measure::sink::{RecordSink, SinkConfig};
 use crate::metrics::{Metrics, ModelLabels};
+use crate::net::{bind_listener, LISTEN_BACKLOG};
 use crate::sim::{SimConfig, SimHandle, SimServer};
 use crate::stack;
 use crate::upstream::discover::{Discovery, DnsTarget, Resolver, SystemResolver};
@@ -84,12 +85,10 @@ impl App {
             (Some(cert), Some(key)) => Some(listener::tls_acceptor(cert, key)?),
             _ => None,
         };
-        let public = TcpListener::bind(config.server.listen)
-            .await
+        let public = bind_listener(config.server.listen, LISTEN_BACKLOG)
             .with_context(|| format!("server.listen: cannot bind {}", config.server.listen))?;
-        let admin = TcpListener::bind(config.server.admin_listen)
-            .await
-            .with_context(|| {
+        let admin =
+            bind_listener(config.server.admin_listen, LISTEN_BACKLOG).with_context(|| {
                 format!(
                     "server.admin_listen: cannot bind {}",
                     config.server.admin_listen
@@ -293,13 +292,14 @@ fn build_meter(config: &Config, registry: &prometheus::Registry) -> anyhow::Resu
         }
         None => None,
     };
-    Ok(Meter::new(
+    let meter = Meter::new(
         metrics,
         config.slo.table(),
         m.records,
         sink,
         m.usage_injection == UsageInjection::Auto,
-    ))
+    );
+    Ok(if m.enabled { meter } else { meter.disabled() })
 }
 
 /// The longest `run` waits for the upstreams' model lists before it starts serving.

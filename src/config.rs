@@ -174,6 +174,9 @@ impl Default for UpstreamConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MeasureConfig {
+    /// `false` forwards every request without metering it: no record, no latency metric, no
+    /// usage injection (so the cost of measuring can itself be measured).
+    pub enabled: bool,
     /// `auto`: a streaming request that did not ask for usage gets
     /// `stream_options.include_usage` injected (exact token counts) and the usage chunk is
     /// removed from what the client receives. `off`: requests are forwarded as sent.
@@ -200,6 +203,7 @@ pub struct MeasureConfig {
 impl Default for MeasureConfig {
     fn default() -> Self {
         Self {
+            enabled: true,
             usage_injection: UsageInjection::Auto,
             models: Vec::new(),
             models_refresh_ms: 30_000,

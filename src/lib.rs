@@ -15,6 +15,7 @@ pub mod listener;
 pub mod logging;
 pub mod measure;
 pub mod metrics;
+pub mod net;
 pub mod sim;
 pub mod stack;
 pub mod upstream;

@@ -51,6 +51,8 @@ pub struct Meter {
     ring: RecordRing,
     sink: Option<RecordSink>,
     usage_injection: bool,
+    /// `[measure] enabled`: when false both layers forward without recording anything.
+    enabled: bool,
     /// Woken when a request names a model that has no label yet: the model learner re-reads
     /// the upstreams' `/v1/models` (see `app.rs`).
     unknown_model: Notify,
@@ -72,8 +74,15 @@ impl Meter {
             ring: RecordRing::new(records, DEFAULT_GAP_CAPACITY, Instant::now()),
             sink,
             usage_injection,
+            enabled: true,
             unknown_model: Notify::new(),
         }
+    }
+
+    /// Forward without metering (`[measure] enabled = false`): nothing is recorded.
+    pub fn disabled(mut self) -> Self {
+        self.enabled = false;
+        self
     }
 
     /// Resolves when a request named a model without a label since the last call.
@@ -235,7 +244,7 @@ where
         if let Some(c) = req.extensions().get::<MeterClaim>() {
             c.claim();
         }
-        if !is_generation(req.uri().path()) {
+        if !self.meter.enabled || !is_generation(req.uri().path()) {
             return Box::pin(inner.call(req));
         }
         // Read, not taken: forwarding reads the request id from the facts too.
@@ -358,6 +367,9 @@ where
     type InnerBody = B;
 
     fn around(&self, inner: &mut S, mut req: Request<B>) -> ResponseFuture {
+        if !self.meter.enabled {
+            return Box::pin(inner.call(req));
+        }
         let claim = MeterClaim::default();
         req.extensions_mut().insert(claim.clone());
         let ext = req.extensions();
