@@ -6,6 +6,7 @@ pub mod admin;
 pub mod app;
 pub mod body;
 pub mod cli;
+pub mod compare;
 pub mod config;
 pub mod engine;
 pub mod error;

@@ -15,6 +15,7 @@ fn main() -> ExitCode {
         Some(Command::Serve(args)) => serve(args),
         Some(Command::CheckConfig { file }) => check_config(&file),
         Some(Command::Sim(args)) => sim(args),
+        Some(Command::Compare(args)) => compare(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -58,6 +59,23 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
 fn sim(args: goodput_proxy::sim::SimArgs) -> anyhow::Result<()> {
     logging::init(&Default::default());
     runtime()?.block_on(goodput_proxy::sim::run_cli(args))
+}
+
+fn compare(args: &goodput_proxy::cli::CompareArgs) -> anyhow::Result<()> {
+    use goodput_proxy::compare::{self, admin::Admin, render};
+    if !(args.window.is_finite() && args.window > 0.0) {
+        anyhow::bail!("--window must be a positive number of seconds");
+    }
+    let admin = Admin::new(&args.admin)?;
+    let window = std::time::Duration::from_secs_f64(args.window);
+    let w = runtime()?.block_on(admin.window(window, args.by_upstream))?;
+    let table = compare::build(&w, args.by_upstream);
+    if args.json {
+        println!("{}", render::json(&table));
+    } else {
+        print!("{}", render::text(&table));
+    }
+    Ok(())
 }
 
 fn check_config(file: &std::path::Path) -> anyhow::Result<()> {

@@ -273,7 +273,7 @@ where
             // lazy: it starts on this poll).
             meter.metrics.observe_overhead(t0.elapsed());
             let result = fut.await;
-            let Some(pending) = armed.pending.take() else {
+            let Some(mut pending) = armed.pending.take() else {
                 return result; // unreachable: only this future disarms
             };
             let resp = match result {
@@ -289,6 +289,9 @@ where
             let mut sm = StreamMeter::new(t0, stream).keep_gaps(GAPS_KEPT_PER_REQUEST);
             sm.on_head(Instant::now(), parts.status.as_u16());
             let upstream = parts.extensions.get::<ServedBy>().map(|s| s.0.clone());
+            if let Some(u) = &upstream {
+                pending.rm.set_upstream(u);
+            }
             let itl = pending.rm.itl_histogram();
             let on_finish: OnFinish =
                 Box::new(move |m: Measurement| pending.record(m, upstream.as_deref()));

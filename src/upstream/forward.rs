@@ -66,14 +66,16 @@ async fn forward(
 
     let mut exclude = None;
     let mut retried = false;
+    // One snapshot per request: discovery may change the set meanwhile.
+    let replicas = up.replicas();
     loop {
-        let loads: Vec<Load> = up.replicas.iter().map(|r| r.load()).collect();
+        let loads: Vec<Load> = replicas.iter().map(|r| r.load()).collect();
         let Some(idx) = balance::pick(&loads, exclude, &mut rand::rng()) else {
             return Err(ProxyError::UpstreamConnect {
                 source: "no upstream replica configured".into(),
             });
         };
-        let replica = &up.replicas[idx];
+        let replica = &replicas[idx];
         let guard = replica.start();
         let uri = replica
             .uri_for(path_and_query)
@@ -98,7 +100,7 @@ async fn forward(
             // new connections can overflow the engine's listen backlog for an instant).
             Ok(Err(e)) if e.is_connect() && !retried => {
                 retried = true;
-                let another = up.replicas.len() > 1;
+                let another = replicas.len() > 1;
                 tracing::warn!(upstream = %replica.url, error = %e, another, "upstream connect failed; retrying once");
                 drop(guard);
                 if another {
