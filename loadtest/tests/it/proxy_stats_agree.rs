@@ -41,8 +41,9 @@ arrivals = { constant = { rate = 40 } }
 drain = true
 "#;
 
-/// The client's exact row and the proxy's `/stats` row of the `streams` phase agree.
-fn check(c: &Comparison, metric: &str) {
+/// The client's exact row and the proxy's `/stats` row of the `streams` phase agree: counts
+/// exactly (a hard failure), percentiles within the tolerance (an `Err` naming the miss).
+fn check(c: &Comparison, metric: &str) -> Result<(), String> {
     let row = |source: &str| {
         c.rows
             .iter()
@@ -64,17 +65,39 @@ fn check(c: &Comparison, metric: &str) {
             pv * 1e3,
             d * 1e3
         );
-        assert!(
-            d.abs() <= TOLERANCE_S,
-            "{metric} {q}: proxy {pv} client {cv}"
-        );
+        if d.abs() > TOLERANCE_S {
+            return Err(format!(
+                "{metric} {q}: proxy {pv} client {cv} ({:+.3} ms)",
+                d * 1e3
+            ));
+        }
     }
+    Ok(())
 }
 
+/// A systematic difference (a wrong t0, a frame timestamped at the wrong place, a different
+/// percentile definition) shows in every run; a scheduling stall of this 2-core test machine
+/// moves one request's timing by a few ms, and a p99 of 64 values is the top one or two. So a
+/// run whose percentiles miss is repeated, at most three runs in all, each reported; counts
+/// and outcomes must hold in every run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_stats_percentiles_equal_the_clients() {
     // Timing-sensitive: never beside another load run of this binary.
     let _serial = crate::support::serial().await;
+    let mut misses = Vec::new();
+    for attempt in 1..=3 {
+        match one_run().await {
+            Ok(()) => return,
+            Err(e) => {
+                eprintln!("run {attempt}: {e}");
+                misses.push(e);
+            }
+        }
+    }
+    panic!("the proxy's /stats missed the client's percentiles in 3 runs: {misses:?}");
+}
+
+async fn one_run() -> Result<(), String> {
     // The engine and the proxy run on their own runtime (as separate processes would), so
     // the client's measurements are not delayed by the proxy's work on the same threads.
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -141,8 +164,9 @@ async fn proxy_stats_percentiles_equal_the_clients() {
         .comparison
         .as_ref()
         .expect("comparison asked for");
+    let mut verdict = Ok(());
     for metric in ["ttft", "tpot", "e2e"] {
-        check(c, metric);
+        verdict = verdict.and(check(c, metric));
     }
     // The simulator's timing is what both saw (plus loopback and scheduling noise).
     let ttft = s.ttft_seconds.as_ref().unwrap().p50;
@@ -155,4 +179,5 @@ async fn proxy_stats_percentiles_equal_the_clients() {
         .await
         .unwrap()
         .unwrap();
+    verdict
 }
