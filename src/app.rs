@@ -20,6 +20,8 @@ use crate::listener::{self, ServeOptions};
 use crate::measure::sink::{RecordSink, SinkConfig};
 use crate::metrics::{Metrics, ModelLabels};
 use crate::sim::{SimConfig, SimHandle, SimServer};
+use crate::sink::clickhouse::{ClickHouseSink, SinkCounters};
+use crate::sink::Sinks;
 use crate::stack;
 use crate::upstream::{health, Upstreams};
 
@@ -225,7 +227,7 @@ async fn serve_admin(listener: TcpListener, state: Arc<AppState>) {
     }
 }
 
-/// Registers the goodput_proxy_* families and builds the meter (ring, SLOs, optional sink).
+/// Registers the goodput_proxy_* families and builds the meter (ring, SLOs, sinks).
 fn build_meter(config: &Config, registry: &prometheus::Registry) -> anyhow::Result<Meter> {
     let m = &config.measure;
     // A model with its own SLOs is a configured model too: its label (and so its SLOs) must
@@ -233,28 +235,41 @@ fn build_meter(config: &Config, registry: &prometheus::Registry) -> anyhow::Resu
     let labelled = m.models.iter().chain(config.slo.models.keys());
     let metrics =
         Metrics::register(registry, ModelLabels::new(labelled)).context("registering metrics")?;
-    let sink = match &m.sink_path {
-        Some(path) => {
-            let cfg = SinkConfig {
-                path: path.clone(),
-                max_bytes: m.sink_max_bytes,
-                keep: m.sink_keep,
-                queue: m.sink_queue,
-            };
-            // The writer task ends by itself once the last sender (the meter) is dropped.
-            let (sink, _task) = RecordSink::spawn(cfg, metrics.records_dropped.clone())
-                .with_context(|| format!("measure.sink_path: cannot open {}", path.display()))?;
-            Some(sink)
-        }
-        None => None,
-    };
+    let mut sinks = Sinks::default();
+    if let Some(path) = &m.sink_path {
+        let cfg = SinkConfig {
+            path: path.clone(),
+            max_bytes: m.sink_max_bytes,
+            keep: m.sink_keep,
+            queue: m.sink_queue,
+        };
+        let dropped = metrics.records_dropped.with_label_values(&["jsonl"]);
+        // The writer task ends by itself once the last sender (the meter) is dropped.
+        let (sink, _task) = RecordSink::spawn(cfg, dropped)
+            .with_context(|| format!("measure.sink_path: cannot open {}", path.display()))?;
+        sinks.jsonl = Some(sink);
+    }
+    if let Some(ch) = &config.sink.clickhouse {
+        let l = ["clickhouse"];
+        let counters = SinkCounters {
+            dropped: metrics.records_dropped.with_label_values(&l),
+            shipped: metrics.records_shipped.with_label_values(&l),
+            errors: metrics.sink_errors.with_label_values(&l),
+        };
+        // The shipper ends by itself once the meter is dropped and the queue is shipped.
+        let (sink, _task) = ClickHouseSink::spawn(ch, counters)
+            .map_err(|e| anyhow::anyhow!("sink.clickhouse: {e}"))?;
+        tracing::info!(url = %ch.url, database = %ch.database, table = %ch.table, "clickhouse sink on");
+        sinks.clickhouse = Some(sink);
+    }
     Ok(Meter::new(
         metrics,
         config.slo.table(),
         m.records,
-        sink,
+        sinks,
         m.usage_injection == UsageInjection::Auto,
-    ))
+    )
+    .with_instance(&config.server.instance_name()))
 }
 
 /// The longest `run` waits for the upstreams' model lists before it starts serving.

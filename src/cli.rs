@@ -1,4 +1,4 @@
-//! Command-line interface: `serve` (the default), `sim`, `check-config`.
+//! Command-line interface: `serve` (the default), `sim`, `check-config`, `report`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -33,6 +33,9 @@ pub enum Command {
         /// The TOML file to check.
         file: PathBuf,
     },
+    /// The fleet's exact percentiles, goodput and outcomes over a window, from the records
+    /// every replica shipped to ClickHouse (`[sink.clickhouse]`).
+    Report(crate::report::ReportArgs),
 }
 
 #[derive(Debug, Clone, Default, Args)]

@@ -14,6 +14,8 @@ pub mod listener;
 pub mod logging;
 pub mod measure;
 pub mod metrics;
+pub mod report;
 pub mod sim;
+pub mod sink;
 pub mod stack;
 pub mod upstream;

@@ -45,6 +45,8 @@ pub struct RequestRecord {
     pub usage_exact: bool,
     /// Which SLOs held (`null`: not applicable), and whether the request was good.
     pub slo: SloVerdict,
+    /// The proxy replica that measured it (`server.instance`, default the hostname).
+    pub instance: String,
     /// Monotonic end instant, for `/stats` windows (not serialized).
     #[serde(skip)]
     pub end: Instant,
@@ -81,8 +83,15 @@ impl RequestRecord {
             completion_tokens: m.completion_tokens,
             usage_exact: m.usage_exact,
             slo,
+            instance: String::new(),
             end,
         }
+    }
+
+    /// The same record, naming the replica that measured it.
+    pub fn with_instance(mut self, instance: &str) -> Self {
+        instance.clone_into(&mut self.instance);
+        self
     }
 
     /// Rejections caused by the client (4xx other than 429) do not count against goodput.
@@ -432,6 +441,7 @@ mod tests {
             "completion_tokens",
             "usage_exact",
             "slo",
+            "instance",
         ] {
             assert!(v.get(key).is_some(), "{key}");
         }
