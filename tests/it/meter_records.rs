@@ -1,14 +1,11 @@
 //! Raw records: one per request in the `/stats` ring and in the optional JSONL sink, carrying
 //! the request id and the replica that served it; `/stats` query errors name the parameter.
 
-mod common;
-mod meter_util;
-
 use std::time::Duration;
 
-use common::*;
+use crate::support::meter::*;
+use crate::support::proxy::*;
 use goodput_proxy::sim::SimConfig;
-use meter_util::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_reach_the_jsonl_sink_with_id_and_upstream() {

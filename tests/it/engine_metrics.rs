@@ -3,18 +3,16 @@
 //! valid page; a queued engine gets no new requests; a dead engine is counted and left out;
 //! models the engines serve are labelled from the first request.
 
-mod common;
-mod meter_util;
-
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
-use common::*;
+use crate::support::meter::*;
+use crate::support::prom::*;
+use crate::support::proxy::*;
 use goodput_proxy::config::{Config, UpstreamLabel};
 use goodput_proxy::engine::parse::{parse, Kind};
 use goodput_proxy::metrics::TTFT_BUCKETS;
 use goodput_proxy::sim::{SimConfig, SimHandle};
-use meter_util::*;
 
 /// Proxy config in front of `upstreams`, scraping every 100 ms.
 fn engine_config(upstreams: &[String]) -> Config {
@@ -160,14 +158,11 @@ fn split_labels(s: &str) -> Vec<&str> {
 /// The `le` values of `name`'s series matching every label in `labels`.
 fn le_values(page: &str, name: &str, labels: &[(&str, &str)]) -> BTreeSet<String> {
     series(page, name)
-        .filter(|(l, _)| {
-            labels
-                .iter()
-                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
-        })
+        .filter(|(l, _)| has_labels(l, labels))
         .filter_map(|(l, _)| {
-            let rest = &l[l.find("le=\"")? + 4..];
-            Some(rest[..rest.find('"')?].to_string())
+            crate::support::prom::labels(l)
+                .into_iter()
+                .find_map(|(k, v)| (k == "le").then_some(v))
         })
         .collect()
 }
@@ -206,13 +201,14 @@ async fn admin_metrics_serve_every_engine_relabelled_on_one_valid_page() {
     let served = THROUGH_PROXY + 2;
     let page = metrics_until(&proxy, "both engines scraped after the requests", |m| {
         [&ua, &ub].iter().all(|u| {
-            metric(m, "goodput_proxy_engine_up", &[("upstream", u)]) == 1.0
-                && metric(
+            try_metric(m, "goodput_proxy_engine_up", &[("upstream", u)]) == Some(1.0)
+                && try_metric(
                     m,
                     "vllm:e2e_request_latency_seconds_count",
                     &[("upstream", u)],
-                ) > 0.0
-        }) && metric(m, "vllm:e2e_request_latency_seconds_count", &[]) == served as f64
+                )
+                .is_some_and(|n| n > 0.0)
+        }) && try_metric(m, "vllm:e2e_request_latency_seconds_count", &[]) == Some(served as f64)
     })
     .await;
 
@@ -347,17 +343,17 @@ async fn a_queued_engine_shows_in_queue_depth_and_gets_no_new_requests() {
         "busy engine: one running, {QUEUED} waiting"
     );
     let page = metrics_until(&proxy, "queue depth scraped", |m| {
-        metric(
+        try_metric(
             m,
             "goodput_proxy_upstream_queue_depth",
             &[("upstream", &ub)],
-        ) == QUEUED as f64
-            && metric(
+        ) == Some(QUEUED as f64)
+            && try_metric(
                 m,
                 "goodput_proxy_upstream_queue_depth",
                 &[("upstream", &uf)],
-            ) == 0.0
-            && metric(m, "goodput_proxy_engine_up", &[("upstream", &uf)]) == 1.0
+            ) == Some(0.0)
+            && try_metric(m, "goodput_proxy_engine_up", &[("upstream", &uf)]) == Some(1.0)
     })
     .await;
     assert_eq!(
@@ -373,7 +369,7 @@ async fn a_queued_engine_shows_in_queue_depth_and_gets_no_new_requests() {
     // Both replicas answer their health probes, so only the engine queue tells them apart:
     // with in-flight alone, p2c would send about half the requests to `busy`.
     metrics_until(&proxy, "both replicas healthy", |m| {
-        metric(m, "goodput_proxy_upstream_healthy", &[]) == 2.0
+        try_metric(m, "goodput_proxy_upstream_healthy", &[]) == Some(2.0)
     })
     .await;
 
@@ -423,11 +419,12 @@ async fn failed_scrapes_are_counted_and_their_families_left_out() {
             .any(|l| l.starts_with("vllm:") && l.contains(&format!("upstream=\"{up}\"")))
     };
     let page = metrics_until(&proxy, "dead replica counted, the others scraped", |m| {
-        metric(
+        try_metric(
             m,
             "goodput_proxy_engine_scrape_errors_total",
             &[("upstream", "1")],
-        ) >= 2.0
+        )
+        .is_some_and(|n| n >= 2.0)
             && has_engine_series(m, "0")
             && has_engine_series(m, "2")
     })
@@ -452,11 +449,12 @@ async fn failed_scrapes_are_counted_and_their_families_left_out() {
     // A replica that goes away: counted from then on, its families gone, its age growing.
     dying.shutdown().await;
     let page = metrics_until(&proxy, "replica 2 left out after it died", |m| {
-        metric(
+        try_metric(
             m,
             "goodput_proxy_engine_scrape_errors_total",
             &[("upstream", "2")],
-        ) >= 1.0
+        )
+        .is_some_and(|n| n >= 1.0)
             && !has_engine_series(m, "2")
     })
     .await;
@@ -500,7 +498,7 @@ async fn the_first_request_of_a_served_model_gets_its_label() {
         1.0
     );
     assert_eq!(
-        metric(&m, "goodput_proxy_requests_total", &[("model", "other")]),
+        metric_in_family(&m, "goodput_proxy_requests_total", &[("model", "other")]),
         0.0
     );
     sim.shutdown().await;

@@ -1,9 +1,10 @@
 //! The per-event path allocates nothing of its own: SSE parsing, chunk inspection and the
-//! StreamMeter, once warm (serde_json's skip stack aside, see below). Counted with a global allocator wrapper (one test in this binary, so no other
-//! test thread allocates while it counts).
+//! StreamMeter, once warm (serde_json's skip stack aside, see below). Counted with a global allocator wrapper
+//! that counts only on the thread that asked (the other tests of this binary allocate freely
+//! on their own threads meanwhile).
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::cell::Cell;
 
 use goodput_proxy::body::SseParser;
 use goodput_proxy::measure::{inspect_chunk, Ending, Outcome, StreamMeter};
@@ -11,15 +12,23 @@ use tokio::time::Instant;
 
 struct Counting;
 
-static COUNTING: AtomicBool = AtomicBool::new(false);
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+thread_local! {
+    // Const-initialised, no destructor: reading it never allocates (nor recurses into `alloc`).
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+    static ALLOCS: Cell<usize> = const { Cell::new(0) };
+}
+
+fn count_one() {
+    // `try_with`: a thread being torn down has no locals left; it is not counting either.
+    if COUNTING.try_with(Cell::get).unwrap_or(false) {
+        let _ = ALLOCS.try_with(|n| n.set(n.get() + 1));
+    }
+}
 
 // SAFETY: delegates every call unchanged to the system allocator; only counts.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if COUNTING.load(Ordering::Relaxed) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
+        count_one();
         // SAFETY: same contract as the caller's.
         unsafe { System.alloc(layout) }
     }
@@ -28,9 +37,7 @@ unsafe impl GlobalAlloc for Counting {
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if COUNTING.load(Ordering::Relaxed) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
+        count_one();
         // SAFETY: same contract as the caller's.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -39,12 +46,13 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
+/// Allocations made by `f` on this thread (`f` must not hand work to other threads).
 fn allocations(f: impl FnOnce()) -> usize {
-    ALLOCS.store(0, Ordering::SeqCst);
-    COUNTING.store(true, Ordering::SeqCst);
+    ALLOCS.with(|n| n.set(0));
+    COUNTING.with(|c| c.set(true));
     f();
-    COUNTING.store(false, Ordering::SeqCst);
-    ALLOCS.load(Ordering::SeqCst)
+    COUNTING.with(|c| c.set(false));
+    ALLOCS.with(Cell::get)
 }
 
 fn frames() -> Vec<Vec<u8>> {
@@ -75,6 +83,9 @@ fn the_per_event_path_does_not_allocate() {
     let frames = frames();
     let whole = frames.concat();
     let small: Vec<&[u8]> = whole.chunks(37).collect();
+
+    // The counter counts (else every `== 0` below would pass whatever the code does).
+    assert_eq!(allocations(|| drop(std::hint::black_box(vec![1u8; 64]))), 1);
 
     // Parser, events whole inside frames: borrowed, no buffer at all.
     let mut p = SseParser::new();

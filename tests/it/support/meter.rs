@@ -14,7 +14,7 @@ use http::Request;
 use http_body_util::{BodyExt, Full};
 use tokio::time::Instant;
 
-use crate::common::*;
+use super::proxy::*;
 
 pub const CHAT: &str = "/v1/chat/completions";
 pub const COMPL: &str = "/v1/completions";
@@ -58,34 +58,6 @@ pub async fn stats(proxy: &Proxy, query: &str) -> serde_json::Value {
 
 pub async fn metrics(proxy: &Proxy) -> String {
     get_text(&proxy.admin_url("/metrics")).await
-}
-
-/// The value of the series `name{labels...}` (every given label must match); 0 when absent.
-pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    series(text, name)
-        .filter(|(l, _)| {
-            labels
-                .iter()
-                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
-        })
-        .map(|(_, v)| v)
-        .sum()
-}
-
-/// Every series of `name` as (label text, value).
-pub fn series<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = (&'a str, f64)> + 'a {
-    text.lines().filter_map(move |line| {
-        let rest = line.strip_prefix(name)?;
-        let (labels, value) = if let Some(r) = rest.strip_prefix('{') {
-            let (l, v) = r.split_once('}')?;
-            (l, v)
-        } else if rest.starts_with(' ') {
-            ("", rest)
-        } else {
-            return None;
-        };
-        Some((labels, value.trim().parse().ok()?))
-    })
 }
 
 /// Waits until `/stats` (60 s window) has counted `n` requests in all.

@@ -1,12 +1,10 @@
 //! TLS on the public listener: rustls with ALPN (h2 and http/1.1), X-Forwarded-Proto https.
 
-mod common;
-
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::support::proxy::*;
 use bytes::Bytes;
-use common::*;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls_pki_types::pem::PemObject;

@@ -1,15 +1,13 @@
 //! The `model` label is bounded: configured models, models the upstreams list at
 //! `/v1/models`, and `other` for everything else.
 
-mod common;
-mod meter_util;
-
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::*;
+use crate::support::meter::*;
+use crate::support::prom::*;
+use crate::support::proxy::*;
 use goodput_proxy::sim::SimConfig;
-use meter_util::*;
 
 /// Every distinct `model` label value on the page.
 fn model_labels(text: &str) -> BTreeSet<String> {
@@ -24,6 +22,8 @@ fn model_labels(text: &str) -> BTreeSet<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_random_model_names_share_one_other_series() {
+    // CPU-heavy: not alongside the timing-sensitive tests.
+    let _serial = crate::support::serial().await;
     const REQUESTS: usize = 10_000;
     const TASKS: usize = 64;
     let sim = start_sim(SimConfig::fast()).await;
@@ -86,7 +86,9 @@ async fn models_the_upstream_serves_are_learned() {
             let (parts, _) = send(&c, post_json(&proxy.url(CHAT), body)).await;
             assert_eq!(parts.status, 200);
             let m = metrics(&proxy).await;
-            if metric(&m, "goodput_proxy_requests_total", &[("model", "big")]) > 0.0 {
+            if try_metric(&m, "goodput_proxy_requests_total", &[("model", "big")])
+                .is_some_and(|n| n > 0.0)
+            {
                 return m;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;

@@ -1,12 +1,11 @@
 //! The engine: disconnects free slots at once, queueing beyond max_num_seqs, KV usage, and
 //! /metrics agreeing with the requests served.
 
-mod sim_util;
-
 use std::time::Duration;
 
+use crate::support::prom::sample;
+use crate::support::raw_http::*;
 use goodput_proxy::sim::SimConfig;
-use sim_util::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -54,22 +53,22 @@ async fn client_disconnect_mid_stream_frees_the_slot_within_100ms() {
     // Like vLLM: no success count and no e2e sample for a client abort, but TTFT was recorded.
     let m = sim.metrics_text();
     assert_eq!(
-        metric(
+        sample(
             &m,
             "vllm:e2e_request_latency_seconds_count{engine=\"0\",model_name=\"tiny\"}"
         ),
         0.0
     );
     assert_eq!(
-        metric(
+        sample(
             &m,
             "vllm:time_to_first_token_seconds_count{engine=\"0\",model_name=\"tiny\"}"
         ),
         1.0
     );
-    assert_eq!(metric(&m, "vllm:request_success_total{engine=\"0\",finished_reason=\"abort\",model_name=\"tiny\"}"), 0.0);
+    assert_eq!(sample(&m, "vllm:request_success_total{engine=\"0\",finished_reason=\"abort\",model_name=\"tiny\"}"), 0.0);
     assert_eq!(
-        metric(
+        sample(
             &m,
             "vllm:num_requests_running{engine=\"0\",model_name=\"tiny\"}"
         ),
@@ -113,7 +112,7 @@ async fn requests_beyond_max_num_seqs_wait_fifo_and_a_waiter_can_leave() {
     assert_eq!(sim.running(), 2);
     let m = sim.metrics_text();
     assert_eq!(
-        metric(
+        sample(
             &m,
             "vllm:num_requests_waiting{engine=\"0\",model_name=\"tiny\"}"
         ),
@@ -141,7 +140,7 @@ async fn requests_beyond_max_num_seqs_wait_fifo_and_a_waiter_can_leave() {
     drop(s2);
     assert!(eventually(Duration::from_millis(200), || sim.running() == 0).await);
     let m = sim.metrics_text();
-    let queue_sum = metric(
+    let queue_sum = sample(
         &m,
         "vllm:request_queue_time_seconds_sum{engine=\"0\",model_name=\"tiny\"}",
     );
@@ -157,19 +156,19 @@ async fn kv_cache_usage_follows_tokens_held() {
     };
     let sim = start(cfg).await;
     let series = "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"tiny\"}";
-    assert_eq!(metric(&sim.metrics_text(), series), 0.0);
+    assert_eq!(sample(&sim.metrics_text(), series), 0.0);
     let s = open_stream(sim.local_addr(), &long_stream(2000), 5).await;
-    let held = metric(&sim.metrics_text(), series);
+    let held = sample(&sim.metrics_text(), series);
     // 15 prompt tokens plus at least 4 generated, of 100.
     assert!(held >= 0.19, "{held}");
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(
-        metric(&sim.metrics_text(), series) > held,
+        sample(&sim.metrics_text(), series) > held,
         "grows while decoding"
     );
     drop(s);
     assert!(
-        eventually(Duration::from_millis(200), || metric(
+        eventually(Duration::from_millis(200), || sample(
             &sim.metrics_text(),
             series
         ) == 0.0)
@@ -221,30 +220,30 @@ async fn metrics_agree_with_the_requests_served() {
     );
     let m = get(a, "/metrics").await.text();
     let l = |name: &str| format!("vllm:{name}{{engine=\"0\",model_name=\"tiny\"}}");
-    assert_eq!(metric(&m, &l("generation_tokens_total")), completion as f64);
-    assert_eq!(metric(&m, &l("prompt_tokens_total")), prompt as f64);
+    assert_eq!(sample(&m, &l("generation_tokens_total")), completion as f64);
+    assert_eq!(sample(&m, &l("prompt_tokens_total")), prompt as f64);
     assert_eq!(
-        metric(&m, &l("e2e_request_latency_seconds_count")),
+        sample(&m, &l("e2e_request_latency_seconds_count")),
         children as f64
     );
     assert_eq!(
-        metric(&m, &l("time_to_first_token_seconds_count")),
+        sample(&m, &l("time_to_first_token_seconds_count")),
         children as f64
     );
     assert_eq!(
-        metric(&m, &l("request_generation_tokens_sum")),
+        sample(&m, &l("request_generation_tokens_sum")),
         completion as f64
     );
     assert_eq!(
-        metric(&m, &l("inter_token_latency_seconds_count")),
+        sample(&m, &l("inter_token_latency_seconds_count")),
         (completion - children) as f64
     );
     assert_eq!(
-        metric(&m, &l("request_params_n_count")),
+        sample(&m, &l("request_params_n_count")),
         bodies.len() as f64
     );
     let success = |r: &str| {
-        metric(&m, &format!("vllm:request_success_total{{engine=\"0\",finished_reason=\"{r}\",model_name=\"tiny\"}}"))
+        sample(&m, &format!("vllm:request_success_total{{engine=\"0\",finished_reason=\"{r}\",model_name=\"tiny\"}}"))
     };
     assert_eq!(success("stop"), stops as f64);
     assert_eq!(success("length"), (children - stops) as f64);
@@ -263,12 +262,12 @@ async fn timing_follows_the_configured_costs() {
     assert!(e2e >= Duration::from_millis(205), "{e2e:?}");
     assert!(e2e < Duration::from_secs(5), "{e2e:?}");
     let m = sim.metrics_text();
-    let ttft = metric(
+    let ttft = sample(
         &m,
         "vllm:time_to_first_token_seconds_sum{engine=\"0\",model_name=\"tiny\"}",
     );
     assert!(ttft >= 0.059, "{ttft}");
-    let tpot = metric(
+    let tpot = sample(
         &m,
         "vllm:request_time_per_output_token_seconds_sum{engine=\"0\",model_name=\"tiny\"}",
     );
@@ -287,7 +286,7 @@ async fn legacy_metric_names() {
     let m = get(sim.local_addr(), "/metrics").await.text();
     assert!(m.contains("# TYPE vllm:gpu_cache_usage_perc gauge"));
     assert_eq!(
-        metric(
+        sample(
             &m,
             "vllm:time_per_output_token_seconds_count{engine=\"0\",model_name=\"tiny\"}"
         ),

@@ -1,9 +1,7 @@
 //! The simulator's streams: shape, determinism, errors, non-streaming bodies.
 
-mod sim_util;
-
+use crate::support::raw_http::*;
 use goodput_proxy::sim::SimConfig;
-use sim_util::*;
 
 const CHAT: &str = "/v1/chat/completions";
 const COMPL: &str = "/v1/completions";

@@ -1,12 +1,11 @@
 //! Each fault behaves as documented in docs/sim.md, from the header and from configured
 //! probabilities.
 
-mod sim_util;
-
 use std::time::Duration;
 
+use crate::support::prom::sample;
+use crate::support::raw_http::*;
 use goodput_proxy::sim::{SimConfig, FAULT_HEADER};
-use sim_util::*;
 use tokio::io::AsyncWriteExt;
 
 const CHAT: &str = "/v1/chat/completions";
@@ -51,7 +50,7 @@ async fn error_after_sends_the_in_band_error_then_done() {
     assert_eq!(err["error"]["code"], 500);
     assert_eq!(ev[4], "[DONE]");
     let m = sim.metrics_text();
-    assert_eq!(metric(&m, "vllm:request_success_total{engine=\"0\",finished_reason=\"error\",model_name=\"tiny\"}"), 1.0);
+    assert_eq!(sample(&m, "vllm:request_success_total{engine=\"0\",finished_reason=\"error\",model_name=\"tiny\"}"), 1.0);
     // Non-streaming: a 500 error body.
     let r = faulted(
         &sim,
@@ -106,7 +105,7 @@ async fn stall_first_and_stall_every_delay_tokens() {
     );
     assert_eq!(r.events().last().map(String::as_str), Some("[DONE]"));
     let m = sim.metrics_text();
-    let itl_sum = metric(
+    let itl_sum = sample(
         &m,
         "vllm:inter_token_latency_seconds_sum{engine=\"0\",model_name=\"tiny\"}",
     );

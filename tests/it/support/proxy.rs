@@ -325,16 +325,18 @@ pub async fn read_events(body: &mut Incoming, n: usize) -> Vec<u8> {
     buf
 }
 
-/// Polls `cond` every 10 ms until it holds or `within` passes; returns whether it held.
+/// Polls `cond` every 2 ms until it holds or `within` passes; returns whether it held.
 pub async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = tokio::time::Instant::now() + within;
-    while tokio::time::Instant::now() < deadline {
+    loop {
         if cond() {
             return true;
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    cond()
 }
 
 pub fn fake_stream_request(url: &str, events: u64, delay_ms: u64) -> Request<Full<Bytes>> {

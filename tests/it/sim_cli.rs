@@ -1,10 +1,10 @@
 //! `goodput-proxy sim` as a real process: it binds port 0, prints its address and streams.
 //! The test kills the child it started when done.
 
-mod sim_util;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
+
+use crate::support::raw_http;
 use std::time::Duration;
 
 /// Kills the child on every exit path, a failed assertion included.
@@ -52,7 +52,7 @@ async fn sim_subcommand_serves_streaming_chat() {
         .unwrap()
         .parse()
         .unwrap();
-    let r = sim_util::post(
+    let r = raw_http::post(
         addr,
         "/v1/chat/completions",
         r#"{"model":"tiny","messages":[{"role":"user","content":"Hello"}],"stream":true,"max_tokens":5}"#,

@@ -1,11 +1,9 @@
 //! Forwarding: bodies and streams pass through unchanged, headers as specified, routes.
 
-mod common;
-
 use std::sync::atomic::Ordering;
 
+use crate::support::proxy::*;
 use bytes::Bytes;
-use common::*;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;

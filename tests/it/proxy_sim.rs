@@ -1,22 +1,11 @@
 //! The proxy in front of the simulated engine (the default upstream in CI): bodies arrive
 //! byte-identical to direct requests, disconnects reach the engine, engine errors pass through.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
-use goodput_proxy::sim::{SimConfig, SimHandle, SimServer};
-
-const CHAT: &str = "/v1/chat/completions";
-const COMPL: &str = "/v1/completions";
-
-async fn start_sim(cfg: SimConfig) -> SimHandle {
-    SimServer::bind(cfg, "127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap()
-        .spawn()
-}
+use crate::support::meter::{start_sim, CHAT, COMPL};
+use crate::support::proxy::*;
+use goodput_proxy::sim::SimConfig;
 
 #[tokio::test]
 async fn bodies_are_byte_identical_to_direct_requests() {

@@ -2,13 +2,11 @@
 //! as with it off (and as straight from the engine), and the proxy's completion token count
 //! equals the usage the engine reported. A client that asked for usage gets it untouched.
 
-mod common;
-mod meter_util;
-
-use common::*;
+use crate::support::meter::*;
+use crate::support::prom::*;
+use crate::support::proxy::*;
 use goodput_proxy::config::UsageInjection;
 use goodput_proxy::sim::SimConfig;
-use meter_util::*;
 
 /// `usage.completion_tokens` of the last usage chunk in an SSE body.
 fn reported_usage(body: &[u8]) -> u64 {

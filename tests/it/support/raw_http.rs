@@ -5,16 +5,13 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use goodput_proxy::sim::{SimConfig, SimHandle, SimServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-pub async fn start(cfg: SimConfig) -> SimHandle {
-    SimServer::bind(cfg, "127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap()
-        .spawn()
-}
+/// The simulator on port 0 (one definition, in `meter`).
+pub use super::meter::start_sim as start;
+/// Polling until a condition holds (one definition, in `proxy`).
+pub use super::proxy::eventually;
 
 #[derive(Debug)]
 pub struct Resp {
@@ -169,27 +166,4 @@ pub fn parse(raw: &[u8]) -> Resp {
         body,
         complete,
     }
-}
-
-/// Polls `cond` every 2 ms until it holds or `within` passes; returns whether it held.
-pub async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        if cond() {
-            return true;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-}
-
-/// Reads a metric sample value from exposition text (exact series name with labels).
-pub fn metric(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|r| r.strip_prefix(' ')))
-        .unwrap_or_else(|| panic!("no series {series}"))
-        .parse()
-        .unwrap()
 }

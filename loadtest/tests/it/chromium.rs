@@ -1,6 +1,6 @@
 //! `report.html` opens in headless Chromium and shows its charts. Needs a `chromium` binary
 //! (Debian: `apt-get install -y chromium`; or set `CHROMIUM=/path`), hence `#[ignore]`:
-//!   cargo test -p goodput-loadtest --test chromium -- --ignored
+//!   cargo test -p goodput-loadtest --test it chromium -- --ignored
 //! Set `LOADTEST_SCREENSHOT=path.png` to keep the screenshot.
 
 use std::path::Path;

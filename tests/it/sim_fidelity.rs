@@ -7,12 +7,10 @@
 //! collapsed, so a capture whose length depends on the model's text (a stop string) still
 //! compares. `/metrics` is compared on its family list, types and bucket grids.
 
-mod sim_util;
-
 use std::collections::BTreeMap;
 
+use crate::support::raw_http::*;
 use goodput_proxy::sim::SimConfig;
-use sim_util::*;
 
 const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sim_fixtures/vllm-0.32");
 /// The project's captures (including the later ones); read in place, preferred over `DIR`.

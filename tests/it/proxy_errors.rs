@@ -1,12 +1,10 @@
 //! Failure paths: every error the proxy makes up is a valid OpenAI error with the right status;
 //! disconnects propagate upstream; deadlines fire.
 
-mod common;
-
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use common::*;
+use crate::support::proxy::*;
 use http_body_util::BodyExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

@@ -1,0 +1,9 @@
+//! The load generator's integration tests, in ONE binary (one link instead of one per file).
+//! Add a test file as a module here. The headless-Chromium test is `#[ignore]`d; run it alone
+//! with `cargo test -p goodput-loadtest --test it chromium -- --ignored`.
+
+mod chromium;
+mod client_stub;
+mod compare_fake_proxy;
+mod proxy_e2e;
+mod sim_e2e;

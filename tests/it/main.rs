@@ -1,0 +1,24 @@
+//! The root crate's integration tests, in ONE binary (one link instead of one per file).
+//! Add a test file as a module here; shared helpers live in `support/`.
+
+mod support;
+
+mod engine_metrics;
+mod measure_alloc;
+mod measure_body;
+mod meter_models;
+mod meter_outcomes;
+mod meter_records;
+mod meter_timing;
+mod meter_usage;
+mod proxy_cli;
+mod proxy_errors;
+mod proxy_forward;
+mod proxy_lifecycle;
+mod proxy_sim;
+mod proxy_tls;
+mod sim_cli;
+mod sim_engine;
+mod sim_faults;
+mod sim_fidelity;
+mod sim_stream;

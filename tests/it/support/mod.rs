@@ -1,0 +1,22 @@
+//! Helpers shared by the integration tests of `tests/it`.
+//!
+//! - `proxy`: an in-process proxy on port 0, a hyper client, a fake upstream chosen by header.
+//! - `meter`: the simulator as upstream, `/stats` and `/metrics` readers, a measuring client.
+//! - `raw_http`: raw HTTP/1.1 over a TcpStream, for byte-exact checks of the simulator.
+//! - `prom`: metric lookups in Prometheus text that fail when the series is missing.
+//! - `serial()`: a lock for timing-sensitive and CPU-heavy tests (see there).
+#![allow(dead_code)]
+
+pub mod meter;
+pub mod prom;
+pub mod proxy;
+pub mod raw_http;
+
+/// Held by the tests whose figures depend on the machine's timing (client and proxy within a
+/// few ms of each other) and by the CPU-heavy tests that would disturb them, so that no two of
+/// them overlap in this binary (libtest runs the others alongside as usual). Take it first:
+/// `let _serial = serial().await;`
+pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    SERIAL.lock().await
+}
