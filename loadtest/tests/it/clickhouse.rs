@@ -1,7 +1,8 @@
 //! The ClickHouse sink against a real ClickHouse (issue 12 "what must show"). Ignored by a
 //! plain `cargo test`: `.ci/run` starts Debian's clickhouse-server with
-//! `scripts/clickhouse.sh start` and runs these with `--ignored --test-threads=1`, the URL in
-//! `GOODPUT_CLICKHOUSE_URL`. Each test works in a database of its own (schema.sql applied with
+//! `scripts/clickhouse.sh start` and runs these with
+//! `cargo test -p goodput-loadtest --test it clickhouse:: -- --ignored --test-threads=1`, the
+//! URL in `GOODPUT_CLICKHOUSE_URL`. Each test works in a database of its own (schema.sql applied with
 //! the name replaced) and drops it at the end.
 //!
 //! - fleet: three proxy replicas in front of two simulators, the load generator sending a
@@ -57,7 +58,7 @@ async fn sql(q: &str) -> String {
 
 /// A fresh database holding schema.sql's objects (their `goodput.` renamed to `db.`).
 async fn create_db(db: &str) {
-    let schema = include_str!("../../config/clickhouse/schema.sql");
+    let schema = include_str!("../../../config/clickhouse/schema.sql");
     let text: String = schema
         .lines()
         .filter(|l| !l.trim_start().starts_with("--"))
@@ -380,8 +381,10 @@ async fn fleet_percentiles_counts_and_goodput_from_clickhouse_equal_the_replicas
 /// Every ClickHouse query of config/grafana/clickhouse-fleet.json (macros filled in) runs on
 /// this server and returns rows.
 async fn grafana_queries_answer(db: &str) {
-    let dash: serde_json::Value =
-        serde_json::from_str(include_str!("../../config/grafana/clickhouse-fleet.json")).unwrap();
+    let dash: serde_json::Value = serde_json::from_str(include_str!(
+        "../../../config/grafana/clickhouse-fleet.json"
+    ))
+    .unwrap();
     let fill = |q: &str| {
         q.replace("$__timeFilter(time)", "time >= now() - INTERVAL 1 HOUR")
             .replace("${model:singlequote}", "'tiny'")
@@ -406,7 +409,7 @@ async fn grafana_queries_answer(db: &str) {
 
 /// Every statement of config/clickhouse/queries.sql runs on this server.
 async fn queries_sql_runs(db: &str) {
-    let text: String = include_str!("../../config/clickhouse/queries.sql")
+    let text: String = include_str!("../../../config/clickhouse/queries.sql")
         .lines()
         .filter(|l| !l.trim_start().starts_with("--"))
         .collect::<Vec<_>>()
