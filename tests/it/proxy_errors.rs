@@ -111,12 +111,12 @@ async fn over_the_in_flight_limit_is_503_with_retry_after() {
     config.server.retry_after_s = 7;
     let proxy = start_proxy(config).await;
     let c = client();
-    // One long stream holds the only slot until its body ends.
+    // One long stream (4 x 400 ms) holds the only slot until its body ends.
     let holder = c
         .request(fake_stream_request(
             &proxy.url("/v1/chat/completions"),
             3,
-            1000,
+            400,
         ))
         .await
         .unwrap();
@@ -161,13 +161,13 @@ async fn silent_upstream_stream_is_cut_at_the_idle_deadline() {
     let mut config = test_config(&[fake.url()]);
     config.upstream.stream_idle_timeout_ms = 300;
     let proxy = start_proxy(config).await;
-    // Events 3 s apart: the first is covered by the first-byte deadline, the gap after it
+    // Events 1.5 s apart: the first is covered by the first-byte deadline, the gap after it
     // is not.
     let resp = client()
         .request(fake_stream_request(
             &proxy.url("/v1/chat/completions"),
             3,
-            3000,
+            1500,
         ))
         .await
         .unwrap();
@@ -183,7 +183,7 @@ async fn silent_upstream_stream_is_cut_at_the_idle_deadline() {
         "a cut stream must end in an error, not a clean end"
     );
     assert!(
-        started.elapsed() < Duration::from_millis(2700),
+        started.elapsed() < Duration::from_millis(1200),
         "{:?}",
         started.elapsed()
     );

@@ -210,16 +210,22 @@ async fn metrics_endpoint_serves_phase_and_counts() {
     .await
     .unwrap();
     assert!(
-        text.contains("goodput_loadtest_requests_total{outcome=\"success\",phase=\"one\"} 4"),
+        crate::support::has_line(
+            &text,
+            "goodput_loadtest_requests_total{outcome=\"success\",phase=\"one\"} 4"
+        ),
         "{text}"
     );
     assert!(
-        text.contains("goodput_loadtest_requests_total{outcome=\"success\",phase=\"two\"} 2"),
+        crate::support::has_line(
+            &text,
+            "goodput_loadtest_requests_total{outcome=\"success\",phase=\"two\"} 2"
+        ),
         "{text}"
     );
     // After the run no phase is marked running.
     assert!(
-        text.contains("goodput_loadtest_phase{phase=\"two\"} 0"),
+        crate::support::has_line(&text, "goodput_loadtest_phase{phase=\"two\"} 0"),
         "{text}"
     );
     task.abort();

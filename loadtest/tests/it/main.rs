@@ -10,3 +10,4 @@ mod client_stub;
 mod compare_fake_proxy;
 mod proxy_e2e;
 mod sim_e2e;
+mod support;

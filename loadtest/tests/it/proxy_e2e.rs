@@ -172,6 +172,7 @@ fn row<'a>(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_the_proxy_outcomes_equal_faults_and_client_and_proxy_agree() {
+    let _serial = crate::support::serial().await;
     let (res, sink) = run_through_proxy().await;
     let s = &res.summary;
     let recs = &res.records;

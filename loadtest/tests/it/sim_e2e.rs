@@ -79,6 +79,7 @@ arrivals = { poisson = { rate = 100 } }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outcomes_equal_injected_faults_and_ttft_is_the_configured_one() {
+    let _serial = crate::support::serial().await;
     let sim = sim().await;
     let names = vec!["warm".to_string(), "burst".to_string()];
     let metrics = Arc::new(LoadMetrics::new(&names).unwrap());
@@ -225,6 +226,7 @@ async fn outcomes_equal_injected_faults_and_ttft_is_the_configured_one() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_flight_cap_holds_arrivals_back_and_says_so() {
+    let _serial = crate::support::serial().await;
     let sim = sim().await;
     // 40/s for 20 requests of ~80 ms + 12*5 ms each: about 6 wanted in flight, the cap is 2.
     let sc = r#"
@@ -254,6 +256,7 @@ async fn in_flight_cap_holds_arrivals_back_and_says_so() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_loop_does_not_wait_for_slow_responses() {
+    let _serial = crate::support::serial().await;
     let sim = sim().await;
     // Each request takes >= 80 ms + 40*5 ms; arrivals every 20 ms must still go out on time.
     let sc = r#"
@@ -298,6 +301,7 @@ async fn open_loop_does_not_wait_for_slow_responses() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completions_api_with_a_non_streaming_share() {
+    let _serial = crate::support::serial().await;
     let sim = sim().await;
     let sc = r#"
         api = "completions"
@@ -334,6 +338,7 @@ async fn completions_api_with_a_non_streaming_share() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_mix_option_against_the_simulator() {
+    let _serial = crate::support::serial().await;
     let sim = sim().await;
     // Every option of the real-engine scenario, against the simulator: each request shape is
     // accepted and measured, and the clients that hang up free their engine slot.
