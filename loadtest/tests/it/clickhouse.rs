@@ -273,6 +273,7 @@ arrivals = { poisson = { rate = 60 } }
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs ClickHouse: .ci/run starts it (scripts/clickhouse.sh)"]
 async fn fleet_percentiles_counts_and_goodput_from_clickhouse_equal_the_replicas() {
+    let _serial = crate::support::serial().await;
     let db = format!("goodput_it_fleet_{}", std::process::id());
     create_db(&db).await;
     let sims = [
@@ -465,6 +466,7 @@ fn p99(v: &mut [f64]) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs ClickHouse: .ci/run starts it (scripts/clickhouse.sh)"]
 async fn a_ten_second_outage_slows_no_request_and_drops_exactly_what_it_counts() {
+    let _serial = crate::support::serial().await;
     const QUEUE: usize = 100;
     const BATCH: usize = 50;
     let db = format!("goodput_it_outage_{}", std::process::id());
