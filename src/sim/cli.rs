@@ -55,6 +55,9 @@ pub struct SimArgs {
     /// Per-token probability of an empty content delta.
     #[arg(long)]
     pub empty_delta_prob: Option<f64>,
+    /// Per-token probability that the next token joins the same SSE event (seeded).
+    #[arg(long)]
+    pub coalesce_prob: Option<f64>,
     /// Emit vLLM v0 metric names (gpu_cache_usage_perc, time_per_output_token_seconds).
     #[arg(long)]
     pub legacy_metric_names: bool,
@@ -108,7 +111,8 @@ impl SimArgs {
             max_model_len,
             kv_cache_tokens,
             stop_prob,
-            empty_delta_prob
+            empty_delta_prob,
+            coalesce_prob
         );
         cfg.legacy_metric_names |= self.legacy_metric_names;
         if !self.faults.is_empty() {
@@ -193,12 +197,15 @@ mod tests {
             "b",
             "--fault",
             "0.5:status=503",
+            "--coalesce-prob",
+            "0.3",
         ]);
         let cfg = t.sim.to_config().unwrap();
         assert_eq!(cfg.ttft_ms, 7.0);
         assert_eq!(cfg.tpot_ms, 1.5);
         assert_eq!(cfg.models, vec!["a", "b"]);
         assert_eq!(cfg.faults.len(), 1);
+        assert_eq!(cfg.coalesce_prob, 0.3);
         let bad = T::parse_from(["x", "--max-num-seqs", "0"]);
         assert!(bad.sim.to_config().is_err());
     }

@@ -53,6 +53,9 @@ pub struct SimConfig {
     /// Per-token probability of an empty `content` delta (a partial UTF-8 byte token, as real
     /// vLLM emits); such a token still counts in usage.
     pub empty_delta_prob: f64,
+    /// Per-token probability that a stream event is held and the next token of the same
+    /// choice joins it (vLLM packs tokens into one event under load); usage stays exact.
+    pub coalesce_prob: f64,
     /// Emit vLLM v0 metric names (`gpu_cache_usage_perc`, `time_per_output_token_seconds`).
     pub legacy_metric_names: bool,
     /// Faults drawn per request with the given probabilities (seeded, in arrival order).
@@ -75,6 +78,7 @@ impl Default for SimConfig {
             kv_cache_tokens: 1_048_576,
             stop_prob: 0.0,
             empty_delta_prob: 0.0,
+            coalesce_prob: 0.0,
             legacy_metric_names: false,
             faults: Vec::new(),
         }
@@ -157,6 +161,7 @@ impl SimConfig {
         for (field, p) in [
             ("stop_prob", self.stop_prob),
             ("empty_delta_prob", self.empty_delta_prob),
+            ("coalesce_prob", self.coalesce_prob),
         ] {
             check(
                 (0.0..=1.0).contains(&p),
@@ -218,6 +223,13 @@ mod tests {
                 },
                 "stop_prob",
             ),
+            (
+                SimConfig {
+                    coalesce_prob: -0.1,
+                    ..Default::default()
+                },
+                "coalesce_prob",
+            ),
         ];
         for (cfg, field) in cases {
             assert_eq!(cfg.validate().unwrap_err().field, field);
@@ -227,13 +239,14 @@ mod tests {
     #[test]
     fn toml_table_parses_and_rejects_unknown_keys() {
         let cfg: SimConfig = toml::from_str(
-            "models = [\"a\", \"b\"]\nttft_ms = 5\ntpot_ms = 1.5\njitter = \"normal\"\n\
+            "models = [\"a\", \"b\"]\nttft_ms = 5\ntpot_ms = 1.5\njitter = \"normal\"\ncoalesce_prob = 0.25\n\
              faults = [{ prob = 0.1, fault = \"status=503\" }]",
         )
         .unwrap();
         assert_eq!(cfg.models, vec!["a", "b"]);
         assert_eq!(cfg.tpot_ms, 1.5);
         assert_eq!(cfg.jitter, Jitter::Normal);
+        assert_eq!(cfg.coalesce_prob, 0.25);
         assert_eq!(cfg.faults.len(), 1);
         assert!(toml::from_str::<SimConfig>("nope = 1").is_err());
     }

@@ -177,7 +177,7 @@ impl Run {
 
     /// Generates one step (one token per unfinished choice) and records its metrics;
     /// `emit` gets each token with its choice index.
-    pub fn step(&mut self, mut emit: impl FnMut(u32, &TokenOut)) {
+    pub fn step(&mut self, mut emit: impl FnMut(u32, TokenOut)) {
         let now = Instant::now();
         let m = &self.eng.metrics.models[self.model];
         let active = self.gen.active();
@@ -200,7 +200,7 @@ impl Run {
         self.last = Some(now);
         for i in 0..self.gen.n() {
             if let Some(t) = self.gen.next(i) {
-                emit(i, &t);
+                emit(i, t);
             }
         }
         m.generation_tokens.fetch_add(active, Relaxed);
@@ -236,6 +236,8 @@ impl Run {
                 (true, _) => FinishedReason::Error,
                 (false, Some(Finish::Length)) | (false, None) => FinishedReason::Length,
                 (false, Some(Finish::Stop(_))) => FinishedReason::Stop,
+                (false, Some(Finish::Abort)) => FinishedReason::Abort,
+                (false, Some(Finish::Error)) => FinishedReason::Error,
             };
             m.success[reason as usize].fetch_add(1, Relaxed);
             m.e2e.observe(secs(self.arrival, now));

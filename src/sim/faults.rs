@@ -5,6 +5,7 @@ use std::str::FromStr;
 
 use serde::Deserialize;
 
+use super::render::Finish;
 use super::text::SplitMix;
 
 /// The header that selects faults for one request (comma-separated list).
@@ -31,10 +32,38 @@ pub struct Faults {
     pub malformed_after: Option<u64>,
     /// `hang`: never answer, not even headers; the request holds no decode slot.
     pub hang: bool,
+    /// `coalesce=K`: K tokens of a choice per stream event (the last event may hold fewer).
+    pub coalesce: Option<u64>,
+    /// `finish=abort|error` (with `finish-after=K`, default 0): after K steps every unfinished
+    /// choice ends with that `finish_reason`, as when the engine gives up on a request.
+    pub finish: Option<EarlyFinish>,
+}
+
+/// The engine ends a request's choices early with `finish_reason` `abort` or `error`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EarlyFinish {
+    pub reason: EndReason,
+    /// Generation steps before the end (tokens per choice delivered first).
+    pub after: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndReason {
+    Abort,
+    Error,
+}
+
+impl EndReason {
+    pub fn finish(self) -> Finish {
+        match self {
+            EndReason::Abort => Finish::Abort,
+            EndReason::Error => Finish::Error,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid x-sim-fault `{0}`: expected status=CODE, error-after=K, truncate-after=K, stall-first=MS, stall-every=MS, no-done, malformed-after=K or hang")]
+#[error("invalid x-sim-fault `{0}`: expected status=CODE, error-after=K, truncate-after=K, stall-first=MS, stall-every=MS, no-done, malformed-after=K, hang, coalesce=K (K >= 1) or finish=abort|error [with finish-after=K]")]
 pub struct FaultParseError(pub String);
 
 impl Faults {
@@ -52,6 +81,8 @@ impl Faults {
         self.no_done |= other.no_done;
         self.malformed_after = other.malformed_after.or(self.malformed_after);
         self.hang |= other.hang;
+        self.coalesce = other.coalesce.or(self.coalesce);
+        self.finish = other.finish.or(self.finish);
     }
 }
 
@@ -60,6 +91,7 @@ impl FromStr for Faults {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let mut f = Faults::default();
+        let (mut reason, mut finish_after) = (None, None);
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let bad = || FaultParseError(part.to_string());
             let (key, val) = match part.split_once('=') {
@@ -82,10 +114,35 @@ impl FromStr for Faults {
                 "stall-first" => f.stall_first_ms = Some(num(val)?),
                 "stall-every" => f.stall_every_ms = Some(num(val)?),
                 "malformed-after" => f.malformed_after = Some(num(val)?),
+                "coalesce" => {
+                    let k = num(val)?;
+                    if k == 0 {
+                        return Err(bad());
+                    }
+                    f.coalesce = Some(k);
+                }
+                "finish" => {
+                    reason = Some(match val {
+                        Some("abort") => EndReason::Abort,
+                        Some("error") => EndReason::Error,
+                        _ => return Err(bad()),
+                    })
+                }
+                "finish-after" => finish_after = Some(num(val)?),
                 "no-done" if val.is_none() => f.no_done = true,
                 "hang" if val.is_none() => f.hang = true,
                 _ => return Err(bad()),
             }
+        }
+        match (reason, finish_after) {
+            (Some(reason), after) => {
+                f.finish = Some(EarlyFinish {
+                    reason,
+                    after: after.unwrap_or(0),
+                })
+            }
+            (None, Some(_)) => return Err(FaultParseError("finish-after without finish".into())),
+            (None, None) => {}
         }
         Ok(f)
     }
@@ -157,7 +214,8 @@ mod tests {
     #[test]
     fn parses_every_fault() {
         let f: Faults = "status=503, error-after=3,truncate-after=4,stall-first=100,\
-                         stall-every=5,no-done,malformed-after=2,hang"
+                         stall-every=5,no-done,malformed-after=2,hang,coalesce=3,\
+                         finish-after=4,finish=error"
             .parse()
             .unwrap();
         assert_eq!(
@@ -171,7 +229,20 @@ mod tests {
                 no_done: true,
                 malformed_after: Some(2),
                 hang: true,
+                coalesce: Some(3),
+                finish: Some(EarlyFinish {
+                    reason: EndReason::Error,
+                    after: 4,
+                }),
             }
+        );
+        let f: Faults = "finish=abort".parse().unwrap();
+        assert_eq!(
+            f.finish,
+            Some(EarlyFinish {
+                reason: EndReason::Abort,
+                after: 0
+            })
         );
         assert!("".parse::<Faults>().unwrap().is_none());
     }
@@ -186,9 +257,30 @@ mod tests {
             "boom",
             "hang=1",
             "no-done=x",
+            "coalesce",
+            "coalesce=0",
+            "coalesce=x",
+            "finish",
+            "finish=stop",
+            "finish=length",
+            "finish-after=3",
+            "finish-after=x,finish=abort",
         ] {
             assert!(s.parse::<Faults>().is_err(), "{s}");
         }
+    }
+
+    #[test]
+    fn merge_keeps_coalesce_and_finish_of_either_side() {
+        let mut a: Faults = "coalesce=2".parse().unwrap();
+        a.merge(&"finish=abort,finish-after=1".parse().unwrap());
+        assert_eq!(a.coalesce, Some(2));
+        assert_eq!(
+            a.finish.map(|f| (f.reason, f.after)),
+            Some((EndReason::Abort, 1))
+        );
+        a.merge(&"coalesce=5".parse().unwrap());
+        assert_eq!(a.coalesce, Some(5));
     }
 
     #[test]

@@ -67,6 +67,11 @@ impl Generation {
         self.choices.len() as u32
     }
 
+    /// Whether the request asked for logprobs.
+    pub fn logprobs(&self) -> bool {
+        self.logprobs.is_some()
+    }
+
     pub fn is_finished(&self, i: u32) -> bool {
         self.choices[i as usize].finish.is_some()
     }
@@ -90,6 +95,17 @@ impl Generation {
 
     pub fn finish(&self, i: u32) -> Option<&Finish> {
         self.choices[i as usize].finish.as_ref()
+    }
+
+    /// Ends choice `i` now without a token (the engine gave up on it); false if it had
+    /// already finished.
+    pub fn end_early(&mut self, i: u32, finish: Finish) -> bool {
+        let c = &mut self.choices[i as usize];
+        if c.finish.is_some() {
+            return false;
+        }
+        c.finish = Some(finish);
+        true
     }
 
     /// The next token of choice `i`, or `None` once it has finished.
@@ -252,6 +268,24 @@ mod tests {
             r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":50,"ignore_eos":true}"#,
         );
         assert_eq!(run(&mut Generation::new(&r, 0.5, 0.0))[0].len(), 50);
+    }
+
+    #[test]
+    fn end_early_finishes_only_unfinished_choices() {
+        let r =
+            req(r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":1,"n":2,"seed":1}"#);
+        let mut g = Generation::new(&r, 0.0, 0.0);
+        assert!(g.next(0).is_some());
+        assert!(
+            !g.end_early(0, Finish::Abort),
+            "choice 0 already ended (length)"
+        );
+        assert!(g.end_early(1, Finish::Abort));
+        assert!(g.all_finished());
+        assert_eq!(g.finish(0), Some(&Finish::Length));
+        assert_eq!(g.finish(1), Some(&Finish::Abort));
+        assert_eq!(g.tokens(1), 0);
+        assert!(g.next(1).is_none());
     }
 
     #[test]

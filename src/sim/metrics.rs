@@ -36,6 +36,7 @@ pub const FINISHED_REASONS: [&str; 5] = ["stop", "length", "abort", "error", "re
 pub enum FinishedReason {
     Stop = 0,
     Length = 1,
+    Abort = 2,
     Error = 3,
 }
 

@@ -12,6 +12,7 @@
 //! ```
 
 pub mod cli;
+pub mod coalesce;
 pub mod config;
 pub mod engine;
 pub mod errors;
@@ -36,7 +37,7 @@ use tokio::task::JoinHandle;
 pub use cli::{run_cli, SimArgs};
 pub use config::{ConfigError, Jitter, SimConfig};
 pub use engine::Engine;
-pub use faults::{FaultRule, Faults, FAULT_HEADER};
+pub use faults::{EarlyFinish, EndReason, FaultRule, Faults, FAULT_HEADER};
 
 /// A bound, not yet serving, simulator.
 pub struct SimServer {

@@ -40,11 +40,16 @@ pub async fn run(mut run: Run, tmpl: Templates, faults: Faults, logprobs: bool) 
             run.finish(true);
             return NonStream::Error(ApiError::injected(500));
         }
+        if let Some(end) = faults.finish.filter(|f| f.after == steps) {
+            // The engine gives up: the body has the text so far and that finish_reason.
+            for i in 0..n as u32 {
+                run.gen.end_early(i, end.reason.finish());
+            }
+            break;
+        }
         run.step(|i, t| {
             texts[i as usize].push_str(t.text.as_str());
-            if let Some(lp) = &t.logprobs {
-                lps[i as usize].push(lp.clone());
-            }
+            lps[i as usize].extend(t.logprobs);
         });
         if run.gen.all_finished() {
             break;

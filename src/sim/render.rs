@@ -19,6 +19,10 @@ pub enum Finish {
     Length,
     /// End of sequence (stop_reason null) or a matched stop string (stop_reason = it).
     Stop(Option<String>),
+    /// The engine gave up on the request (`x-sim-fault: finish=abort`).
+    Abort,
+    /// The engine failed the request (`x-sim-fault: finish=error`).
+    Error,
 }
 
 impl Finish {
@@ -26,6 +30,8 @@ impl Finish {
         match self {
             Finish::Length => "length",
             Finish::Stop(_) => "stop",
+            Finish::Abort => "abort",
+            Finish::Error => "error",
         }
     }
 }
@@ -89,11 +95,26 @@ fn push_json(buf: &mut BytesMut, s: &str) {
     buf.extend_from_slice(tmp.as_bytes());
 }
 
-fn push_tok(buf: &mut BytesMut, t: &TokText) {
-    match t {
-        TokText::Piece(p) => buf.extend_from_slice(p.json.as_bytes()),
-        TokText::Owned(s) => push_json(buf, s),
+/// The texts of one event's tokens as one JSON string (a packed event concatenates them).
+fn push_toks(buf: &mut BytesMut, toks: &[TokText]) {
+    if let [TokText::Piece(p)] = toks {
+        buf.extend_from_slice(p.json.as_bytes());
+        return;
     }
+    buf.extend_from_slice(b"\"");
+    let mut tmp = String::new();
+    for t in toks {
+        match t {
+            // A piece's JSON form is a quoted string: keep what is between the quotes.
+            TokText::Piece(p) => buf.extend_from_slice(&p.json.as_bytes()[1..p.json.len() - 1]),
+            TokText::Owned(s) => {
+                tmp.clear();
+                push_json_str(&mut tmp, s);
+                buf.extend_from_slice(&tmp.as_bytes()[1..tmp.len() - 1]);
+            }
+        }
+    }
+    buf.extend_from_slice(b"\"");
 }
 
 /// Everything in a request's chunks that does not change from token to token.
@@ -155,13 +176,15 @@ impl Templates {
         buf.extend_from_slice(b",\"prompt_token_ids\":null,\"prompt_text\":null}\n\n");
     }
 
-    /// One token's chunk. `completion` is this choice's token count including this token.
+    /// One event of choice `index` holding the tokens `texts` (one, or several packed into
+    /// one event: their texts concatenated, one logprobs entry each; none for an early
+    /// finish). `completion` is this choice's token count up to the event's last token.
     pub fn token_chunk(
         &self,
         buf: &mut BytesMut,
         index: u32,
-        text: &TokText,
-        logprobs: Option<&TokenLogprobs>,
+        texts: &[TokText],
+        logprobs: Option<&[TokenLogprobs]>,
         finish: Option<&Finish>,
         completion: u64,
     ) {
@@ -174,8 +197,8 @@ impl Templates {
             buf,
             shape,
             index as u64,
-            |buf| push_tok(buf, text),
-            logprobs.map(std::slice::from_ref),
+            |buf| push_toks(buf, texts),
+            logprobs,
             finish,
         );
         buf.extend_from_slice(b"]");
@@ -441,8 +464,8 @@ mod tests {
         t.token_chunk(
             &mut b,
             0,
-            &TokText::Piece(piece(text)),
-            lp,
+            &[TokText::Piece(piece(text))],
+            lp.map(std::slice::from_ref),
             finish,
             completion,
         );
@@ -547,6 +570,86 @@ mod tests {
         assert_eq!(piece_chunk(&t, "ow", None, Some(&Finish::Length), 16), "data: {\"id\":\"cmpl-9a7207426ef199bb\",\"object\":\"text_completion\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[{\"index\":0,\"text\":\"ow\",\"logprobs\":null,\"finish_reason\":\"length\",\"stop_reason\":null,\"prompt_token_ids\":null,\"token_ids\":null}]}\n\n");
     }
 
+    /// The packed event of `stream-chat-coalesced.txt` ("def" + "sage" in one event), byte
+    /// for byte: an ordinary token chunk with the texts concatenated.
+    #[test]
+    fn packed_event_matches_stream_chat_coalesced_txt() {
+        let mut req = parse(
+            Api::Chat,
+            br#"{"model":"tiny","messages":[{"role":"user","content":"Hello"}],"stream":true,"max_tokens":48,"seed":1,"stream_options":{"include_usage":true}}"#,
+            &["tiny".to_string()],
+            2048,
+            0,
+        )
+        .unwrap();
+        req.id_hash = 0x95a49db66b9b67cb;
+        let t = Templates::new(&req, "tiny", 1795967336);
+        let mut b = BytesMut::new();
+        let toks = [TokText::Piece(piece("def")), TokText::Piece(piece("sage"))];
+        t.token_chunk(&mut b, 0, &toks, None, None, 7);
+        assert_eq!(line(&b), "data: {\"id\":\"chatcmpl-95a49db66b9b67cb\",\"object\":\"chat.completion.chunk\",\"created\":1795967336,\"model\":\"tiny\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"defsage\"},\"logprobs\":null,\"finish_reason\":null,\"token_ids\":null}]}\n\n");
+        // Owned (stop-cut, empty) texts join the same string, escaped once.
+        b.clear();
+        let toks = [
+            TokText::Owned(String::new()),
+            TokText::Piece(piece("def")),
+            TokText::Owned("a\"b".into()),
+        ];
+        t.token_chunk(&mut b, 0, &toks, None, None, 3);
+        assert!(
+            line(&b).contains(r#""delta":{"content":"defa\"b"}"#),
+            "{}",
+            line(&b)
+        );
+    }
+
+    #[test]
+    fn packed_logprobs_have_one_entry_per_token() {
+        let lp = |p: &str, off: u64| TokenLogprobs {
+            sampled: TokLp {
+                piece: piece(p),
+                logprob: -7.5,
+            },
+            top: vec![],
+            text_offset: off,
+        };
+        let lps = [lp("def", 0), lp("sage", 3)];
+        let toks = [TokText::Piece(piece("def")), TokText::Piece(piece("sage"))];
+        let mut b = BytesMut::new();
+        let t = templates(
+            Api::Completions,
+            r#"{"prompt":"x","stream":true,"logprobs":0}"#,
+            1,
+        );
+        t.token_chunk(&mut b, 0, &toks, Some(&lps), None, 2);
+        assert!(line(&b).contains(r#""text":"defsage","logprobs":{"text_offset":[0,3],"token_logprobs":[-7.5,-7.5],"tokens":["def","sage"],"top_logprobs":[{"def":-7.5},{"sage":-7.5}]}"#), "{}", line(&b));
+        b.clear();
+        let t = templates(
+            Api::Chat,
+            r#"{"messages":[{"role":"user","content":"x"}],"stream":true,"logprobs":true}"#,
+            1,
+        );
+        t.token_chunk(&mut b, 0, &toks, Some(&lps), None, 2);
+        assert!(line(&b).contains(r#""logprobs":{"content":[{"token":"def","logprob":-7.5,"bytes":[100,101,102],"top_logprobs":[]},{"token":"sage","logprob":-7.5,"bytes":[115,97,103,101],"top_logprobs":[]}]}"#), "{}", line(&b));
+    }
+
+    /// An early finish carries no token: empty text, empty logprobs, the reason, a null
+    /// stop_reason, and the fingerprint as on any finish chunk without usage.
+    #[test]
+    fn early_finish_chunk_has_no_token_and_its_reason() {
+        let t = templates(
+            Api::Chat,
+            r#"{"messages":[{"role":"user","content":"x"}],"stream":true}"#,
+            1,
+        );
+        let mut b = BytesMut::new();
+        t.token_chunk(&mut b, 1, &[], None, Some(&Finish::Abort), 3);
+        assert_eq!(line(&b), "data: {\"id\":\"chatcmpl-0000000000000001\",\"object\":\"chat.completion.chunk\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[{\"index\":1,\"delta\":{\"content\":\"\"},\"logprobs\":null,\"finish_reason\":\"abort\",\"stop_reason\":null,\"token_ids\":null}],\"system_fingerprint\":\"vllm-0.32.0-f1283a03\"}\n\n");
+        b.clear();
+        t.token_chunk(&mut b, 0, &[], Some(&[]), Some(&Finish::Error), 0);
+        assert!(line(&b).contains(r#""delta":{"content":""},"logprobs":{"content":[]},"finish_reason":"error","stop_reason":null"#), "{}", line(&b));
+    }
+
     #[test]
     fn stop_chunk_matches_stream_chat_stop_txt() {
         let t = templates(
@@ -556,7 +659,14 @@ mod tests {
         );
         let mut b = BytesMut::new();
         let fin = Finish::Stop(Some("e".into()));
-        t.token_chunk(&mut b, 0, &TokText::Owned("yp".into()), None, Some(&fin), 1);
+        t.token_chunk(
+            &mut b,
+            0,
+            &[TokText::Owned("yp".into())],
+            None,
+            Some(&fin),
+            1,
+        );
         assert_eq!(line(&b), "data: {\"id\":\"chatcmpl-93fdfd0f0fb21559\",\"object\":\"chat.completion.chunk\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"yp\"},\"logprobs\":null,\"finish_reason\":\"stop\",\"stop_reason\":\"e\",\"token_ids\":null}]}\n\n");
         b.clear();
         t.usage_chunk(&mut b, 1);
@@ -590,7 +700,7 @@ mod tests {
             let t = templates(Api::Chat, r#"{"messages":[{"role":"user","content":"x"}],"stream":true}"#, 1);
             let mut b = BytesMut::new();
             let fin = Finish::Stop(Some(text.clone()));
-            t.token_chunk(&mut b, idx, &TokText::Owned(text.clone()), None, done.then_some(&fin), 1);
+            t.token_chunk(&mut b, idx, &[TokText::Owned(text.clone())], None, done.then_some(&fin), 1);
             let s = line(&b);
             let json = s.strip_prefix("data: ").unwrap().strip_suffix("\n\n").unwrap();
             proptest::prop_assert!(!json.contains('\n'));

@@ -13,6 +13,7 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Limited};
 use tokio::time::Instant;
 
+use super::coalesce::Packing;
 use super::engine::{Engine, Run};
 use super::errors::ApiError;
 use super::faults::{self, Faults, FAULT_HEADER};
@@ -220,7 +221,8 @@ async fn generate(
     let tmpl = Templates::new(&greq, &cfg.models[greq.model_idx], eng.created);
     let run = Run::new(eng.clone(), &greq, arrival, arrival_no);
     if greq.stream {
-        let body = SseBody::new(run, tmpl, faults, api, greq.include_usage);
+        let packing = Packing::new(faults.coalesce, cfg.coalesce_prob, cfg.seed, arrival_no);
+        let body = SseBody::new(run, tmpl, faults, api, greq.include_usage, packing);
         return head(200, Some(EVENT_STREAM), None)
             .body(SimBody::Sse(Box::new(body)))
             .unwrap_or_else(|_| Response::new(SimBody::Full(None)));

@@ -1,5 +1,6 @@
 //! The SSE response body: a poll-driven state machine (queue -> prefill -> decode steps ->
-//! trailer) that writes chunks into one reused buffer. With zero decode time it emits many
+//! trailer) that writes chunks into one reused buffer. Tokens may be packed several to an
+//! event ([`Packing`]); an early-finish fault ends the choices with `abort` or `error`. With zero decode time it emits many
 //! steps per frame; otherwise it sleeps on one re-armed timer per stream. Dropping the body
 //! (client disconnect) drops the [`Run`], which frees the decode slots at once.
 
@@ -12,6 +13,7 @@ use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
+use super::coalesce::{Packing, Pending};
 use super::engine::{Acquire, Run};
 use super::errors::stream_error_event;
 use super::faults::Faults;
@@ -50,6 +52,11 @@ pub struct SseBody {
     buf: BytesMut,
     malformed_sent: bool,
     cut_yielded: bool,
+    packing: Packing,
+    /// Per choice: tokens generated, not yet sent.
+    pending: Vec<Pending>,
+    /// Choices whose event goes out after this step, in index order.
+    ready: Vec<u32>,
 }
 
 impl SseBody {
@@ -59,8 +66,10 @@ impl SseBody {
         faults: Faults,
         api: Api,
         include_usage: bool,
+        packing: Packing,
     ) -> Self {
         let acquire = run.enqueue();
+        let n = run.gen.n() as usize;
         let now = Instant::now();
         SseBody {
             run,
@@ -74,6 +83,9 @@ impl SseBody {
             buf: BytesMut::with_capacity(4096),
             malformed_sent: false,
             cut_yielded: false,
+            packing,
+            pending: (0..n).map(|_| Pending::default()).collect(),
+            ready: Vec::with_capacity(n),
         }
     }
 
@@ -113,28 +125,68 @@ impl SseBody {
             self.malformed_sent = true;
             self.tmpl.malformed_chunk(&mut self.buf);
         }
-        let first = steps == 0;
-        if first && self.api == Api::Chat {
+        if let Some(end) = self.faults.finish.filter(|f| f.after == steps) {
+            // The engine gives up: every unfinished choice gets one last event with what it
+            // still holds (possibly no token) and the finish_reason.
             for i in 0..self.run.gen.n() {
-                self.tmpl.role_chunk(&mut self.buf, i);
+                let finish = end.reason.finish();
+                if self.run.gen.end_early(i, finish.clone()) {
+                    let p = &mut self.pending[i as usize];
+                    p.finish = Some(finish);
+                    p.count = self.run.gen.tokens(i);
+                    self.ready.push(i);
+                }
             }
+            self.flush_ready();
+            self.state = State::Trailer;
+            return;
         }
-        let (tmpl, buf) = (&self.tmpl, &mut self.buf);
+        let (pending, packing, ready) = (&mut self.pending, &mut self.packing, &mut self.ready);
         self.run.step(|i, t| {
-            tmpl.token_chunk(
-                buf,
-                i,
-                &t.text,
-                t.logprobs.as_ref(),
-                t.finish.as_ref(),
-                t.count,
-            );
+            let p = &mut pending[i as usize];
+            p.texts.push(t.text);
+            p.logprobs.extend(t.logprobs);
+            p.count = t.count;
+            let last = t.finish.is_some();
+            p.finish = t.finish;
+            if last || !packing.hold(p.texts.len()) {
+                ready.push(i);
+            }
         });
+        self.flush_ready();
         self.state = if self.run.gen.all_finished() {
             State::Trailer
         } else {
             State::Step
         };
+    }
+
+    /// Writes the events of the ready choices (chat: each choice's role chunk before its
+    /// first event, all role chunks of a step first, as vLLM orders them).
+    fn flush_ready(&mut self) {
+        let logprobs = self.run.gen.logprobs();
+        if self.api == Api::Chat {
+            for &i in &self.ready {
+                let p = &mut self.pending[i as usize];
+                if !p.role_sent {
+                    p.role_sent = true;
+                    self.tmpl.role_chunk(&mut self.buf, i);
+                }
+            }
+        }
+        for &i in &self.ready {
+            let p = &mut self.pending[i as usize];
+            self.tmpl.token_chunk(
+                &mut self.buf,
+                i,
+                &p.texts,
+                logprobs.then_some(&p.logprobs[..]),
+                p.finish.as_ref(),
+                p.count,
+            );
+            p.sent();
+        }
+        self.ready.clear();
     }
 }
 
@@ -182,7 +234,11 @@ impl Body for SseBody {
                         if !d.is_zero() {
                             let from_now = this.run.steps_done() == 1;
                             this.wait(d, from_now);
-                            return this.take_frame();
+                            // A step whose tokens are all held sends nothing.
+                            if !this.buf.is_empty() {
+                                return this.take_frame();
+                            }
+                            continue;
                         }
                         steps_in_frame += 1;
                         if steps_in_frame >= BATCH_STEPS || this.buf.len() >= FLUSH_BYTES {

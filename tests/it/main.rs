@@ -21,4 +21,5 @@ mod sim_cli;
 mod sim_engine;
 mod sim_faults;
 mod sim_fidelity;
+mod sim_pack;
 mod sim_stream;
