@@ -47,7 +47,7 @@ fn record(i: u64) -> Arc<RequestRecord> {
     m.itl_max = Some(d(40));
     m.prompt_tokens = Some(512);
     m.completion_tokens = Some(128);
-    m.usage_exact = true;
+    m.tokens_exact = true;
     let v = judge(&m, &Slo::default());
     let start = 1_764_590_000_000 + i;
     let rec = RequestRecord::new(

@@ -366,7 +366,8 @@ impl RequestMetrics {
         if let Some(d) = m.ttfc {
             self.ttfc.observe(d.as_secs_f64());
         }
-        if let Some(d) = m.tpot {
+        // One observation per choice (vLLM records one per child request).
+        for d in m.tpot_observations() {
             self.tpot.observe(d.as_secs_f64());
         }
         if m.outcome != Outcome::Rejected {

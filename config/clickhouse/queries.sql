@@ -38,7 +38,7 @@ FROM
         sum(slo_good) AS good,
         sum(rejected_by_client) AS rejected_by_client,
         arraySort(groupArrayIf(ttft_s, outcome != 'rejected' AND isNotNull(ttft_s))) AS ttft,
-        arraySort(groupArrayIf(tpot_s, outcome != 'rejected' AND isNotNull(tpot_s))) AS tpot,
+        arraySort(groupArrayArrayIf(tpot_values_s, outcome != 'rejected')) AS tpot,
         arraySort(groupArrayIf(e2e_s, outcome != 'rejected' AND isNotNull(e2e_s))) AS e2e
     FROM goodput.records FINAL
     WHERE time >= now() - INTERVAL 15 MINUTE

@@ -34,12 +34,15 @@ CREATE TABLE IF NOT EXISTS goodput.records
     ttft_ns Nullable(UInt64),
     ttfc_ns Nullable(UInt64),
     tpot_ns Nullable(UInt64),
+    choice_tpot_ns Array(UInt64),
     e2e_ns UInt64,
     itl_count UInt64,
     itl_max_ns Nullable(UInt64),
     prompt_tokens Nullable(UInt64),
     completion_tokens Nullable(UInt64),
-    usage_exact UInt8,
+    tokens_exact UInt8,
+    usage_injected UInt8,
+    usage_stripped UInt8,
     slo_ttft_ok Nullable(UInt8),
     slo_tpot_ok Nullable(UInt8),
     slo_e2e_ok Nullable(UInt8),
@@ -48,6 +51,10 @@ CREATE TABLE IF NOT EXISTS goodput.records
     ttft_s ALIAS ttft_ns / 1e9,
     ttfc_s ALIAS ttfc_ns / 1e9,
     tpot_s ALIAS tpot_ns / 1e9,
+    choice_tpot_s ALIAS arrayMap(v -> v / 1e9, choice_tpot_ns),
+    -- The TPOT observations a record adds to statistics (DESIGN.md): one per choice with n > 1
+    -- (choice_tpot_ns), else the request's own when defined.
+    tpot_values_s ALIAS arrayMap(v -> v / 1e9, if(empty(choice_tpot_ns), if(isNull(tpot_ns), emptyArrayUInt64(), [assumeNotNull(tpot_ns)]), choice_tpot_ns)),
     e2e_s ALIAS e2e_ns / 1e9,
     itl_max_s ALIAS itl_max_ns / 1e9,
     rejected_by_client ALIAS outcome = 'rejected' AND ifNull(status, 0) >= 400 AND ifNull(status, 0) < 500 AND ifNull(status, 0) != 429

@@ -47,13 +47,18 @@ pub struct RequestRecord {
     pub finish_reason: Option<String>,
     pub ttft_seconds: Option<f64>,
     pub ttfc_seconds: Option<f64>,
+    /// TPOT as judged: the one choice's, or with several choices the largest of theirs.
     pub tpot_seconds: Option<f64>,
+    /// With several choices: each choice's defined TPOT (statistics take one value per choice,
+    /// as the proxy's `/stats` and histograms do). Absent with one choice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub choice_tpot_seconds: Option<Vec<f64>>,
     pub e2e_seconds: f64,
     pub itl_count: u64,
     pub itl_max_seconds: Option<f64>,
     pub prompt_tokens: Option<u64>,
     pub completion_tokens: Option<u64>,
-    pub usage_exact: bool,
+    pub tokens_exact: bool,
     /// Success and every applicable SLO held.
     pub good: bool,
     /// Transport error text, when the request failed before or while reading the response.
@@ -74,6 +79,18 @@ fn default_usage() -> String {
 }
 
 impl RequestRecord {
+    /// The TPOT values this request adds to statistics: one per choice with a defined TPOT.
+    pub fn tpot_values(&self) -> impl Iterator<Item = f64> + '_ {
+        let single = self
+            .choice_tpot_seconds
+            .is_none()
+            .then_some(self.tpot_seconds)
+            .flatten();
+        single
+            .into_iter()
+            .chain(self.choice_tpot_seconds.iter().flatten().copied())
+    }
+
     pub fn end_s(&self) -> f64 {
         self.start_s + self.e2e_seconds
     }

@@ -204,8 +204,8 @@ def main():
         eng = sum(eng_map.values()) if eng_map else None
         hung = [(c, p) for c, p in sel if p["outcome"] == "client_abort"]
         done = [(c, p) for c, p in sel if p["outcome"] != "client_abort"]
-        exact = [(c, p) for c, p in done if p.get("usage_exact")]
-        est = [(c, p) for c, p in done if not p.get("usage_exact")]
+        exact = [(c, p) for c, p in done if p.get("tokens_exact")]
+        est = [(c, p) for c, p in done if not p.get("tokens_exact")]
         # the engine generated exactly max_tokens x n for a request that finished by length when
         # EOS was ignored or there is one choice (its finish_reason is the request's); with n > 1
         # and EOS allowed, one choice may have stopped early: the truth lies between the proxy's
@@ -219,7 +219,7 @@ def main():
         hi = known + sum(c["max_tokens"] * c.get("n", 1) for c, _ in est_open)
         reported = lo
         # a client that hung up read less than the proxy had passed on: only finished requests
-        seen = [(c, p) for c, p in done if c.get("usage_exact")]
+        seen = [(c, p) for c, p in done if c.get("tokens_exact")]
         seen_ok = sum(1 for c, p in seen if c.get("completion_tokens") == p.get("completion_tokens"))
         good = (prx == rec_sum and seen_ok == len(seen) and len(est_len) + len(est_open) == len(est)
                 and eng is not None)

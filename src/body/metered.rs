@@ -38,6 +38,8 @@ pin_project! {
         strip: Option<UsageStripper>,
         // An inner error waiting behind the bytes the stripper released at the error.
         error: Option<B::Error>,
+        // Trailers waiting behind the bytes the stripper released when they came.
+        trailers: Option<Frame<Bytes>>,
         error_ending: fn(&B::Error) -> Ending,
         done: bool,
     }
@@ -53,14 +55,16 @@ pin_project! {
                 } else {
                     Ending::ClientGone
                 };
-                finish(a, ending);
+                finish(a, ending, this.strip.as_ref());
             }
         }
     }
 }
 
-fn finish(mut a: Active, ending: Ending) {
-    let m = a.meter.finish(Instant::now(), ending);
+fn finish(mut a: Active, ending: Ending, strip: Option<&UsageStripper>) {
+    let mut m = a.meter.finish(Instant::now(), ending);
+    m.usage_injected = strip.is_some();
+    m.usage_stripped = strip.is_some_and(|s| !s.gave_up());
     (a.on_finish)(m);
 }
 
@@ -77,6 +81,7 @@ impl<B: Body<Data = Bytes>> MeteredBody<B> {
             on_gap: None,
             strip: None,
             error: None,
+            trailers: None,
             error_ending: body_error::<B::Error>,
             done: false,
         }
@@ -103,8 +108,9 @@ impl<B: Body<Data = Bytes>> MeteredBody<B> {
 
     /// Finish now with `ending` (an outer deadline fired); later frames are passed unmetered.
     pub fn finish_now(self: Pin<&mut Self>, ending: Ending) {
-        if let Some(a) = self.project().active.take() {
-            finish(a, ending);
+        let this = self.project();
+        if let Some(a) = this.active.take() {
+            finish(a, ending, this.strip.as_ref());
         }
     }
 }
@@ -122,6 +128,9 @@ impl<B: Body<Data = Bytes>> Body for MeteredBody<B> {
             if let Some(e) = this.error.take() {
                 return Poll::Ready(Some(Err(e)));
             }
+            if let Some(t) = this.trailers.take() {
+                return Poll::Ready(Some(Ok(t)));
+            }
             if *this.done {
                 return Poll::Ready(None);
             }
@@ -129,7 +138,15 @@ impl<B: Body<Data = Bytes>> Body for MeteredBody<B> {
                 Some(Ok(frame)) => {
                     let frame = match frame.into_data() {
                         Ok(data) => data,
-                        Err(other) => return Poll::Ready(Some(Ok(other))),
+                        Err(other) => {
+                            // Trailers end the body: what the stripper holds goes out first.
+                            let held = this.strip.as_mut().map(|s| s.finish()).unwrap_or_default();
+                            if held.is_empty() {
+                                return Poll::Ready(Some(Ok(other)));
+                            }
+                            *this.trailers = Some(other);
+                            return Poll::Ready(Some(Ok(Frame::data(held))));
+                        }
                     };
                     if let Some(a) = this.active.as_mut() {
                         let t = Instant::now();
@@ -151,7 +168,7 @@ impl<B: Body<Data = Bytes>> Body for MeteredBody<B> {
                     let ending = (this.error_ending)(&e);
                     *this.done = true;
                     if let Some(a) = this.active.take() {
-                        finish(a, ending);
+                        finish(a, ending, this.strip.as_ref());
                     }
                     let held = this.strip.as_mut().map(|s| s.finish()).unwrap_or_default();
                     if held.is_empty() {
@@ -164,7 +181,7 @@ impl<B: Body<Data = Bytes>> Body for MeteredBody<B> {
                     *this.done = true;
                     let held = this.strip.as_mut().map(|s| s.finish()).unwrap_or_default();
                     if let Some(a) = this.active.take() {
-                        finish(a, Ending::Complete);
+                        finish(a, Ending::Complete, this.strip.as_ref());
                     }
                     if held.is_empty() {
                         return Poll::Ready(None);
@@ -176,7 +193,9 @@ impl<B: Body<Data = Bytes>> Body for MeteredBody<B> {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.error.is_none() && (self.done || (self.strip.is_none() && self.inner.is_end_stream()))
+        self.error.is_none()
+            && self.trailers.is_none()
+            && (self.done || (self.strip.is_none() && self.inner.is_end_stream()))
     }
 
     fn size_hint(&self) -> SizeHint {

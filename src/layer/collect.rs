@@ -17,6 +17,7 @@ use tower::{Layer, Service};
 use super::request_id::{RequestId, RequestStart};
 use super::{Around, ResponseFuture, Wrapped};
 use crate::error::{BoxError, ProxyError};
+use crate::measure::request::{peek_request, RequestPeek};
 use crate::stack::ProxyBody;
 
 /// What the proxy knows about a request before it goes upstream (a request extension on the
@@ -26,24 +27,11 @@ pub struct RequestFacts {
     pub request_id: Arc<str>,
     /// The body's `model`, when the body is JSON and has one.
     pub model: Option<String>,
-    /// The body's `stream` flag (`false` when absent or not JSON).
+    /// The body's `stream` flag as the engine reads it (lax boolean; `false` when absent, not
+    /// JSON, or not a boolean to the engine).
     pub stream: bool,
     /// When hyper handed the request over (DESIGN.md `t0`).
     pub t0: Instant,
-}
-
-#[derive(serde::Deserialize)]
-struct Peek {
-    model: Option<String>,
-    stream: Option<bool>,
-}
-
-/// Extracts `model` and `stream` from an OpenAI request body; not JSON means neither.
-pub fn peek_body(body: &[u8]) -> (Option<String>, bool) {
-    match serde_json::from_slice::<Peek>(body) {
-        Ok(p) => (p.model, p.stream.unwrap_or(false)),
-        Err(_) => (None, false),
-    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -101,7 +89,7 @@ where
                 }
                 Err(e) => return Err(ProxyError::ClientBody(e)),
             };
-            let (model, stream) = peek_body(&bytes);
+            let RequestPeek { model, stream } = peek_request(&bytes);
             let facts = RequestFacts {
                 request_id: parts
                     .extensions
@@ -118,27 +106,5 @@ where
             req.extensions_mut().insert(facts);
             inner.call(req).await
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn peek_table() {
-        for (body, want) in [
-            (
-                &br#"{"model":"tiny","stream":true,"messages":[]}"#[..],
-                (Some("tiny".to_string()), true),
-            ),
-            (br#"{"model":"m"}"#, (Some("m".to_string()), false)),
-            (br#"{"stream":false}"#, (None, false)),
-            (b"", (None, false)),
-            (b"not json", (None, false)),
-            (br#"{"model":5}"#, (None, false)),
-        ] {
-            assert_eq!(peek_body(body), want, "{}", String::from_utf8_lossy(body));
-        }
     }
 }

@@ -98,17 +98,22 @@ pub struct ResponseInfo {
     pub error: bool,
     pub choice_count: u32,
     pub finished_count: u32,
+    /// Choices that finished with `abort` or `error` (the engine gave up on them).
+    pub failed_count: u32,
+    /// The first choice's finish reason, or the first `abort` / `error` one when a choice has it.
     pub finish_reason: Option<FinishReason>,
     pub usage: Option<Usage>,
 }
 
 impl ResponseInfo {
-    /// Success by DESIGN.md: `choices` present and every choice has a `finish_reason`.
+    /// Success by DESIGN.md: `choices` present and every choice has a `finish_reason` other
+    /// than `abort` / `error`.
     pub fn is_complete(&self) -> bool {
         self.parsed
             && !self.error
             && self.choice_count > 0
             && self.finished_count == self.choice_count
+            && self.failed_count == 0
     }
 }
 
@@ -148,6 +153,7 @@ pub fn inspect_response(body: &[u8]) -> ResponseInfo {
         error: false,
         choice_count: 0,
         finished_count: 0,
+        failed_count: 0,
         finish_reason: None,
         usage: None,
     };
@@ -160,7 +166,12 @@ pub fn inspect_response(body: &[u8]) -> ResponseInfo {
     if let Some(c) = raw.choices {
         info.choice_count = c.total;
         info.finished_count = c.finished;
-        info.finish_reason = c.items[..c.kept as usize].iter().find_map(|c| c.finish);
+        info.failed_count = c.failed;
+        let kept = &c.items[..c.kept as usize];
+        info.finish_reason = kept
+            .iter()
+            .find_map(|c| c.finish.filter(|f| f.engine_gave_up()))
+            .or_else(|| kept.iter().find_map(|c| c.finish));
     }
     info
 }
@@ -302,6 +313,7 @@ struct Choices {
     kept: u8,
     total: u32,
     finished: u32,
+    failed: u32,
     output: bool,
     tokens: u32,
 }
@@ -320,6 +332,7 @@ impl<'de> Deserialize<'de> for Choices {
                     kept: 0,
                     total: 0,
                     finished: 0,
+                    failed: 0,
                     output: false,
                     tokens: 0,
                 };
@@ -327,6 +340,7 @@ impl<'de> Deserialize<'de> for Choices {
                     let s = raw.summary();
                     c.total = c.total.saturating_add(1);
                     c.finished += u32::from(s.finish.is_some());
+                    c.failed += u32::from(s.finish.is_some_and(FinishReason::engine_gave_up));
                     c.output |= s.output;
                     c.tokens = c.tokens.saturating_add(s.tokens);
                     if (c.kept as usize) < MAX_CHOICES_PER_CHUNK {

@@ -15,8 +15,8 @@ use crate::measure::outcome::{Ending, FinishReason, Outcome};
 /// through untouched and judged by its ending alone (complete => success), without tokens.
 pub const MAX_JSON_BODY: usize = 16 << 20;
 
-/// Highest choice index tracked for "every choice got a finish_reason"; larger indices are
-/// folded onto it (bounded memory on hostile input).
+/// Highest choice index timed on its own; larger indices are folded onto it (bounded memory on
+/// hostile input: at most this many small per-choice timelines per request).
 const MAX_CHOICE_INDEX: u32 = 4095;
 
 /// Everything measured about one request: plain data.
@@ -25,26 +25,41 @@ pub struct Measurement {
     pub status: Option<u16>,
     pub streaming: bool,
     pub outcome: Outcome,
+    /// The finish reason label: the last one seen, except that a choice the engine gave up on
+    /// (`abort`, `error`) names the request.
     pub finish_reason: Option<FinishReason>,
-    /// `t_first_token - t0`. None when no output token arrived (never E2E as a fallback).
+    /// `t_first_token - t0`: the first output event of any choice. None when no output token
+    /// arrived (never E2E as a fallback).
     pub ttft: Option<Duration>,
     /// `t_first_chunk - t0`: first data event carrying a `choices` entry (role chunk counts).
     pub ttfc: Option<Duration>,
-    /// `(t_last_token - t_first_token) / (output_tokens - 1)`; None for fewer than 2 tokens.
+    /// TPOT as the SLO judges it: the request's one choice's TPOT; with several choices the
+    /// largest of theirs (the SLO holds when every choice's holds). None when undefined.
     pub tpot: Option<Duration>,
+    /// With several choices, every choice's defined TPOT (one histogram observation each, as
+    /// vLLM records one per child request); empty with one choice.
+    pub choice_tpots: Vec<Duration>,
     /// `t_end - t0`.
     pub e2e: Duration,
-    /// Number of ITL gaps (output events after the first).
+    /// Number of ITL gaps (output events after the first, per choice).
     pub itl_count: u64,
     pub itl_max: Option<Duration>,
     pub prompt_tokens: Option<u64>,
     pub completion_tokens: Option<u64>,
-    /// `completion_tokens` came from the engine's `usage` (exact), not from counting events.
-    pub usage_exact: bool,
+    /// `completion_tokens` came from the engine's `usage` (exact), not from counting events
+    /// (a lower bound when the engine packs several tokens into one event).
+    pub tokens_exact: bool,
     /// `t_headers - t0`, when the response head arrived.
     pub ttfb: Option<Duration>,
     /// Output events seen (streams).
     pub output_events: u64,
+    /// Choice indices seen (streams).
+    pub choices: u32,
+    /// The proxy injected `stream_options.include_usage` into the request.
+    pub usage_injected: bool,
+    /// It did, and the usage chunk was removed again (false when the stripper gave up at its
+    /// memory bound and the stream passed unchanged).
+    pub usage_stripped: bool,
     /// Every ITL gap in seconds, in order, when [`StreamMeter::keep_gaps`] asked for them
     /// (the proxy keeps them for exact `/stats` ITL percentiles); empty otherwise.
     #[serde(skip)]
@@ -63,51 +78,53 @@ impl Measurement {
             ttft: None,
             ttfc: None,
             tpot: None,
+            choice_tpots: Vec::new(),
             e2e,
             itl_count: 0,
             itl_max: None,
             prompt_tokens: None,
             completion_tokens: None,
-            usage_exact: false,
+            tokens_exact: false,
             ttfb: None,
             output_events: 0,
+            choices: 0,
+            usage_injected: false,
+            usage_stripped: false,
             itl_gaps: Vec::new(),
         }
     }
+
+    /// The TPOT histogram's observations: one per choice with a defined TPOT.
+    pub fn tpot_observations(&self) -> impl Iterator<Item = Duration> + '_ {
+        let single = self.choice_tpots.is_empty().then_some(self.tpot).flatten();
+        single.into_iter().chain(self.choice_tpots.iter().copied())
+    }
 }
 
-/// A bit set of choice indices: one inline word covers n <= 64 (no allocation); larger
-/// indices spill into a vector, grown once per request.
-#[derive(Debug, Default)]
-struct ChoiceSet {
-    low: u64,
-    high: Vec<u64>,
+/// One choice's own timeline (DESIGN.md: TPOT and ITL are per choice).
+#[derive(Debug, Clone, Copy, Default)]
+struct ChoiceTimeline {
+    seen: bool,
+    first: Option<Instant>,
+    last: Option<Instant>,
+    /// Output events of this choice.
+    events: u64,
+    /// Its tokens: `logprobs` entries when present, else one per output event.
+    tokens: u64,
+    finish: Option<FinishReason>,
 }
 
-impl ChoiceSet {
-    fn insert(&mut self, index: u32) {
-        let i = index.min(MAX_CHOICE_INDEX) as usize;
-        if i < 64 {
-            self.low |= 1 << i;
-            return;
+impl ChoiceTimeline {
+    /// `(last - first) / (tokens - 1)`; undefined below 2 tokens or when all the output came
+    /// in one event (a packed event tells nothing about the time per token).
+    fn tpot(&self, tokens: u64) -> Option<Duration> {
+        match (self.first, self.last) {
+            (Some(first), Some(last)) if tokens >= 2 && self.events >= 2 => Some(div_duration(
+                last.saturating_duration_since(first),
+                tokens - 1,
+            )),
+            _ => None,
         }
-        let (w, b) = (i / 64 - 1, i % 64);
-        if self.high.len() <= w {
-            self.high.resize(w + 1, 0);
-        }
-        self.high[w] |= 1 << b;
-    }
-    fn is_empty(&self) -> bool {
-        self.low == 0 && self.high.iter().all(|w| *w == 0)
-    }
-    /// Every index in `self` is in `other`.
-    fn subset_of(&self, other: &ChoiceSet) -> bool {
-        self.low & !other.low == 0
-            && self
-                .high
-                .iter()
-                .enumerate()
-                .all(|(i, w)| w & !other.high.get(i).copied().unwrap_or(0) == 0)
     }
 }
 
@@ -129,14 +146,55 @@ struct Timeline {
     done: bool,
     inband_error: bool,
     finish_reason: Option<FinishReason>,
-    seen: ChoiceSet,
-    finished: ChoiceSet,
+    /// Choice 0 inline (no allocation for `n = 1`), the others by index.
+    choice0: ChoiceTimeline,
+    more: Vec<ChoiceTimeline>,
     /// Kept gaps (seconds) and how many at most.
     gaps: Vec<f32>,
     gap_cap: usize,
 }
 
 impl Timeline {
+    fn new(t0: Instant) -> Self {
+        Self {
+            t0,
+            t_headers: None,
+            t_first_chunk: None,
+            t_first_token: None,
+            t_last_token: None,
+            output_events: 0,
+            counted_tokens: 0,
+            itl_count: 0,
+            itl_max: None,
+            prompt_tokens: None,
+            usage_completion: None,
+            done: false,
+            inband_error: false,
+            finish_reason: None,
+            choice0: ChoiceTimeline::default(),
+            more: Vec::new(),
+            gaps: Vec::new(),
+            gap_cap: 0,
+        }
+    }
+
+    fn choice(&mut self, index: u32) -> &mut ChoiceTimeline {
+        let i = index.min(MAX_CHOICE_INDEX) as usize;
+        if i == 0 {
+            return &mut self.choice0;
+        }
+        if self.more.len() < i {
+            self.more.resize(i, ChoiceTimeline::default());
+        }
+        &mut self.more[i - 1]
+    }
+
+    fn all_choices(&self) -> impl Iterator<Item = &ChoiceTimeline> {
+        std::iter::once(&self.choice0)
+            .chain(self.more.iter())
+            .filter(|c| c.seen)
+    }
+
     fn on_event(&mut self, t: Instant, ev: SseEvent<'_>, on_gap: &mut impl FnMut(Duration)) {
         if ev.event == Some(b"error") {
             self.inband_error = true;
@@ -159,26 +217,41 @@ impl Timeline {
             self.t_first_chunk = Some(t);
         }
         for c in info.choices() {
-            self.seen.insert(c.index);
             if let Some(f) = c.finish {
-                self.finished.insert(c.index);
-                self.finish_reason = Some(f);
+                if !self.finish_reason.is_some_and(FinishReason::engine_gave_up) {
+                    self.finish_reason = Some(f);
+                }
+            }
+            let gap_cap = self.gap_cap;
+            let ch = self.choice(c.index);
+            ch.seen = true;
+            if c.finish.is_some() {
+                ch.finish = c.finish;
+            }
+            ch.tokens += u64::from(c.tokens);
+            if !c.output {
+                continue;
+            }
+            ch.events += 1;
+            let gap = ch.last.map(|last| t.saturating_duration_since(last));
+            if ch.first.is_none() {
+                ch.first = Some(t);
+            }
+            ch.last = Some(t);
+            if let Some(gap) = gap {
+                self.itl_count += 1;
+                self.itl_max = Some(self.itl_max.map_or(gap, |m| m.max(gap)));
+                if self.gaps.len() < gap_cap {
+                    self.gaps.push(gap.as_secs_f32());
+                }
+                on_gap(gap);
             }
         }
         self.counted_tokens += u64::from(info.tokens);
         if info.output {
             self.output_events += 1;
-            match self.t_last_token {
-                None => self.t_first_token = Some(t),
-                Some(last) => {
-                    let gap = t.saturating_duration_since(last);
-                    self.itl_count += 1;
-                    self.itl_max = Some(self.itl_max.map_or(gap, |m| m.max(gap)));
-                    if self.gaps.len() < self.gap_cap {
-                        self.gaps.push(gap.as_secs_f32());
-                    }
-                    on_gap(gap);
-                }
+            if self.t_first_token.is_none() {
+                self.t_first_token = Some(t);
             }
             self.t_last_token = Some(t);
         }
@@ -194,12 +267,37 @@ impl Timeline {
         }
     }
 
-    /// DESIGN.md: success iff every choice got a finish_reason, `[DONE]` arrived, no error.
+    /// A choice finished with `abort` or `error`: the engine gave up on it.
+    fn engine_gave_up(&self) -> bool {
+        self.all_choices()
+            .any(|c| c.finish.is_some_and(FinishReason::engine_gave_up))
+    }
+
+    /// DESIGN.md: success iff every choice got a finish_reason (not `abort`/`error`, checked
+    /// first), `[DONE]` arrived, no error.
     fn stream_complete(&self) -> bool {
-        self.done
-            && !self.inband_error
-            && !self.finished.is_empty()
-            && self.seen.subset_of(&self.finished)
+        let mut any = false;
+        let all = self.all_choices().all(|c| {
+            any = true;
+            c.finish.is_some()
+        });
+        self.done && !self.inband_error && any && all
+    }
+
+    /// Per-choice TPOTs: with one choice, its tokens are the request's output tokens (usage
+    /// when present); with several, each counts its own (logprobs entries, else events).
+    fn tpots(&self, completion_tokens: Option<u64>) -> (Option<Duration>, Vec<Duration>) {
+        let seen = self.all_choices().count();
+        if seen <= 1 {
+            let tokens = completion_tokens.unwrap_or(self.choice0.tokens);
+            let one = self.all_choices().next().and_then(|c| c.tpot(tokens));
+            return (one, Vec::new());
+        }
+        let each: Vec<Duration> = self
+            .all_choices()
+            .filter_map(|c| c.tpot(c.tokens))
+            .collect();
+        (each.iter().max().copied(), each)
     }
 }
 
@@ -223,26 +321,7 @@ impl StreamMeter {
             streaming,
             status: None,
             parser: SseParser::new(),
-            tl: Timeline {
-                t0,
-                t_headers: None,
-                t_first_chunk: None,
-                t_first_token: None,
-                t_last_token: None,
-                output_events: 0,
-                counted_tokens: 0,
-                itl_count: 0,
-                itl_max: None,
-                prompt_tokens: None,
-                usage_completion: None,
-                done: false,
-                inband_error: false,
-                finish_reason: None,
-                seen: ChoiceSet::default(),
-                finished: ChoiceSet::default(),
-                gaps: Vec::new(),
-                gap_cap: 0,
-            },
+            tl: Timeline::new(t0),
             body: Vec::new(),
             body_overflow: false,
             last_frame: None,
@@ -322,20 +401,16 @@ impl StreamMeter {
             m.output_events = tl.output_events;
             m.itl_gaps = std::mem::take(&mut tl.gaps);
             m.prompt_tokens = tl.prompt_tokens;
-            m.usage_exact = tl.usage_completion.is_some();
+            m.tokens_exact = tl.usage_completion.is_some();
             m.completion_tokens = tl.usage_completion.or(Some(tl.counted_tokens));
-            m.tpot = match (tl.t_first_token, tl.t_last_token, m.completion_tokens) {
-                (Some(first), Some(last), Some(n)) if n >= 2 => {
-                    Some(div_duration(last.saturating_duration_since(first), n - 1))
-                }
-                _ => None,
-            };
+            m.choices = tl.all_choices().count() as u32;
+            (m.tpot, m.choice_tpots) = tl.tpots(m.completion_tokens);
         }
         m
     }
 
     fn stream_outcome(&self, ending: Ending) -> Outcome {
-        if self.tl.inband_error {
+        if self.tl.inband_error || self.tl.engine_gave_up() {
             Outcome::UpstreamError
         } else if self.tl.stream_complete() {
             // The client got the whole stream; how the connection ended after that is moot.
@@ -365,16 +440,11 @@ impl StreamMeter {
         if let Some(u) = info.usage {
             m.prompt_tokens = u.prompt_tokens;
             m.completion_tokens = u.completion_tokens;
-            m.usage_exact = u.completion_tokens.is_some();
+            m.tokens_exact = u.completion_tokens.is_some();
         }
-        // Non-streaming TPOT: only from usage with a single choice; there is no first-token
-        // instant, so it is E2E / completion_tokens (an upper bound including prefill).
-        if info.choice_count == 1 {
-            if let Some(n) = m.completion_tokens.filter(|n| *n >= 2) {
-                m.tpot = Some(div_duration(m.e2e, n));
-            }
-        }
-        if info.error {
+        // No TPOT for JSON: nothing the client saw tells when the first token came, and
+        // E2E / tokens would put prefill into the decode series (DESIGN.md).
+        if info.error || info.failed_count > 0 {
             Outcome::UpstreamError
         } else if info.is_complete() {
             Outcome::Success
@@ -478,7 +548,7 @@ mod tests {
         );
         assert_eq!(m.tpot, Some(ms(980) / 49));
         assert_eq!(
-            (m.completion_tokens, m.prompt_tokens, m.usage_exact),
+            (m.completion_tokens, m.prompt_tokens, m.tokens_exact),
             (Some(50), Some(7), true)
         );
         // Usage says more tokens than events (several tokens per event): usage wins.
@@ -493,7 +563,7 @@ mod tests {
     #[test]
     fn tpot_without_usage_counts_events_or_logprobs_entries() {
         let (m, _) = measure(&stream(11, 10, &[DONE.into()]), 500, Ending::Complete);
-        assert_eq!((m.completion_tokens, m.usage_exact), (Some(11), false));
+        assert_eq!((m.completion_tokens, m.tokens_exact), (Some(11), false));
         assert_eq!(m.tpot, Some(ms(100) / 10));
         // Two logprobs entries per event: 2 tokens each.
         let lp = |r: &str| {
@@ -656,11 +726,154 @@ mod tests {
                 Complete,
                 Success,
             ),
+            (
+                "finish abort, then [DONE]",
+                vec![
+                    (100, role()),
+                    (200, tok("a")),
+                    (300, fin("", "abort")),
+                    (300, DONE.into()),
+                ],
+                Complete,
+                UpstreamError,
+            ),
+            (
+                "finish error, then [DONE]",
+                vec![
+                    (100, role()),
+                    (200, tok("a")),
+                    (300, fin("", "error")),
+                    (300, DONE.into()),
+                ],
+                Complete,
+                UpstreamError,
+            ),
+            (
+                "finish abort, then client gone",
+                vec![(100, role()), (200, tok("a")), (300, fin("", "abort"))],
+                ClientGone,
+                UpstreamError,
+            ),
+            (
+                "finish stop, content_filter, repetition are successes",
+                vec![
+                    (100, role()),
+                    (200, fin("a", "content_filter")),
+                    (300, DONE.into()),
+                ],
+                Complete,
+                Success,
+            ),
         ];
         for (name, frames, ending, want) in cases {
             let (m, _) = measure(&frames, 500, ending);
             assert_eq!(m.outcome, want, "{name}");
         }
+    }
+
+    /// A chunk of choice `i` with `text` and an optional finish reason.
+    fn ctok(i: u32, text: &str, finish: Option<&str>) -> String {
+        let f = finish.map_or("null".to_string(), |f| format!("\"{f}\""));
+        format!(
+            r#"data: {{"choices":[{{"index":{i},"delta":{{"content":"{text}"}},"finish_reason":{f}}}]}}"#
+        ) + "\n\n"
+    }
+
+    #[test]
+    fn finish_reason_label_names_a_choice_the_engine_gave_up_on() {
+        let frames = vec![
+            (100, ctok(0, "a", None)),
+            (110, ctok(1, "a", Some("abort"))),
+            (120, ctok(0, "b", Some("stop"))),
+            (120, DONE.into()),
+        ];
+        let (m, _) = measure(&frames, 200, Ending::Complete);
+        assert_eq!(
+            (m.outcome, m.finish_reason),
+            (Outcome::UpstreamError, Some(FinishReason::Abort))
+        );
+    }
+
+    #[test]
+    fn several_choices_are_timed_each_on_its_own() {
+        // n = 3 interleaved: each choice emits a token every 30 ms, offset by 10 ms; choice 2
+        // has two logprobs entries per event (two tokens each).
+        let mut frames = vec![(50, role())];
+        let lp2 = |text: &str, finish: &str| {
+            format!(
+                r#"data: {{"choices":[{{"index":2,"delta":{{"content":"{text}"}},"logprobs":{{"content":[{{}},{{}}]}},"finish_reason":{finish}}}]}}"#
+            ) + "\n\n"
+        };
+        for k in 0..5u64 {
+            let last = k == 4;
+            let f = last.then_some("length");
+            frames.push((100 + k * 30, ctok(0, "x", f)));
+            frames.push((110 + k * 30, ctok(1, "y", f)));
+            frames.push((
+                120 + k * 30,
+                lp2("zz", if last { "\"length\"" } else { "null" }),
+            ));
+        }
+        frames.push((300, usage(5, 20)));
+        frames.push((300, DONE.into()));
+        let (m, gaps) = measure(&frames, 320, Ending::Complete);
+        assert_eq!(m.outcome, Outcome::Success);
+        assert_eq!(m.choices, 3);
+        assert_eq!(m.ttft, Some(ms(100)), "first output of any choice");
+        // ITL: gaps within each choice (30 ms), never across choices (10 ms).
+        assert_eq!(gaps.len(), 12);
+        assert!(gaps.iter().all(|g| *g == ms(30)), "{gaps:?}");
+        assert_eq!((m.itl_count, m.itl_max), (12, Some(ms(30))));
+        // TPOT per choice: 120 ms over 4 tokens-1 for choices 0 and 1, over 9 for choice 2.
+        assert_eq!(m.choice_tpots, vec![ms(30), ms(30), ms(120) / 9]);
+        assert_eq!(
+            m.tpot,
+            Some(ms(30)),
+            "the largest: the SLO holds when every choice's holds"
+        );
+        assert_eq!(
+            m.tpot_observations().count(),
+            3,
+            "one observation per choice"
+        );
+        assert_eq!((m.completion_tokens, m.tokens_exact), (Some(20), true));
+    }
+
+    #[test]
+    fn packed_output_in_one_event_has_no_tpot() {
+        // The whole answer in one event (usage says 5 tokens): nothing tells the time per token.
+        let frames = vec![
+            (100, role()),
+            (300, fin("hello world", "stop")),
+            (300, usage(3, 5)),
+            (300, DONE.into()),
+        ];
+        let (m, _) = measure(&frames, 310, Ending::Complete);
+        assert_eq!(
+            (m.outcome, m.ttft, m.tpot, m.completion_tokens),
+            (Outcome::Success, Some(ms(300)), None, Some(5))
+        );
+        // Packed events, several of them: usage decides the tokens (exact TPOT).
+        let frames = vec![
+            (100, role()),
+            (300, tok("abc")),
+            (340, tok("def")),
+            (380, fin("ghi", "stop")),
+            (380, usage(3, 9)),
+            (380, DONE.into()),
+        ];
+        let (m, _) = measure(&frames, 400, Ending::Complete);
+        assert_eq!(m.tpot, Some(ms(80) / 8));
+        assert_eq!(m.output_events, 3);
+        // Without usage the event count is a lower bound on tokens (TPOT an upper bound).
+        let no_usage: Vec<(u64, String)> = frames
+            .iter()
+            .filter(|(_, f)| !f.contains("usage"))
+            .cloned()
+            .collect();
+        let (m, _) = measure(&no_usage, 400, Ending::Complete);
+        assert_eq!((m.completion_tokens, m.tokens_exact), (Some(3), false));
+        assert_eq!(m.tpot, Some(ms(80) / 2));
     }
 
     #[test]
@@ -706,7 +919,7 @@ mod tests {
         let m = json(ok, Ending::Complete);
         assert_eq!(m.outcome, Outcome::Success);
         assert_eq!(
-            (m.prompt_tokens, m.completion_tokens, m.usage_exact),
+            (m.prompt_tokens, m.completion_tokens, m.tokens_exact),
             (Some(15), Some(8), true)
         );
         assert_eq!(
@@ -715,9 +928,9 @@ mod tests {
             "no TTFT/ITL for JSON"
         );
         assert_eq!(
-            m.tpot,
-            Some(ms(800) / 8),
-            "single choice: E2E / usage tokens"
+            (m.tpot, m.tpot_observations().count()),
+            (None, 0),
+            "no TPOT for JSON: E2E / tokens would include prefill"
         );
         assert_eq!(m.finish_reason, Some(FinishReason::Length));
         assert!(!m.streaming);
@@ -732,6 +945,17 @@ mod tests {
         let err =
             br#"{"error":{"message":"boom","type":"InternalServerError","param":null,"code":500}}"#;
         assert_eq!(json(err, Ending::Complete).outcome, Outcome::UpstreamError);
+        for reason in ["abort", "error"] {
+            let body = format!(
+                r#"{{"choices":[{{"index":0,"finish_reason":"stop"}},{{"index":1,"finish_reason":"{reason}"}}],"usage":{{"prompt_tokens":3,"completion_tokens":9}}}}"#
+            );
+            let m = json(body.as_bytes(), Ending::Complete);
+            assert_eq!(
+                (m.outcome, m.finish_reason.map(FinishReason::as_str)),
+                (Outcome::UpstreamError, Some(reason)),
+                "a choice the engine gave up on ({reason})"
+            );
+        }
         assert_eq!(
             json(&ok[..ok.len() - 10], Ending::Complete).outcome,
             Outcome::Truncated
@@ -795,26 +1019,5 @@ mod tests {
                 assert_eq!(got.completion_tokens, Some(tokens), "{name}");
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod choice_set_tests {
-    use super::ChoiceSet;
-
-    #[test]
-    fn subset_across_the_inline_word_and_the_spill() {
-        let (mut seen, mut finished) = (ChoiceSet::default(), ChoiceSet::default());
-        assert!(finished.is_empty());
-        for i in [0, 63, 64, 200, 100_000] {
-            seen.insert(i);
-        }
-        for i in [0, 63, 64, 200] {
-            finished.insert(i);
-            assert!(!seen.subset_of(&finished), "{i}");
-        }
-        finished.insert(4095); // indices past the cap fold onto it
-        assert!(seen.subset_of(&finished));
-        assert!(!finished.is_empty());
     }
 }

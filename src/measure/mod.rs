@@ -5,6 +5,7 @@ pub mod inspect;
 pub mod meter;
 pub mod outcome;
 pub mod record;
+pub mod request;
 pub mod sink;
 pub mod slo;
 pub mod stats;

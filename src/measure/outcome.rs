@@ -80,6 +80,12 @@ impl FinishReason {
         }
     }
 
+    /// `abort` and `error`: the engine gave up on the choice (vLLM's finish reasons when a
+    /// request is aborted or fails inside the engine). Such a stream is not a success.
+    pub fn engine_gave_up(self) -> bool {
+        matches!(self, FinishReason::Abort | FinishReason::Error)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             FinishReason::Stop => "stop",

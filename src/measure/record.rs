@@ -36,13 +36,24 @@ pub struct RequestRecord {
     pub start_unix_ms: u64,
     pub ttft_s: Option<f64>,
     pub ttfc_s: Option<f64>,
+    /// TPOT as judged: the one choice's, or with several choices the largest of theirs.
     pub tpot_s: Option<f64>,
+    /// With several choices: each choice's defined TPOT (`/stats` and the histogram take one
+    /// value per choice). Absent with one choice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub choice_tpot_s: Option<Vec<f64>>,
     pub e2e_s: f64,
     pub itl_count: u64,
     pub itl_max_s: Option<f64>,
     pub prompt_tokens: Option<u64>,
     pub completion_tokens: Option<u64>,
-    pub usage_exact: bool,
+    /// `completion_tokens` is the engine's `usage` (exact), not a count of output events.
+    pub tokens_exact: bool,
+    /// The proxy added `stream_options.include_usage` to the request...
+    pub usage_injected: bool,
+    /// ...and removed the usage chunk again (false: the stripper hit its memory bound and the
+    /// client's stream passed unchanged, usage chunk included).
+    pub usage_stripped: bool,
     /// Which SLOs held (`null`: not applicable), and whether the request was good.
     pub slo: SloVerdict,
     /// The proxy replica that measured it (`server.instance`, default the hostname).
@@ -76,12 +87,16 @@ impl RequestRecord {
             ttft_s: secs(m.ttft),
             ttfc_s: secs(m.ttfc),
             tpot_s: secs(m.tpot),
+            choice_tpot_s: (!m.choice_tpots.is_empty())
+                .then(|| m.choice_tpots.iter().map(Duration::as_secs_f64).collect()),
             e2e_s: m.e2e.as_secs_f64(),
             itl_count: m.itl_count,
             itl_max_s: secs(m.itl_max),
             prompt_tokens: m.prompt_tokens,
             completion_tokens: m.completion_tokens,
-            usage_exact: m.usage_exact,
+            tokens_exact: m.tokens_exact,
+            usage_injected: m.usage_injected,
+            usage_stripped: m.usage_stripped,
             slo,
             instance: String::new(),
             end,
@@ -92,6 +107,18 @@ impl RequestRecord {
     pub fn with_instance(mut self, instance: &str) -> Self {
         instance.clone_into(&mut self.instance);
         self
+    }
+
+    /// The TPOT values this record adds to statistics: one per choice with a defined TPOT.
+    pub fn tpot_values(&self) -> impl Iterator<Item = f64> + '_ {
+        let single = self
+            .choice_tpot_s
+            .is_none()
+            .then_some(self.tpot_s)
+            .flatten();
+        single
+            .into_iter()
+            .chain(self.choice_tpot_s.iter().flatten().copied())
     }
 
     /// Rejections caused by the client (4xx other than 429) do not count against goodput.
@@ -282,10 +309,12 @@ fn percent_decode(s: &str) -> String {
 }
 
 /// The `/stats` document over `entries` that ended in `(now - window, now]`, optionally for one
-/// model. Percentiles are exact (nearest rank over the raw values). `goodput.per_second` is
-/// good requests / `elapsed` (the window, or less when the proxy has run for less).
-/// `goodput.ratio` is good / (requests - rejections caused by the client); null when 0.
-/// Latency summaries cover every request where the value is defined, whatever its outcome.
+/// model. Percentiles are exact (numpy's linear interpolation over the raw values, see
+/// `stats`). `goodput.per_second` is good requests / `elapsed` (the window, or less when the
+/// proxy has run for less). `goodput.ratio` is good / (requests - rejections caused by the
+/// client); null when 0. Latency summaries leave out `rejected` requests, exactly as the
+/// histograms do (DESIGN.md), and cover every other request where the value is defined; TPOT
+/// takes one value per choice.
 pub fn compute_stats(
     entries: &[Entry],
     now: Instant,
@@ -310,9 +339,12 @@ pub fn compute_stats(
         }
         good += u64::from(r.slo.good);
         client_rejected += u64::from(r.rejected_by_client());
+        if r.outcome == Outcome::Rejected {
+            continue; // answered by the proxy itself (or refused): not a latency
+        }
         ttft.extend(r.ttft_s);
         ttfc.extend(r.ttfc_s);
-        tpot.extend(r.tpot_s);
+        tpot.extend(r.tpot_values());
         e2e.push(r.e2e_s);
         if let Some(g) = &e.gaps {
             itl.extend(g.iter().map(|v| f64::from(*v)));
@@ -439,7 +471,9 @@ mod tests {
             "itl_max_s",
             "prompt_tokens",
             "completion_tokens",
-            "usage_exact",
+            "tokens_exact",
+            "usage_injected",
+            "usage_stripped",
             "slo",
             "instance",
         ] {
@@ -449,6 +483,37 @@ mod tests {
         assert_eq!(v["ttft_s"], 0.25);
         assert_eq!(v["slo"]["good"], true);
         assert_eq!(v["slo"]["tpot_ok"], serde_json::Value::Null);
+        assert!(
+            v.get("choice_tpot_s").is_none(),
+            "only with several choices"
+        );
+    }
+
+    #[test]
+    fn tpot_statistics_take_one_value_per_choice() {
+        let now = Instant::now();
+        let mut m = Measurement::without_body(Outcome::Success, Some(200), secs(1.0));
+        m.streaming = true;
+        m.tpot = Some(secs(0.03));
+        m.choice_tpots = vec![secs(0.01), secs(0.03)];
+        let v = judge(&m, &Slo::default());
+        let r = RequestRecord::new("id".into(), "m".into(), None, 0, now, &m, v);
+        assert_eq!(r.choice_tpot_s, Some(vec![0.01, 0.03]));
+        assert_eq!(r.tpot_values().collect::<Vec<_>>(), [0.01, 0.03]);
+        let ring = RecordRing::new(10, 10, now);
+        ring.push(Arc::new(r), vec![]);
+        ring.push(rec("m", Outcome::Success, 200, Some(0.1), 1.0, now), vec![]);
+        let s = ring.stats(now, secs(60.0), None);
+        assert_eq!(s["tpot_seconds"]["count"], 2);
+        assert_eq!(s["tpot_seconds"]["p50"], 0.02);
+        // One choice: the record's TPOT itself.
+        m.choice_tpots.clear();
+        let r = RequestRecord::new("id".into(), "m".into(), None, 0, now, &m, v);
+        assert_eq!(r.tpot_values().collect::<Vec<_>>(), [0.03]);
+        assert!(serde_json::to_value(&r)
+            .unwrap()
+            .get("choice_tpot_s")
+            .is_none());
     }
 
     #[test]
@@ -531,8 +596,12 @@ mod tests {
             (Some(5), Some(0.3), Some(5.0))
         );
         assert_eq!(s["itl_seconds"]["count"], 8);
-        assert_eq!(s["itl_seconds"]["p50"].as_f64().unwrap() as f32, 0.01);
-        assert_eq!(s["e2e_seconds"]["count"], 8);
+        assert_eq!(s["itl_seconds"]["p50"].as_f64().unwrap() as f32, 0.02);
+        assert_eq!(
+            s["e2e_seconds"]["count"], 6,
+            "the two rejected requests are not latencies (as in the histogram)"
+        );
+        assert_eq!(s["e2e_seconds"]["p50"], 1.0);
         for key in ["ttfc_seconds", "tpot_seconds"] {
             assert!(s[key].get("p99").is_some(), "{key}");
         }

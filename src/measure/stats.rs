@@ -1,7 +1,10 @@
 //! Exact statistics over raw values (shared by `/stats` and the load generator's report).
 //!
-//! Percentiles use the nearest-rank method: the q-quantile of n sorted values is the value at
-//! rank `ceil(q * n)` (1-based, at least 1). It always returns an observed value.
+//! Percentiles use linear interpolation between closest ranks, numpy's default (and so what
+//! `vllm bench serve` reports): for sorted `x[0..n)` and `h = (n - 1) * q`,
+//! `p(q) = x[floor(h)] + (h - floor(h)) * (x[floor(h) + 1] - x[floor(h)])` (DESIGN.md). This is
+//! the one implementation: `/stats`, the load generator's summaries and reports, and `compare`
+//! all call [`percentile`].
 
 use serde::{Deserialize, Serialize};
 
@@ -44,43 +47,99 @@ pub fn summarize(values: &mut [f64]) -> Option<Summary> {
     })
 }
 
-/// Nearest-rank percentile of already sorted values, `q` in [0, 1] (clamped). NaN when empty.
+/// Percentile of already sorted values by linear interpolation (numpy's default), `q` in
+/// [0, 1] (clamped; NaN reads as 0). NaN when empty.
 pub fn percentile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
+    let Some(last) = sorted.len().checked_sub(1) else {
         return f64::NAN;
-    }
-    let n = sorted.len();
+    };
     let q = if q.is_nan() { 0.0 } else { q.clamp(0.0, 1.0) };
-    // The epsilon keeps 0.9 * 10 = 9.000000000000002 at rank 9.
-    let rank = (q * n as f64 - 1e-9).ceil() as usize;
-    sorted[rank.clamp(1, n) - 1]
+    let h = last as f64 * q;
+    let lo = (h.floor() as usize).min(last);
+    let hi = (lo + 1).min(last);
+    let frac = h - lo as f64;
+    // numpy's `_lerp`: exact at both ends, so p(1) is the maximum and p(0) the minimum.
+    let (a, b) = (sorted[lo], sorted[hi]);
+    if frac >= 0.5 {
+        b - (b - a) * (1.0 - frac)
+    } else {
+        a + (b - a) * frac
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Expected values computed with numpy 2 (`np.percentile(values, q * 100)`, the default
+    /// "linear" method), printed with `repr(float(...))`.
     #[test]
-    fn nearest_rank() {
-        let v: Vec<f64> = (1..=100).map(f64::from).collect();
-        let cases = [
-            (0.0, 1.0),
-            (0.01, 1.0),
-            (0.5, 50.0),
-            (0.9, 90.0),
-            (0.95, 95.0),
-            (0.99, 99.0),
-            (0.999, 100.0),
-            (1.0, 100.0),
+    fn matches_numpy_linear_interpolation() {
+        let qs = [0.0, 0.01, 0.5, 0.9, 0.95, 0.99, 0.999, 1.0];
+        let squares: Vec<f64> = (0..37).map(|i| 0.1 * f64::from(i * i)).collect();
+        let cases: Vec<(Vec<f64>, [f64; 8])> = vec![
+            (
+                (1..=100).map(f64::from).collect(),
+                [
+                    1.0,
+                    1.99,
+                    50.5,
+                    90.10000000000001,
+                    95.05,
+                    99.01,
+                    99.90100000000001,
+                    100.0,
+                ],
+            ),
+            (
+                (1..=10).map(f64::from).collect(),
+                [
+                    1.0,
+                    1.09,
+                    5.5,
+                    9.1,
+                    9.549999999999999,
+                    9.91,
+                    9.991000000000001,
+                    10.0,
+                ],
+            ),
+            (vec![7.0], [7.0; 8]),
+            (
+                vec![1.0, 2.0],
+                [1.0, 1.01, 1.5, 1.9, 1.95, 1.99, 1.999, 2.0],
+            ),
+            (
+                vec![1.25, 2.0, 3.5, 7.75, 9.0],
+                [1.25, 1.28, 3.5, 8.5, 8.75, 8.95, 8.995000000000001, 9.0],
+            ),
+            (
+                squares,
+                [
+                    0.0,
+                    0.036,
+                    32.4,
+                    105.0,
+                    116.97999999999998,
+                    127.044,
+                    129.34440000000004,
+                    129.6,
+                ],
+            ),
         ];
-        for (q, want) in cases {
-            assert_eq!(percentile(&v, q), want, "q={q}");
+        for (values, want) in cases {
+            for (q, w) in qs.iter().zip(want) {
+                let got = percentile(&values, *q);
+                assert!(
+                    (got - w).abs() <= 1e-12 * w.abs().max(1.0),
+                    "n={} q={q}: got {got}, numpy {w}",
+                    values.len()
+                );
+            }
         }
-        let ten: Vec<f64> = (1..=10).map(f64::from).collect();
-        assert_eq!(percentile(&ten, 0.9), 9.0, "0.9 * 10 is rank 9, not 10");
-        assert_eq!(percentile(&ten, 0.5), 5.0);
-        assert_eq!(percentile(&[7.0], 0.99), 7.0);
         assert!(percentile(&[], 0.5).is_nan());
+        assert_eq!(percentile(&[1.0, 2.0], f64::NAN), 1.0);
+        assert_eq!(percentile(&[1.0, 2.0], 7.0), 2.0, "q is clamped");
     }
 
     #[test]
@@ -88,7 +147,8 @@ mod tests {
         let mut v = vec![5.0, 1.0, 4.0, 2.0, 3.0];
         let s = summarize(&mut v).unwrap();
         assert_eq!(s.count, 5);
-        assert_eq!((s.mean, s.p50, s.p90, s.max), (3.0, 3.0, 5.0, 5.0));
+        assert_eq!((s.mean, s.p50, s.max), (3.0, 3.0, 5.0));
+        assert!((s.p90 - 4.6).abs() < 1e-12, "numpy: 4.6, got {}", s.p90);
         assert_eq!(v, vec![1.0, 2.0, 3.0, 4.0, 5.0]);
         assert!(summarize(&mut []).is_none());
     }

@@ -14,24 +14,20 @@
 //! events that pass are returned as the same `Bytes` (no copy).
 
 use bytes::{Bytes, BytesMut};
-use serde::de::{Deserializer, IgnoredAny};
+use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::body::sse::SseParser;
+use crate::body::sse::{SseParser, MAX_LINE_BYTES};
 use crate::measure::inspect::{inspect_chunk, ChunkKind};
+use crate::measure::request::{lax_bool, some_raw, Lax};
 
 const INCLUDE_USAGE: &[u8] = br#""include_usage":true"#;
 
-/// Present keys keep their raw text even when it is `null`.
-fn some_raw<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
-    <&RawValue>::deserialize(d).map(Some)
-}
-
 #[derive(Deserialize)]
 struct RequestPeek<'a> {
-    #[serde(default)]
-    stream: Option<bool>,
+    #[serde(default, borrow, deserialize_with = "some_raw")]
+    stream: Option<&'a RawValue>,
     #[serde(default, borrow, deserialize_with = "some_raw")]
     stream_options: Option<&'a RawValue>,
     #[serde(default, borrow, deserialize_with = "some_raw")]
@@ -44,6 +40,17 @@ struct StreamOptionsPeek<'a> {
     include_usage: Option<&'a RawValue>,
     #[serde(default, borrow, deserialize_with = "some_raw")]
     continuous_usage_stats: Option<&'a RawValue>,
+}
+
+/// `n` is absent, null, or one (pydantic's lax int also takes `1.0` and `"1"`).
+fn single_choice(n: Option<&RawValue>) -> bool {
+    let Some(n) = n else { return true };
+    let text = n.get().trim();
+    let text = text
+        .strip_prefix('"')
+        .and_then(|t| t.strip_suffix('"'))
+        .unwrap_or(text);
+    text == "null" || text.parse::<f64>().is_ok_and(|v| v == 1.0)
 }
 
 /// Byte offset of `inner` (a slice of `outer`) in `outer`.
@@ -63,20 +70,28 @@ fn splice(body: &[u8], at: usize, remove: usize, insert: &[&[u8]]) -> Vec<u8> {
 }
 
 /// Decide usage injection for a client request body. Returns the rewritten body when usage
-/// is injected: only for `"stream": true` requests that did not ask for usage themselves
-/// (`stream_options.include_usage` not `true`). The client's other `stream_options` stay.
-/// Not injected (returns `None`) when the body is not a JSON object, when the client set
-/// `continuous_usage_stats: true` (usage would then ride on every chunk and could not be
-/// removed byte-exactly), when `stream_options` is not an object or null, or when `n` is
-/// above 1: with several choices, every finish chunk loses its `system_fingerprint` to the usage
-/// chunk (the simulator does so; real vLLM was not captured), and a finish chunk that came long
-/// before the usage chunk could only be restored by holding it back from the client.
+/// is injected, `None` to leave the request alone. The rule is "the client gets what its engine
+/// would have sent it": the proxy injects only where it knows the engine would have sent no
+/// usage chunk, so that stripping the chunk restores the client's stream exactly.
+///
+/// Injected, for a stream (`stream` lax-true, see [`crate::measure::request`]) with one choice:
+/// - no `stream_options`, or `null`: every vLLM version sends no usage;
+/// - `include_usage` lax-false or `null`: the client said no usage; it is set to `true`.
+///
+/// Left alone:
+/// - `include_usage` lax-true: the client asked, the usage chunk is its own;
+/// - `stream_options` without `include_usage` (e.g. `{}`): vLLM 0.32 sends no usage, newer
+///   vLLM defaults `include_usage` to true; the proxy cannot know which it fronts, so it
+///   counts tokens from events (`tokens_exact: false` unless usage arrives anyway);
+/// - `continuous_usage_stats` lax-true: usage would ride on every chunk and could not be
+///   removed byte-exactly;
+/// - `n` above 1: every finish chunk would lose its `system_fingerprint` to the usage chunk,
+///   and one that came long before could only be restored by holding it back;
+/// - anything the engine would refuse (a `stream_options` or flag that is not a boolean to
+///   pydantic, a body that is not a JSON object): the engine answers it, unchanged.
 pub fn inject_include_usage(body: &[u8]) -> Option<Vec<u8>> {
     let peek: RequestPeek<'_> = serde_json::from_slice(body).ok()?;
-    if peek.stream != Some(true) {
-        return None;
-    }
-    if peek.n.is_some_and(|n| !matches!(n.get(), "1" | "null")) {
+    if !lax_bool(peek.stream).is_true() || !single_choice(peek.n) {
         return None;
     }
     let Some(opts) = peek.stream_options else {
@@ -106,22 +121,20 @@ pub fn inject_include_usage(body: &[u8]) -> Option<Vec<u8>> {
         return None;
     }
     let o: StreamOptionsPeek<'_> = serde_json::from_str(text).ok()?;
-    if o.continuous_usage_stats.is_some_and(|c| c.get() == "true") {
+    if lax_bool(o.continuous_usage_stats) == Lax::Invalid
+        || lax_bool(o.continuous_usage_stats).is_true()
+    {
         return None;
     }
-    match o.include_usage {
-        Some(v) if v.get() == "true" => None, // the client asked: leave it alone
-        Some(v) => Some(splice(
+    let v = o.include_usage?; // absent: the engine's default decides (see above)
+    match lax_bool(Some(v)) {
+        Lax::Bool(false) | Lax::Unset => Some(splice(
             body,
             offset_in(body, v.get()),
             v.get().len(),
             &[b"true"],
         )),
-        None => {
-            let inner_empty = text[1..text.len() - 1].trim().is_empty();
-            let sep: &[u8] = if inner_empty { b"" } else { b"," };
-            Some(splice(body, opts_at + 1, 0, &[INCLUDE_USAGE, sep]))
-        }
+        Lax::Bool(true) | Lax::Invalid => None,
     }
 }
 
@@ -257,6 +270,9 @@ pub struct UsageStripper {
     trailing_cr: Option<Fate>,
     /// Usage chunks removed.
     stripped: u64,
+    /// The held bytes passed [`MAX_LINE_BYTES`]: everything was released and the rest of the
+    /// stream passes unchanged (the usage chunk, if any, reaches the client).
+    gave_up: bool,
 }
 
 impl UsageStripper {
@@ -269,9 +285,18 @@ impl UsageStripper {
         self.stripped
     }
 
+    /// The stripper stopped stripping because the bytes it held passed the SSE parser's line
+    /// limit (see [`UsageStripper::push`]).
+    pub fn gave_up(&self) -> bool {
+        self.gave_up
+    }
+
     /// Feed one upstream frame; returns the bytes to send to the client now (possibly empty).
+    /// Memory is bounded: when an incomplete event and a held finish chunk together pass
+    /// [`MAX_LINE_BYTES`] (the SSE parser's own limit), both are released unchanged and the
+    /// stripper passes every later frame through as it is.
     pub fn push(&mut self, frame: Bytes) -> Bytes {
-        if frame.is_empty() {
+        if self.gave_up || frame.is_empty() {
             return frame; // keeps `trailing_cr` for the `\n` that may open the next frame
         }
         let mut out = Out::Empty;
@@ -302,6 +327,14 @@ impl UsageStripper {
         }
         if start < frame.len() {
             self.partial.extend_from_slice(&frame[start..]);
+        }
+        let held = self.held.as_ref().map_or(0, Bytes::len);
+        if self.partial.len() + held > MAX_LINE_BYTES {
+            self.gave_up = true;
+            self.release_held(&frame, &mut out);
+            let partial = self.partial.split();
+            out.bytes(&frame, &partial);
+            self.partial = BytesMut::new();
         }
         out.into_bytes(&frame)
     }
@@ -412,11 +445,32 @@ mod tests {
         let cases: &[(&str, Option<&str>)] = &[
             (r#"{"model":"m","stream":true}"#, Some(r#"{"model":"m","stream":true,"stream_options":{"include_usage":true}}"#)),
             ("{\"stream\": true ,\"x\":\"\\u00e9\"}\n", Some("{\"stream\": true ,\"x\":\"\\u00e9\",\"stream_options\":{\"include_usage\":true}}\n")),
-            (r#"{"stream":true,"stream_options":{}}"#, Some(r#"{"stream":true,"stream_options":{"include_usage":true}}"#)),
+            // `{}`: vLLM 0.32 sends no usage, newer vLLM does: the proxy cannot know, so it
+            // leaves the request alone.
+            (r#"{"stream":true,"stream_options":{}}"#, None),
+            (r#"{"stream":true,"stream_options":{"x":1}}"#, None),
             (r#"{"stream":true,"stream_options":null}"#, Some(r#"{"stream":true,"stream_options":{"include_usage":true}}"#)),
             (r#"{"stream":true,"stream_options":{"include_usage":false}}"#, Some(r#"{"stream":true,"stream_options":{"include_usage":true}}"#)),
             (r#"{"stream":true,"stream_options":{"include_usage":null,"x":1}}"#, Some(r#"{"stream":true,"stream_options":{"include_usage":true,"x":1}}"#)),
-            (r#"{"stream_options":{"continuous_usage_stats":false},"stream":true}"#, Some(r#"{"stream_options":{"include_usage":true,"continuous_usage_stats":false},"stream":true}"#)),
+            (r#"{"stream_options":{"continuous_usage_stats":false,"include_usage":false},"stream":true}"#, Some(r#"{"stream_options":{"continuous_usage_stats":false,"include_usage":true},"stream":true}"#)),
+            (r#"{"stream_options":{"continuous_usage_stats":false},"stream":true}"#, None),
+            // Lax booleans (pydantic): `stream: 1` streams; lax-false usage flags are a "no".
+            (r#"{"stream":1}"#, Some(r#"{"stream":1,"stream_options":{"include_usage":true}}"#)),
+            (r#"{"stream":"true"}"#, Some(r#"{"stream":"true","stream_options":{"include_usage":true}}"#)),
+            (r#"{"stream":"yes"}"#, Some(r#"{"stream":"yes","stream_options":{"include_usage":true}}"#)),
+            (r#"{"stream":"on","n":"1"}"#, Some(r#"{"stream":"on","n":"1","stream_options":{"include_usage":true}}"#)),
+            (r#"{"stream":true,"stream_options":{"include_usage":0}}"#, Some(r#"{"stream":true,"stream_options":{"include_usage":true}}"#)),
+            (r#"{"stream":true,"stream_options":{"include_usage":"no"}}"#, Some(r#"{"stream":true,"stream_options":{"include_usage":true}}"#)),
+            (r#"{"stream":true,"stream_options":{"include_usage":1}}"#, None),
+            (r#"{"stream":true,"stream_options":{"include_usage":"true"}}"#, None),
+            (r#"{"stream":true,"stream_options":{"include_usage":"Yes"}}"#, None),
+            (r#"{"stream":true,"stream_options":{"include_usage":false,"continuous_usage_stats":"true"}}"#, None),
+            (r#"{"stream":true,"stream_options":{"include_usage":false,"continuous_usage_stats":1}}"#, None),
+            // The engine refuses these: leave them for it to refuse, unchanged.
+            (r#"{"stream":true,"stream_options":{"include_usage":"maybe"}}"#, None),
+            (r#"{"stream":true,"stream_options":{"include_usage":false,"continuous_usage_stats":"x"}}"#, None),
+            (r#"{"stream":"maybe"}"#, None),
+            (r#"{"stream":2}"#, None),
             (r#"{"stream":true,"messages":[{"content":"\"stream_options\":{}"}]}"#, Some(r#"{"stream":true,"messages":[{"content":"\"stream_options\":{}"}],"stream_options":{"include_usage":true}}"#)),
             // The client asked for usage: untouched.
             (r#"{"stream":true,"stream_options":{"include_usage":true}}"#, None),
@@ -424,10 +478,12 @@ mod tests {
             (r#"{"stream":true,"stream_options":{"continuous_usage_stats":true}}"#, None),
             (r#"{"stream":false}"#, None),
             (r#"{"model":"m"}"#, None),
-            (r#"{"stream":"yes"}"#, None),
+            (r#"{"stream":"no"}"#, None),
+            (r#"{"stream":null}"#, None),
             (r#"{"stream":true,"stream_options":"x"}"#, None),
             // Several choices: the fingerprint cannot be restored on every finish chunk.
             (r#"{"stream":true,"n":2}"#, None),
+            (r#"{"stream":true,"n":"2"}"#, None),
             (r#"{"stream":true,"n":1}"#, Some(r#"{"stream":true,"n":1,"stream_options":{"include_usage":true}}"#)),
             (r#"[{"stream":true}]"#, None),
             ("not json", None),
@@ -582,6 +638,34 @@ mod tests {
         assert!(
             text.ends_with("\"system_fingerprint\":\"vllm-0.32.0-f1283a03\"}\n\ndata: [DONE]\n\n")
         );
+    }
+
+    #[test]
+    fn held_bytes_are_bounded_by_the_line_limit() {
+        let (usage, plain) = chat_pair();
+        // An event that never ends: once it passes the limit, everything goes out unchanged.
+        let mut s = UsageStripper::new();
+        let mut out = Vec::new();
+        out.extend_from_slice(&s.push(Bytes::copy_from_slice(&usage[..usage.len() / 2])));
+        let piece = Bytes::from(vec![b'x'; 1 << 20]);
+        let mut sent = usage[..usage.len() / 2].to_vec();
+        for _ in 0..(MAX_LINE_BYTES / piece.len() + 2) {
+            out.extend_from_slice(&s.push(piece.clone()));
+            sent.extend_from_slice(&piece);
+            assert!(s.partial.len() <= MAX_LINE_BYTES, "held bytes bounded");
+        }
+        assert!(s.gave_up(), "gave up past the limit");
+        // After giving up, a usage chunk is no longer removed: the stream passes as it is.
+        let tail = Bytes::copy_from_slice(&usage);
+        out.extend_from_slice(&s.push(tail.clone()));
+        sent.extend_from_slice(&tail);
+        out.extend_from_slice(&s.finish());
+        assert_eq!(out, sent, "nothing lost, nothing reordered");
+        // Below the limit the same stripper strips.
+        assert_eq!(strip_all(&[&usage]), plain);
+        let mut s = UsageStripper::new();
+        s.push(Bytes::copy_from_slice(&usage));
+        assert!(!s.gave_up());
     }
 
     fn splits() -> impl Strategy<Value = (usize, Vec<usize>)> {

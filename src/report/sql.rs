@@ -29,6 +29,16 @@ pub fn numpy_percentiles(x: &str, qs: &[f64]) -> String {
     )
 }
 
+/// The sorted values of one latency over the group, as `AS name`: every outcome but
+/// `rejected`, where defined; TPOT takes one value per choice (`tpot_values_s`).
+pub fn latency_array(name: &str) -> String {
+    if name == "tpot" {
+        "arraySort(groupArrayArrayIf(tpot_values_s, outcome != 'rejected')) AS tpot".into()
+    } else {
+        format!("arraySort(groupArrayIf({name}_s, outcome != 'rejected' AND isNotNull({name}_s))) AS {name}")
+    }
+}
+
 /// The window filter on a records table.
 pub fn window_filter(window_s: u64) -> String {
     format!("time >= now() - INTERVAL {window_s} SECOND")
@@ -45,11 +55,7 @@ pub fn report_query(db: &str, table: &str, window_s: u64, by_group: bool) -> Str
         .collect();
     let arrays: Vec<String> = ["ttft", "tpot", "e2e"]
         .iter()
-        .map(|m| {
-            format!(
-                "arraySort(groupArrayIf({m}_s, outcome != 'rejected' AND isNotNull({m}_s))) AS {m}"
-            )
-        })
+        .map(|m| latency_array(m))
         .collect();
     let pcts: Vec<String> = ["ttft", "tpot", "e2e"]
         .iter()

@@ -95,7 +95,10 @@ mod tests {
         m.itl_max = Some(d(40_000_000));
         m.prompt_tokens = Some(5);
         m.completion_tokens = Some(10);
-        m.usage_exact = true;
+        m.tokens_exact = true;
+        m.choice_tpots = vec![d(10_000_001), d(20_000_003)];
+        m.usage_injected = true;
+        m.usage_stripped = true;
         let v = judge(&m, &Slo::default());
         let end = tokio::time::Instant::now();
         RequestRecord::new(

@@ -6,6 +6,7 @@ mod support;
 mod engine_metrics;
 mod measure_alloc;
 mod measure_body;
+mod meter_contract;
 mod meter_models;
 mod meter_outcomes;
 mod meter_records;

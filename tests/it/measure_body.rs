@@ -214,7 +214,7 @@ async fn usage_strip_gives_the_client_the_plain_bytes_and_the_meter_exact_tokens
     let m = got.lock().unwrap().pop().unwrap();
     assert_eq!(m.outcome, Outcome::Success);
     assert_eq!(
-        (m.completion_tokens, m.prompt_tokens, m.usage_exact),
+        (m.completion_tokens, m.prompt_tokens, m.tokens_exact),
         (Some(16), Some(32), true)
     );
 }
@@ -288,7 +288,53 @@ mod split {
             prop_assert_eq!(&out[..], plain.as_bytes());
             let m = got.lock().unwrap().pop().unwrap();
             prop_assert_eq!(m.outcome, Outcome::Success);
-            prop_assert_eq!((m.output_events, m.completion_tokens, m.usage_exact), (16, Some(16), true));
+            prop_assert_eq!((m.output_events, m.completion_tokens, m.tokens_exact), (16, Some(16), true));
         }
     }
+}
+
+#[tokio::test]
+async fn trailers_after_held_bytes_keep_their_order() {
+    // The stripper holds a finish chunk until it sees what follows; trailers that come then
+    // must go out after the held bytes, never before them.
+    let body = fixture("stream-chat-usage.txt");
+    let frames = event_frames(&body);
+    let finish_at = frames
+        .iter()
+        .position(|f| {
+            let s = std::str::from_utf8(f).unwrap();
+            s.contains("\"finish_reason\":\"") && !s.contains("\"choices\":[]")
+        })
+        .expect("a finish chunk");
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("x-end", "1".parse().unwrap());
+    let mut items: Vec<Result<Frame<Bytes>, Infallible>> = frames[..=finish_at]
+        .iter()
+        .cloned()
+        .map(|b| Ok(Frame::data(b)))
+        .collect();
+    items.push(Ok(Frame::trailers(trailers)));
+    let (got, on_finish) = hook();
+    let mut b = MeteredBody::new(StreamBody::new(stream::iter(items)), meter(true), on_finish)
+        .with_usage_strip();
+    let mut data = Vec::new();
+    let mut saw_trailers = false;
+    while let Some(f) = b.frame().await {
+        let f = f.unwrap();
+        if f.is_trailers() {
+            saw_trailers = true;
+            continue;
+        }
+        assert!(!saw_trailers, "data after trailers");
+        data.extend_from_slice(&f.into_data().unwrap());
+    }
+    assert!(saw_trailers);
+    let want: Vec<u8> = frames[..=finish_at].concat();
+    assert_eq!(
+        data, want,
+        "the held finish chunk went out before the trailers"
+    );
+    let m = got.lock().unwrap();
+    assert_eq!(m.len(), 1);
+    assert!(m[0].usage_injected && m[0].usage_stripped);
 }

@@ -48,7 +48,7 @@ async fn records_reach_the_jsonl_sink_with_id_and_upstream() {
         assert_eq!(r["finish_reason"], "length", "{r}");
         assert_eq!(r["stream"], true, "{r}");
         assert_eq!(r["completion_tokens"], 4, "{r}");
-        assert_eq!(r["usage_exact"], true, "{r}");
+        assert_eq!(r["tokens_exact"], true, "{r}");
         assert!(r["ttft_s"].as_f64().unwrap() > 0.0, "{r}");
         assert_eq!(r["slo"]["good"], true, "{r}");
     }

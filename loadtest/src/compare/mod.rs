@@ -274,7 +274,7 @@ fn join(phase: &str, mine: &[&RequestRecord], by_id: &HashMap<&str, &ProxyRecord
                     request_id: r.request_id.clone(),
                     client: c,
                     proxy: pc,
-                    client_usage: r.usage_exact,
+                    client_usage: r.tokens_exact,
                 });
             }
         }

@@ -115,7 +115,7 @@ fn counters_and_token_check_per_phase_and_overall() {
     r1.completion_tokens = Some(10);
     let mut r2 = crate::report::summary::tests::rec("b", 1.1, 0.5, Some(0.1), "success");
     r2.completion_tokens = Some(15);
-    r2.usage_exact = false;
+    r2.tokens_exact = false;
     let c = build(
         &[win("a", 0.0, 1.0), win("b", 1.0, 2.0)],
         &[r1, r2],

@@ -121,10 +121,10 @@ pub(super) fn token_check(
         client_completion_tokens: mine.iter().filter_map(|r| r.completion_tokens).sum(),
         client_completion_from_usage: mine
             .iter()
-            .filter(|r| r.usage_exact)
+            .filter(|r| r.tokens_exact)
             .filter_map(|r| r.completion_tokens)
             .sum(),
-        client_requests_with_usage: mine.iter().filter(|r| r.usage_exact).count() as u64,
+        client_requests_with_usage: mine.iter().filter(|r| r.tokens_exact).count() as u64,
         client_requests: mine.len() as u64,
         proxy_generation_tokens: proxy,
         engine_generation_tokens: engines,

@@ -195,7 +195,7 @@ pub fn render(summary: &Summary, windows: &[PhaseWindow], records: &[RequestReco
         h.push_str("<h2>Client vs proxy vs engine</h2>");
         h.push_str(&crate::compare::render_html(c));
     }
-    h.push_str("<p class=meta>Percentiles are exact (nearest rank over raw per-request values); histogram figures in the comparison are bucket estimates.</p></body></html>\n");
+    h.push_str("<p class=meta>Percentiles are exact (linear interpolation between closest ranks, as numpy and vllm bench serve compute them, over raw per-request values); histogram figures in the comparison are bucket estimates.</p></body></html>\n");
     h
 }
 

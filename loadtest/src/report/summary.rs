@@ -1,5 +1,5 @@
 //! `summary.json`: per phase and overall, counts by outcome, exact latency percentiles (the
-//! shared `measure::stats` code, nearest rank over raw values), goodput, tokens, in-flight peak.
+//! shared `measure::stats` code, numpy's linear interpolation over raw values), goodput, tokens, in-flight peak.
 
 use std::collections::BTreeMap;
 
@@ -126,7 +126,7 @@ pub fn summarize_phase(
                 .entry(r.outcome.clone())
                 .or_insert(0) += 1;
         }
-        if r.usage_exact {
+        if r.tokens_exact {
             with_usage += 1;
             ctok_usage += r.completion_tokens.unwrap_or(0);
         }
@@ -134,12 +134,16 @@ pub fn summarize_phase(
         denom += r.counts_for_goodput() as u64;
         ptok += r.prompt_tokens.unwrap_or(0);
         ctok += r.completion_tokens.unwrap_or(0);
+        lag.push((r.start_s - r.scheduled_s).max(0.0));
+        // DESIGN.md: latency statistics leave out `rejected` requests, as the proxy does.
+        if r.outcome == "rejected" {
+            continue;
+        }
         ttft.extend(r.ttft_seconds);
         ttfc.extend(r.ttfc_seconds);
-        tpot.extend(r.tpot_seconds);
+        tpot.extend(r.tpot_values());
         itl.extend_from_slice(&r.itl_seconds);
         e2e.push(r.e2e_seconds);
-        lag.push((r.start_s - r.scheduled_s).max(0.0));
     }
     PhaseSummary {
         name: win.name.clone(),
@@ -310,24 +314,28 @@ pub(crate) mod tests {
             ttft_seconds: ttft,
             ttfc_seconds: ttft,
             tpot_seconds: None,
+            choice_tpot_seconds: None,
             e2e_seconds: e2e,
             itl_count: 0,
             itl_max_seconds: None,
             prompt_tokens: Some(10),
             completion_tokens: Some(5),
-            usage_exact: true,
+            tokens_exact: true,
             good: outcome == "success",
             error: None,
             itl_seconds: vec![],
         }
     }
 
-    /// Nearest rank, by hand with integer arithmetic: the value at rank ceil(q*n), q in per mille.
+    /// numpy's linear interpolation, by hand with integer arithmetic for the rank: for
+    /// q = q_milli / 1000, h = (n - 1) * q splits exactly into floor and fraction.
     fn brute(values: &[f64], q_milli: usize) -> f64 {
         let mut v = values.to_vec();
         v.sort_by(f64::total_cmp);
-        let rank = (q_milli * v.len()).div_ceil(1000).clamp(1, v.len());
-        v[rank - 1]
+        let h_milli = (v.len() - 1) * q_milli;
+        let (lo, frac) = (h_milli / 1000, (h_milli % 1000) as f64 / 1000.0);
+        let hi = (lo + 1).min(v.len() - 1);
+        v[lo] + frac * (v[hi] - v[lo])
     }
 
     #[test]
@@ -346,7 +354,8 @@ pub(crate) mod tests {
                 (999, s.p999),
                 (1000, s.max),
             ] {
-                assert_eq!(got, brute(&values, q), "n={n} q={q}");
+                let want = brute(&values, q);
+                assert!((got - want).abs() <= 1e-12, "n={n} q={q}: {got} vs {want}");
             }
             let mean = values.iter().sum::<f64>() / n as f64;
             assert!((s.mean - mean).abs() < 1e-9);

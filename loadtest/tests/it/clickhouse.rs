@@ -218,7 +218,12 @@ fn sorted(records: &[serde_json::Value], field: &str) -> Vec<f64> {
     let mut v: Vec<f64> = records
         .iter()
         .filter(|r| r["outcome"] != "rejected")
-        .filter_map(|r| r[field].as_f64())
+        .flat_map(|r| match r.get("choice_tpot_s") {
+            // TPOT: one value per choice when the request had several (DESIGN.md).
+            Some(choices) if field == "tpot_s" => choices.as_array().cloned().unwrap_or_default(),
+            _ => vec![r[field].clone()],
+        })
+        .filter_map(|v| v.as_f64())
         .map(stored_seconds)
         .collect();
     v.sort_by(f64::total_cmp);

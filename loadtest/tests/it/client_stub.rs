@@ -163,7 +163,7 @@ async fn client_measures_known_timings() {
         assert_eq!(r.itl_count, TOKENS as u64 - 1);
         if r.outcome == "success" {
             assert_eq!(
-                (r.completion_tokens, r.usage_exact),
+                (r.completion_tokens, r.tokens_exact),
                 (Some(TOKENS as u64), true)
             );
             assert_eq!(r.finish_reason.as_deref(), Some("length"));
@@ -276,7 +276,7 @@ async fn clients_that_hang_up_drop_the_stream() {
             assert_eq!(r.outcome, "client_abort", "{r:?}");
             // Two tokens arrived (t0, t1): TTFT measured, one gap, no usage.
             assert!(r.ttft_seconds.is_some());
-            assert_eq!((r.itl_count, r.usage_exact), (1, false));
+            assert_eq!((r.itl_count, r.tokens_exact), (1, false));
             assert!(r.e2e_seconds < TTFT.as_secs_f64() + 3.0 * GAP.as_secs_f64() + 0.04);
         } else {
             assert!(!r.hung_up);

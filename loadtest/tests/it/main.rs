@@ -9,5 +9,6 @@ mod clickhouse;
 mod client_stub;
 mod compare_fake_proxy;
 mod proxy_e2e;
+mod proxy_stats_agree;
 mod sim_e2e;
 mod support;

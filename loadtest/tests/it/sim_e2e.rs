@@ -327,7 +327,7 @@ async fn completions_api_with_a_non_streaming_share() {
     assert!(res
         .records
         .iter()
-        .all(|r| r.completion_tokens == Some(6) && r.usage_exact));
+        .all(|r| r.completion_tokens == Some(6) && r.tokens_exact));
     assert!(res
         .records
         .iter()
@@ -389,9 +389,9 @@ async fn every_mix_option_against_the_simulator() {
         assert_eq!(r.finish_reason.as_deref(), Some("length"));
         // Exact usage exactly when the engine sends it: non-streaming, or include_usage asked.
         let usage_sent = !r.stream || r.usage == "final" || r.usage == "continuous";
-        assert_eq!(r.usage_exact, usage_sent, "{r:?}");
+        assert_eq!(r.tokens_exact, usage_sent, "{r:?}");
         // ignore_eos: max_tokens per choice, usage summed over the n choices.
-        if r.usage_exact {
+        if r.tokens_exact {
             assert_eq!(r.completion_tokens, Some(40 * u64::from(r.n)), "{r:?}");
         }
     }

@@ -1,0 +1,131 @@
+//! The proxy's exact percentiles equal the client's (issue 9 "what must show"): the simulator
+//! at TTFT 300 ms and TPOT 20 ms behind the in-process proxy, 64 streams of 50 tokens from the
+//! load generator; the proxy's `/stats` p50 and p99 of TTFT, TPOT and E2E are each within 2 ms
+//! of the same percentiles the load generator computes over its own records of the run (one
+//! percentile definition, numpy's), and the counts are equal.
+
+use std::time::Duration;
+
+use goodput_loadtest::report::summary::Stats;
+use goodput_loadtest::runner::{self, CompareTargets, RunConfig};
+use goodput_loadtest::scenario::Scenario;
+use goodput_proxy::app::App;
+use goodput_proxy::config::Config;
+use goodput_proxy::sim::{SimConfig, SimServer};
+use tokio::sync::oneshot;
+
+const TOLERANCE_S: f64 = 0.002;
+
+const SCENARIO: &str = r#"
+seed = 9
+models = ["tiny"]
+[mix]
+prompt_tokens = { fixed = 16 }
+max_tokens = { fixed = 50 }
+ignore_eos = true
+stream_share = 1.0
+
+[[phases]]
+name = "streams"
+requests = 64
+arrivals = { constant = { rate = 40 } }
+drain = true
+"#;
+
+async fn get_json(url: &str) -> serde_json::Value {
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Empty<bytes::Bytes>>();
+    let resp = client.get(url.parse().unwrap()).await.unwrap();
+    assert!(resp.status().is_success(), "{url}: {}", resp.status());
+    let body = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    serde_json::from_slice(&body).unwrap()
+}
+
+fn check(metric: &str, client: Option<&Stats>, proxy: &serde_json::Value) {
+    let c = client.unwrap_or_else(|| panic!("client has no {metric}"));
+    assert_eq!(
+        proxy["count"].as_u64(),
+        Some(c.count),
+        "{metric}: proxy {proxy} client {c:?}"
+    );
+    for (q, client_v) in [("p50", c.p50), ("p99", c.p99)] {
+        let proxy_v = proxy[q].as_f64().unwrap();
+        let d = proxy_v - client_v;
+        eprintln!(
+            "{metric} {q}: client {:.3} ms proxy {:.3} ms ({:+.3})",
+            client_v * 1e3,
+            proxy_v * 1e3,
+            d * 1e3
+        );
+        assert!(
+            d.abs() <= TOLERANCE_S,
+            "{metric} {q}: proxy {proxy_v} client {client_v}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_stats_percentiles_equal_the_clients() {
+    // Timing-sensitive: never beside another load run of this binary.
+    let _serial = crate::support::serial().await;
+    let sim = SimServer::bind(
+        SimConfig {
+            max_num_seqs: 256,
+            ..SimConfig::with_timing(300.0, 20.0)
+        },
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .await
+    .unwrap()
+    .spawn();
+    let mut c = Config::default();
+    c.server.listen = "127.0.0.1:0".parse().unwrap();
+    c.server.admin_listen = "127.0.0.1:0".parse().unwrap();
+    c.server.drain_delay_ms = 0;
+    c.upstream.urls = vec![sim.base_url()];
+    c.measure.models = vec!["tiny".into()];
+    let app = App::bind(c).await.expect("bind proxy");
+    let (addr, admin) = (app.local_addr(), app.admin_addr());
+    let (stop, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(app.run(async move {
+        let _ = rx.await;
+    }));
+
+    let res = tokio::time::timeout(
+        Duration::from_secs(60),
+        runner::run(RunConfig {
+            target: format!("http://{addr}"),
+            scenario: Scenario::parse(SCENARIO).unwrap(),
+            scenario_name: "stats-agree".into(),
+            show_progress: false,
+            metrics: None,
+            compare: CompareTargets::default(),
+            run_id: goodput_loadtest::cli::run_id(),
+        }),
+    )
+    .await
+    .expect("run is bounded")
+    .unwrap();
+    let s = &res.summary.overall;
+    assert_eq!(s.requests, 64);
+    assert_eq!(s.outcomes.get("success"), Some(&64), "{:?}", s.outcomes);
+
+    let stats = get_json(&format!("http://{admin}/stats?window=600")).await;
+    assert_eq!(stats["requests"], 64, "{stats}");
+    assert_eq!(stats["outcomes"]["success"], 64, "{stats}");
+    check("ttft", s.ttft_seconds.as_ref(), &stats["ttft_seconds"]);
+    check("tpot", s.tpot_seconds.as_ref(), &stats["tpot_seconds"]);
+    check("e2e", s.e2e_seconds.as_ref(), &stats["e2e_seconds"]);
+    // The simulator's timing is what both saw (plus loopback and scheduling noise).
+    let ttft = s.ttft_seconds.as_ref().unwrap().p50;
+    let tpot = s.tpot_seconds.as_ref().unwrap().p50;
+    assert!((0.299..0.340).contains(&ttft), "TTFT p50 {ttft}");
+    assert!((0.0195..0.0215).contains(&tpot), "TPOT p50 {tpot}");
+
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+    sim.shutdown().await;
+}

@@ -1,0 +1,403 @@
+//! DESIGN.md's contract, line by line, through the simulator and the proxy: each case is one
+//! request whose raw record (JSONL sink) and client bytes are checked against what the
+//! definitions say. Lax booleans, usage injection decided by the engine's behaviour, finish
+//! reasons the engine gives up with, per-choice TPOT for `n > 1`, packed events, JSON bodies,
+//! and `/stats` agreeing with `/metrics` after rejections.
+
+use std::path::PathBuf;
+
+use crate::support::meter::*;
+use crate::support::prom::*;
+use crate::support::proxy::*;
+use goodput_proxy::sim::SimConfig;
+use serde_json::Value;
+
+/// The simulator's decode time per token: the per-choice TPOT the proxy must report.
+const SIM_TPOT_MS: f64 = 10.0;
+
+struct Rig {
+    sim: goodput_proxy::sim::SimHandle,
+    proxy: Proxy,
+    dir: PathBuf,
+    sent: u64,
+}
+
+impl Rig {
+    async fn start() -> Rig {
+        let sim = start_sim(SimConfig::with_timing(20.0, SIM_TPOT_MS)).await;
+        let dir = std::env::temp_dir().join(format!(
+            "goodput-meter-contract-{}-{:x}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut config = meter_config(&sim.base_url());
+        config.measure.sink_path = Some(dir.join("records.jsonl"));
+        let proxy = start_proxy(config).await;
+        Rig {
+            sim,
+            proxy,
+            dir,
+            sent: 0,
+        }
+    }
+
+    /// Sends `body` (with an optional simulator fault) and returns what the client saw and
+    /// the proxy's record of it.
+    async fn send(&mut self, path: &str, body: &str, fault: &str, stream: bool) -> (Seen, Value) {
+        self.sent += 1;
+        let id = format!("contract-{}", self.sent);
+        let mut req = post_json(&self.proxy.url(path), body);
+        req.headers_mut()
+            .insert("x-request-id", id.parse().unwrap());
+        if !fault.is_empty() {
+            req = with_fault(req, fault);
+        }
+        let seen = observe(&client(), req, stream).await;
+        let rec = self.record(&id).await;
+        (seen, rec)
+    }
+
+    async fn record(&self, id: &str) -> Value {
+        let path = self.dir.join("records.jsonl");
+        let find = || {
+            std::fs::read_to_string(&path)
+                .unwrap_or_default()
+                .lines()
+                .map(|l| serde_json::from_str::<Value>(l).unwrap())
+                .find(|r| r["id"] == id)
+        };
+        assert!(eventually(SLOW, || find().is_some()).await, "record {id}");
+        find().unwrap()
+    }
+
+    async fn stop(self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+        self.sim.shutdown().await;
+    }
+}
+
+fn chat(extra: &str) -> String {
+    format!(
+        r#"{{"model":"tiny","messages":[{{"role":"user","content":"Hello there"}}],"max_tokens":30,"ignore_eos":true{extra}}}"#
+    )
+}
+
+/// The client's SSE data payloads, parsed (`[DONE]` left out).
+fn chunks(body: &[u8]) -> Vec<Value> {
+    std::str::from_utf8(body)
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect()
+}
+
+fn usage_chunks(body: &[u8]) -> usize {
+    chunks(body)
+        .iter()
+        .filter(|c| !c["usage"].is_null())
+        .count()
+}
+
+fn secs(v: &Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+/// Within 5% of the simulator's TPOT.
+fn assert_tpot_near_sim(got_s: f64, what: &str) {
+    let want = SIM_TPOT_MS / 1000.0;
+    assert!(
+        (got_s - want).abs() <= 0.05 * want,
+        "{what}: TPOT {:.3} ms, simulator {SIM_TPOT_MS} ms",
+        got_s * 1000.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_flags_are_read_as_the_engine_reads_them() {
+    // TPOT within 5% of the engine's: never beside a CPU-heavy test.
+    let _serial = crate::support::serial().await;
+    let mut rig = Rig::start().await;
+    // (case, extra body, client gets usage chunks, proxy injected usage, tokens exact)
+    let cases: &[(&str, &str, usize, bool, bool)] = &[
+        (r#"stream: true"#, r#","stream":true"#, 0, true, true),
+        (r#"stream: 1"#, r#","stream":1"#, 0, true, true),
+        (r#"stream: "true""#, r#","stream":"true""#, 0, true, true),
+        (r#"stream: "yes""#, r#","stream":"yes""#, 0, true, true),
+        (r#"stream: "on""#, r#","stream":"on""#, 0, true, true),
+        (
+            r#"include_usage: 1 (the client's own usage chunk)"#,
+            r#","stream":true,"stream_options":{"include_usage":1}"#,
+            1,
+            false,
+            true,
+        ),
+        (
+            r#"include_usage: "true""#,
+            r#","stream":true,"stream_options":{"include_usage":"true"}"#,
+            1,
+            false,
+            true,
+        ),
+        (
+            r#"include_usage: false (injected, stripped again)"#,
+            r#","stream":true,"stream_options":{"include_usage":false}"#,
+            0,
+            true,
+            true,
+        ),
+        (
+            r#"include_usage: "no""#,
+            r#","stream":true,"stream_options":{"include_usage":"no"}"#,
+            0,
+            true,
+            true,
+        ),
+        (
+            // vLLM 0.32 sends no usage for `{}`, newer vLLM does: left alone, counted.
+            r#"stream_options: {}"#,
+            r#","stream":true,"stream_options":{}"#,
+            0,
+            false,
+            false,
+        ),
+        (
+            r#"continuous_usage_stats: "true" with include_usage"#,
+            r#","stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":"true"}"#,
+            32, // the role chunk, 30 token chunks, the final usage chunk
+            false,
+            true,
+        ),
+    ];
+    for &(case, extra, usage_seen, injected, exact) in cases {
+        let (seen, r) = rig.send(CHAT, &chat(extra), "", true).await;
+        assert_eq!(seen.status, 200, "{case}");
+        assert_eq!(
+            usage_chunks(&seen.body),
+            usage_seen,
+            "{case}: usage chunks the client got"
+        );
+        assert_eq!(r["stream"], true, "{case}: {r}");
+        assert_eq!(r["model"], "tiny", "{case}: {r}");
+        assert_eq!(r["outcome"], "success", "{case}: {r}");
+        assert!(secs(&r["ttft_s"]) > 0.0, "{case}: {r}");
+        assert_eq!(r["usage_injected"], injected, "{case}: {r}");
+        assert_eq!(r["usage_stripped"], injected, "{case}: {r}");
+        assert_eq!(r["tokens_exact"], exact, "{case}: {r}");
+        assert_eq!(r["completion_tokens"], 30, "{case}: {r}");
+        assert_tpot_near_sim(secs(&r["tpot_s"]), case);
+        // The client measured the same stream the same way.
+        assert_eq!(seen.m.completion_tokens, Some(30), "{case}");
+    }
+    // `stream: false` and values the engine refuses are not streams to the proxy.
+    let (seen, r) = rig.send(CHAT, &chat(r#","stream":"no""#), "", false).await;
+    assert_eq!(
+        (seen.status, &r["stream"]),
+        (200, &Value::Bool(false)),
+        "{r}"
+    );
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_choice_the_engine_gave_up_on_is_not_a_success() {
+    let mut rig = Rig::start().await;
+    for reason in ["abort", "error"] {
+        for stream in [true, false] {
+            let extra = if stream { r#","stream":true"# } else { "" };
+            let fault = format!("finish={reason}");
+            let (seen, r) = rig.send(CHAT, &chat(extra), &fault, stream).await;
+            assert_eq!(seen.status, 200, "{fault}");
+            let text = String::from_utf8_lossy(&seen.body);
+            assert!(
+                text.contains(&format!(r#""finish_reason":"{reason}""#)),
+                "{fault}: the simulator ends the choice with it: {text}"
+            );
+            if stream {
+                assert!(text.ends_with("data: [DONE]\n\n"), "{fault}: then [DONE]");
+            }
+            assert_eq!(
+                r["outcome"], "upstream_error",
+                "{fault} stream={stream}: {r}"
+            );
+            assert_eq!(r["finish_reason"], reason, "{fault}: {r}");
+            assert_eq!(r["slo"]["good"], false, "{fault}: {r}");
+        }
+    }
+    let m = metrics(&rig.proxy).await;
+    for reason in ["abort", "error"] {
+        let n = metric(
+            &m,
+            "goodput_proxy_requests_total",
+            &[("outcome", "upstream_error"), ("finish_reason", reason)],
+        );
+        assert_eq!(n, 2.0, "{reason}");
+    }
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_choices_get_one_tpot_each() {
+    // TPOT within 5% of the engine's: never beside a CPU-heavy test.
+    let _serial = crate::support::serial().await;
+    let mut rig = Rig::start().await;
+    // One plain stream first, so the TPOT histogram's series exists before we diff it.
+    rig.send(CHAT, &chat(r#","stream":true"#), "", true).await;
+    for n in [2u32, 3] {
+        let before = metric(
+            &metrics(&rig.proxy).await,
+            "goodput_proxy_time_per_output_token_seconds_count",
+            &[("model", "tiny")],
+        );
+        let extra = format!(r#","stream":true,"n":{n}"#);
+        let (seen, r) = rig.send(CHAT, &chat(&extra), "", true).await;
+        assert_eq!(r["outcome"], "success", "n={n}: {r}");
+        let each = r["choice_tpot_s"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{r}"));
+        assert_eq!(each.len(), n as usize, "n={n}: {r}");
+        for (i, t) in each.iter().enumerate() {
+            assert_tpot_near_sim(secs(t), &format!("n={n} choice {i}"));
+        }
+        assert_tpot_near_sim(secs(&r["tpot_s"]), &format!("n={n} request"));
+        assert_eq!(seen.m.choice_tpots.len(), n as usize, "the client agrees");
+        // The histogram took one observation per choice.
+        let after = metric(
+            &metrics(&rig.proxy).await,
+            "goodput_proxy_time_per_output_token_seconds_count",
+            &[("model", "tiny")],
+        );
+        assert_eq!(after - before, f64::from(n), "n={n}");
+        // ITL never mixes gaps of two choices: every gap is about one decode step.
+        let itl_max = secs(&r["itl_max_s"]);
+        assert!(itl_max >= 0.8 * SIM_TPOT_MS / 1000.0, "n={n}: {r}");
+        assert_eq!(
+            r["itl_count"],
+            u64::from(n) * 29,
+            "n={n}: 29 gaps per choice: {r}"
+        );
+    }
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn packed_events_keep_tpot_exact_from_usage() {
+    // TPOT within 5% of the engine's: never beside a CPU-heavy test.
+    let _serial = crate::support::serial().await;
+    let mut rig = Rig::start().await;
+    // Two tokens per event: usage (injected and stripped) gives the exact token count, so TPOT
+    // stays that of the engine; (last - first) spans 28 of the 29 steps, hence the margin.
+    let (seen, r) = rig
+        .send(CHAT, &chat(r#","stream":true"#), "coalesce=2", true)
+        .await;
+    assert_eq!(r["outcome"], "success", "{r}");
+    assert_eq!(
+        (&r["completion_tokens"], &r["tokens_exact"]),
+        (&Value::from(30), &Value::Bool(true)),
+        "{r}"
+    );
+    let events = chunks(&seen.body)
+        .iter()
+        .filter(|c| {
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .is_some_and(|s| !s.is_empty())
+        })
+        .count();
+    assert_eq!(events, 15, "the simulator packed two tokens per event");
+    assert_tpot_near_sim(secs(&r["tpot_s"]), "packed, usage");
+    // Without usage the proxy counts events: a lower bound on tokens, TPOT an upper bound.
+    let (_, r) = rig
+        .send(
+            CHAT,
+            &chat(r#","stream":true,"stream_options":{}"#),
+            "coalesce=2",
+            true,
+        )
+        .await;
+    assert_eq!(
+        (&r["completion_tokens"], &r["tokens_exact"]),
+        (&Value::from(15), &Value::Bool(false)),
+        "{r}"
+    );
+    assert!(secs(&r["tpot_s"]) > 1.5 * SIM_TPOT_MS / 1000.0, "{r}");
+    // Everything in one event: no TPOT at all (it would pass any SLO as 0).
+    let (_, r) = rig
+        .send(CHAT, &chat(r#","stream":true"#), "coalesce=30", true)
+        .await;
+    assert_eq!(r["outcome"], "success", "{r}");
+    assert_eq!(r["completion_tokens"], 30, "{r}");
+    assert!(r["ttft_s"].is_number(), "{r}");
+    assert!(
+        r["tpot_s"].is_null(),
+        "one event tells no time per token: {r}"
+    );
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_bodies_have_e2e_and_tokens_but_no_stream_timings() {
+    let mut rig = Rig::start().await;
+    let (seen, r) = rig.send(CHAT, &chat(""), "", false).await;
+    assert_eq!(seen.status, 200);
+    assert_eq!(r["outcome"], "success", "{r}");
+    assert_eq!(r["stream"], false, "{r}");
+    for key in ["ttft_s", "ttfc_s", "tpot_s", "itl_max_s"] {
+        assert!(r[key].is_null(), "{key}: {r}");
+    }
+    assert_eq!(
+        (&r["completion_tokens"], &r["tokens_exact"]),
+        (&Value::from(30), &Value::Bool(true)),
+        "{r}"
+    );
+    assert!(secs(&r["e2e_s"]) > 0.3, "{r}");
+    assert_eq!(r["slo"]["tpot_ok"], Value::Null, "{r}");
+    let s = stats(&rig.proxy, "window=600").await;
+    assert_eq!(s["tpot_seconds"]["count"], 0, "{s}");
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_and_histograms_count_the_same_requests_after_rejections() {
+    let mut rig = Rig::start().await;
+    for _ in 0..3 {
+        rig.send(CHAT, &chat(r#","stream":true"#), "", true).await;
+    }
+    // Rejections: a path the proxy does not serve (its own 404) and the engine's 400.
+    for _ in 0..4 {
+        let (parts, _) = send(&client(), post_json(&rig.proxy.url("/nope"), "{}")).await;
+        assert_eq!(parts.status, 404);
+    }
+    let (seen, r) = rig
+        .send(CHAT, &chat(r#","stream":true"#), "status=400", true)
+        .await;
+    assert_eq!(
+        (seen.status, &r["outcome"]),
+        (400, &Value::from("rejected"))
+    );
+    let s = wait_requests(&rig.proxy, 8).await;
+    assert_eq!(s["outcomes"]["rejected"], 5, "{s}");
+    let m = metrics(&rig.proxy).await;
+    for (key, family) in [
+        (
+            "e2e_seconds",
+            "goodput_proxy_e2e_request_latency_seconds_count",
+        ),
+        (
+            "ttft_seconds",
+            "goodput_proxy_time_to_first_token_seconds_count",
+        ),
+        (
+            "tpot_seconds",
+            "goodput_proxy_time_per_output_token_seconds_count",
+        ),
+    ] {
+        let hist: f64 = series(&m, family).map(|(_, v)| v).sum();
+        assert!(series(&m, family).count() > 0, "{family} is exported");
+        assert_eq!(s[key]["count"].as_f64(), Some(hist), "{key}: {s}");
+        assert_eq!(hist, 3.0, "{family}: the three streams only");
+    }
+    rig.stop().await;
+}
