@@ -71,28 +71,44 @@ fn check(metric: &str, client: Option<&Stats>, proxy: &serde_json::Value) {
 async fn proxy_stats_percentiles_equal_the_clients() {
     // Timing-sensitive: never beside another load run of this binary.
     let _serial = crate::support::serial().await;
-    let sim = SimServer::bind(
-        SimConfig {
-            max_num_seqs: 256,
-            ..SimConfig::with_timing(300.0, 20.0)
-        },
-        "127.0.0.1:0".parse().unwrap(),
-    )
-    .await
-    .unwrap()
-    .spawn();
-    let mut c = Config::default();
-    c.server.listen = "127.0.0.1:0".parse().unwrap();
-    c.server.admin_listen = "127.0.0.1:0".parse().unwrap();
-    c.server.drain_delay_ms = 0;
-    c.upstream.urls = vec![sim.base_url()];
-    c.measure.models = vec!["tiny".into()];
-    let app = App::bind(c).await.expect("bind proxy");
-    let (addr, admin) = (app.local_addr(), app.admin_addr());
+    // The engine and the proxy run on their own runtime (as separate processes would), so
+    // the client's measurements are not delayed by the proxy's work on the same threads.
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let (stop, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(app.run(async move {
-        let _ = rx.await;
-    }));
+    let server = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let sim = SimServer::bind(
+                SimConfig {
+                    max_num_seqs: 256,
+                    ..SimConfig::with_timing(300.0, 20.0)
+                },
+                "127.0.0.1:0".parse().unwrap(),
+            )
+            .await
+            .unwrap()
+            .spawn();
+            let mut c = Config::default();
+            c.server.listen = "127.0.0.1:0".parse().unwrap();
+            c.server.admin_listen = "127.0.0.1:0".parse().unwrap();
+            c.server.drain_delay_ms = 0;
+            c.upstream.urls = vec![sim.base_url()];
+            c.measure.models = vec!["tiny".into()];
+            let app = App::bind(c).await.expect("bind proxy");
+            ready_tx.send((app.local_addr(), app.admin_addr())).unwrap();
+            let _ = app
+                .run(async move {
+                    let _ = rx.await;
+                })
+                .await;
+            sim.shutdown().await;
+        });
+    });
+    let (addr, admin) = ready_rx.recv().unwrap();
 
     let res = tokio::time::timeout(
         Duration::from_secs(60),
@@ -126,6 +142,8 @@ async fn proxy_stats_percentiles_equal_the_clients() {
     assert!((0.0195..0.0215).contains(&tpot), "TPOT p50 {tpot}");
 
     let _ = stop.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
-    sim.shutdown().await;
+    tokio::task::spawn_blocking(move || server.join())
+        .await
+        .unwrap()
+        .unwrap();
 }
