@@ -49,9 +49,8 @@ fn readyz(state: &AppState) -> Response<Full<Bytes>> {
 /// The proxy's own families, then every engine's (relabelled `upstream`, each family once).
 fn metrics(state: &AppState) -> Response<Full<Bytes>> {
     use prometheus::Encoder;
-    state
-        .engines
-        .refresh_gauges(&state.upstreams, Instant::now());
+    state.engines.refresh_gauges(Instant::now());
+    state.meter.metrics().refresh_goodput_ratio(Instant::now());
     let encoder = prometheus::TextEncoder::new();
     let families = state.registry.gather();
     let mut buf = Vec::new();
@@ -74,14 +73,24 @@ fn metrics(state: &AppState) -> Response<Full<Bytes>> {
     resp
 }
 
-/// `GET /stats?window=SECONDS[&model=NAME]`; a bad query is a 400 naming the parameter.
+/// `GET /stats?window=SECONDS[&model=NAME][&upstream=LABEL]`; a bad query is a 400 naming the
+/// parameter. `upstream` takes the label value of `/metrics` (`none`: no replica answered).
 fn stats(state: &AppState, query: Option<&str>) -> Response<Full<Bytes>> {
     match parse_stats_query(query) {
         Ok(q) => {
-            let doc = state
-                .meter
-                .ring()
-                .stats(Instant::now(), q.window, q.model.as_deref());
+            let urls = q
+                .upstream
+                .as_deref()
+                .map(|l| state.meter.metrics().upstreams.urls_of(l));
+            let urls: Option<Vec<&str>> = urls
+                .as_ref()
+                .map(|u| u.iter().map(|s| s.as_str()).collect());
+            let doc = state.meter.ring().stats_for(
+                Instant::now(),
+                q.window,
+                q.model.as_deref(),
+                urls.as_deref(),
+            );
             json(StatusCode::OK, &doc)
         }
         Err(e) => {

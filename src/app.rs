@@ -19,10 +19,12 @@ use crate::layer::meter::Meter;
 use crate::listener::{self, ServeOptions};
 use crate::measure::sink::{RecordSink, SinkConfig};
 use crate::metrics::{Metrics, ModelLabels};
+use crate::net::{bind_listener, LISTEN_BACKLOG};
 use crate::sim::{SimConfig, SimHandle, SimServer};
 use crate::sink::clickhouse::{ClickHouseSink, SinkCounters};
 use crate::sink::Sinks;
 use crate::stack;
+use crate::upstream::discover::{Discovery, DnsTarget, Resolver, SystemResolver};
 use crate::upstream::{health, Upstreams};
 
 /// What the admin routes and the meter share with the running proxy.
@@ -47,6 +49,7 @@ pub struct App {
     admin: TcpListener,
     tls: Option<TlsAcceptor>,
     demo: Option<DemoEngine>,
+    discovery: Option<Discovery>,
 }
 
 /// The built-in simulated engine started when no upstream is configured.
@@ -59,8 +62,16 @@ pub struct DemoEngine {
 
 impl App {
     /// Checks the config, starts the demo engine when there is no upstream, binds both ports.
-    pub async fn bind(mut config: Config) -> anyhow::Result<App> {
-        let demo = if config.upstream.urls.is_empty() {
+    pub async fn bind(config: Config) -> anyhow::Result<App> {
+        Self::bind_with_resolver(config, Arc::new(SystemResolver)).await
+    }
+
+    /// [`App::bind`] with the resolver `upstream.discover` uses (tests pass a fake one).
+    pub async fn bind_with_resolver(
+        mut config: Config,
+        resolver: Arc<dyn Resolver>,
+    ) -> anyhow::Result<App> {
+        let demo = if config.upstream.urls.is_empty() && config.upstream.discover.is_empty() {
             let sim = config.sim.clone().unwrap_or_default();
             // The demo engine's models are known: label them from the first request.
             config.measure.models.extend(sim.models.iter().cloned());
@@ -76,12 +87,10 @@ impl App {
             (Some(cert), Some(key)) => Some(listener::tls_acceptor(cert, key)?),
             _ => None,
         };
-        let public = TcpListener::bind(config.server.listen)
-            .await
+        let public = bind_listener(config.server.listen, LISTEN_BACKLOG)
             .with_context(|| format!("server.listen: cannot bind {}", config.server.listen))?;
-        let admin = TcpListener::bind(config.server.admin_listen)
-            .await
-            .with_context(|| {
+        let admin =
+            bind_listener(config.server.admin_listen, LISTEN_BACKLOG).with_context(|| {
                 format!(
                     "server.admin_listen: cannot bind {}",
                     config.server.admin_listen
@@ -91,6 +100,12 @@ impl App {
         let meter = Arc::new(build_meter(&config, &registry)?);
         let engines = Engines::new(&config.engine, &upstreams, &registry)
             .context("registering engine metrics")?;
+        // The proxy's own families carry the same `upstream` value as the engine families of
+        // that replica, so the two join in PromQL.
+        meter
+            .metrics()
+            .upstreams
+            .add(engines.sync(&upstreams.replicas()));
         let state = Arc::new(AppState {
             registry,
             meter,
@@ -98,6 +113,27 @@ impl App {
             upstreams: Arc::new(upstreams),
             engines: Arc::new(engines),
         });
+        let discovery = if config.upstream.discover.is_empty() {
+            None
+        } else {
+            let targets = config
+                .upstream
+                .discover
+                .iter()
+                .map(|d| DnsTarget::parse(d).map_err(|e| anyhow::anyhow!("upstream.discover: {e}")))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let mut d = Discovery::new(
+                state.upstreams.clone(),
+                state.engines.clone(),
+                state.meter.metrics().upstreams.clone(),
+                resolver,
+                targets,
+            );
+            // The first replicas before the first request; a slow resolver delays startup by
+            // one interval at most (the periodic rounds take over).
+            let _ = tokio::time::timeout(config.upstream.discover_interval(), d.round()).await;
+            Some(d)
+        };
         Ok(App {
             config,
             state,
@@ -105,6 +141,7 @@ impl App {
             admin,
             tls,
             demo,
+            discovery,
         })
     }
 
@@ -150,9 +187,12 @@ impl App {
             admin,
             tls,
             demo,
+            discovery,
         } = self;
         let service = stack::build(&config, state.upstreams.clone(), state.meter.clone());
         let health = tokio::spawn(health::run(state.upstreams.clone()));
+        let interval = config.upstream.discover_interval();
+        let discovery = discovery.map(|d| tokio::spawn(d.run(interval)));
         let scraper = config.engine.scrape.then(|| {
             tokio::spawn(engine::scrape::run(
                 state.upstreams.clone(),
@@ -196,6 +236,9 @@ impl App {
         )
         .await;
         health.abort();
+        if let Some(d) = discovery {
+            d.abort();
+        }
         if let Some(scraper) = scraper {
             scraper.abort();
         }
@@ -235,6 +278,7 @@ fn build_meter(config: &Config, registry: &prometheus::Registry) -> anyhow::Resu
     let labelled = m.models.iter().chain(config.slo.models.keys());
     let metrics =
         Metrics::register(registry, ModelLabels::new(labelled)).context("registering metrics")?;
+    metrics.set_goodput_window(m.goodput_window());
     let mut sinks = Sinks::default();
     if let Some(path) = &m.sink_path {
         let cfg = SinkConfig {
@@ -262,14 +306,15 @@ fn build_meter(config: &Config, registry: &prometheus::Registry) -> anyhow::Resu
         tracing::info!(url = %ch.url, database = %ch.database, table = %ch.table, "clickhouse sink on");
         sinks.clickhouse = Some(sink);
     }
-    Ok(Meter::new(
+    let meter = Meter::new(
         metrics,
         config.slo.table(),
         m.records,
         sinks,
         m.usage_injection == UsageInjection::Auto,
     )
-    .with_instance(&config.server.instance_name()))
+    .with_instance(&config.server.instance_name());
+    Ok(if m.enabled { meter } else { meter.disabled() })
 }
 
 /// The longest `run` waits for the upstreams' model lists before it starts serving.
@@ -295,8 +340,8 @@ async fn learn_models(upstreams: Arc<Upstreams>, meter: Arc<Meter>, every: Durat
 /// Lists every replica's models (concurrently) and adds the names to the label set.
 async fn learn_once(upstreams: &Upstreams, meter: &Meter) {
     let labels = &meter.metrics().models;
-    let lists = upstreams
-        .replicas
+    let replicas = upstreams.replicas();
+    let lists = replicas
         .iter()
         .map(|replica| async move { (replica, list_models(upstreams, replica).await) });
     for (replica, names) in futures_util::future::join_all(lists).await {

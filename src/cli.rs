@@ -1,4 +1,4 @@
-//! Command-line interface: `serve` (the default), `sim`, `check-config`, `report`.
+//! Command-line interface: `serve` (the default), `sim`, `check-config`, `compare`, `report`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -36,6 +36,25 @@ pub enum Command {
     /// The fleet's exact percentiles, goodput and outcomes over a window, from the records
     /// every replica shipped to ClickHouse (`[sink.clickhouse]`).
     Report(crate::report::ReportArgs),
+    /// Exact vs proxy-histogram vs engine-histogram TTFT / TPOT / E2E percentiles of a running
+    /// proxy over one window, with the engines' counters over it.
+    Compare(CompareArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct CompareArgs {
+    /// The proxy's admin URL (server.admin_listen), e.g. http://127.0.0.1:9090.
+    #[arg(long, value_name = "URL")]
+    pub admin: String,
+    /// Seconds between the two scrapes (the requests compared finish in this window).
+    #[arg(long, default_value_t = 60.0, value_name = "SECONDS")]
+    pub window: f64,
+    /// Print the table as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// One group per model and upstream instead of per model.
+    #[arg(long)]
+    pub by_upstream: bool,
 }
 
 #[derive(Debug, Clone, Default, Args)]

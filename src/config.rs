@@ -127,9 +127,16 @@ fn default_paths() -> Vec<String> {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct UpstreamConfig {
-    /// Base URLs of the engine replicas (`http://host:port`). Empty: `serve` starts the built-in
-    /// simulated engine on a loopback port (demo mode).
+    /// Base URLs of the engine replicas (`http://host:port`). Empty (and no `discover`): `serve`
+    /// starts the built-in simulated engine on a loopback port (demo mode).
     pub urls: Vec<String>,
+    /// Replicas found by DNS: `dns://NAME:PORT` (e.g. a Kubernetes headless Service); every
+    /// address NAME resolves to is one replica `http://ADDRESS:PORT`. Re-resolved every
+    /// `discover_interval_ms`: a replica that disappears gets no new requests (its streams
+    /// finish), a new one gets traffic after its first good health probe.
+    pub discover: Vec<String>,
+    /// Interval between DNS resolutions of `discover`, ms.
+    pub discover_interval_ms: u64,
     /// TCP connect deadline per attempt, ms. A failed connect is retried once on another replica.
     pub connect_timeout_ms: u64,
     /// Deadline for the upstream response head, from sending the request, ms (504 when it fires).
@@ -154,6 +161,8 @@ impl Default for UpstreamConfig {
     fn default() -> Self {
         Self {
             urls: Vec::new(),
+            discover: Vec::new(),
+            discover_interval_ms: 5_000,
             connect_timeout_ms: 5_000,
             first_byte_timeout_ms: 300_000,
             stream_idle_timeout_ms: 120_000,
@@ -171,6 +180,9 @@ impl Default for UpstreamConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MeasureConfig {
+    /// `false` forwards every request without metering it: no record, no latency metric, no
+    /// usage injection (so the cost of measuring can itself be measured).
+    pub enabled: bool,
     /// `auto`: a streaming request that did not ask for usage gets
     /// `stream_options.include_usage` injected (exact token counts) and the usage chunk is
     /// removed from what the client receives. `off`: requests are forwarded as sent.
@@ -190,11 +202,14 @@ pub struct MeasureConfig {
     pub sink_keep: usize,
     /// Records queued for the sink at most; beyond, records are dropped and counted.
     pub sink_queue: usize,
+    /// Sliding window of the `goodput_proxy_goodput_ratio` gauges, seconds.
+    pub goodput_window_s: u64,
 }
 
 impl Default for MeasureConfig {
     fn default() -> Self {
         Self {
+            enabled: true,
             usage_injection: UsageInjection::Auto,
             models: Vec::new(),
             models_refresh_ms: 30_000,
@@ -203,6 +218,7 @@ impl Default for MeasureConfig {
             sink_max_bytes: 100 * 1024 * 1024,
             sink_keep: 3,
             sink_queue: 65_536,
+            goodput_window_s: 60,
         }
     }
 }
@@ -395,6 +411,10 @@ impl MeasureConfig {
     pub fn models_refresh(&self) -> Duration {
         ms(self.models_refresh_ms)
     }
+
+    pub fn goodput_window(&self) -> Duration {
+        Duration::from_secs(self.goodput_window_s)
+    }
 }
 
 /// The engine scraper: each replica's Prometheus `/metrics`, served again on the admin
@@ -525,6 +545,10 @@ impl UpstreamConfig {
     pub fn health_interval(&self) -> Duration {
         ms(self.health_interval_ms)
     }
+
+    pub fn discover_interval(&self) -> Duration {
+        ms(self.discover_interval_ms)
+    }
 }
 
 impl Config {
@@ -646,6 +670,14 @@ impl Config {
                 return bad("upstream.urls", &format!("`{url}`: {message}"));
             }
         }
+        for d in &u.discover {
+            if let Err(message) = crate::upstream::discover::DnsTarget::parse(d) {
+                return bad("upstream.discover", &format!("`{d}`: {message}"));
+            }
+        }
+        if !u.discover.is_empty() && u.discover_interval_ms == 0 {
+            return bad("upstream.discover_interval_ms", "must be positive");
+        }
         for (field, v) in [
             ("upstream.connect_timeout_ms", u.connect_timeout_ms),
             ("upstream.first_byte_timeout_ms", u.first_byte_timeout_ms),
@@ -665,6 +697,9 @@ impl Config {
         }
         if m.models_refresh_ms == 0 {
             return bad("measure.models_refresh_ms", "must be positive");
+        }
+        if m.goodput_window_s == 0 {
+            return bad("measure.goodput_window_s", "must be positive");
         }
         if m.sink_path.is_some() && (m.sink_queue == 0 || m.sink_max_bytes == 0) {
             return bad(

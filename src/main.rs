@@ -16,6 +16,7 @@ fn main() -> ExitCode {
         Some(Command::CheckConfig { file }) => check_config(&file),
         Some(Command::Sim(args)) => sim(args),
         Some(Command::Report(args)) => report(args),
+        Some(Command::Compare(args)) => compare(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -63,6 +64,23 @@ fn sim(args: goodput_proxy::sim::SimArgs) -> anyhow::Result<()> {
 
 fn report(args: goodput_proxy::report::ReportArgs) -> anyhow::Result<()> {
     runtime()?.block_on(goodput_proxy::report::run(args))
+}
+
+fn compare(args: &goodput_proxy::cli::CompareArgs) -> anyhow::Result<()> {
+    use goodput_proxy::compare::{self, admin::Admin, render};
+    if !(args.window.is_finite() && args.window > 0.0) {
+        anyhow::bail!("--window must be a positive number of seconds");
+    }
+    let admin = Admin::new(&args.admin)?;
+    let window = std::time::Duration::from_secs_f64(args.window);
+    let w = runtime()?.block_on(admin.window(window, args.by_upstream))?;
+    let table = compare::build(&w, args.by_upstream);
+    if args.json {
+        println!("{}", render::json(&table));
+    } else {
+        print!("{}", render::text(&table));
+    }
+    Ok(())
 }
 
 fn check_config(file: &std::path::Path) -> anyhow::Result<()> {

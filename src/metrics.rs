@@ -1,20 +1,24 @@
 //! Prometheus registry and metric families, registered in one place ([`Metrics::register`]).
 //! Histograms use vLLM's bucket grids so proxy and engine quantiles line up bucket by bucket.
 //! The `model` label only takes values from [`ModelLabels`] (configured + learned, else
-//! `other`); `outcome`, `finish_reason` and `slo` come from closed enums.
+//! `other`); `upstream` only from [`UpstreamLabels`] (configured or discovered replicas,
+//! capped; `none` before a replica answered); `outcome`, `finish_reason` and `slo` come from
+//! closed enums.
 
-use std::collections::HashSet;
-use std::sync::{Arc, RwLock};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry,
+    GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry,
 };
+use tokio::time::Instant;
 
 use crate::measure::meter::Measurement;
-use crate::measure::outcome::{Outcome, NO_FINISH_REASON};
+use crate::measure::outcome::{rejected_by_client, Outcome, NO_FINISH_REASON};
 use crate::measure::slo::SloVerdict;
+use crate::measure::window::RatioWindow;
 
 pub const TTFT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -129,6 +133,91 @@ impl ModelLabels {
     }
 }
 
+/// The `upstream` label of a request no replica answered (connect failure, no head in time,
+/// rejected before forwarding).
+pub const NO_UPSTREAM: &str = "none";
+/// The label for a replica beyond [`MAX_UPSTREAM_LABELS`].
+pub const OTHER_UPSTREAM: &str = "other";
+/// Most replicas with their own `upstream` label: discovery can add replicas for ever (each
+/// rollout brings new pod IPs), the series count must not follow.
+pub const MAX_UPSTREAM_LABELS: usize = 64;
+/// The default sliding window of `goodput_proxy_goodput_ratio`.
+pub const DEFAULT_GOODPUT_WINDOW: Duration = Duration::from_secs(60);
+
+/// The bounded map from a replica's URL (what forwarding reports in `ServedBy`) to its
+/// `upstream` label value, the same value the engine families are relabelled with, so proxy
+/// and engine series of one replica join on `upstream`. Entries are only added (a replica that
+/// leaves keeps its label, so its series stay readable), at most [`MAX_UPSTREAM_LABELS`].
+#[derive(Debug, Clone, Default)]
+pub struct UpstreamLabels {
+    inner: Arc<RwLock<HashMap<Arc<str>, Arc<str>>>>,
+}
+
+impl UpstreamLabels {
+    /// Adds `(url, label)` pairs; a known URL keeps its first label. Returns how many were new.
+    pub fn add<I, U, L>(&self, pairs: I) -> usize
+    where
+        I: IntoIterator<Item = (U, L)>,
+        U: AsRef<str>,
+        L: AsRef<str>,
+    {
+        let Ok(mut m) = self.inner.write() else {
+            return 0;
+        };
+        let mut added = 0;
+        for (url, label) in pairs {
+            if m.len() >= MAX_UPSTREAM_LABELS {
+                break;
+            }
+            if !m.contains_key(url.as_ref()) {
+                m.insert(Arc::from(url.as_ref()), Arc::from(label.as_ref()));
+                added += 1;
+            }
+        }
+        added
+    }
+
+    /// The replica URLs labelled `label` (a label can only be one URL unless two replicas
+    /// were given the same index label; an unknown label is taken as a URL).
+    pub fn urls_of(&self, label: &str) -> Vec<String> {
+        let Ok(m) = self.inner.read() else {
+            return Vec::new();
+        };
+        let urls: Vec<String> = m
+            .iter()
+            .filter(|(_, l)| &***l == label)
+            .map(|(u, _)| u.to_string())
+            .collect();
+        if urls.is_empty() && label != NO_UPSTREAM {
+            vec![label.to_string()]
+        } else {
+            urls
+        }
+    }
+
+    /// The label value for a replica URL: its own, else `other`.
+    pub fn resolve(&self, url: &str) -> Arc<str> {
+        self.inner
+            .read()
+            .ok()
+            .and_then(|m| m.get(url).cloned())
+            .unwrap_or_else(|| Arc::from(OTHER_UPSTREAM))
+    }
+}
+
+/// What each request needs to resolve its per-upstream handles late (once the replica is
+/// known) and to count itself in the goodput window; one per [`Metrics`], shared.
+struct Shared {
+    ttft: HistogramVec,
+    ttfc: HistogramVec,
+    tpot: HistogramVec,
+    itl: HistogramVec,
+    e2e: HistogramVec,
+    goodput: IntCounterVec,
+    upstreams: UpstreamLabels,
+    window: Mutex<RatioWindow>,
+}
+
 /// Every family the proxy's measurement exports.
 #[derive(Clone)]
 pub struct Metrics {
@@ -151,66 +240,79 @@ pub struct Metrics {
     pub records_shipped: IntCounterVec,
     /// By `sink` (`clickhouse`): failed delivery attempts (each is retried or counted dropped).
     pub sink_errors: IntCounterVec,
+    /// Good / eligible requests over the sliding window, per model.
+    pub goodput_ratio: GaugeVec,
+    /// The same over every model (no labels; absent while the window is empty).
+    pub goodput_ratio_overall: GaugeVec,
     pub models: ModelLabels,
+    pub upstreams: UpstreamLabels,
+    shared: Arc<Shared>,
 }
 
 fn hist(name: &str, help: &str, buckets: &[f64]) -> Result<HistogramVec, prometheus::Error> {
     HistogramVec::new(
         HistogramOpts::new(name, help).buckets(buckets.to_vec()),
-        &["model"],
+        &["model", "upstream"],
     )
 }
 
 impl Metrics {
     /// Create and register every family on `registry`.
     pub fn register(registry: &Registry, models: ModelLabels) -> Result<Self, prometheus::Error> {
+        let ttft = hist(
+            "goodput_proxy_time_to_first_token_seconds",
+            "Time from request head to the first output token served to the client.",
+            TTFT_BUCKETS,
+        )?;
+        let ttfc = hist(
+            "goodput_proxy_time_to_first_chunk_seconds",
+            "Time from request head to the first chunk carrying a choice (role chunk counts).",
+            TTFT_BUCKETS,
+        )?;
+        let tpot = hist(
+            "goodput_proxy_time_per_output_token_seconds",
+            "(last token - first token) / (output tokens - 1), per request.",
+            TPOT_BUCKETS,
+        )?;
+        let itl = hist(
+            "goodput_proxy_inter_token_latency_seconds",
+            "Gap between consecutive output events served to the client.",
+            TPOT_BUCKETS,
+        )?;
+        let e2e = hist(
+            "goodput_proxy_e2e_request_latency_seconds",
+            "Time from request head to the last body byte handed to the client.",
+            E2E_BUCKETS,
+        )?;
+        let goodput = IntCounterVec::new(
+            Opts::new(
+                "goodput_proxy_goodput_requests_total",
+                "Requests that succeeded and met every applicable SLO.",
+            ),
+            &["model", "upstream"],
+        )?;
+        let upstreams = UpstreamLabels::default();
         let m = Self {
             requests: IntCounterVec::new(
                 Opts::new(
                     "goodput_proxy_requests_total",
                     "Finished requests by outcome.",
                 ),
-                &["model", "outcome", "finish_reason"],
+                &["model", "upstream", "outcome", "finish_reason"],
             )?,
-            goodput: IntCounterVec::new(
-                Opts::new(
-                    "goodput_proxy_goodput_requests_total",
-                    "Requests that succeeded and met every applicable SLO.",
-                ),
-                &["model"],
-            )?,
+            goodput: goodput.clone(),
             slo_violations: IntCounterVec::new(
                 Opts::new(
                     "goodput_proxy_slo_violations_total",
                     "Requests that missed an SLO.",
                 ),
-                &["model", "slo"],
+                &["model", "upstream", "slo"],
             )?,
-            ttft: hist(
-                "goodput_proxy_time_to_first_token_seconds",
-                "Time from request head to the first output token served to the client.",
-                TTFT_BUCKETS,
-            )?,
-            ttfc: hist(
-                "goodput_proxy_time_to_first_chunk_seconds",
-                "Time from request head to the first chunk carrying a choice (role chunk counts).",
-                TTFT_BUCKETS,
-            )?,
-            tpot: hist(
-                "goodput_proxy_time_per_output_token_seconds",
-                "(last token - first token) / (output tokens - 1), per request.",
-                TPOT_BUCKETS,
-            )?,
-            itl: hist(
-                "goodput_proxy_inter_token_latency_seconds",
-                "Gap between consecutive output events served to the client.",
-                TPOT_BUCKETS,
-            )?,
-            e2e: hist(
-                "goodput_proxy_e2e_request_latency_seconds",
-                "Time from request head to the last body byte handed to the client.",
-                E2E_BUCKETS,
-            )?,
+            ttft: ttft.clone(),
+            ttfc: ttfc.clone(),
+            tpot: tpot.clone(),
+            itl: itl.clone(),
+            e2e: e2e.clone(),
             prompt_tokens: IntCounterVec::new(
                 Opts::new(
                     "goodput_proxy_prompt_tokens_total",
@@ -257,7 +359,33 @@ impl Metrics {
                 ),
                 &["sink"],
             )?,
+            goodput_ratio: GaugeVec::new(
+                Opts::new(
+                    "goodput_proxy_goodput_ratio",
+                    "Good / (finished - rejections the client caused) over the sliding window \
+                     (measure.goodput_window_s), per model; absent while the window is empty.",
+                ),
+                &["model"],
+            )?,
+            goodput_ratio_overall: GaugeVec::new(
+                Opts::new(
+                    "goodput_proxy_goodput_ratio_overall",
+                    "goodput_proxy_goodput_ratio over every model.",
+                ),
+                &[],
+            )?,
             models,
+            upstreams: upstreams.clone(),
+            shared: Arc::new(Shared {
+                ttft,
+                ttfc,
+                tpot,
+                itl,
+                e2e,
+                goodput,
+                upstreams,
+                window: Mutex::new(RatioWindow::new(DEFAULT_GOODPUT_WINDOW, Instant::now())),
+            }),
         };
         registry.register(Box::new(m.requests.clone()))?;
         registry.register(Box::new(m.goodput.clone()))?;
@@ -280,27 +408,49 @@ impl Metrics {
         }
         m.records_shipped.with_label_values(&["clickhouse"]);
         m.sink_errors.with_label_values(&["clickhouse"]);
+        registry.register(Box::new(m.goodput_ratio.clone()))?;
+        registry.register(Box::new(m.goodput_ratio_overall.clone()))?;
         Ok(m)
     }
 
-    /// Resolve one request's handles (once, at the request head); counts it in flight.
+    /// Sets the sliding window of `goodput_proxy_goodput_ratio` (before the first request;
+    /// counts so far are dropped).
+    pub fn set_goodput_window(&self, window: Duration) {
+        if let Ok(mut w) = self.shared.window.lock() {
+            *w = RatioWindow::new(window, Instant::now());
+        }
+    }
+
+    /// Sets the goodput-ratio gauges from the window at `now`; called right before the
+    /// registry is gathered. A model (or the whole proxy) with no eligible request in the
+    /// window has no series: an autoscaler reads "no data", never a made-up 0 or 1.
+    pub fn refresh_goodput_ratio(&self, now: Instant) {
+        let Ok(w) = self.shared.window.lock() else {
+            return;
+        };
+        for (model, ratio) in w.per_key(now) {
+            set_or_remove(&self.goodput_ratio, &[&*model], ratio);
+        }
+        set_or_remove(&self.goodput_ratio_overall, &[], w.overall(now));
+    }
+
+    /// Resolve one request's per-model handles (once, at the request head); counts it in
+    /// flight. The per-upstream handles follow once the replica is known
+    /// ([`RequestMetrics::set_upstream`]), or at the end (`upstream="none"`).
     pub fn for_request(&self, model: &str) -> RequestMetrics {
         let model = self.models.resolve(model);
         let l = [&*model];
         let in_flight = self.in_flight.with_label_values(&l);
         in_flight.inc();
         RequestMetrics {
-            ttft: self.ttft.with_label_values(&l),
-            ttfc: self.ttfc.with_label_values(&l),
-            tpot: self.tpot.with_label_values(&l),
-            itl: self.itl.with_label_values(&l),
-            e2e: self.e2e.with_label_values(&l),
-            goodput: self.goodput.with_label_values(&l),
+            upstream: Arc::from(NO_UPSTREAM),
+            handles: None,
             prompt_tokens: self.prompt_tokens.with_label_values(&l),
             generation_tokens: self.generation_tokens.with_label_values(&l),
             in_flight: Some(in_flight),
             requests: self.requests.clone(),
             slo_violations: self.slo_violations.clone(),
+            shared: self.shared.clone(),
             model,
         }
     }
@@ -310,16 +460,33 @@ impl Metrics {
     }
 }
 
-/// One request's metric handles, resolved once. Dropping it without [`RequestMetrics::finish`]
-/// still takes the request out of `requests_in_flight`.
-pub struct RequestMetrics {
-    model: Arc<str>,
+fn set_or_remove(g: &GaugeVec, labels: &[&str], v: Option<f64>) {
+    match v {
+        Some(v) => g.with_label_values(labels).set(v),
+        None => {
+            let _ = g.remove_label_values(labels);
+        }
+    }
+}
+
+/// A request's handles of the families labelled `model` and `upstream`.
+struct Handles {
     ttft: Histogram,
     ttfc: Histogram,
     tpot: Histogram,
     itl: Histogram,
     e2e: Histogram,
     goodput: IntCounter,
+}
+
+/// One request's metric handles, resolved once. Dropping it without [`RequestMetrics::finish`]
+/// still takes the request out of `requests_in_flight`.
+pub struct RequestMetrics {
+    model: Arc<str>,
+    upstream: Arc<str>,
+    /// Resolved by `set_upstream`, else at the end with `upstream="none"`.
+    handles: Option<Handles>,
+    shared: Arc<Shared>,
     prompt_tokens: IntCounter,
     generation_tokens: IntCounter,
     in_flight: Option<IntGauge>,
@@ -333,13 +500,41 @@ impl RequestMetrics {
         &self.model
     }
 
-    /// The ITL histogram handle, for a per-gap observer (`MeteredBody::with_gap_observer`).
-    pub fn itl_histogram(&self) -> Histogram {
-        self.itl.clone()
+    /// The resolved `upstream` label value (`none` until [`RequestMetrics::set_upstream`]).
+    pub fn upstream(&self) -> &Arc<str> {
+        &self.upstream
     }
 
-    pub fn observe_gap(&self, gap: Duration) {
-        self.itl.observe(gap.as_secs_f64());
+    /// The replica that answered (its URL, as in `ServedBy`): resolves the per-upstream
+    /// handles once, with the replica's bounded label.
+    pub fn set_upstream(&mut self, url: &str) {
+        self.upstream = self.shared.upstreams.resolve(url);
+        self.handles = None;
+        self.handles();
+    }
+
+    fn handles(&mut self) -> &Handles {
+        let (model, upstream, sh) = (&self.model, &self.upstream, &self.shared);
+        self.handles.get_or_insert_with(|| {
+            let l = [&**model, &**upstream];
+            Handles {
+                ttft: sh.ttft.with_label_values(&l),
+                ttfc: sh.ttfc.with_label_values(&l),
+                tpot: sh.tpot.with_label_values(&l),
+                itl: sh.itl.with_label_values(&l),
+                e2e: sh.e2e.with_label_values(&l),
+                goodput: sh.goodput.with_label_values(&l),
+            }
+        })
+    }
+
+    /// The ITL histogram handle, for a per-gap observer (`MeteredBody::with_gap_observer`).
+    pub fn itl_histogram(&mut self) -> Histogram {
+        self.handles().itl.clone()
+    }
+
+    pub fn observe_gap(&mut self, gap: Duration) {
+        self.handles().itl.observe(gap.as_secs_f64());
     }
 
     /// Record a finished request. Latency histograms: TTFT / TTFC / TPOT whenever defined (any
@@ -347,31 +542,38 @@ impl RequestMetrics {
     /// observed as they happen (see [`RequestMetrics::itl_histogram`]).
     pub fn finish(mut self, m: &Measurement, v: &SloVerdict) {
         let finish = m.finish_reason.map_or(NO_FINISH_REASON, |f| f.as_str());
+        let (model, upstream) = (self.model.clone(), self.upstream.clone());
         self.requests
-            .with_label_values(&[&*self.model, m.outcome.as_str(), finish])
+            .with_label_values(&[&*model, &*upstream, m.outcome.as_str(), finish])
             .inc();
-        if v.good {
-            self.goodput.inc();
-        }
         for (slo, ok) in [("ttft", v.ttft_ok), ("tpot", v.tpot_ok), ("e2e", v.e2e_ok)] {
             if ok == Some(false) {
                 self.slo_violations
-                    .with_label_values(&[&*self.model, slo])
+                    .with_label_values(&[&*model, &*upstream, slo])
                     .inc();
             }
         }
+        if !rejected_by_client(m.outcome, m.status) {
+            if let Ok(mut w) = self.shared.window.lock() {
+                w.add(&model, v.good, Instant::now());
+            }
+        }
+        let h = self.handles();
+        if v.good {
+            h.goodput.inc();
+        }
         if let Some(d) = m.ttft {
-            self.ttft.observe(d.as_secs_f64());
+            h.ttft.observe(d.as_secs_f64());
         }
         if let Some(d) = m.ttfc {
-            self.ttfc.observe(d.as_secs_f64());
+            h.ttfc.observe(d.as_secs_f64());
         }
         // One observation per choice (vLLM records one per child request).
         for d in m.tpot_observations() {
-            self.tpot.observe(d.as_secs_f64());
+            h.tpot.observe(d.as_secs_f64());
         }
         if m.outcome != Outcome::Rejected {
-            self.e2e.observe(m.e2e.as_secs_f64());
+            h.e2e.observe(m.e2e.as_secs_f64());
         }
         if let Some(n) = m.prompt_tokens {
             self.prompt_tokens.inc_by(n);
@@ -431,11 +633,12 @@ mod tests {
     #[test]
     fn every_family_is_registered_with_the_vllm_grids() {
         let (r, m) = setup(&["tiny"]);
-        let rm = m.for_request("tiny");
+        let mut rm = m.for_request("tiny");
         rm.observe_gap(Duration::from_millis(5));
         let meas = success(100, 3);
         rm.finish(&meas, &judge(&meas, &Slo::default()));
         m.observe_overhead(Duration::from_micros(30));
+        m.refresh_goodput_ratio(Instant::now());
         let fams = r.gather();
         let mut names: Vec<&str> = fams.iter().map(|f| f.name()).collect();
         names.sort_unstable();
@@ -444,6 +647,8 @@ mod tests {
             [
                 "goodput_proxy_e2e_request_latency_seconds",
                 "goodput_proxy_generation_tokens_total",
+                "goodput_proxy_goodput_ratio",
+                "goodput_proxy_goodput_ratio_overall",
                 "goodput_proxy_goodput_requests_total",
                 "goodput_proxy_inter_token_latency_seconds",
                 "goodput_proxy_overhead_seconds",
@@ -500,7 +705,9 @@ mod tests {
     #[test]
     fn a_finished_request_counts_once_everywhere() {
         let (_r, m) = setup(&["tiny"]);
-        let rm = m.for_request("tiny");
+        m.upstreams.add([("http://e:1", "http://e:1")]);
+        let mut rm = m.for_request("tiny");
+        rm.set_upstream("http://e:1");
         assert_eq!(m.in_flight.with_label_values(&["tiny"]).get(), 1);
         let meas = success(3000, 7); // TTFT over the 2 s SLO: success, not good
         let v = judge(&meas, &Slo::default());
@@ -508,23 +715,28 @@ mod tests {
         assert_eq!(m.in_flight.with_label_values(&["tiny"]).get(), 0);
         assert_eq!(
             m.requests
-                .with_label_values(&["tiny", "success", "stop"])
+                .with_label_values(&["tiny", "http://e:1", "success", "stop"])
                 .get(),
             1
         );
-        assert_eq!(m.goodput.with_label_values(&["tiny"]).get(), 0);
+        let up = ["tiny", "http://e:1"];
+        assert_eq!(m.goodput.with_label_values(&up).get(), 0);
         assert_eq!(
-            m.slo_violations.with_label_values(&["tiny", "ttft"]).get(),
+            m.slo_violations
+                .with_label_values(&["tiny", "http://e:1", "ttft"])
+                .get(),
             1
         );
         assert_eq!(
-            m.slo_violations.with_label_values(&["tiny", "tpot"]).get(),
+            m.slo_violations
+                .with_label_values(&["tiny", "http://e:1", "tpot"])
+                .get(),
             0
         );
         assert_eq!(m.generation_tokens.with_label_values(&["tiny"]).get(), 7);
         assert_eq!(m.prompt_tokens.with_label_values(&["tiny"]).get(), 5);
-        assert_eq!(m.ttft.with_label_values(&["tiny"]).get_sample_count(), 1);
-        assert_eq!(m.e2e.with_label_values(&["tiny"]).get_sample_count(), 1);
+        assert_eq!(m.ttft.with_label_values(&up).get_sample_count(), 1);
+        assert_eq!(m.e2e.with_label_values(&up).get_sample_count(), 1);
         // Dropped without finish (the proxy answered itself): still leaves in-flight.
         drop(m.for_request("tiny"));
         assert_eq!(m.in_flight.with_label_values(&["tiny"]).get(), 0);
@@ -534,11 +746,84 @@ mod tests {
             .finish(&rej, &judge(&rej, &Slo::default()));
         assert_eq!(
             m.requests
-                .with_label_values(&["tiny", "rejected", "none"])
+                .with_label_values(&["tiny", NO_UPSTREAM, "rejected", "none"])
                 .get(),
             1
         );
-        assert_eq!(m.e2e.with_label_values(&["tiny"]).get_sample_count(), 1);
+        assert_eq!(m.e2e.with_label_values(&up).get_sample_count(), 1);
+        let none = ["tiny", NO_UPSTREAM];
+        assert_eq!(m.e2e.with_label_values(&none).get_sample_count(), 0);
+    }
+
+    #[test]
+    fn upstream_labels_are_the_configured_ones_and_bounded() {
+        let (r, m) = setup(&["tiny"]);
+        assert_eq!(
+            m.upstreams.add([("http://a:1", "0"), ("http://b:1", "1")]),
+            2
+        );
+        // A known URL keeps its first label.
+        assert_eq!(m.upstreams.add([("http://a:1", "9")]), 0);
+        assert_eq!(&*m.upstreams.resolve("http://a:1"), "0");
+        assert_eq!(&*m.upstreams.resolve("http://unknown:1"), OTHER_UPSTREAM);
+        assert_eq!(m.upstreams.urls_of("1"), ["http://b:1"]);
+        assert_eq!(m.upstreams.urls_of("http://x:1"), ["http://x:1"]);
+        assert!(m.upstreams.urls_of(NO_UPSTREAM).is_empty());
+        let added = m
+            .upstreams
+            .add((0..1000).map(|i| (format!("http://d{i}:1"), format!("d{i}"))));
+        assert_eq!(added, MAX_UPSTREAM_LABELS - 2);
+        let meas = success(10, 2);
+        let v = judge(&meas, &Slo::default());
+        for i in 0..1000 {
+            let mut rm = m.for_request("tiny");
+            rm.set_upstream(&format!("http://d{i}:1"));
+            rm.finish(&meas, &v);
+        }
+        let fams = r.gather();
+        let series = family(&fams, "goodput_proxy_requests_total").get_metric();
+        // Every labelled replica, plus one `other` for the rest.
+        assert_eq!(series.len(), MAX_UPSTREAM_LABELS - 2 + 1);
+    }
+
+    #[test]
+    fn goodput_ratio_gauges_follow_the_window() {
+        let (r, m) = setup(&["tiny", "big"]);
+        let good = success(10, 2);
+        let slow = success(3000, 2);
+        let client_rejected =
+            Measurement::without_body(Outcome::Rejected, Some(413), Duration::from_millis(1));
+        let shed =
+            Measurement::without_body(Outcome::Rejected, Some(503), Duration::from_millis(1));
+        for (model, meas) in [
+            ("tiny", &good),
+            ("tiny", &good),
+            ("tiny", &slow),
+            ("tiny", &client_rejected), // not eligible
+            ("big", &shed),             // eligible, not good
+        ] {
+            m.for_request(model)
+                .finish(meas, &judge(meas, &Slo::default()));
+        }
+        m.refresh_goodput_ratio(Instant::now());
+        let ratio = |model: &str| m.goodput_ratio.with_label_values(&[model]).get();
+        assert_eq!(ratio("tiny"), 2.0 / 3.0);
+        assert_eq!(ratio("big"), 0.0);
+        assert_eq!(
+            m.goodput_ratio_overall
+                .with_label_values(&[] as &[&str])
+                .get(),
+            2.0 / 4.0
+        );
+        // Past the window nothing is left: the series go away instead of reading 0.
+        m.refresh_goodput_ratio(Instant::now() + DEFAULT_GOODPUT_WINDOW + Duration::from_secs(1));
+        let fams = r.gather();
+        for name in [
+            "goodput_proxy_goodput_ratio",
+            "goodput_proxy_goodput_ratio_overall",
+        ] {
+            assert!(fams.iter().all(|f| f.name() != name), "{name}");
+        }
     }
 
     #[test]

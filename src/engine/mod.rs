@@ -9,13 +9,14 @@ pub mod parse;
 pub mod scrape;
 pub mod signals;
 
-use std::sync::{Arc, RwLock};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
 
 use prometheus::{Gauge, GaugeVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 use tokio::time::Instant;
 
 use crate::config::{EngineConfig, UpstreamLabel};
-use crate::upstream::Upstreams;
+use crate::upstream::{Replica, Upstreams};
 use parse::{Family, Source};
 use signals::Signals;
 
@@ -29,8 +30,20 @@ pub struct Snapshot {
 
 /// Per replica: its label and what its last scrape left.
 struct EngineReplica {
+    /// The replica this belongs to (by identity: two configured replicas may share a URL).
+    replica: Arc<Replica>,
     upstream: Arc<str>,
     state: RwLock<ReplicaState>,
+}
+
+impl EngineReplica {
+    fn new(replica: &Arc<Replica>, upstream: Arc<str>) -> Self {
+        Self {
+            replica: replica.clone(),
+            upstream,
+            state: RwLock::new(ReplicaState::default()),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -42,9 +55,15 @@ struct ReplicaState {
     failing: bool,
 }
 
-/// Every replica's engine snapshot and the gauges derived from them.
+/// Labels given to discovered URLs, kept when a replica leaves so it gets the same one back;
+/// and the next index label.
+type DiscoveredLabels = (HashMap<Arc<str>, Arc<str>>, usize);
+
+/// Every replica's engine snapshot and the gauges derived from them. Follows the replica set
+/// ([`Engines::sync`] after discovery changed it).
 pub struct Engines {
-    replicas: Vec<EngineReplica>,
+    replicas: RwLock<Arc<[Arc<EngineReplica>]>>,
+    discovered_labels: Mutex<DiscoveredLabels>,
     metrics: EngineMetrics,
     config: EngineConfig,
 }
@@ -178,47 +197,123 @@ impl Engines {
         upstreams: &Upstreams,
         registry: &Registry,
     ) -> Result<Engines, prometheus::Error> {
-        let urls: Vec<&str> = upstreams.replicas.iter().map(|r| &*r.url).collect();
+        let configured = upstreams.replicas();
+        let urls: Vec<&str> = configured.iter().map(|r| &*r.url).collect();
         let metrics = EngineMetrics::register(registry)?;
-        let replicas: Vec<EngineReplica> = upstream_labels(&urls, config.upstream_label)
+        let replicas: Vec<Arc<EngineReplica>> = upstream_labels(&urls, config.upstream_label)
             .into_iter()
-            .map(|l| EngineReplica {
-                upstream: Arc::from(l),
-                state: RwLock::new(ReplicaState::default()),
-            })
+            .zip(configured.iter())
+            .map(|(l, r)| Arc::new(EngineReplica::new(r, Arc::from(l))))
             .collect();
-        if config.scrape {
-            for r in &replicas {
-                // Zero is a signal too: the series exist before the first failure.
-                metrics.scrape_errors.with_label_values(&[&*r.upstream]);
-            }
-        }
-        Ok(Engines {
-            replicas,
+        let e = Engines {
+            discovered_labels: Mutex::new((HashMap::new(), replicas.len())),
+            replicas: RwLock::new(replicas.into()),
             metrics,
             config: config.clone(),
-        })
+        };
+        for r in e.all().iter() {
+            e.count_from_zero(r);
+        }
+        Ok(e)
+    }
+
+    fn all(&self) -> Arc<[Arc<EngineReplica>]> {
+        match self.replicas.read() {
+            Ok(r) => r.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Zero is a signal too: the error counter exists before the first failure.
+    fn count_from_zero(&self, r: &EngineReplica) {
+        if self.config.scrape {
+            self.metrics
+                .scrape_errors
+                .with_label_values(&[&*r.upstream]);
+        }
+    }
+
+    /// Follows the replica set after discovery changed it: a new replica gets its label (the
+    /// URL, or the next index; the same one again if it was seen before), a removed one takes
+    /// its page and its gauge series with it. Returns `(url, label)` of every replica.
+    pub fn sync(&self, replicas: &[Arc<Replica>]) -> Vec<(Arc<str>, Arc<str>)> {
+        let old = self.all();
+        let Ok(mut labels) = self.discovered_labels.lock() else {
+            return Vec::new();
+        };
+        let next: Vec<Arc<EngineReplica>> = replicas
+            .iter()
+            .map(|r| match old.iter().find(|e| Arc::ptr_eq(&e.replica, r)) {
+                Some(e) => e.clone(),
+                None => {
+                    let (known, next_index) = &mut *labels;
+                    let label = known
+                        .entry(r.url.clone())
+                        .or_insert_with(|| match self.config.upstream_label {
+                            UpstreamLabel::Url => Arc::from(without_userinfo(&r.url)),
+                            UpstreamLabel::Index => {
+                                *next_index += 1;
+                                Arc::from((*next_index - 1).to_string())
+                            }
+                        })
+                        .clone();
+                    let e = Arc::new(EngineReplica::new(r, label));
+                    self.count_from_zero(&e);
+                    e
+                }
+            })
+            .collect();
+        let m = &self.metrics;
+        for gone in old
+            .iter()
+            .filter(|o| !next.iter().any(|n| Arc::ptr_eq(n, o)))
+        {
+            let l = [&*gone.upstream];
+            for g in [&m.age, &m.queue_depth, &m.running, &m.kv_cache] {
+                let _ = g.remove_label_values(&l);
+            }
+            for g in [&m.up, &m.in_flight, &m.healthy] {
+                let _ = g.remove_label_values(&l);
+            }
+            let _ = m.scrape_errors.remove_label_values(&l);
+        }
+        let out = next
+            .iter()
+            .map(|e| (e.replica.url.clone(), e.upstream.clone()))
+            .collect();
+        if let Ok(mut w) = self.replicas.write() {
+            *w = next.into();
+        }
+        out
     }
 
     pub fn config(&self) -> &EngineConfig {
         &self.config
     }
 
-    /// The `upstream` label of replica `i` (same order as `Upstreams::replicas`).
-    pub fn upstream(&self, i: usize) -> Option<&str> {
-        self.replicas.get(i).map(|r| &*r.upstream)
+    fn find(&self, replica: &Arc<Replica>) -> Option<Arc<EngineReplica>> {
+        self.all()
+            .iter()
+            .find(|e| Arc::ptr_eq(&e.replica, replica))
+            .cloned()
     }
 
-    /// The latest good snapshot of replica `i`.
-    pub fn snapshot(&self, i: usize) -> Option<Arc<Snapshot>> {
-        let r = self.replicas.get(i)?;
-        r.state.read().ok()?.latest.clone()
+    /// The `upstream` label of a replica.
+    pub fn upstream(&self, replica: &Arc<Replica>) -> Option<Arc<str>> {
+        self.find(replica).map(|r| r.upstream.clone())
     }
 
-    /// Stores a good scrape of replica `i`. Returns true when it had no good page before (the
+    /// The latest good snapshot of a replica.
+    pub fn snapshot(&self, replica: &Arc<Replica>) -> Option<Arc<Snapshot>> {
+        let r = self.find(replica)?;
+        let st = r.state.read().ok()?;
+        st.latest.clone()
+    }
+
+    /// Stores a good scrape of a replica. Returns true when it had no good page before (the
     /// first scrape, or the first after failures).
-    pub fn record_success(&self, i: usize, snap: Snapshot) -> bool {
-        let Some(r) = self.replicas.get(i) else {
+    pub fn record_success(&self, replica: &Arc<Replica>, snap: Snapshot) -> bool {
+        let Some(r) = self.find(replica) else {
             return false;
         };
         let l = [&*r.upstream];
@@ -237,10 +332,10 @@ impl Engines {
         was_down
     }
 
-    /// Counts a failed scrape of replica `i` and forgets its page. Returns true when the scrape
+    /// Counts a failed scrape of a replica and forgets its page. Returns true when the scrape
     /// before did not fail (the first failure of a run of them).
-    pub fn record_failure(&self, i: usize) -> bool {
-        let Some(r) = self.replicas.get(i) else {
+    pub fn record_failure(&self, replica: &Arc<Replica>) -> bool {
+        let Some(r) = self.find(replica) else {
             return false;
         };
         let l = [&*r.upstream];
@@ -259,11 +354,13 @@ impl Engines {
 
     /// Sets the gauges that change between scrapes (age, in-flight, health, demand); called right
     /// before the registry is gathered.
-    pub fn refresh_gauges(&self, upstreams: &Upstreams, now: Instant) {
+    pub fn refresh_gauges(&self, now: Instant) {
         let m = &self.metrics;
         let mut in_flight = 0;
-        let mut queues = Vec::with_capacity(self.replicas.len());
-        for (r, replica) in self.replicas.iter().zip(&upstreams.replicas) {
+        let engines = self.all();
+        let mut queues = Vec::with_capacity(engines.len());
+        for r in engines.iter() {
+            let replica = &r.replica;
             let l = [&*r.upstream];
             let n = replica.in_flight();
             in_flight += n;
@@ -287,7 +384,7 @@ impl Engines {
     /// the proxy's own families, which engines cannot shadow.
     pub fn render_into(&self, out: &mut String, reserved: &dyn Fn(&str) -> bool) {
         let snaps: Vec<(Arc<str>, Arc<Snapshot>)> = self
-            .replicas
+            .all()
             .iter()
             .filter_map(|r| {
                 let st = r.state.read().ok()?;
@@ -347,32 +444,34 @@ mod tests {
 
     #[test]
     fn state_changes_are_reported_once_and_failures_drop_the_page() {
-        let (_up, e, _r) = engines(&["http://a:1", "http://b:2"]);
+        let (up, e, _r) = engines(&["http://a:1", "http://b:2"]);
+        let r = up.replicas();
         // Never up: the first failure is the one to log.
-        assert!(e.record_failure(1));
-        assert!(!e.record_failure(1));
-        assert!(e.record_success(0, snap("vllm:num_requests_waiting 2\n")));
-        assert!(!e.record_success(0, snap("vllm:num_requests_waiting 3\n")));
+        assert!(e.record_failure(&r[1]));
+        assert!(!e.record_failure(&r[1]));
+        assert!(e.record_success(&r[0], snap("vllm:num_requests_waiting 2\n")));
+        assert!(!e.record_success(&r[0], snap("vllm:num_requests_waiting 3\n")));
         assert_eq!(
             render(&e),
             "# TYPE vllm:num_requests_waiting untyped\n\
              vllm:num_requests_waiting{upstream=\"http://a:1\"} 3\n"
         );
-        assert!(e.record_failure(0));
-        assert!(e.snapshot(0).is_none());
+        assert!(e.record_failure(&r[0]));
+        assert!(e.snapshot(&r[0]).is_none());
         assert_eq!(render(&e), "");
-        assert!(e.record_success(0, snap("x 1\n")));
+        assert!(e.record_success(&r[0], snap("x 1\n")));
     }
 
     #[test]
     fn demand_is_in_flight_plus_fresh_queues() {
         let (up, e, registry) = engines(&["http://a:1", "http://b:2"]);
-        let _g1 = up.replicas[0].start();
-        let _g2 = up.replicas[1].start();
-        e.record_success(0, snap("vllm:num_requests_waiting 4\n"));
-        e.record_success(1, snap("vllm:num_requests_waiting 5\n"));
-        e.record_failure(1);
-        e.refresh_gauges(&up, Instant::now());
+        let r = up.replicas();
+        let _g1 = r[0].start();
+        let _g2 = r[1].start();
+        e.record_success(&r[0], snap("vllm:num_requests_waiting 4\n"));
+        e.record_success(&r[1], snap("vllm:num_requests_waiting 5\n"));
+        e.record_failure(&r[1]);
+        e.refresh_gauges(Instant::now());
         let fams = registry.gather();
         let value = |name: &str| {
             let f = fams.iter().find(|f| f.name() == name).unwrap();
@@ -385,6 +484,57 @@ mod tests {
         assert_eq!(value("goodput_proxy_demand"), 6.0);
         assert_eq!(value("goodput_proxy_upstream_queue_depth"), 4.0);
         assert_eq!(value("goodput_proxy_upstream_in_flight"), 2.0);
+    }
+
+    #[test]
+    fn discovered_replicas_get_labels_and_take_their_series_when_they_leave() {
+        let cfg = UpstreamConfig {
+            urls: vec!["http://a:1".into()],
+            ..UpstreamConfig::default()
+        };
+        let up = Upstreams::new(&cfg).unwrap();
+        let registry = Registry::new();
+        let engine_cfg = EngineConfig {
+            upstream_label: UpstreamLabel::Index,
+            ..EngineConfig::default()
+        };
+        let e = Engines::new(&engine_cfg, &up, &registry).unwrap();
+        up.set_discovered(&["http://10.0.0.1:8000".into(), "http://10.0.0.2:8000".into()]);
+        let labels = e.sync(&up.replicas());
+        let label = |l: &[(Arc<str>, Arc<str>)]| -> Vec<String> {
+            l.iter().map(|(u, l)| format!("{u}={l}")).collect()
+        };
+        assert_eq!(
+            label(&labels),
+            [
+                "http://a:1=0",
+                "http://10.0.0.1:8000=1",
+                "http://10.0.0.2:8000=2"
+            ]
+        );
+        let r = up.replicas();
+        e.record_success(&r[2], snap("vllm:num_requests_waiting 1\n"));
+        e.refresh_gauges(Instant::now());
+        let series = |name: &str| -> Vec<String> {
+            registry
+                .gather()
+                .iter()
+                .filter(|f| f.name() == name)
+                .flat_map(|f| f.get_metric().iter())
+                .map(|m| m.get_label()[0].value().to_string())
+                .collect()
+        };
+        assert_eq!(series("goodput_proxy_upstream_queue_depth"), ["2"]);
+        // 10.0.0.2 leaves, 10.0.0.3 comes, 10.0.0.2 comes back later: same label as before.
+        up.set_discovered(&["http://10.0.0.1:8000".into(), "http://10.0.0.3:8000".into()]);
+        let labels = e.sync(&up.replicas());
+        assert_eq!(label(&labels)[2], "http://10.0.0.3:8000=3");
+        assert!(series("goodput_proxy_upstream_queue_depth").is_empty());
+        assert!(!series("goodput_proxy_upstream_in_flight").contains(&"2".to_string()));
+        assert!(render(&e).is_empty());
+        up.set_discovered(&["http://10.0.0.2:8000".into()]);
+        let labels = e.sync(&up.replicas());
+        assert_eq!(label(&labels), ["http://a:1=0", "http://10.0.0.2:8000=2"]);
     }
 
     #[test]

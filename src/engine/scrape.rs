@@ -41,18 +41,18 @@ pub async fn run(upstreams: Arc<Upstreams>, engines: Arc<Engines>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let scrapes = upstreams
-            .replicas
+        let replicas = upstreams.replicas();
+        let scrapes = replicas
             .iter()
-            .enumerate()
-            .map(|(i, r)| scrape_replica(&upstreams.client, &engines, i, r));
+            .map(|r| scrape_replica(&upstreams.client, &engines, r));
         futures_util::future::join_all(scrapes).await;
     }
 }
 
-async fn scrape_replica(client: &UpstreamClient, engines: &Engines, i: usize, replica: &Replica) {
+async fn scrape_replica(client: &UpstreamClient, engines: &Engines, replica: &Arc<Replica>) {
     let cfg = engines.config();
-    let upstream = engines.upstream(i).unwrap_or("?");
+    let label = engines.upstream(replica);
+    let upstream = label.as_deref().unwrap_or("?");
     let page = fetch(
         client,
         replica,
@@ -84,14 +84,14 @@ async fn scrape_replica(client: &UpstreamClient, engines: &Engines, i: usize, re
                 signals,
                 at: Instant::now(),
             };
-            if engines.record_success(i, snap) {
+            if engines.record_success(replica, snap) {
                 tracing::info!(upstream, "engine metrics scraped");
             }
         }
         Err(error) => {
             // Unknown is not busy: a stale queue must not keep traffic away.
             replica.set_engine_queue(0);
-            if engines.record_failure(i) {
+            if engines.record_failure(replica) {
                 tracing::warn!(upstream, %error, "engine metrics scrape failed");
             } else {
                 tracing::debug!(upstream, %error, "engine metrics scrape failed");

@@ -53,6 +53,8 @@ pub struct Meter {
     /// This replica's name (`server.instance`), written into every record.
     instance: Arc<str>,
     usage_injection: bool,
+    /// `[measure] enabled`: when false both layers forward without recording anything.
+    enabled: bool,
     /// Woken when a request names a model that has no label yet: the model learner re-reads
     /// the upstreams' `/v1/models` (see `app.rs`).
     unknown_model: Notify,
@@ -75,6 +77,7 @@ impl Meter {
             sinks,
             instance: Arc::from(""),
             usage_injection,
+            enabled: true,
             unknown_model: Notify::new(),
         }
     }
@@ -82,6 +85,12 @@ impl Meter {
     /// Names this replica in every record (`server.instance`).
     pub fn with_instance(mut self, instance: &str) -> Self {
         self.instance = Arc::from(instance);
+        self
+    }
+
+    /// Forward without metering (`[measure] enabled = false`): nothing is recorded.
+    pub fn disabled(mut self) -> Self {
+        self.enabled = false;
         self
     }
 
@@ -245,7 +254,7 @@ where
         if let Some(c) = req.extensions().get::<MeterClaim>() {
             c.claim();
         }
-        if !is_generation(req.uri().path()) {
+        if !self.meter.enabled || !is_generation(req.uri().path()) {
             return Box::pin(inner.call(req));
         }
         // Read, not taken: forwarding reads the request id from the facts too.
@@ -274,7 +283,7 @@ where
             // lazy: it starts on this poll).
             meter.metrics.observe_overhead(t0.elapsed());
             let result = fut.await;
-            let Some(pending) = armed.pending.take() else {
+            let Some(mut pending) = armed.pending.take() else {
                 return result; // unreachable: only this future disarms
             };
             let resp = match result {
@@ -290,6 +299,9 @@ where
             let mut sm = StreamMeter::new(t0, stream).keep_gaps(GAPS_KEPT_PER_REQUEST);
             sm.on_head(Instant::now(), parts.status.as_u16());
             let upstream = parts.extensions.get::<ServedBy>().map(|s| s.0.clone());
+            if let Some(u) = &upstream {
+                pending.rm.set_upstream(u);
+            }
             let itl = pending.rm.itl_histogram();
             let on_finish: OnFinish =
                 Box::new(move |m: Measurement| pending.record(m, upstream.as_deref()));
@@ -365,6 +377,9 @@ where
     type InnerBody = B;
 
     fn around(&self, inner: &mut S, mut req: Request<B>) -> ResponseFuture {
+        if !self.meter.enabled {
+            return Box::pin(inner.call(req));
+        }
         let claim = MeterClaim::default();
         req.extensions_mut().insert(claim.clone());
         let ext = req.extensions();

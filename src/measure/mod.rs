@@ -10,6 +10,7 @@ pub mod sink;
 pub mod slo;
 pub mod stats;
 pub mod usage;
+pub mod window;
 
 pub use inspect::{
     inspect_chunk, inspect_response, ChoiceInfo, ChunkInfo, ChunkKind, ResponseInfo, Usage,

@@ -50,6 +50,12 @@ impl Outcome {
     }
 }
 
+/// A rejection the client caused (4xx other than 429): it does not count against goodput,
+/// neither in `/stats` nor in the windowed ratio (DESIGN.md, "Goodput").
+pub fn rejected_by_client(outcome: Outcome, status: Option<u16>) -> bool {
+    outcome == Outcome::Rejected && status.is_some_and(|s| (400..500).contains(&s) && s != 429)
+}
+
 /// A choice's `finish_reason`, folded into a bounded set (anything unknown is `Other`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

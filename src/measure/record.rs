@@ -123,10 +123,7 @@ impl RequestRecord {
 
     /// Rejections caused by the client (4xx other than 429) do not count against goodput.
     pub fn rejected_by_client(&self) -> bool {
-        self.outcome == Outcome::Rejected
-            && self
-                .status
-                .is_some_and(|s| (400..500).contains(&s) && s != 429)
+        crate::measure::outcome::rejected_by_client(self.outcome, self.status)
     }
 }
 
@@ -223,7 +220,25 @@ impl RecordRing {
 
     /// `/stats` for this ring (see [`compute_stats`]).
     pub fn stats(&self, now: Instant, window: Duration, model: Option<&str>) -> Value {
-        let entries = self.snapshot(now, window);
+        self.stats_for(now, window, model, None)
+    }
+
+    /// `/stats` for one upstream too: `upstream` keeps the records served by one of those
+    /// replica URLs (`Some(&[])`: by none, i.e. the proxy answered or no replica did).
+    pub fn stats_for(
+        &self,
+        now: Instant,
+        window: Duration,
+        model: Option<&str>,
+        upstream: Option<&[&str]>,
+    ) -> Value {
+        let mut entries = self.snapshot(now, window);
+        if let Some(urls) = upstream {
+            entries.retain(|e| match &e.record.upstream {
+                Some(u) => urls.contains(&u.as_str()),
+                None => urls.is_empty(),
+            });
+        }
         let elapsed = window.min(now.saturating_duration_since(self.started));
         compute_stats(&entries, now, window, elapsed, model)
     }
@@ -247,6 +262,8 @@ fn summary_json(values: &mut [f64]) -> Value {
 pub struct StatsQuery {
     pub window: Duration,
     pub model: Option<String>,
+    /// An `upstream` label value (as on `/metrics`); the admin route maps it to replica URLs.
+    pub upstream: Option<String>,
 }
 
 /// Window used when `/stats` is asked without one.
@@ -256,7 +273,7 @@ pub const DEFAULT_STATS_WINDOW: Duration = Duration::from_secs(60);
 pub enum StatsQueryError {
     #[error("window must be a positive number of seconds, got {0:?}")]
     BadWindow(String),
-    #[error("unknown parameter {0:?} (expected window, model)")]
+    #[error("unknown parameter {0:?} (expected window, model, upstream)")]
     UnknownParam(String),
 }
 
@@ -266,6 +283,7 @@ pub fn parse_stats_query(query: Option<&str>) -> Result<StatsQuery, StatsQueryEr
     let mut q = StatsQuery {
         window: DEFAULT_STATS_WINDOW,
         model: None,
+        upstream: None,
     };
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
@@ -280,6 +298,7 @@ pub fn parse_stats_query(query: Option<&str>) -> Result<StatsQuery, StatsQueryEr
                 q.window = Duration::from_secs_f64(secs);
             }
             "model" => q.model = Some(percent_decode(v)),
+            "upstream" => q.upstream = Some(percent_decode(v)),
             other => return Err(StatsQueryError::UnknownParam(other.into())),
         }
     }
@@ -406,13 +425,37 @@ mod tests {
     }
 
     #[test]
+    fn stats_for_one_upstream() {
+        let t = Instant::now();
+        let ring = RecordRing::new(10, 10, t - secs(100.0));
+        for (up, e2e) in [
+            (Some("http://a:1"), 1.0),
+            (Some("http://b:1"), 2.0),
+            (None, 3.0),
+        ] {
+            let mut r = (*rec("m", Outcome::Success, 200, None, e2e, t)).clone();
+            r.upstream = up.map(str::to_string);
+            ring.push(Arc::new(r), vec![]);
+        }
+        let e2e_max = |s: Value| s["e2e_seconds"]["max"].as_f64();
+        let w = secs(60.0);
+        assert_eq!(
+            e2e_max(ring.stats_for(t, w, None, Some(&["http://b:1"]))),
+            Some(2.0)
+        );
+        assert_eq!(e2e_max(ring.stats_for(t, w, None, Some(&[]))), Some(3.0));
+        assert_eq!(ring.stats_for(t, w, None, None)["requests"], 3);
+    }
+
+    #[test]
     fn stats_query() {
         let q = |s| parse_stats_query(s);
         assert_eq!(
             q(None),
             Ok(StatsQuery {
                 window: DEFAULT_STATS_WINDOW,
-                model: None
+                model: None,
+                upstream: None,
             })
         );
         assert_eq!(q(Some("window=30")).unwrap().window, secs(30.0));
@@ -420,12 +463,20 @@ mod tests {
             q(Some("window=0.5&model=tiny")).unwrap(),
             StatsQuery {
                 window: secs(0.5),
-                model: Some("tiny".into())
+                model: Some("tiny".into()),
+                upstream: None,
             }
         );
         assert_eq!(
             q(Some("model=org%2Fm+1")).unwrap().model.as_deref(),
             Some("org/m 1")
+        );
+        assert_eq!(
+            q(Some("upstream=http%3A%2F%2Fe%3A1"))
+                .unwrap()
+                .upstream
+                .as_deref(),
+            Some("http://e:1")
         );
         assert_eq!(
             q(Some("model=%zz%4")).unwrap().model.as_deref(),

@@ -405,6 +405,11 @@ impl EngineMetrics {
                 "CPU KV-cache usage. 1 means 100 percent usage.",
                 &zeros,
             );
+            o.gauge(
+                "gpu_prefix_cache_hit_rate",
+                "GPU prefix cache block hit rate.",
+                &zeros,
+            );
         } else {
             o.gauge(
                 "kv_cache_usage_perc",
@@ -661,5 +666,8 @@ mod tests {
         assert!(v0.contains("vllm:gpu_cache_usage_perc{") && !v0.contains("kv_cache_usage_perc"));
         assert!(v0.contains("vllm:time_per_output_token_seconds_bucket{"));
         assert!(!v0.contains("inter_token_latency_seconds"));
+        assert!(
+            v0.contains("vllm:gpu_prefix_cache_hit_rate{") && !v0.contains("prefix_cache_hits")
+        );
     }
 }

@@ -50,7 +50,7 @@ impl SimServer {
     pub async fn bind(cfg: SimConfig, addr: SocketAddr) -> std::io::Result<SimServer> {
         cfg.validate()
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-        let listener = TcpListener::bind(addr).await?;
+        let listener = crate::net::bind_listener(addr, crate::net::LISTEN_BACKLOG)?;
         Ok(SimServer {
             listener,
             engine: Arc::new(Engine::new(cfg)),

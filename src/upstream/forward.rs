@@ -65,14 +65,17 @@ async fn forward(
     let first_byte = up.config.first_byte_timeout();
 
     let mut exclude = None;
+    let mut retried = false;
+    // One snapshot per request: discovery may change the set meanwhile.
+    let replicas = up.replicas();
     loop {
-        let loads: Vec<Load> = up.replicas.iter().map(|r| r.load()).collect();
+        let loads: Vec<Load> = replicas.iter().map(|r| r.load()).collect();
         let Some(idx) = balance::pick(&loads, exclude, &mut rand::rng()) else {
             return Err(ProxyError::UpstreamConnect {
                 source: "no upstream replica configured".into(),
             });
         };
-        let replica = &up.replicas[idx];
+        let replica = &replicas[idx];
         let guard = replica.start();
         let uri = replica
             .uri_for(path_and_query)
@@ -92,13 +95,23 @@ async fn forward(
                 });
             }
             Ok(Ok(resp)) => resp,
-            Ok(Err(e)) if e.is_connect() => {
-                let another = up.replicas.len() > 1 && exclude.is_none();
-                tracing::warn!(upstream = %replica.url, error = %e, retry = another, "upstream connect failed");
+            // A connect error means nothing was sent: one more attempt is safe. On another
+            // replica when there is one; else on the same one after a short pause (a burst of
+            // new connections can overflow the engine's listen backlog for an instant).
+            Ok(Err(e)) if e.is_connect() && !retried => {
+                retried = true;
+                let another = replicas.len() > 1;
+                tracing::warn!(upstream = %replica.url, error = %e, another, "upstream connect failed; retrying once");
+                drop(guard);
                 if another {
                     exclude = Some(idx);
-                    continue;
+                } else {
+                    tokio::time::sleep(CONNECT_RETRY_PAUSE).await;
                 }
+                continue;
+            }
+            Ok(Err(e)) if e.is_connect() => {
+                tracing::warn!(upstream = %replica.url, error = %e, "upstream connect failed");
                 return Err(ProxyError::UpstreamConnect { source: e.into() });
             }
             Ok(Err(e)) => return Err(ProxyError::Upstream { source: e.into() }),
@@ -117,6 +130,9 @@ async fn forward(
         return Ok(Response::from_parts(rparts, body.boxed_unsync()));
     }
 }
+
+/// Pause before retrying a failed connect on the only replica.
+const CONNECT_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(25);
 
 /// The headers sent upstream: the client's, minus hop-by-hop and `Host` (the client sets the
 /// replica's), minus `Content-Length` (recomputed from the collected body, which shaping may

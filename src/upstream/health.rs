@@ -16,12 +16,14 @@ pub async fn run(upstreams: Arc<Upstreams>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let probes = upstreams.replicas.iter().map(|r| probe(&upstreams, r));
+        let replicas = upstreams.replicas();
+        let probes = replicas.iter().map(|r| probe(&upstreams, r));
         futures_util::future::join_all(probes).await;
     }
 }
 
-async fn probe(up: &Upstreams, replica: &Arc<Replica>) {
+/// Probes one replica and records the result (discovery probes a new replica at once).
+pub async fn probe(up: &Upstreams, replica: &Arc<Replica>) {
     let ok = probe_once(up, replica).await;
     if ok != replica.is_healthy() {
         tracing::info!(upstream = %replica.url, healthy = ok, "upstream health changed");

@@ -2,12 +2,13 @@
 
 pub mod balance;
 pub mod deadline;
+pub mod discover;
 pub mod forward;
 pub mod headers;
 pub mod health;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
 use http::uri::{Authority, Scheme};
@@ -129,12 +130,32 @@ impl Drop for InFlightGuard {
     }
 }
 
-/// The set of replicas behind the proxy plus the client that reaches them.
+/// The replicas at one moment: configured ones first (in `upstream.urls` order), then the
+/// discovered ones.
+pub type ReplicaSet = Arc<[Arc<Replica>]>;
+
+/// The set of replicas behind the proxy plus the client that reaches them. The set changes
+/// only through discovery ([`Upstreams::set_discovered`]); readers take a snapshot.
 #[derive(Debug)]
 pub struct Upstreams {
-    pub replicas: Vec<Arc<Replica>>,
+    replicas: RwLock<ReplicaSet>,
+    /// How many of the snapshot's first replicas are configured (never removed).
+    configured: usize,
     pub client: UpstreamClient,
     pub config: UpstreamConfig,
+}
+
+/// What one discovery round changed.
+#[derive(Debug, Default)]
+pub struct SetChange {
+    pub added: Vec<Arc<Replica>>,
+    pub removed: Vec<Arc<Replica>>,
+}
+
+impl SetChange {
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.removed.is_empty()
+    }
 }
 
 impl Upstreams {
@@ -146,15 +167,66 @@ impl Upstreams {
             .map(|u| Replica::new(u).map(Arc::new))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Upstreams {
-            replicas,
+            configured: replicas.len(),
+            replicas: RwLock::new(replicas.into()),
             client: build_client(config),
             config: config.clone(),
         })
     }
 
+    /// The current replicas (cheap: one `Arc` clone).
+    pub fn replicas(&self) -> ReplicaSet {
+        match self.replicas.read() {
+            Ok(r) => r.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Makes `urls` the discovered replicas: a URL already present keeps its replica (in-flight
+    /// count, health), a new one starts unhealthy (the balancer prefers healthy replicas, so it
+    /// gets traffic after its first good probe), a missing one leaves the set: it gets no new
+    /// requests, and its in-flight requests finish (each holds the replica until its body
+    /// ends). Configured replicas are never removed; a URL equal to one is ignored.
+    pub fn set_discovered(&self, urls: &[String]) -> SetChange {
+        let current = self.replicas();
+        let (configured, discovered) = current.split_at(self.configured.min(current.len()));
+        let mut next: Vec<Arc<Replica>> = configured.to_vec();
+        let mut change = SetChange::default();
+        for url in urls {
+            let url = url.trim_end_matches('/');
+            if next.iter().any(|r| &*r.url == url) {
+                continue;
+            }
+            match discovered.iter().find(|r| &*r.url == url) {
+                Some(r) => next.push(r.clone()),
+                None => match Replica::new(url) {
+                    Ok(r) => {
+                        let r = Arc::new(r);
+                        change.added.push(r.clone());
+                        next.push(r);
+                    }
+                    Err(e) => tracing::warn!(url, error = %e, "discovered replica ignored"),
+                },
+            }
+        }
+        change.removed = discovered
+            .iter()
+            .filter(|r| !next.iter().any(|n| Arc::ptr_eq(n, r)))
+            .cloned()
+            .collect();
+        if !change.is_empty() {
+            let mut w = match self.replicas.write() {
+                Ok(w) => w,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            *w = next.into();
+        }
+        change
+    }
+
     /// True when at least one replica answered its last health probe.
     pub fn any_healthy(&self) -> bool {
-        self.replicas.iter().any(|r| r.is_healthy())
+        self.replicas().iter().any(|r| r.is_healthy())
     }
 }
 
@@ -202,6 +274,42 @@ mod tests {
             r.uri_for("/health").unwrap().to_string(),
             "http://e:1/health"
         );
+    }
+
+    #[test]
+    fn discovered_replicas_come_and_go_configured_ones_stay() {
+        let cfg = UpstreamConfig {
+            urls: vec!["http://static:1".into()],
+            ..UpstreamConfig::default()
+        };
+        let up = Upstreams::new(&cfg).unwrap();
+        let urls = |up: &Upstreams| -> Vec<String> {
+            up.replicas().iter().map(|r| r.url.to_string()).collect()
+        };
+        let c = up.set_discovered(&["http://10.0.0.1:8000".into(), "http://static:1".into()]);
+        assert_eq!(c.added.len(), 1);
+        assert_eq!(urls(&up), ["http://static:1", "http://10.0.0.1:8000"]);
+        let a = up.replicas()[1].clone();
+        a.set_healthy(true);
+        let guard = a.start();
+        // Same set again: nothing changes, the replica keeps its state.
+        assert!(up
+            .set_discovered(&["http://10.0.0.1:8000".into()])
+            .is_empty());
+        assert!(up.replicas()[1].is_healthy());
+        // Replaced: the old one leaves (its in-flight request still holds it), the new one
+        // starts unhealthy.
+        let c = up.set_discovered(&["http://10.0.0.2:8000".into()]);
+        assert_eq!(c.removed.len(), 1);
+        assert!(Arc::ptr_eq(&c.removed[0], &a));
+        assert_eq!(urls(&up), ["http://static:1", "http://10.0.0.2:8000"]);
+        assert!(!up.replicas()[1].is_healthy());
+        assert_eq!(a.in_flight(), 1);
+        drop(guard);
+        assert_eq!(a.in_flight(), 0);
+        // Nothing discovered: the configured replica remains.
+        up.set_discovered(&[]);
+        assert_eq!(urls(&up), ["http://static:1"]);
     }
 
     #[test]

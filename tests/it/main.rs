@@ -3,6 +3,8 @@
 
 mod support;
 
+mod compare_live;
+mod discovery;
 mod engine_metrics;
 mod measure_alloc;
 mod measure_body;

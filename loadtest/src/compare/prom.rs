@@ -1,10 +1,10 @@
 //! Prometheus exposition text: histogram buckets and counter sums, with the PromQL-style
-//! quantile over bucket deltas.
+//! quantile over bucket deltas (shared with `goodput-proxy compare`).
 
 use std::collections::{BTreeMap, HashMap};
 
-/// Cumulative bucket counts of one histogram series: `(le, count)` ascending, `+Inf` last.
-pub type Buckets = Vec<(f64, f64)>;
+// One histogram arithmetic for the proxy's `compare` and this comparison.
+pub use goodput_proxy::compare::hist::{delta, quantile, Buckets};
 
 /// Histogram `family` buckets from exposition text, summed over the series whose labels contain
 /// every `(key, value)` in `filter` (any one key of `model_keys` must equal `model` if given).
@@ -54,12 +54,7 @@ pub fn histogram(
     found.then(|| acc.into_values().collect())
 }
 
-pub(super) fn parse_le(v: &str) -> Option<f64> {
-    match v {
-        "+Inf" | "Inf" | "inf" => Some(f64::INFINITY),
-        _ => v.parse().ok(),
-    }
-}
+pub(super) use goodput_proxy::compare::hist::parse_le;
 
 /// Monotone map from non-negative f64 to u64 so a BTreeMap keeps buckets in `le` order.
 pub(super) fn order_key(x: f64) -> u64 {
@@ -105,51 +100,6 @@ pub(super) fn parse_labels(s: &str) -> HashMap<String, String> {
         out.insert(key, val);
     }
     out
-}
-
-/// `end - start` per bucket (a counter reset, e.g. a restarted engine, yields `end`).
-pub fn delta(start: Option<&Buckets>, end: &Buckets) -> Buckets {
-    let Some(start) = start else {
-        return end.clone();
-    };
-    let reset = end.iter().zip(start).any(|(e, s)| e.1 < s.1);
-    end.iter()
-        .map(|&(le, c)| {
-            let before = if reset {
-                0.0
-            } else {
-                start.iter().find(|s| s.0 == le).map_or(0.0, |s| s.1)
-            };
-            (le, (c - before).max(0.0))
-        })
-        .collect()
-}
-
-/// PromQL `histogram_quantile` on cumulative buckets: linear interpolation inside the bucket
-/// holding rank `q * total` (lower bound 0 for the first bucket); a rank in `+Inf` returns the
-/// highest finite bound. `None` for an empty histogram.
-pub fn quantile(b: &Buckets, q: f64) -> Option<f64> {
-    let total = b.last()?.1;
-    if total <= 0.0 {
-        return None;
-    }
-    let rank = q * total;
-    let mut prev_le = 0.0;
-    let mut prev_c = 0.0;
-    for &(le, c) in b {
-        if c >= rank {
-            if le.is_infinite() {
-                return Some(prev_le);
-            }
-            if c == prev_c {
-                return Some(le);
-            }
-            return Some(prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c));
-        }
-        prev_le = le;
-        prev_c = c;
-    }
-    Some(prev_le)
 }
 
 /// Sum of every series of a counter or gauge `name` (e.g. `vllm:generation_tokens_total`), or

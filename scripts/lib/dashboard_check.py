@@ -1,0 +1,321 @@
+#!/usr/bin/env python3
+"""Proves config/grafana/goodput-proxy.json against a real Prometheus (issue 11, item 3).
+
+Starts two simulated engines (one with vLLM V1 metric names, one with v0 names), a goodput-proxy
+in front of both, and Debian's `prometheus` scraping the proxy's admin port (the one scrape
+target: it serves the engines' families relabelled `upstream`), with config/prometheus-rules.yml
+loaded. Sends a short streaming load, then evaluates every panel query and every template
+variable query through `/api/v1/query` with `$__rate_interval` and the variables substituted
+(All = `.*`, as Grafana sends it). A query fails when Prometheus answers an error, returns no
+series, returns only NaN, or, when its legend is per upstream, leaves out one of the upstreams
+(so both the V1 and the v0 names of every engine panel are exercised).
+
+Stdlib only. Everything listens on 127.0.0.1 and is stopped on exit.
+Usage: dashboard_check.py --proxy target/debug/goodput-proxy [--dashboard FILE] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRAPE_INTERVAL_S = 1
+# Grafana: $__rate_interval = max($__interval + scrape interval, 4 x scrape interval); over a
+# short range the second term wins.
+RATE_INTERVAL = f"{4 * SCRAPE_INTERVAL_S}s"
+ALL = ".*"
+MODEL = "tiny"
+
+
+# ---------- the pure part (unit-tested in test_dashboard_check.py) ----------
+
+
+@dataclass
+class Query:
+    panel: str
+    ref: str
+    expr: str
+    legend: str = ""
+
+
+def panel_queries(dashboard: dict) -> list[Query]:
+    """Every target of every panel, rows' nested panels included."""
+    out: list[Query] = []
+
+    def walk(panels):
+        for p in panels:
+            walk(p.get("panels", []))
+            for t in p.get("targets", []):
+                if t.get("expr"):
+                    out.append(Query(p.get("title", "?"), t.get("refId", "?"), t["expr"],
+                                     t.get("legendFormat", "")))
+
+    walk(dashboard.get("panels", []))
+    return out
+
+
+_LABEL_VALUES = re.compile(r"^\s*label_values\(\s*(.+?)\s*,\s*([A-Za-z_][A-Za-z0-9_]*)\s*\)\s*$")
+
+
+def variable_queries(dashboard: dict) -> list[tuple[str, str, str]]:
+    """(variable, label, PromQL) for each `label_values(metric, label)` query variable."""
+    out = []
+    for v in dashboard.get("templating", {}).get("list", []):
+        if v.get("type") != "query":
+            continue
+        q = v.get("query")
+        q = q.get("query") if isinstance(q, dict) else q
+        m = _LABEL_VALUES.match(q or "")
+        if not m:
+            raise ValueError(f"variable {v.get('name')}: unsupported query {q!r}")
+        out.append((v["name"], m.group(2), f"count by ({m.group(2)}) ({m.group(1)})"))
+    return out
+
+
+def substitute(expr: str, variables: dict[str, str]) -> str:
+    """Grafana's substitution for what the dashboard uses: `$name` and `${name}`. A variable
+    left over is an error (Prometheus would reject it anyway, less clearly)."""
+
+    def one(m):
+        name = m.group(1) or m.group(2)
+        if name not in variables:
+            raise KeyError(f"unknown variable ${name} in {expr!r}")
+        return variables[name]
+
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", one, expr)
+
+
+def judge(result: dict, want_upstreams: set[str] | None) -> str | None:
+    """None when the `/api/v1/query` answer has data; else what is wrong with it."""
+    if result.get("status") != "success":
+        return f"error: {result.get('errorType')}: {result.get('error')}"
+    data = result.get("data", {})
+    kind, rows = data.get("resultType"), data.get("result")
+    if kind == "scalar":
+        rows = [{"metric": {}, "value": rows}]
+    if not rows:
+        return "no data"
+    values = [float(r["value"][1]) for r in rows]
+    if all(math.isnan(v) for v in values):
+        return "only NaN"
+    if want_upstreams:
+        seen = {r["metric"].get("upstream") for r in rows if not math.isnan(float(r["value"][1]))}
+        missing = sorted(want_upstreams - seen)
+        if missing:
+            return f"no data for upstream(s) {missing} (got {sorted(s for s in seen if s)})"
+    return None
+
+
+# ---------- the processes ----------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str, timeout: float = 2.0) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read()
+
+
+def wait_for(url: str, within_s: float, what: str, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
+        try:
+            get(url, timeout=0.5)
+            return
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.1)
+    raise RuntimeError(f"{what} did not answer {url} within {within_s} s")
+
+
+class Procs:
+    def __init__(self, logdir: Path):
+        self.logdir = logdir
+        self.procs: list[tuple[str, subprocess.Popen]] = []
+
+    def start(self, name: str, argv: list[str]) -> subprocess.Popen:
+        log = open(self.logdir / f"{name}.log", "wb")
+        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.procs.append((name, p))
+        return p
+
+    def stop(self) -> None:
+        for _, p in reversed(self.procs):
+            if p.poll() is None:
+                p.terminate()
+        for _, p in reversed(self.procs):
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def one_request(proxy: str, max_tokens: int) -> None:
+    body = json.dumps({"model": MODEL, "stream": True, "max_tokens": max_tokens,
+                       "messages": [{"role": "user", "content": "Hello there"}]}).encode()
+    req = urllib.request.Request(f"{proxy}/v1/chat/completions", data=body,
+                                 headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            while r.read(4096):
+                pass
+    except urllib.error.HTTPError as e:
+        e.read()  # injected faults answer 5xx: counted by the proxy, fine here
+
+
+def load(proxy: str, seconds: float, concurrency: int) -> int:
+    stop_at = time.monotonic() + seconds
+    sent = [0] * concurrency
+
+    def worker(i):
+        n = 0
+        while time.monotonic() < stop_at:
+            one_request(proxy, 8 + (n * 7 + i) % 24)
+            n += 1
+        sent[i] = n
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(sent)
+
+
+def prom_query(prom: str, expr: str, at: float) -> dict:
+    qs = urllib.parse.urlencode({"query": expr, "time": f"{at:.3f}"})
+    try:
+        return json.loads(get(f"{prom}/api/v1/query?{qs}", timeout=10))
+    except urllib.error.HTTPError as e:  # 400/422 carry the error document
+        return json.loads(e.read() or b"{}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--proxy", default=str(ROOT / "target/debug/goodput-proxy"))
+    ap.add_argument("--prometheus", default=shutil.which("prometheus") or "prometheus")
+    ap.add_argument("--dashboard", default=str(ROOT / "config/grafana/goodput-proxy.json"))
+    ap.add_argument("--rules", default=str(ROOT / "config/prometheus-rules.yml"))
+    ap.add_argument("--load-seconds", type=float, default=8.0)
+    ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs) afterwards")
+    args = ap.parse_args()
+
+    dashboard = json.loads(Path(args.dashboard).read_text())
+    queries = panel_queries(dashboard)
+    variables = variable_queries(dashboard)
+    tmp = Path(tempfile.mkdtemp(prefix="goodput-dash-"))
+    procs = Procs(tmp)
+    started = time.monotonic()
+    try:
+        sims = []
+        for i, extra in enumerate([[], ["--legacy-metric-names"]]):
+            port = free_port()
+            p = procs.start(f"sim{i}", [args.proxy, "sim", "--listen", f"127.0.0.1:{port}",
+                                        "--model", MODEL, "--ttft-ms", "20", "--tpot-ms", "4",
+                                        "--jitter", "lognormal", "--jitter-cv", "0.5",
+                                        "--seed", str(i + 1), "--max-num-seqs", "2",
+                                        "--fault", "0.05:status=503", *extra])
+            sims.append((f"http://127.0.0.1:{port}", p))
+        for url, p in sims:
+            wait_for(f"{url}/health", 10, f"sim {url}", p)
+        listen, admin = free_port(), free_port()
+        cfg = tmp / "proxy.toml"
+        cfg.write_text(f"""
+[server]
+listen = "127.0.0.1:{listen}"
+admin_listen = "127.0.0.1:{admin}"
+drain_delay_ms = 0
+grace_period_ms = 1000
+[upstream]
+urls = [{", ".join(json.dumps(u) for u, _ in sims)}]
+health_interval_ms = 200
+[engine]
+scrape_interval_ms = 500
+[measure]
+models = ["{MODEL}"]
+[slo]
+# Tight on purpose: some requests miss, so the SLO-miss panel has data.
+ttft_ms = 30
+tpot_ms = 8
+""")
+        proxy = procs.start("proxy", [args.proxy, "serve", "--config", str(cfg)])
+        wait_for(f"http://127.0.0.1:{admin}/readyz", 15, "proxy", proxy)
+        prom_port = free_port()
+        (tmp / "prometheus.yml").write_text(f"""
+global:
+  scrape_interval: {SCRAPE_INTERVAL_S}s
+  evaluation_interval: {SCRAPE_INTERVAL_S}s
+rule_files: [{json.dumps(str(Path(args.rules).resolve()))}]
+scrape_configs:
+  - job_name: goodput-proxy
+    static_configs: [{{targets: ["127.0.0.1:{admin}"]}}]
+""")
+        prom = procs.start("prometheus", [
+            args.prometheus, f"--config.file={tmp / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prom_port}",
+            "--log.level=warn"])
+        prom_url = f"http://127.0.0.1:{prom_port}"
+        wait_for(f"{prom_url}/-/ready", 20, "prometheus", prom)
+        sent = load(f"http://127.0.0.1:{listen}", args.load_seconds, 4)
+        # Evaluate at an instant inside the load, one rate interval after its start at least,
+        # once Prometheus has scraped past it.
+        at = time.time() - 1.0
+        time.sleep(2 * SCRAPE_INTERVAL_S)
+
+        upstreams = {u for u, _ in sims}
+        vars_ = {"model": ALL, "upstream": ALL, "__rate_interval": RATE_INTERVAL,
+                 "datasource": "prometheus"}
+        failures = []
+        for name, label, expr in variables:
+            problem = judge(prom_query(prom_url, expr, at), None)
+            if problem:
+                failures.append(f"variable ${name}: {problem}\n    {expr}")
+        for q in queries:
+            expr = substitute(q.expr, vars_)
+            want = upstreams if "{{upstream}}" in q.legend else None
+            problem = judge(prom_query(prom_url, expr, at), want)
+            if problem:
+                failures.append(f"panel {q.panel!r} {q.ref}: {problem}\n    {expr}")
+        elapsed = time.monotonic() - started
+        print(f"dashboard check: {len(queries)} panel queries, {len(variables)} variables, "
+              f"{sent} requests of load, {elapsed:.1f} s")
+        if failures:
+            print("\n".join(failures), file=sys.stderr)
+            print(f"dashboard check FAILED ({len(failures)}); logs in {tmp}", file=sys.stderr)
+            args.keep = True
+            return 1
+        return 0
+    except RuntimeError as e:
+        print(f"dashboard check: {e}; logs in {tmp}", file=sys.stderr)
+        args.keep = True
+        return 1
+    finally:
+        procs.stop()
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

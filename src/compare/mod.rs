@@ -1,0 +1,394 @@
+//! `goodput-proxy compare`: for TTFT, TPOT and E2E at p50 / p90 / p99, per model (and per
+//! upstream), the exact percentile (raw per-request values), the proxy's histogram estimate and
+//! the engine's histogram estimate over one window, their differences, and what the engines'
+//! counters say over that window.
+//!
+//! The table is plain data ([`Table`]), built from plain inputs ([`Window`]) and rendered by
+//! [`render`]; where the inputs come from is a data source's business: [`admin`] reads a live
+//! proxy's admin port (two `/metrics` scrapes `window` apart plus `/stats`); another source
+//! (e.g. ClickHouse records) can fill the same [`Window`].
+
+pub mod admin;
+pub mod hist;
+pub mod render;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+
+use crate::engine::parse::{Family, Sample};
+use hist::Buckets;
+
+/// The quantiles every row shows.
+pub const QUANTILES: [f64; 3] = [0.5, 0.9, 0.99];
+
+/// One latency quantity: its name in the table, the proxy's histogram, the engine's (V1 name
+/// first, then the v0 one) and its field in `/stats`.
+#[derive(Debug, Clone, Copy)]
+pub struct Quantity {
+    pub name: &'static str,
+    pub proxy_family: &'static str,
+    pub engine_families: &'static [&'static str],
+    pub stats_field: &'static str,
+}
+
+pub const QUANTITIES: [Quantity; 3] = [
+    Quantity {
+        name: "ttft",
+        proxy_family: "goodput_proxy_time_to_first_token_seconds",
+        engine_families: &["vllm:time_to_first_token_seconds"],
+        stats_field: "ttft_seconds",
+    },
+    Quantity {
+        name: "tpot",
+        proxy_family: "goodput_proxy_time_per_output_token_seconds",
+        engine_families: &[
+            "vllm:request_time_per_output_token_seconds",
+            "vllm:time_per_output_token_seconds",
+        ],
+        stats_field: "tpot_seconds",
+    },
+    Quantity {
+        name: "e2e",
+        proxy_family: "goodput_proxy_e2e_request_latency_seconds",
+        engine_families: &["vllm:e2e_request_latency_seconds"],
+        stats_field: "e2e_seconds",
+    },
+];
+
+/// The engine families read for the counter part of a group.
+pub const ENGINE_SUCCESS: &str = "vllm:request_success_total";
+pub const ENGINE_RUNNING: &str = "vllm:num_requests_running";
+pub const ENGINE_WAITING: &str = "vllm:num_requests_waiting";
+
+/// A group of the table: one model, or one model on one upstream.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct GroupKey {
+    pub model: String,
+    /// `None`: every upstream together.
+    pub upstream: Option<String>,
+}
+
+/// Exact percentiles of one group and quantity (from raw per-request values).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Exact {
+    pub count: u64,
+    /// p50, p90, p99 (as [`QUANTILES`]); `None` when the group has no value.
+    pub values: [Option<f64>; 3],
+}
+
+/// What one data source observed over one window: the two metric pages (proxy's own families
+/// plus the engines', relabelled `upstream`), the engine gauges' maxima over the window, and
+/// the exact figures per group.
+#[derive(Debug, Clone, Default)]
+pub struct Window {
+    pub seconds: f64,
+    pub start: Vec<Family>,
+    pub end: Vec<Family>,
+    /// Max of `vllm:num_requests_running` / `_waiting` over the window, per (model, upstream)
+    /// and per (model, [`ALL_UPSTREAMS`]) for the sum over upstreams.
+    pub max_running: BTreeMap<(String, String), f64>,
+    pub max_waiting: BTreeMap<(String, String), f64>,
+    /// Exact figures per group and quantity name.
+    pub exact: BTreeMap<GroupKey, BTreeMap<&'static str, Exact>>,
+}
+
+/// One quantile of one quantity: the three figures and their differences.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Cell {
+    pub quantile: f64,
+    pub exact: Option<f64>,
+    pub proxy_hist: Option<f64>,
+    pub engine_hist: Option<f64>,
+    pub proxy_minus_exact: Option<f64>,
+    pub engine_minus_exact: Option<f64>,
+    pub proxy_minus_engine: Option<f64>,
+    /// Width of the grid bucket the exact value falls in: how far an estimate may be off.
+    pub bucket_width: Option<f64>,
+}
+
+/// One quantity of one group.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Row {
+    pub quantity: &'static str,
+    pub exact_count: u64,
+    pub proxy_count: f64,
+    pub engine_count: f64,
+    pub cells: Vec<Cell>,
+}
+
+/// What the engines' counters and gauges say over the window for one group.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EngineCounters {
+    pub requests_per_s: f64,
+    /// Finished requests by `finished_reason` (stop, length, abort, ...), over the window.
+    pub finished_reason: BTreeMap<String, f64>,
+    pub max_running: Option<f64>,
+    pub max_waiting: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Group {
+    pub model: String,
+    pub upstream: Option<String>,
+    pub rows: Vec<Row>,
+    pub engine: EngineCounters,
+}
+
+/// The comparison, ready to render.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Table {
+    pub window_seconds: f64,
+    pub by_upstream: bool,
+    pub groups: Vec<Group>,
+}
+
+/// Why a window cannot be compared.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum CompareError {
+    #[error("{page} has no `{family}` family: {hint}")]
+    MissingFamily {
+        page: String,
+        family: String,
+        hint: &'static str,
+    },
+}
+
+/// The groups present in the window: every (model, upstream) whose proxy E2E histogram has
+/// observations between the scrapes (or, without `by_upstream`, every such model).
+pub fn groups_in(w: &Window, by_upstream: bool) -> BTreeSet<GroupKey> {
+    let fam = QUANTITIES[2].proxy_family;
+    let mut pairs = BTreeSet::new();
+    let bucket = format!("{fam}_bucket");
+    for s in w
+        .end
+        .iter()
+        .filter(|f| f.name == fam)
+        .flat_map(|f| &f.samples)
+    {
+        if s.name == bucket && s.label("le") == Some("+Inf") {
+            let model = s.label("model").unwrap_or("").to_string();
+            let upstream = s.label("upstream").map(str::to_string);
+            pairs.insert((model, upstream));
+        }
+    }
+    pairs
+        .into_iter()
+        .filter(|(m, u)| {
+            let keep = proxy_filter(m, u.as_deref());
+            let d = hist::delta(
+                hist::buckets(&w.start, fam, &keep).as_ref(),
+                &hist::buckets(&w.end, fam, &keep).unwrap_or_default(),
+            );
+            hist::count(&d) > 0.0
+        })
+        .map(|(model, upstream)| GroupKey {
+            model,
+            upstream: if by_upstream { upstream } else { None },
+        })
+        .collect()
+}
+
+fn proxy_filter<'a>(model: &'a str, upstream: Option<&'a str>) -> impl Fn(&Sample) -> bool + 'a {
+    move |s: &Sample| {
+        s.label("model") == Some(model) && upstream.is_none_or(|u| s.label("upstream") == Some(u))
+    }
+}
+
+fn engine_filter<'a>(model: &'a str, upstream: Option<&'a str>) -> impl Fn(&Sample) -> bool + 'a {
+    move |s: &Sample| {
+        s.label("model_name") == Some(model)
+            && upstream.is_none_or(|u| s.label("upstream") == Some(u))
+    }
+}
+
+/// A family every goodput-proxy admin page has, traffic or not (the latency histograms only
+/// appear with the first request).
+pub const PROXY_IDENTITY: &str = "goodput_proxy_records_dropped_total";
+
+/// Checks that `page` is a goodput-proxy admin page, and with `engines` that it carries the
+/// engine families the table reads (`url` names the page in errors).
+pub fn check_families(page: &[Family], url: &str, engines: bool) -> Result<(), CompareError> {
+    let has = |name: &str| page.iter().any(|f| f.name == name);
+    let missing = |family: &str, hint| CompareError::MissingFamily {
+        page: url.to_string(),
+        family: family.to_string(),
+        hint,
+    };
+    if !has(PROXY_IDENTITY) {
+        return Err(missing(
+            PROXY_IDENTITY,
+            "is this a goodput-proxy admin port (server.admin_listen)?",
+        ));
+    }
+    if !engines {
+        return Ok(());
+    }
+    for q in QUANTITIES {
+        if !q.engine_families.iter().any(|f| has(f)) {
+            return Err(missing(
+                q.engine_families[0],
+                "the proxy serves no engine metrics (engine.scrape = false, or no engine answered its last scrape)",
+            ));
+        }
+    }
+    if !has(ENGINE_SUCCESS) {
+        return Err(missing(
+            ENGINE_SUCCESS,
+            "the proxy serves no engine counters (engine.scrape = false, or no engine answered its last scrape)",
+        ));
+    }
+    Ok(())
+}
+
+fn window_delta(w: &Window, family: &str, keep: &dyn Fn(&Sample) -> bool) -> Option<Buckets> {
+    let end = hist::buckets(&w.end, family, keep)?;
+    Some(hist::delta(
+        hist::buckets(&w.start, family, keep).as_ref(),
+        &end,
+    ))
+}
+
+fn diff(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    Some(a? - b?)
+}
+
+/// Builds the table from one window (see [`check_families`] for what must be there).
+pub fn build(w: &Window, by_upstream: bool) -> Table {
+    let groups = groups_in(w, by_upstream)
+        .into_iter()
+        .map(|key| build_group(w, &key))
+        .collect();
+    Table {
+        window_seconds: w.seconds,
+        by_upstream,
+        groups,
+    }
+}
+
+fn build_group(w: &Window, key: &GroupKey) -> Group {
+    let (model, upstream) = (key.model.as_str(), key.upstream.as_deref());
+    let pf = proxy_filter(model, upstream);
+    let ef = engine_filter(model, upstream);
+    let exact = w.exact.get(key);
+    let rows = QUANTITIES
+        .iter()
+        .map(|q| {
+            let proxy = window_delta(w, q.proxy_family, &pf).unwrap_or_default();
+            let engine = q
+                .engine_families
+                .iter()
+                .find_map(|f| window_delta(w, f, &ef).filter(|b| !b.is_empty()))
+                .unwrap_or_default();
+            let ex = exact
+                .and_then(|e| e.get(q.name))
+                .copied()
+                .unwrap_or_default();
+            let cells = QUANTILES
+                .iter()
+                .zip(ex.values)
+                .map(|(&quantile, exact)| {
+                    let proxy_hist = hist::quantile(&proxy, quantile);
+                    let engine_hist = hist::quantile(&engine, quantile);
+                    Cell {
+                        quantile,
+                        exact,
+                        proxy_hist,
+                        engine_hist,
+                        proxy_minus_exact: diff(proxy_hist, exact),
+                        engine_minus_exact: diff(engine_hist, exact),
+                        proxy_minus_engine: diff(proxy_hist, engine_hist),
+                        bucket_width: exact.and_then(|v| hist::bucket_width(&proxy, v)),
+                    }
+                })
+                .collect();
+            Row {
+                quantity: q.name,
+                exact_count: ex.count,
+                proxy_count: hist::count(&proxy),
+                engine_count: hist::count(&engine),
+                cells,
+            }
+        })
+        .collect();
+    Group {
+        model: key.model.clone(),
+        upstream: key.upstream.clone(),
+        rows,
+        engine: engine_counters(w, model, upstream),
+    }
+}
+
+fn engine_counters(w: &Window, model: &str, upstream: Option<&str>) -> EngineCounters {
+    let ef = engine_filter(model, upstream);
+    let at = |fams: &[Family]| {
+        hist::sums_by(fams, ENGINE_SUCCESS, "finished_reason", &ef).unwrap_or_default()
+    };
+    let (start, end) = (at(&w.start), at(&w.end));
+    let reset = end
+        .iter()
+        .any(|(k, v)| *v < start.get(k).copied().unwrap_or(0.0));
+    let finished_reason: BTreeMap<String, f64> = end
+        .iter()
+        .map(|(k, v)| {
+            let before = if reset {
+                0.0
+            } else {
+                start.get(k).copied().unwrap_or(0.0)
+            };
+            (k.clone(), v - before)
+        })
+        .collect();
+    let total: f64 = finished_reason.values().sum();
+    let max_of = |m: &BTreeMap<(String, String), f64>| {
+        m.get(&(
+            model.to_string(),
+            upstream.unwrap_or(ALL_UPSTREAMS).to_string(),
+        ))
+        .copied()
+    };
+    EngineCounters {
+        requests_per_s: if w.seconds > 0.0 {
+            total / w.seconds
+        } else {
+            0.0
+        },
+        finished_reason,
+        max_running: max_of(&w.max_running),
+        max_waiting: max_of(&w.max_waiting),
+    }
+}
+
+/// The upstream key of [`Window::max_running`] for a model's sum over every upstream.
+pub const ALL_UPSTREAMS: &str = "*";
+
+/// Folds one page's engine gauges into the window's maxima, per model and upstream and per
+/// model over all upstreams ([`ALL_UPSTREAMS`]); a replica's several engine cores are summed.
+pub fn fold_gauges(w: &mut Window, page: &[Family]) {
+    for (name, into) in [
+        (ENGINE_RUNNING, &mut w.max_running),
+        (ENGINE_WAITING, &mut w.max_waiting),
+    ] {
+        let mut now: BTreeMap<(String, String), f64> = BTreeMap::new();
+        for s in page
+            .iter()
+            .flat_map(|f| &f.samples)
+            .filter(|s| s.name == name)
+        {
+            let key = (
+                s.label("model_name").unwrap_or("").to_string(),
+                s.label("upstream").unwrap_or("").to_string(),
+            );
+            *now.entry((key.0.clone(), ALL_UPSTREAMS.to_string()))
+                .or_insert(0.0) += s.value;
+            *now.entry(key).or_insert(0.0) += s.value;
+        }
+        for (k, v) in now {
+            let e = into.entry(k).or_insert(v);
+            *e = e.max(v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,215 @@
+use super::*;
+use crate::engine::parse::parse;
+
+/// A page with the proxy's three histograms and the engine's, for one model on two upstreams.
+/// `n` requests per upstream, each 0.05 s TTFT, 0.02 s TPOT, 0.4 s E2E on upstream a and
+/// twice that on b; the engine saw the same minus a little.
+fn page(n: f64, legacy: bool) -> Vec<Family> {
+    let mut s = String::new();
+    let hist = |s: &mut String, name: &str, labels: &str, grid: &[f64], v: f64, n: f64| {
+        s.push_str(&format!("# TYPE {name} histogram\n"));
+        for le in grid {
+            let c = if v <= *le { n } else { 0.0 };
+            s.push_str(&format!("{name}_bucket{{{labels},le=\"{le}\"}} {c}\n"));
+        }
+        s.push_str(&format!("{name}_bucket{{{labels},le=\"+Inf\"}} {n}\n"));
+        s.push_str(&format!(
+            "{name}_sum{{{labels}}} {}\n{name}_count{{{labels}}} {n}\n",
+            v * n
+        ));
+    };
+    let grid = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
+    let tpot_engine = if legacy {
+        "vllm:time_per_output_token_seconds"
+    } else {
+        "vllm:request_time_per_output_token_seconds"
+    };
+    // One family block per name, series for both upstreams in it (as the proxy merges them).
+    for (name, v, engine_side) in [
+        ("goodput_proxy_time_to_first_token_seconds", 0.05, false),
+        ("goodput_proxy_time_per_output_token_seconds", 0.02, false),
+        ("goodput_proxy_e2e_request_latency_seconds", 0.4, false),
+        ("vllm:time_to_first_token_seconds", 0.04, true),
+        (tpot_engine, 0.02, true),
+        ("vllm:e2e_request_latency_seconds", 0.39, true),
+    ] {
+        let mut block = String::new();
+        for (up, k) in [("a", 1.0), ("b", 2.0)] {
+            let labels = if engine_side {
+                format!("model_name=\"tiny\",upstream=\"{up}\"")
+            } else {
+                format!("model=\"tiny\",upstream=\"{up}\"")
+            };
+            let mut one = String::new();
+            hist(&mut one, name, &labels, &grid, v * k, n);
+            // Keep a single TYPE line per family.
+            let body: String = one.lines().skip(1).map(|l| format!("{l}\n")).collect();
+            block.push_str(&body);
+        }
+        s.push_str(&format!("# TYPE {name} histogram\n{block}"));
+    }
+    s.push_str("# TYPE goodput_proxy_records_dropped_total counter\ngoodput_proxy_records_dropped_total 0\n");
+    s.push_str("# TYPE vllm:request_success_total counter\n");
+    for up in ["a", "b"] {
+        s.push_str(&format!(
+            "vllm:request_success_total{{finished_reason=\"length\",model_name=\"tiny\",upstream=\"{up}\"}} {n}\n\
+             vllm:request_success_total{{finished_reason=\"stop\",model_name=\"tiny\",upstream=\"{up}\"}} 0\n"
+        ));
+    }
+    s.push_str("# TYPE vllm:num_requests_running gauge\n");
+    for up in ["a", "b"] {
+        s.push_str(&format!(
+            "vllm:num_requests_running{{model_name=\"tiny\",upstream=\"{up}\"}} {}\n",
+            n.min(8.0)
+        ));
+    }
+    parse(&s).unwrap()
+}
+
+fn window(start: f64, end: f64, legacy: bool) -> Window {
+    let mut w = Window {
+        seconds: 10.0,
+        start: page(start, legacy),
+        end: page(end, legacy),
+        ..Window::default()
+    };
+    let (s, e) = (w.start.clone(), w.end.clone());
+    fold_gauges(&mut w, &s);
+    fold_gauges(&mut w, &e);
+    w
+}
+
+fn exact(ttft: f64) -> BTreeMap<&'static str, Exact> {
+    let mut m = BTreeMap::new();
+    for (name, v) in [("ttft", ttft), ("tpot", 0.02), ("e2e", 0.4)] {
+        m.insert(
+            name,
+            Exact {
+                count: 10,
+                values: [Some(v), Some(v), Some(v)],
+            },
+        );
+    }
+    m
+}
+
+#[test]
+fn one_group_per_model_from_the_bucket_deltas() {
+    let mut w = window(5.0, 15.0, false);
+    let key = GroupKey {
+        model: "tiny".into(),
+        upstream: None,
+    };
+    w.exact.insert(key.clone(), exact(0.05));
+    check_families(&w.end, "page", true).unwrap();
+    let t = build(&w, false);
+    assert_eq!(t.groups.len(), 1);
+    let g = &t.groups[0];
+    assert_eq!((g.model.as_str(), g.upstream.as_deref()), ("tiny", None));
+    let ttft = &g.rows[0];
+    assert_eq!(ttft.quantity, "ttft");
+    // 10 new requests per upstream between the scrapes.
+    assert_eq!(
+        (ttft.exact_count, ttft.proxy_count, ttft.engine_count),
+        (10, 20.0, 20.0)
+    );
+    // p50 of a 0.05 (a) + 0.1 (b) mix: rank 10 of 20 is the top of bucket (0.025, 0.05].
+    let p50 = ttft.cells[0];
+    assert_eq!(p50.quantile, 0.5);
+    assert_eq!(p50.proxy_hist, Some(0.05));
+    assert_eq!(p50.exact, Some(0.05));
+    assert_eq!(p50.proxy_minus_exact, Some(0.0));
+    assert_eq!(p50.bucket_width, Some(0.025));
+    // Engine 0.04 / 0.08 land in (0.025, 0.05] and (0.05, 0.1] too.
+    assert_eq!(p50.engine_hist, Some(0.05));
+    assert_eq!(p50.proxy_minus_engine, Some(0.0));
+    let e = &g.engine;
+    assert_eq!(e.finished_reason.get("length"), Some(&20.0));
+    assert_eq!(e.finished_reason.get("stop"), Some(&0.0));
+    assert_eq!(e.requests_per_s, 2.0);
+    // Running: 5 then 8 per upstream, summed over both: max 16.
+    assert_eq!(e.max_running, Some(16.0));
+    assert_eq!(e.max_waiting, None);
+}
+
+#[test]
+fn by_upstream_splits_the_groups_and_v0_names_work() {
+    let w = window(0.0, 4.0, true);
+    let t = build(&w, true);
+    let keys: Vec<_> = t
+        .groups
+        .iter()
+        .map(|g| (g.model.as_str(), g.upstream.as_deref()))
+        .collect();
+    assert_eq!(keys, [("tiny", Some("a")), ("tiny", Some("b"))]);
+    let tpot_b = &t.groups[1].rows[1];
+    assert_eq!(tpot_b.quantity, "tpot");
+    assert_eq!(tpot_b.engine_count, 4.0);
+    // No exact figures given: those cells are empty, the estimates are not.
+    assert_eq!(tpot_b.cells[2].exact, None);
+    assert!(tpot_b.cells[2].engine_hist.is_some());
+    assert_eq!(t.groups[0].engine.max_running, Some(4.0));
+}
+
+#[test]
+fn a_model_without_requests_in_the_window_has_no_group() {
+    let w = window(7.0, 7.0, false);
+    assert!(build(&w, false).groups.is_empty());
+    assert!(render::text(&build(&w, false)).contains("no request finished"));
+}
+
+#[test]
+fn missing_families_are_named() {
+    let p = parse("# TYPE vllm:num_requests_running gauge\n").unwrap();
+    let e = check_families(&p, "http://x/metrics", false).unwrap_err();
+    assert!(e
+        .to_string()
+        .contains("no `goodput_proxy_records_dropped_total` family"));
+    // Proxy families present, engine ones missing: the hint names engine scraping.
+    let w = window(0.0, 1.0, false);
+    let proxy_only: Vec<Family> = w
+        .end
+        .into_iter()
+        .filter(|f| f.name.starts_with("goodput_proxy_"))
+        .collect();
+    check_families(&proxy_only, "p", false).unwrap();
+    let e = check_families(&proxy_only, "p", true)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("vllm:time_to_first_token_seconds") && e.contains("engine.scrape"),
+        "{e}"
+    );
+}
+
+#[test]
+fn text_and_json_show_every_column() {
+    let mut w = window(0.0, 10.0, false);
+    w.exact.insert(
+        GroupKey {
+            model: "tiny".into(),
+            upstream: None,
+        },
+        exact(0.05),
+    );
+    let t = build(&w, false);
+    let text = render::text(&t);
+    for col in [
+        "exact",
+        "proxy~",
+        "engine~",
+        "proxy-exact",
+        "engine-exact",
+        "proxy-engine",
+        "bucket",
+    ] {
+        assert!(text.contains(col), "{col}\n{text}");
+    }
+    assert!(
+        text.contains("ttft") && text.contains("p99") && text.contains("length 20"),
+        "{text}"
+    );
+    let doc: serde_json::Value = serde_json::from_str(&render::json(&t)).unwrap();
+    assert_eq!(doc["groups"][0]["rows"][0]["cells"][0]["proxy_hist"], 0.05);
+    assert_eq!(doc["groups"][0]["engine"]["requests_per_s"], 2.0);
+}

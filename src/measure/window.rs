@@ -1,0 +1,173 @@
+//! The goodput ratio over a sliding window (default 60 s), per model and overall: the number an
+//! autoscaler or an alert reads (`goodput_proxy_goodput_ratio`). Pure: instants in, ratios out.
+//!
+//! Counts are kept in one-second slots, so the window slides in one-second steps: a request
+//! counts from the second it finished until `window` seconds later. Ratio = good / eligible,
+//! where eligible is every finished request except rejections the client caused (DESIGN.md,
+//! "Goodput"); no eligible request in the window, no ratio.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Slot {
+    /// Seconds since the window's origin this slot holds counts for.
+    second: u64,
+    good: u64,
+    eligible: u64,
+}
+
+/// One key's ring of one-second slots.
+#[derive(Debug, Clone)]
+struct Slots(Vec<Slot>);
+
+impl Slots {
+    fn new(n: usize) -> Self {
+        // `second` 0 with zero counts is indistinguishable from an empty slot.
+        Self(vec![Slot::default(); n])
+    }
+
+    fn add(&mut self, second: u64, good: bool) {
+        let n = self.0.len() as u64;
+        let s = &mut self.0[(second % n) as usize];
+        if s.second != second {
+            *s = Slot {
+                second,
+                good: 0,
+                eligible: 0,
+            };
+        }
+        s.good += u64::from(good);
+        s.eligible += 1;
+    }
+
+    /// (good, eligible) over the slots of seconds `(now - n, now]`.
+    fn sum(&self, now: u64) -> (u64, u64) {
+        let n = self.0.len() as u64;
+        self.0
+            .iter()
+            .filter(|s| s.second <= now && s.second + n > now)
+            .fold((0, 0), |(g, e), s| (g + s.good, e + s.eligible))
+    }
+}
+
+/// Good / eligible over the last `window`, per key (the `model` label value) and overall.
+#[derive(Debug, Clone)]
+pub struct RatioWindow {
+    origin: Instant,
+    slots: usize,
+    all: Slots,
+    by_key: HashMap<Arc<str>, Slots>,
+}
+
+impl RatioWindow {
+    /// `window` is rounded up to whole seconds (at least one).
+    pub fn new(window: Duration, origin: Instant) -> Self {
+        let slots = window.as_secs_f64().ceil().max(1.0) as usize;
+        Self {
+            origin,
+            slots,
+            all: Slots::new(slots),
+            by_key: HashMap::new(),
+        }
+    }
+
+    pub fn window(&self) -> Duration {
+        Duration::from_secs(self.slots as u64)
+    }
+
+    fn second(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.origin).as_secs()
+    }
+
+    /// Counts one eligible finished request. Keys come from a bounded label set.
+    pub fn add(&mut self, key: &Arc<str>, good: bool, at: Instant) {
+        let s = self.second(at);
+        self.all.add(s, good);
+        let n = self.slots;
+        self.by_key
+            .entry(key.clone())
+            .or_insert_with(|| Slots::new(n))
+            .add(s, good);
+    }
+
+    /// The overall ratio at `now`; `None` when no eligible request finished in the window.
+    pub fn overall(&self, now: Instant) -> Option<f64> {
+        ratio(self.all.sum(self.second(now)))
+    }
+
+    /// Every key's ratio at `now` (`None` for a key with nothing in the window).
+    pub fn per_key(&self, now: Instant) -> Vec<(Arc<str>, Option<f64>)> {
+        let s = self.second(now);
+        self.by_key
+            .iter()
+            .map(|(k, slots)| (k.clone(), ratio(slots.sum(s))))
+            .collect()
+    }
+}
+
+fn ratio((good, eligible): (u64, u64)) -> Option<f64> {
+    (eligible > 0).then(|| good as f64 / eligible as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(s: &str) -> Arc<str> {
+        Arc::from(s)
+    }
+
+    #[test]
+    fn ratio_per_key_and_overall() {
+        let t0 = Instant::now();
+        let mut w = RatioWindow::new(Duration::from_secs(60), t0);
+        let (a, b) = (key("a"), key("b"));
+        for good in [true, true, true, false] {
+            w.add(&a, good, t0 + Duration::from_millis(500));
+        }
+        w.add(&b, false, t0 + Duration::from_secs(10));
+        let now = t0 + Duration::from_secs(20);
+        assert_eq!(w.overall(now), Some(3.0 / 5.0));
+        let mut per = w.per_key(now);
+        per.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(per, vec![(a, Some(0.75)), (b, Some(0.0))]);
+    }
+
+    #[test]
+    fn requests_leave_the_window_after_it_has_passed() {
+        let t0 = Instant::now();
+        let mut w = RatioWindow::new(Duration::from_secs(60), t0);
+        let a = key("a");
+        w.add(&a, false, t0 + Duration::from_secs(1));
+        w.add(&a, true, t0 + Duration::from_secs(30));
+        // At 60.9 s both are inside (seconds 1 and 30 of (0, 60]).
+        assert_eq!(w.overall(t0 + Duration::from_millis(60_900)), Some(0.5));
+        // At 61 s second 1 has left.
+        assert_eq!(w.overall(t0 + Duration::from_secs(61)), Some(1.0));
+        // At 90 s nothing is left: no ratio, for the key too.
+        assert_eq!(w.overall(t0 + Duration::from_secs(90)), None);
+        assert_eq!(w.per_key(t0 + Duration::from_secs(90)), vec![(a, None)]);
+    }
+
+    #[test]
+    fn a_reused_slot_forgets_its_old_second() {
+        let t0 = Instant::now();
+        let mut w = RatioWindow::new(Duration::from_secs(3), t0);
+        let a = key("a");
+        w.add(&a, false, t0 + Duration::from_secs(2));
+        // Second 5 lands in the same slot as second 2 (5 % 3 == 2): the old counts go.
+        w.add(&a, true, t0 + Duration::from_secs(5));
+        assert_eq!(w.overall(t0 + Duration::from_secs(5)), Some(1.0));
+        assert_eq!(w.window(), Duration::from_secs(3));
+    }
+
+    #[test]
+    fn sub_second_windows_round_up() {
+        let w = RatioWindow::new(Duration::from_millis(1), Instant::now());
+        assert_eq!(w.window(), Duration::from_secs(1));
+    }
+}

@@ -1,0 +1,263 @@
+//! DNS discovery: `upstream.discover = ["dns://NAME:PORT"]`, re-resolved every
+//! `upstream.discover_interval_ms`. Every address is one replica `http://ADDRESS:PORT` (a
+//! Kubernetes headless Service resolves to its ready pods). What changed goes to the replica
+//! set ([`Upstreams::set_discovered`]), the engine scraper ([`Engines::sync`]) and the
+//! `upstream` label set; a new replica is probed at once, so it takes traffic as soon as it
+//! answers its health check. Resolution goes through [`Resolver`], so tests use a fake one.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{health, Upstreams};
+use crate::engine::Engines;
+use crate::metrics::UpstreamLabels;
+
+/// One `dns://NAME:PORT` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DnsTarget {
+    pub host: String,
+    pub port: u16,
+}
+
+impl DnsTarget {
+    pub fn parse(s: &str) -> Result<DnsTarget, String> {
+        let rest = s
+            .strip_prefix("dns://")
+            .ok_or("must look like dns://NAME:PORT")?;
+        let (host, port) = rest
+            .rsplit_once(':')
+            .ok_or("missing :PORT (the engines' port)")?;
+        let port: u16 = port
+            .parse()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| format!("bad port `{port}`"))?;
+        let valid = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_';
+        if host.is_empty() || !host.chars().all(valid) {
+            return Err(format!("bad host name `{host}`"));
+        }
+        Ok(DnsTarget {
+            host: host.to_string(),
+            port,
+        })
+    }
+}
+
+pub type Resolved<'a> = Pin<Box<dyn Future<Output = io::Result<Vec<SocketAddr>>> + Send + 'a>>;
+
+/// Resolves a name to addresses (the port is the target's).
+pub trait Resolver: Send + Sync + 'static {
+    fn resolve<'a>(&'a self, host: &'a str, port: u16) -> Resolved<'a>;
+}
+
+/// The system's resolver (`getaddrinfo`: `/etc/hosts`, then DNS).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemResolver;
+
+impl Resolver for SystemResolver {
+    fn resolve<'a>(&'a self, host: &'a str, port: u16) -> Resolved<'a> {
+        Box::pin(async move { Ok(tokio::net::lookup_host((host, port)).await?.collect()) })
+    }
+}
+
+/// The replica URL of one address.
+pub fn replica_url(addr: SocketAddr) -> String {
+    format!("http://{addr}")
+}
+
+/// The discovered replica URLs: every target's addresses, sorted, without repeats. A target
+/// that fails to resolve keeps what it resolved last time (a DNS hiccup must not empty the
+/// set); `last` holds that per target.
+pub async fn resolve_all(
+    resolver: &dyn Resolver,
+    targets: &[DnsTarget],
+    last: &mut [Option<Vec<String>>],
+) -> Vec<String> {
+    let mut urls = Vec::new();
+    for (t, last) in targets.iter().zip(last.iter_mut()) {
+        match resolver.resolve(&t.host, t.port).await {
+            Ok(addrs) => {
+                let mut found: Vec<String> = addrs.into_iter().map(replica_url).collect();
+                found.sort();
+                found.dedup();
+                *last = Some(found);
+            }
+            Err(e) => tracing::warn!(
+                target = %format!("dns://{}:{}", t.host, t.port),
+                error = %e,
+                "discovery: resolution failed; keeping the previous addresses"
+            ),
+        }
+        urls.extend(last.iter().flatten().cloned());
+    }
+    urls.sort();
+    urls.dedup();
+    urls
+}
+
+/// Everything one discovery round updates.
+pub struct Discovery {
+    pub upstreams: Arc<Upstreams>,
+    pub engines: Arc<Engines>,
+    pub labels: UpstreamLabels,
+    pub resolver: Arc<dyn Resolver>,
+    pub targets: Vec<DnsTarget>,
+    last: Vec<Option<Vec<String>>>,
+}
+
+impl Discovery {
+    pub fn new(
+        upstreams: Arc<Upstreams>,
+        engines: Arc<Engines>,
+        labels: UpstreamLabels,
+        resolver: Arc<dyn Resolver>,
+        targets: Vec<DnsTarget>,
+    ) -> Self {
+        let last = vec![None; targets.len()];
+        Self {
+            upstreams,
+            engines,
+            labels,
+            resolver,
+            targets,
+            last,
+        }
+    }
+
+    /// Resolves every target once and applies the result; new replicas are probed before this
+    /// returns (so they can take traffic right away when healthy).
+    pub async fn round(&mut self) {
+        let urls = resolve_all(&*self.resolver, &self.targets, &mut self.last).await;
+        let change = self.upstreams.set_discovered(&urls);
+        if change.is_empty() {
+            return;
+        }
+        let labels = self.engines.sync(&self.upstreams.replicas());
+        self.labels.add(labels);
+        for r in &change.removed {
+            tracing::info!(upstream = %r.url, in_flight = r.in_flight(), "discovery: replica removed; no new requests, its streams finish");
+        }
+        let probes = change
+            .added
+            .iter()
+            .map(|r| health::probe(&self.upstreams, r));
+        futures_util::future::join_all(probes).await;
+        for r in &change.added {
+            tracing::info!(upstream = %r.url, healthy = r.is_healthy(), "discovery: replica added");
+        }
+    }
+
+    /// A round every `interval`, until the task is aborted.
+    pub async fn run(mut self, interval: Duration) {
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            self.round().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// Answers from a table; a missing name is an error.
+    #[derive(Default)]
+    struct Fake(Mutex<Vec<(String, Vec<SocketAddr>)>>);
+
+    impl Fake {
+        fn set(&self, host: &str, addrs: &[&str]) {
+            let mut t = self.0.lock().unwrap();
+            t.retain(|(h, _)| h != host);
+            t.push((
+                host.into(),
+                addrs.iter().map(|a| a.parse().unwrap()).collect(),
+            ));
+        }
+        fn forget(&self, host: &str) {
+            self.0.lock().unwrap().retain(|(h, _)| h != host);
+        }
+    }
+
+    impl Resolver for Fake {
+        fn resolve<'a>(&'a self, host: &'a str, _port: u16) -> Resolved<'a> {
+            let found = self
+                .0
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|(h, _)| h == host)
+                .map(|(_, a)| a.clone());
+            Box::pin(async move {
+                found.ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no such name"))
+            })
+        }
+    }
+
+    #[test]
+    fn targets_parse() {
+        assert_eq!(
+            DnsTarget::parse("dns://vllm-headless.ns.svc:8000"),
+            Ok(DnsTarget {
+                host: "vllm-headless.ns.svc".into(),
+                port: 8000
+            })
+        );
+        for bad in [
+            "http://x:1",
+            "dns://x",
+            "dns://x:0",
+            "dns://x:http",
+            "dns://:80",
+            "dns://a b:80",
+        ] {
+            assert!(DnsTarget::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[tokio::test]
+    async fn every_address_is_a_replica_and_a_failure_keeps_the_last_answer() {
+        let fake = Fake::default();
+        let targets = [
+            DnsTarget::parse("dns://a:8000").unwrap(),
+            DnsTarget::parse("dns://b:8000").unwrap(),
+        ];
+        let mut last = vec![None, None];
+        fake.set("a", &["10.0.0.2:8000", "10.0.0.1:8000", "10.0.0.1:8000"]);
+        fake.set("b", &["[fd00::1]:8000"]);
+        let urls = resolve_all(&fake, &targets, &mut last).await;
+        assert_eq!(
+            urls,
+            [
+                "http://10.0.0.1:8000",
+                "http://10.0.0.2:8000",
+                "http://[fd00::1]:8000"
+            ]
+        );
+        // b stops resolving: its last answer stays; a resolves to nothing: it has none.
+        fake.forget("b");
+        fake.set("a", &[]);
+        let urls = resolve_all(&fake, &targets, &mut last).await;
+        assert_eq!(urls, ["http://[fd00::1]:8000"]);
+        // Replica URLs are valid upstream URLs.
+        assert!(crate::upstream::parse_base_url(&urls[0]).is_ok());
+    }
+
+    #[tokio::test]
+    async fn the_system_resolver_reads_etc_hosts() {
+        // `localhost` is in /etc/hosts on every machine this runs on.
+        let addrs = SystemResolver.resolve("localhost", 8000).await.unwrap();
+        assert!(
+            addrs
+                .iter()
+                .any(|a| a.ip().is_loopback() && a.port() == 8000),
+            "{addrs:?}"
+        );
+    }
+}
