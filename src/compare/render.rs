@@ -21,7 +21,8 @@ fn quantile_name(q: f64) -> String {
     format!("p{}", (q * 100.0).round())
 }
 
-const HEADER: [&str; 10] = [
+/// The column heads of the text table (the first is the quantity's).
+pub const COLUMNS: [&str; 10] = [
     "",
     "q",
     "exact",
@@ -54,7 +55,7 @@ fn group_text(out: &mut String, g: &Group) {
         Some(u) => writeln!(out, "model {}  upstream {}", g.model, u),
         None => writeln!(out, "model {}  (all upstreams)", g.model),
     };
-    let mut lines: Vec<[String; 10]> = vec![HEADER.map(str::to_string)];
+    let mut lines: Vec<[String; 10]> = vec![COLUMNS.map(str::to_string)];
     for r in &g.rows {
         for (i, c) in r.cells.iter().enumerate() {
             let counts = if i == 0 {
@@ -65,7 +66,7 @@ fn group_text(out: &mut String, g: &Group) {
             lines.push(cells_row(if i == 0 { r.quantity } else { "" }, c, &counts));
         }
     }
-    let widths: Vec<usize> = (0..HEADER.len())
+    let widths: Vec<usize> = (0..COLUMNS.len())
         .map(|i| lines.iter().map(|l| l[i].len()).max().unwrap_or(0))
         .collect();
     for l in &lines {

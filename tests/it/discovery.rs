@@ -13,7 +13,6 @@ use crate::support::proxy::*;
 use goodput_proxy::app::App;
 use goodput_proxy::sim::{SimConfig, SimHandle};
 use goodput_proxy::upstream::discover::{Resolved, Resolver};
-use tokio::sync::oneshot;
 
 const INTERVAL_MS: u64 = 200;
 
@@ -39,20 +38,11 @@ fn addr(s: &SimHandle) -> SocketAddr {
 }
 
 async fn start(config: goodput_proxy::config::Config, resolver: Arc<dyn Resolver>) -> Proxy {
-    let app = App::bind_with_resolver(config, resolver)
-        .await
-        .expect("bind");
-    let (addr, admin) = (app.local_addr(), app.admin_addr());
-    let (tx, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(app.run(async move {
-        let _ = rx.await;
-    }));
-    Proxy {
-        addr,
-        admin,
-        stop: Some(tx),
-        task,
-    }
+    run_app(
+        App::bind_with_resolver(config, resolver)
+            .await
+            .expect("bind"),
+    )
 }
 
 fn discover_config(target: &str) -> goodput_proxy::config::Config {

@@ -59,7 +59,11 @@ pub fn test_config(upstreams: &[String]) -> Config {
 }
 
 pub async fn start_proxy(config: Config) -> Proxy {
-    let app = App::bind(config).await.expect("bind proxy");
+    run_app(App::bind(config).await.expect("bind proxy"))
+}
+
+/// Runs a bound proxy (e.g. one bound with a test resolver) until `stop`.
+pub fn run_app(app: App) -> Proxy {
     let (addr, admin) = (app.local_addr(), app.admin_addr());
     let (tx, rx) = oneshot::channel::<()>();
     let task = tokio::spawn(app.run(async move {
