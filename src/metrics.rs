@@ -240,6 +240,7 @@ pub struct Metrics {
     pub records_shipped: IntCounterVec,
     /// By `sink` (`clickhouse`): failed delivery attempts (each is retried or counted dropped).
     pub sink_errors: IntCounterVec,
+    pub sse_discarded: IntCounter,
     /// Good / eligible requests over the sliding window, per model.
     pub goodput_ratio: GaugeVec,
     /// The same over every model (no labels; absent while the window is empty).
@@ -271,7 +272,7 @@ impl Metrics {
         )?;
         let tpot = hist(
             "goodput_proxy_time_per_output_token_seconds",
-            "(last token - first token) / (output tokens - 1), per request.",
+            "(last token - first token) / (output tokens - 1), one per choice.",
             TPOT_BUCKETS,
         )?;
         let itl = hist(
@@ -359,6 +360,10 @@ impl Metrics {
                 ),
                 &["sink"],
             )?,
+            sse_discarded: IntCounter::new(
+                "goodput_proxy_sse_discarded_total",
+                "SSE lines or events from the engines that the parser dropped (over its 4 MiB line limit).",
+            )?,
             goodput_ratio: GaugeVec::new(
                 Opts::new(
                     "goodput_proxy_goodput_ratio",
@@ -387,6 +392,7 @@ impl Metrics {
                 window: Mutex::new(RatioWindow::new(DEFAULT_GOODPUT_WINDOW, Instant::now())),
             }),
         };
+        registry.register(Box::new(m.sse_discarded.clone()))?;
         registry.register(Box::new(m.requests.clone()))?;
         registry.register(Box::new(m.goodput.clone()))?;
         registry.register(Box::new(m.slo_violations.clone()))?;
@@ -450,6 +456,7 @@ impl Metrics {
             in_flight: Some(in_flight),
             requests: self.requests.clone(),
             slo_violations: self.slo_violations.clone(),
+            sse_discarded: self.sse_discarded.clone(),
             shared: self.shared.clone(),
             model,
         }
@@ -492,6 +499,7 @@ pub struct RequestMetrics {
     in_flight: Option<IntGauge>,
     requests: IntCounterVec,
     slo_violations: IntCounterVec,
+    sse_discarded: IntCounter,
 }
 
 impl RequestMetrics {
@@ -581,6 +589,9 @@ impl RequestMetrics {
         if let Some(n) = m.completion_tokens {
             self.generation_tokens.inc_by(n);
         }
+        if m.sse_discarded > 0 {
+            self.sse_discarded.inc_by(m.sse_discarded);
+        }
         if let Some(g) = self.in_flight.take() {
             g.dec();
         }
@@ -658,6 +669,7 @@ mod tests {
                 "goodput_proxy_requests_in_flight",
                 "goodput_proxy_requests_total",
                 "goodput_proxy_sink_errors_total",
+                "goodput_proxy_sse_discarded_total",
                 "goodput_proxy_time_per_output_token_seconds",
                 "goodput_proxy_time_to_first_chunk_seconds",
                 "goodput_proxy_time_to_first_token_seconds",

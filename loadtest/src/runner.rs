@@ -562,9 +562,11 @@ async fn snapshot(
             .await
             .ok();
         if let Some((window, models)) = stats_for {
-            let window = window.ceil().max(1.0) as u64;
+            // Millisecond precision (`/stats` takes fractional seconds): whole seconds let
+            // the end of the previous phase leak into this phase's figures.
+            let window = ((window * 1000.0).ceil() / 1000.0).max(0.001);
             for m in models {
-                let url = format!("{admin}/stats?window={window}&model={m}");
+                let url = format!("{admin}/stats?window={window:.3}&model={m}");
                 if let Some(v) = client::get_text(client, &url, timeout)
                     .await
                     .ok()

@@ -105,14 +105,6 @@ impl<B: Body<Data = Bytes>> MeteredBody<B> {
         self.error_ending = f;
         self
     }
-
-    /// Finish now with `ending` (an outer deadline fired); later frames are passed unmetered.
-    pub fn finish_now(self: Pin<&mut Self>, ending: Ending) {
-        let this = self.project();
-        if let Some(a) = this.active.take() {
-            finish(a, ending, this.strip.as_ref());
-        }
-    }
 }
 
 impl<B: Body<Data = Bytes>> Body for MeteredBody<B> {

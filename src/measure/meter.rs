@@ -55,6 +55,8 @@ pub struct Measurement {
     pub output_events: u64,
     /// Choice indices seen (streams).
     pub choices: u32,
+    /// SSE lines or events the parser dropped (over its line limit): an engine misbehaving.
+    pub sse_discarded: u64,
     /// The proxy injected `stream_options.include_usage` into the request.
     pub usage_injected: bool,
     /// It did, and the usage chunk was removed again (false when the stripper gave up at its
@@ -88,6 +90,7 @@ impl Measurement {
             ttfb: None,
             output_events: 0,
             choices: 0,
+            sse_discarded: 0,
             usage_injected: false,
             usage_stripped: false,
             itl_gaps: Vec::new(),
@@ -336,10 +339,6 @@ impl StreamMeter {
         self
     }
 
-    pub fn streaming(&self) -> bool {
-        self.streaming
-    }
-
     /// The response head arrived at `t` with `status`.
     pub fn on_head(&mut self, t: Instant, status: u16) {
         self.status = Some(status);
@@ -404,6 +403,7 @@ impl StreamMeter {
             m.tokens_exact = tl.usage_completion.is_some();
             m.completion_tokens = tl.usage_completion.or(Some(tl.counted_tokens));
             m.choices = tl.all_choices().count() as u32;
+            m.sse_discarded = self.parser.discarded();
             (m.tpot, m.choice_tpots) = tl.tpots(m.completion_tokens);
         }
         m
@@ -837,6 +837,21 @@ mod tests {
             "one observation per choice"
         );
         assert_eq!((m.completion_tokens, m.tokens_exact), (Some(20), true));
+    }
+
+    #[test]
+    fn lines_the_parser_drops_are_counted() {
+        let huge = format!(
+            "data: {}\n\n",
+            "x".repeat(crate::body::sse::MAX_LINE_BYTES + 1)
+        );
+        let mut frames = stream(3, 10, &[]);
+        frames.insert(1, (150, huge));
+        frames.push((400, DONE.into()));
+        let (m, _) = measure(&frames, 500, Ending::Complete);
+        assert_eq!((m.sse_discarded, m.outcome), (1, Outcome::Success));
+        let (m, _) = measure(&stream(3, 10, &[DONE.into()]), 500, Ending::Complete);
+        assert_eq!(m.sse_discarded, 0);
     }
 
     #[test]

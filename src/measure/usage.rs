@@ -268,8 +268,6 @@ pub struct UsageStripper {
     held_has_fingerprint: bool,
     /// The last event ended on a `\r` at the end of a frame: a leading `\n` shares its fate.
     trailing_cr: Option<Fate>,
-    /// Usage chunks removed.
-    stripped: u64,
     /// The held bytes passed [`MAX_LINE_BYTES`]: everything was released and the rest of the
     /// stream passes unchanged (the usage chunk, if any, reaches the client).
     gave_up: bool,
@@ -278,11 +276,6 @@ pub struct UsageStripper {
 impl UsageStripper {
     pub fn new() -> Self {
         Self::default()
-    }
-
-    /// Usage chunks removed so far.
-    pub fn stripped(&self) -> u64 {
-        self.stripped
     }
 
     /// The stripper stopped stripping because the bytes it held passed the SSE parser's line
@@ -373,7 +366,6 @@ impl UsageStripper {
     ) -> Fate {
         match self.classify(&event) {
             Class::Usage(fingerprint) => {
-                self.stripped += 1;
                 if let Some(h) = self.held.take() {
                     match fingerprint.filter(|_| !self.held_has_fingerprint) {
                         Some(fp) => out.bytes(frame, &insert_fingerprint(&h, &fp)),
