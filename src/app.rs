@@ -21,6 +21,8 @@ use crate::measure::sink::{RecordSink, SinkConfig};
 use crate::metrics::{Metrics, ModelLabels};
 use crate::net::{bind_listener, LISTEN_BACKLOG};
 use crate::sim::{SimConfig, SimHandle, SimServer};
+use crate::sink::clickhouse::{ClickHouseSink, SinkCounters};
+use crate::sink::Sinks;
 use crate::stack;
 use crate::upstream::discover::{Discovery, DnsTarget, Resolver, SystemResolver};
 use crate::upstream::{health, Upstreams};
@@ -268,7 +270,7 @@ async fn serve_admin(listener: TcpListener, state: Arc<AppState>) {
     }
 }
 
-/// Registers the goodput_proxy_* families and builds the meter (ring, SLOs, optional sink).
+/// Registers the goodput_proxy_* families and builds the meter (ring, SLOs, sinks).
 fn build_meter(config: &Config, registry: &prometheus::Registry) -> anyhow::Result<Meter> {
     let m = &config.measure;
     // A model with its own SLOs is a configured model too: its label (and so its SLOs) must
@@ -277,28 +279,41 @@ fn build_meter(config: &Config, registry: &prometheus::Registry) -> anyhow::Resu
     let metrics =
         Metrics::register(registry, ModelLabels::new(labelled)).context("registering metrics")?;
     metrics.set_goodput_window(m.goodput_window());
-    let sink = match &m.sink_path {
-        Some(path) => {
-            let cfg = SinkConfig {
-                path: path.clone(),
-                max_bytes: m.sink_max_bytes,
-                keep: m.sink_keep,
-                queue: m.sink_queue,
-            };
-            // The writer task ends by itself once the last sender (the meter) is dropped.
-            let (sink, _task) = RecordSink::spawn(cfg, metrics.records_dropped.clone())
-                .with_context(|| format!("measure.sink_path: cannot open {}", path.display()))?;
-            Some(sink)
-        }
-        None => None,
-    };
+    let mut sinks = Sinks::default();
+    if let Some(path) = &m.sink_path {
+        let cfg = SinkConfig {
+            path: path.clone(),
+            max_bytes: m.sink_max_bytes,
+            keep: m.sink_keep,
+            queue: m.sink_queue,
+        };
+        let dropped = metrics.records_dropped.with_label_values(&["jsonl"]);
+        // The writer task ends by itself once the last sender (the meter) is dropped.
+        let (sink, _task) = RecordSink::spawn(cfg, dropped)
+            .with_context(|| format!("measure.sink_path: cannot open {}", path.display()))?;
+        sinks.jsonl = Some(sink);
+    }
+    if let Some(ch) = &config.sink.clickhouse {
+        let l = ["clickhouse"];
+        let counters = SinkCounters {
+            dropped: metrics.records_dropped.with_label_values(&l),
+            shipped: metrics.records_shipped.with_label_values(&l),
+            errors: metrics.sink_errors.with_label_values(&l),
+        };
+        // The shipper ends by itself once the meter is dropped and the queue is shipped.
+        let (sink, _task) = ClickHouseSink::spawn(ch, counters)
+            .map_err(|e| anyhow::anyhow!("sink.clickhouse: {e}"))?;
+        tracing::info!(url = %ch.url, database = %ch.database, table = %ch.table, "clickhouse sink on");
+        sinks.clickhouse = Some(sink);
+    }
     let meter = Meter::new(
         metrics,
         config.slo.table(),
         m.records,
-        sink,
+        sinks,
         m.usage_injection == UsageInjection::Auto,
-    );
+    )
+    .with_instance(&config.server.instance_name());
     Ok(if m.enabled { meter } else { meter.disabled() })
 }
 

@@ -1,4 +1,4 @@
-//! Command-line interface: `serve` (the default), `sim`, `check-config`, `compare`.
+//! Command-line interface: `serve` (the default), `sim`, `check-config`, `compare`, `report`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -33,6 +33,9 @@ pub enum Command {
         /// The TOML file to check.
         file: PathBuf,
     },
+    /// The fleet's exact percentiles, goodput and outcomes over a window, from the records
+    /// every replica shipped to ClickHouse (`[sink.clickhouse]`).
+    Report(crate::report::ReportArgs),
     /// Exact vs proxy-histogram vs engine-histogram TTFT / TPOT / E2E percentiles of a running
     /// proxy over one window, with the engines' counters over it.
     Compare(CompareArgs),

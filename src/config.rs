@@ -45,6 +45,8 @@ pub struct Config {
     pub measure: MeasureConfig,
     pub slo: SloConfig,
     pub engine: EngineConfig,
+    /// Record sinks besides the JSONL file of `[measure]`: `[sink.clickhouse]`.
+    pub sink: SinkSection,
     /// The built-in simulated engine used in demo mode (no `upstream.urls`); see the sim's
     /// own documentation for its fields. Not overridable from the environment.
     #[serde(skip_serializing)]
@@ -79,6 +81,9 @@ pub struct ServerConfig {
     pub drain_delay_ms: u64,
     /// After the drain delay, in-flight requests get this long to finish before they are cut, ms.
     pub grace_period_ms: u64,
+    /// This replica's name, written into every record (`instance`) so a fleet's records say
+    /// where they were measured. Default: the hostname (a pod's name in Kubernetes).
+    pub instance: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -95,6 +100,7 @@ impl Default for ServerConfig {
             paths: default_paths(),
             drain_delay_ms: 5_000,
             grace_period_ms: 30_000,
+            instance: None,
         }
     }
 }
@@ -214,6 +220,127 @@ impl Default for MeasureConfig {
             sink_queue: 65_536,
             goodput_window_s: 60,
         }
+    }
+}
+
+/// `[sink]`: where records go besides the ring and the JSONL file.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SinkSection {
+    /// `[sink.clickhouse]`: ship every record to ClickHouse. Default: unset (off).
+    pub clickhouse: Option<ClickHouseConfig>,
+}
+
+/// `[sink.clickhouse]`: records batched over ClickHouse's HTTP interface
+/// (`INSERT INTO db.table FORMAT JSONEachRow`, gzip), off the request path. See
+/// docs/clickhouse.md and config/clickhouse/schema.sql.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClickHouseConfig {
+    /// HTTP interface base URL, `http://host:8123` (http only).
+    pub url: String,
+    pub database: String,
+    pub table: String,
+    pub user: String,
+    /// Password; when unset it is read from the environment variable `password_env` (empty
+    /// when that is unset too).
+    pub password: Option<String>,
+    pub password_env: String,
+    /// Records per INSERT at most.
+    pub batch_size: usize,
+    /// A batch is sent at the latest this long after its first record, ms.
+    pub flush_interval_ms: u64,
+    /// Records waiting to be shipped at most (besides the batch being sent); beyond, new
+    /// records are dropped and counted in `goodput_proxy_records_dropped_total{sink="clickhouse"}`.
+    pub queue: usize,
+    /// Deadline for one INSERT (connect, send, answer), ms.
+    pub timeout_ms: u64,
+    /// First retry delay after a failed INSERT, ms; doubled per failure up to `retry_max_ms`.
+    pub retry_initial_ms: u64,
+    pub retry_max_ms: u64,
+    /// A batch the server answered with an error this many times in a row is dropped (and
+    /// counted): the data or the schema is wrong, not the network. A store that does not
+    /// answer at all is retried for as long as it takes (the queue bounds what waits).
+    pub max_attempts: u32,
+    /// Send the body gzip-compressed (`Content-Encoding: gzip`).
+    pub gzip: bool,
+}
+
+impl Default for ClickHouseConfig {
+    fn default() -> Self {
+        Self {
+            url: "http://127.0.0.1:8123".into(),
+            database: "goodput".into(),
+            table: "records".into(),
+            user: "default".into(),
+            password: None,
+            password_env: "CLICKHOUSE_PASSWORD".into(),
+            batch_size: 10_000,
+            flush_interval_ms: 1_000,
+            queue: 100_000,
+            timeout_ms: 10_000,
+            retry_initial_ms: 100,
+            retry_max_ms: 5_000,
+            max_attempts: 5,
+            gzip: true,
+        }
+    }
+}
+
+impl ClickHouseConfig {
+    /// The password: `password`, else the environment variable `password_env`, else empty.
+    pub fn resolved_password(&self) -> String {
+        self.password
+            .clone()
+            .or_else(|| std::env::var(&self.password_env).ok())
+            .unwrap_or_default()
+    }
+    pub fn flush_interval(&self) -> Duration {
+        ms(self.flush_interval_ms)
+    }
+    pub fn timeout(&self) -> Duration {
+        ms(self.timeout_ms)
+    }
+    pub fn retry_initial(&self) -> Duration {
+        ms(self.retry_initial_ms)
+    }
+    pub fn retry_max(&self) -> Duration {
+        ms(self.retry_max_ms)
+    }
+
+    fn validate(&self) -> Result<(), (&'static str, String)> {
+        let ident =
+            |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        crate::upstream::parse_base_url(&self.url)
+            .map_err(|m| ("sink.clickhouse.url", format!("`{}`: {m}", self.url)))?;
+        if !ident(&self.database) {
+            return Err((
+                "sink.clickhouse.database",
+                "letters, digits and _ only".into(),
+            ));
+        }
+        if !ident(&self.table) {
+            return Err(("sink.clickhouse.table", "letters, digits and _ only".into()));
+        }
+        for (field, v) in [
+            ("sink.clickhouse.batch_size", self.batch_size as u64),
+            ("sink.clickhouse.flush_interval_ms", self.flush_interval_ms),
+            ("sink.clickhouse.queue", self.queue as u64),
+            ("sink.clickhouse.timeout_ms", self.timeout_ms),
+            ("sink.clickhouse.retry_initial_ms", self.retry_initial_ms),
+            ("sink.clickhouse.max_attempts", u64::from(self.max_attempts)),
+        ] {
+            if v == 0 {
+                return Err((field, "must be positive".into()));
+            }
+        }
+        if self.retry_max_ms < self.retry_initial_ms {
+            return Err((
+                "sink.clickhouse.retry_max_ms",
+                "must be at least retry_initial_ms".into(),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -374,6 +501,19 @@ fn ms(v: u64) -> Duration {
 }
 
 impl ServerConfig {
+    /// `instance`, else the hostname (`/proc/sys/kernel/hostname`, then `$HOSTNAME`), else
+    /// `unknown`.
+    pub fn instance_name(&self) -> String {
+        if let Some(i) = &self.instance {
+            return i.clone();
+        }
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .map(|h| h.trim().to_string())
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "unknown".into())
+    }
     pub fn header_read_timeout(&self) -> Duration {
         ms(self.header_read_timeout_ms)
     }
@@ -567,6 +707,16 @@ impl Config {
                 "sink_queue and sink_max_bytes must be positive",
             );
         }
+        if let Some(ch) = &self.sink.clickhouse {
+            if let Err((field, message)) = ch.validate() {
+                return bad(field, &message);
+            }
+        }
+        if let Some(i) = &s.instance {
+            if i.is_empty() || i.len() > 256 {
+                return bad("server.instance", "1 to 256 characters");
+            }
+        }
         let e = &self.engine;
         if e.scrape_interval_ms == 0 || e.scrape_timeout_ms == 0 {
             return bad(
@@ -595,7 +745,7 @@ impl Config {
 fn is_optional_field(section: &str, field: &str) -> bool {
     matches!(
         (section, field),
-        ("server", "tls_cert" | "tls_key") | ("measure", "sink_path")
+        ("server", "tls_cert" | "tls_key" | "instance") | ("measure", "sink_path")
     )
 }
 
@@ -770,6 +920,52 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("upstream_label"), "{err}");
+    }
+
+    #[test]
+    fn clickhouse_sink_settings() {
+        assert!(
+            Config::default().sink.clickhouse.is_none(),
+            "off by default"
+        );
+        let c = Config::from_toml(
+            "[server]\ninstance = \"p-1\"\n[sink.clickhouse]\nurl = \"http://ch:8123\"\nbatch_size = 500\n",
+            "c.toml",
+        )
+        .unwrap();
+        c.validate("c.toml").unwrap();
+        let ch = c.sink.clickhouse.as_ref().unwrap();
+        assert_eq!(
+            (ch.batch_size, ch.flush_interval_ms, ch.queue),
+            (500, 1_000, 100_000)
+        );
+        assert_eq!(
+            (ch.database.as_str(), ch.table.as_str()),
+            ("goodput", "records")
+        );
+        assert_eq!(c.server.instance_name(), "p-1");
+        assert!(
+            !Config::default().server.instance_name().is_empty(),
+            "hostname"
+        );
+        let pw = ClickHouseConfig {
+            password: None,
+            password_env: "GOODPUT_TEST_SURELY_UNSET_VAR".into(),
+            ..Default::default()
+        };
+        assert_eq!(pw.resolved_password(), "");
+        for (toml, field) in [
+            ("url = \"https://ch\"", "sink.clickhouse.url"),
+            ("table = \"a;drop\"", "sink.clickhouse.table"),
+            ("batch_size = 0", "sink.clickhouse.batch_size"),
+            ("retry_max_ms = 1", "sink.clickhouse.retry_max_ms"),
+        ] {
+            let c = Config::from_toml(&format!("[sink.clickhouse]\n{toml}\n"), "c.toml").unwrap();
+            let msg = c.validate("c.toml").unwrap_err().to_string();
+            assert!(msg.contains(field), "{field}: {msg}");
+        }
+        let err = Config::from_toml("[sink.clickhouse]\nurls = []\n", "c.toml").unwrap_err();
+        assert!(err.to_string().contains("urls"), "{err}");
     }
 
     #[test]

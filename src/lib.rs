@@ -16,6 +16,8 @@ pub mod logging;
 pub mod measure;
 pub mod metrics;
 pub mod net;
+pub mod report;
 pub mod sim;
+pub mod sink;
 pub mod stack;
 pub mod upstream;

@@ -15,6 +15,7 @@ fn main() -> ExitCode {
         Some(Command::Serve(args)) => serve(args),
         Some(Command::CheckConfig { file }) => check_config(&file),
         Some(Command::Sim(args)) => sim(args),
+        Some(Command::Report(args)) => report(args),
         Some(Command::Compare(args)) => compare(&args),
     };
     match result {
@@ -59,6 +60,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
 fn sim(args: goodput_proxy::sim::SimArgs) -> anyhow::Result<()> {
     logging::init(&Default::default());
     runtime()?.block_on(goodput_proxy::sim::run_cli(args))
+}
+
+fn report(args: goodput_proxy::report::ReportArgs) -> anyhow::Result<()> {
+    runtime()?.block_on(goodput_proxy::report::run(args))
 }
 
 fn compare(args: &goodput_proxy::cli::CompareArgs) -> anyhow::Result<()> {

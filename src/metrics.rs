@@ -40,6 +40,9 @@ pub const OVERHEAD_BUCKETS: &[f64] = &[
 
 /// The label for any model not in the set.
 pub const OTHER_MODEL: &str = "other";
+
+/// The `sink` label's values.
+pub const SINKS: [&str; 2] = ["jsonl", "clickhouse"];
 /// Most models the label set learns (configured models always count): bounds series growth
 /// even if an upstream's `/v1/models` lists thousands.
 pub const MAX_LEARNED_MODELS: usize = 256;
@@ -230,7 +233,13 @@ pub struct Metrics {
     pub generation_tokens: IntCounterVec,
     pub in_flight: IntGaugeVec,
     pub overhead: Histogram,
-    pub records_dropped: IntCounter,
+    /// By `sink` (`jsonl`, `clickhouse`): records a sink dropped (queue full, or a batch the
+    /// store kept refusing).
+    pub records_dropped: IntCounterVec,
+    /// By `sink` (`clickhouse`): records the store acknowledged.
+    pub records_shipped: IntCounterVec,
+    /// By `sink` (`clickhouse`): failed delivery attempts (each is retried or counted dropped).
+    pub sink_errors: IntCounterVec,
     pub sse_discarded: IntCounter,
     /// Good / eligible requests over the sliding window, per model.
     pub goodput_ratio: GaugeVec,
@@ -330,9 +339,26 @@ impl Metrics {
                 )
                 .buckets(OVERHEAD_BUCKETS.to_vec()),
             )?,
-            records_dropped: IntCounter::new(
-                "goodput_proxy_records_dropped_total",
-                "Records the JSONL sink dropped because its queue was full.",
+            records_dropped: IntCounterVec::new(
+                Opts::new(
+                    "goodput_proxy_records_dropped_total",
+                    "Records a sink dropped: its queue was full, or the store kept refusing a batch.",
+                ),
+                &["sink"],
+            )?,
+            records_shipped: IntCounterVec::new(
+                Opts::new(
+                    "goodput_proxy_records_shipped_total",
+                    "Records a remote sink's store acknowledged.",
+                ),
+                &["sink"],
+            )?,
+            sink_errors: IntCounterVec::new(
+                Opts::new(
+                    "goodput_proxy_sink_errors_total",
+                    "Failed deliveries of a batch to a remote sink (retried, or dropped and counted).",
+                ),
+                &["sink"],
             )?,
             sse_discarded: IntCounter::new(
                 "goodput_proxy_sse_discarded_total",
@@ -380,6 +406,14 @@ impl Metrics {
         registry.register(Box::new(m.in_flight.clone()))?;
         registry.register(Box::new(m.overhead.clone()))?;
         registry.register(Box::new(m.records_dropped.clone()))?;
+        registry.register(Box::new(m.records_shipped.clone()))?;
+        registry.register(Box::new(m.sink_errors.clone()))?;
+        // Every sink's series exists from the start (a zero is a signal too).
+        for sink in SINKS {
+            m.records_dropped.with_label_values(&[sink]);
+        }
+        m.records_shipped.with_label_values(&["clickhouse"]);
+        m.sink_errors.with_label_values(&["clickhouse"]);
         registry.register(Box::new(m.goodput_ratio.clone()))?;
         registry.register(Box::new(m.goodput_ratio_overall.clone()))?;
         Ok(m)
@@ -631,8 +665,10 @@ mod tests {
                 "goodput_proxy_overhead_seconds",
                 "goodput_proxy_prompt_tokens_total",
                 "goodput_proxy_records_dropped_total",
+                "goodput_proxy_records_shipped_total",
                 "goodput_proxy_requests_in_flight",
                 "goodput_proxy_requests_total",
+                "goodput_proxy_sink_errors_total",
                 "goodput_proxy_sse_discarded_total",
                 "goodput_proxy_time_per_output_token_seconds",
                 "goodput_proxy_time_to_first_chunk_seconds",
@@ -670,13 +706,12 @@ mod tests {
         assert_eq!(TTFT_BUCKETS.len(), 22);
         assert_eq!(TPOT_BUCKETS.len(), 19);
         assert_eq!(E2E_BUCKETS.len(), 21);
-        // records_dropped_total exists even before a drop (a zero is a signal too).
-        assert_eq!(
-            family(&fams, "goodput_proxy_records_dropped_total").get_metric()[0]
-                .get_counter()
-                .get_value(),
-            0.0
-        );
+        // records_dropped_total exists per sink even before a drop (a zero is a signal too).
+        let dropped = family(&fams, "goodput_proxy_records_dropped_total").get_metric();
+        let mut sinks: Vec<&str> = dropped.iter().map(|m| m.get_label()[0].value()).collect();
+        sinks.sort_unstable();
+        assert_eq!(sinks, ["clickhouse", "jsonl"]);
+        assert!(dropped.iter().all(|m| m.get_counter().get_value() == 0.0));
     }
 
     #[test]

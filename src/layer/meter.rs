@@ -32,10 +32,10 @@ use crate::error::{BoxError, ProxyError};
 use crate::measure::meter::{Measurement, StreamMeter};
 use crate::measure::outcome::{Ending, Outcome};
 use crate::measure::record::{RecordRing, RequestRecord, DEFAULT_GAP_CAPACITY};
-use crate::measure::sink::RecordSink;
 use crate::measure::slo::{judge, Slo, SloTable};
 use crate::measure::usage::inject_include_usage;
 use crate::metrics::{Metrics, RequestMetrics, OTHER_MODEL};
+use crate::sink::Sinks;
 use crate::stack::ProxyBody;
 use crate::upstream::deadline::DeadlineError;
 use crate::upstream::forward::ServedBy;
@@ -49,7 +49,9 @@ pub struct Meter {
     metrics: Metrics,
     slo: SloTable,
     ring: RecordRing,
-    sink: Option<RecordSink>,
+    sinks: Sinks,
+    /// This replica's name (`server.instance`), written into every record.
+    instance: Arc<str>,
     usage_injection: bool,
     /// `[measure] enabled`: when false both layers forward without recording anything.
     enabled: bool,
@@ -65,18 +67,25 @@ impl Meter {
         metrics: Metrics,
         slo: SloTable,
         records: usize,
-        sink: Option<RecordSink>,
+        sinks: Sinks,
         usage_injection: bool,
     ) -> Self {
         Self {
             metrics,
             slo,
             ring: RecordRing::new(records, DEFAULT_GAP_CAPACITY, Instant::now()),
-            sink,
+            sinks,
+            instance: Arc::from(""),
             usage_injection,
             enabled: true,
             unknown_model: Notify::new(),
         }
+    }
+
+    /// Names this replica in every record (`server.instance`).
+    pub fn with_instance(mut self, instance: &str) -> Self {
+        self.instance = Arc::from(instance);
+        self
     }
 
     /// Forward without metering (`[measure] enabled = false`): nothing is recorded.
@@ -135,19 +144,20 @@ struct Pending {
 impl Pending {
     fn record(self, m: Measurement, upstream: Option<&str>) {
         let v = judge(&m, &self.slo);
-        let rec = Arc::new(RequestRecord::new(
-            self.id.to_string(),
-            self.rm.model().to_string(),
-            upstream.map(str::to_string),
-            self.start_unix_ms,
-            Instant::now(),
-            &m,
-            v,
-        ));
+        let rec = Arc::new(
+            RequestRecord::new(
+                self.id.to_string(),
+                self.rm.model().to_string(),
+                upstream.map(str::to_string),
+                self.start_unix_ms,
+                Instant::now(),
+                &m,
+                v,
+            )
+            .with_instance(&self.meter.instance),
+        );
         self.rm.finish(&m, &v);
-        if let Some(sink) = &self.meter.sink {
-            sink.send(rec.clone());
-        }
+        self.meter.sinks.send(&rec);
         self.meter.ring.push(rec, m.itl_gaps);
     }
 }

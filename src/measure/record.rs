@@ -56,6 +56,8 @@ pub struct RequestRecord {
     pub usage_stripped: bool,
     /// Which SLOs held (`null`: not applicable), and whether the request was good.
     pub slo: SloVerdict,
+    /// The proxy replica that measured it (`server.instance`, default the hostname).
+    pub instance: String,
     /// Monotonic end instant, for `/stats` windows (not serialized).
     #[serde(skip)]
     pub end: Instant,
@@ -96,8 +98,15 @@ impl RequestRecord {
             usage_injected: m.usage_injected,
             usage_stripped: m.usage_stripped,
             slo,
+            instance: String::new(),
             end,
         }
+    }
+
+    /// The same record, naming the replica that measured it.
+    pub fn with_instance(mut self, instance: &str) -> Self {
+        instance.clone_into(&mut self.instance);
+        self
     }
 
     /// The TPOT values this record adds to statistics: one per choice with a defined TPOT.
@@ -517,6 +526,7 @@ mod tests {
             "usage_injected",
             "usage_stripped",
             "slo",
+            "instance",
         ] {
             assert!(v.get(key).is_some(), "{key}");
         }

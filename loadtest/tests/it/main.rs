@@ -1,8 +1,11 @@
 //! The load generator's integration tests, in ONE binary (one link instead of one per file).
 //! Add a test file as a module here. The headless-Chromium test is `#[ignore]`d; run it alone
-//! with `cargo test -p goodput-loadtest --test it chromium -- --ignored`.
+//! with `cargo test -p goodput-loadtest --test it chromium -- --ignored`. The ClickHouse tests
+//! are `#[ignore]`d too (they need a server): `.ci/run` runs them as
+//! `cargo test -p goodput-loadtest --test it clickhouse:: -- --ignored --test-threads=1`.
 
 mod chromium;
+mod clickhouse;
 mod client_stub;
 mod compare_fake_proxy;
 mod proxy_e2e;
