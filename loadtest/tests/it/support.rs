@@ -1,7 +1,7 @@
 //! Helpers shared by the load generator's integration tests.
 
 /// Held by the tests that run load against the simulator and compare timings within a few ms
-/// (`proxy_e2e`, `sim_e2e`), so that no two of them share the 2 cores at once (each was
+/// (`proxy_e2e`, `proxy_stats_agree`, `sim_e2e`), so that no two of them share the 2 cores at once (each was
 /// alone in its own binary before the merge). Take it first: `let _serial = serial().await;`
 pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
     static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
