@@ -1,13 +1,13 @@
 //! Chunk inspection: what one SSE data payload (or one non-streaming JSON body) says about
 //! output, finish and usage, read in one pass over its bytes by the cursor of
-//! [`crate::measure::scan`]: no tree, no copy, nothing unescaped or allocated per chunk.
+//! [`crate::scan`]: no tree, no copy, nothing unescaped or allocated per chunk.
 
 use std::ops::Range;
 
 use serde::Deserialize;
 
-use crate::measure::outcome::FinishReason;
-use crate::measure::scan::{Cursor, Malformed, Scan, Str};
+use crate::outcome::FinishReason;
+use crate::scan::{Cursor, Malformed, Scan, Str};
 
 /// Choices kept per chunk. vLLM and OpenAI send one choice per streamed chunk; a chunk with
 /// more keeps the first ones here and counts all of them in [`ChunkInfo::choice_count`].
@@ -132,7 +132,7 @@ pub fn inspect_chunk(data: &[u8]) -> ChunkInfo {
     scan_event(data).info
 }
 
-/// Inspect one SSE data payload in one pass over its bytes (see [`crate::measure::scan`]).
+/// Inspect one SSE data payload in one pass over its bytes (see [`crate::scan`]).
 ///
 /// The reading, field by field (the differential test beside this file holds it against a
 /// `serde_json::Value` of the same payload): a key that appears twice counts once, the last
@@ -447,8 +447,8 @@ mod differential;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::body::sse::SseParser;
-    use crate::measure::fixtures::capture;
+    use crate::fixtures::capture;
+    use crate::sse::SseParser;
     use FinishReason::*;
 
     /// (payload, kind, choices, output, tokens, finish, usage (prompt, completion))

@@ -1,5 +1,5 @@
 //! A validating, zero-copy JSON cursor over bytes: the one pass under event inspection
-//! ([`crate::measure::inspect`]). It walks a JSON text once, hands its caller every object key
+//! ([`crate::inspect`]). It walks a JSON text once, hands its caller every object key
 //! and array element in order, and skips what the caller does not read. No tree is built, no
 //! byte is copied, strings are not unescaped: the few the caller compares (keys, finish
 //! reasons) are compared escape-aware ([`Str::is`]).

@@ -2,7 +2,7 @@
 //! real vLLM captures, the simulator's output, and generated events.
 //!
 //! The oracle reads a `Value` and applies the field rules of [`scan_event`]'s docs; it shares
-//! no code with the scanner. Where the scanner is deliberately lax (see `measure/scan.rs`:
+//! no code with the scanner. Where the scanner is deliberately lax (see `scan.rs`:
 //! UTF-8 inside strings, unpaired surrogate escapes, number magnitudes), [`lax`] rewrites the
 //! payload first so that `Value` accepts it too, changing nothing the rules look at; a test
 //! below pins that `lax` only ever turns a text that `serde_json` skips as valid (`IgnoredAny`)
@@ -13,7 +13,7 @@ use serde::de::IgnoredAny;
 use serde_json::{Map, Value};
 
 use super::*;
-use crate::body::sse::SseParser;
+use crate::sse::SseParser;
 
 /// What the scanner does not check, made acceptable to `serde_json::Value`: invalid UTF-8
 /// replaced (U+FFFD), every surrogate escape replaced by `\uFFFD`, every exponent of three or
@@ -313,7 +313,7 @@ impl Seen {
 
 #[test]
 fn every_real_capture() {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/vllm-0.32");
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/vllm-0.32");
     let mut files = 0;
     let mut seen = Seen::default();
     for entry in std::fs::read_dir(dir).unwrap() {
@@ -334,10 +334,10 @@ fn every_real_capture() {
 /// continuous usage, stop strings, early finishes, the malformed chunk and the error event.
 #[test]
 fn the_simulators_output() {
-    use crate::sim::errors::stream_error_event;
-    use crate::sim::gen::Generation;
-    use crate::sim::render::{Finish, Templates, DONE};
-    use crate::sim::request::{parse, Api};
+    use goodput_sim::errors::stream_error_event;
+    use goodput_sim::gen::Generation;
+    use goodput_sim::render::{Finish, Templates, DONE};
+    use goodput_sim::request::{parse, Api};
     use bytes::BytesMut;
 
     let requests: &[(Api, &str)] = &[
