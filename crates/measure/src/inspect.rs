@@ -152,29 +152,21 @@ pub fn scan_event(data: &[u8]) -> EventScan {
         scan.info.kind = ChunkKind::Done;
         return scan;
     }
-    let Ok(mut body) = read_body(data) else {
-        return scan;
-    };
-    scan.fingerprint = body
-        .fingerprint
-        .take()
-        .map(|r| r.start + lead..r.end + lead);
-    if body.is_error() {
-        scan.info.kind = ChunkKind::Error;
-        return scan;
-    }
-    let info = &mut scan.info;
-    if body.choices.is_some() || body.usage.is_some() {
-        info.kind = ChunkKind::Chunk;
-    }
-    info.usage = body.usage;
-    if let Some(c) = body.choices {
-        info.choice_count = c.total;
-        info.finished_count = c.finished;
-        info.output = c.output;
-        info.tokens = c.tokens;
-        info.choices = c.items;
-        info.kept = c.kept;
+    match read_body(data, &mut scan.info) {
+        Ok(body) => {
+            scan.info.kind = if body.is_error() {
+                ChunkKind::Error
+            } else if body.choices || scan.info.usage.is_some() {
+                ChunkKind::Chunk
+            } else {
+                ChunkKind::Unknown
+            };
+            if scan.info.kind != ChunkKind::Chunk {
+                scan.info = ChunkInfo::of_kind(scan.info.kind);
+            }
+            scan.fingerprint = body.fingerprint.map(|r| r.start + lead..r.end + lead);
+        }
+        Err(Malformed) => scan.info = ChunkInfo::of_kind(ChunkKind::Unknown),
     }
     scan
 }
@@ -190,17 +182,18 @@ pub fn inspect_response(body: &[u8]) -> ResponseInfo {
         finish_reason: None,
         usage: None,
     };
-    let Ok(raw) = read_body(body.trim_ascii()) else {
+    let mut chunk = ChunkInfo::of_kind(ChunkKind::Unknown);
+    let Ok(raw) = read_body(body.trim_ascii(), &mut chunk) else {
         return info;
     };
     info.parsed = true;
     info.error = raw.is_error();
-    info.usage = raw.usage;
-    if let Some(c) = raw.choices {
-        info.choice_count = c.total;
-        info.finished_count = c.finished;
-        info.failed_count = c.failed;
-        let kept = &c.items[..c.kept as usize];
+    info.usage = chunk.usage;
+    if raw.choices {
+        info.choice_count = chunk.choice_count;
+        info.finished_count = chunk.finished_count;
+        info.failed_count = raw.failed;
+        let kept = chunk.choices();
         info.finish_reason = kept
             .iter()
             .find_map(|c| c.finish.filter(|f| f.engine_gave_up()))
@@ -209,11 +202,13 @@ pub fn inspect_response(body: &[u8]) -> ResponseInfo {
     info
 }
 
-/// The top-level fields of a chunk or response body.
+/// The top-level fields of a chunk or response body besides what goes into its [`ChunkInfo`].
 #[derive(Default)]
 struct Body {
-    choices: Option<Choices>,
-    usage: Option<Usage>,
+    /// `choices` is present and not `null`.
+    choices: bool,
+    /// Choices that finished with `abort` or `error`.
+    failed: u32,
     /// `error` is present and not `null`.
     error: bool,
     /// `object` is `"error"`.
@@ -252,13 +247,23 @@ const BODY_KEYS: &[&[u8]] = &[
     b"system_fingerprint",
 ];
 
-fn read_body(data: &[u8]) -> Scan<Body> {
+/// Reads the top level; the choices and usage go straight into `out` (no copy of the choice
+/// array per event), the rest is returned.
+fn read_body(data: &[u8], out: &mut ChunkInfo) -> Scan<Body> {
     let mut c = Cursor::new(data);
     let mut body = Body::default();
-    let (mut choices, mut usage) = (Ok(None), Ok(None));
+    let (mut choices, mut usage) = (Ok(()), Ok(None));
     c.object(|c, key| {
         match key.one_of(BODY_KEYS) {
-            Some(0) => choices = nullable(c, read_choices)?,
+            Some(0) => {
+                clear_choices(out, &mut body);
+                body.choices = !c.null();
+                choices = if body.choices {
+                    c.read_or_skip(|c| read_choices(c, out, &mut body.failed))?
+                } else {
+                    Ok(())
+                };
+            }
             Some(1) => usage = nullable(c, read_usage)?,
             Some(2) => {
                 body.error = if c.null() {
@@ -288,9 +293,20 @@ fn read_body(data: &[u8]) -> Scan<Body> {
         Ok(())
     })?;
     c.end()?;
-    body.choices = choices?;
-    body.usage = usage?;
+    choices?;
+    out.usage = usage?;
     Ok(body)
+}
+
+/// Forget an earlier `choices` (a later one replaces it), leaving no stale entry behind.
+fn clear_choices(out: &mut ChunkInfo, body: &mut Body) {
+    out.choices[..out.kept as usize].fill(ChoiceInfo::default());
+    out.choice_count = 0;
+    out.finished_count = 0;
+    out.output = false;
+    out.tokens = 0;
+    out.kept = 0;
+    body.failed = 0;
 }
 
 fn read_usage(c: &mut Cursor<'_>) -> Scan<Usage> {
@@ -309,30 +325,20 @@ fn read_usage(c: &mut Cursor<'_>) -> Scan<Usage> {
     })
 }
 
-fn read_choices(c: &mut Cursor<'_>) -> Scan<Choices> {
-    let mut all = Choices {
-        items: [ChoiceInfo::default(); MAX_CHOICES_PER_CHUNK],
-        kept: 0,
-        total: 0,
-        finished: 0,
-        failed: 0,
-        output: false,
-        tokens: 0,
-    };
+fn read_choices(c: &mut Cursor<'_>, out: &mut ChunkInfo, failed: &mut u32) -> Scan<()> {
     c.array(|c| {
         let s = read_choice(c)?;
-        all.total = all.total.saturating_add(1);
-        all.finished += u32::from(s.finish.is_some());
-        all.failed += u32::from(s.finish.is_some_and(FinishReason::engine_gave_up));
-        all.output |= s.output;
-        all.tokens = all.tokens.saturating_add(s.tokens);
-        if (all.kept as usize) < MAX_CHOICES_PER_CHUNK {
-            all.items[all.kept as usize] = s;
-            all.kept += 1;
+        out.choice_count = out.choice_count.saturating_add(1);
+        out.finished_count += u32::from(s.finish.is_some());
+        *failed += u32::from(s.finish.is_some_and(FinishReason::engine_gave_up));
+        out.output |= s.output;
+        out.tokens = out.tokens.saturating_add(s.tokens);
+        if let Some(slot) = out.choices.get_mut(out.kept as usize) {
+            *slot = s;
+            out.kept += 1;
         }
         Ok(())
-    })?;
-    Ok(all)
+    })
 }
 
 const CHOICE_KEYS: &[&[u8]] = &[b"index", b"delta", b"text", b"finish_reason", b"logprobs"];
@@ -428,17 +434,6 @@ fn finish_reason(s: Str<'_>) -> FinishReason {
         .into_iter()
         .find(|r| s.is(r.as_str().as_bytes()))
         .unwrap_or(FinishReason::Other)
-}
-
-/// The `choices` array folded into a fixed-size summary (no `Vec` per chunk).
-struct Choices {
-    items: [ChoiceInfo; MAX_CHOICES_PER_CHUNK],
-    kept: u8,
-    total: u32,
-    finished: u32,
-    failed: u32,
-    output: bool,
-    tokens: u32,
 }
 
 #[cfg(test)]

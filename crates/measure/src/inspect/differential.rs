@@ -313,7 +313,10 @@ impl Seen {
 
 #[test]
 fn every_real_capture() {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/vllm-0.32");
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/fixtures/vllm-0.32"
+    );
     let mut files = 0;
     let mut seen = Seen::default();
     for entry in std::fs::read_dir(dir).unwrap() {
@@ -334,11 +337,11 @@ fn every_real_capture() {
 /// continuous usage, stop strings, early finishes, the malformed chunk and the error event.
 #[test]
 fn the_simulators_output() {
+    use bytes::BytesMut;
     use goodput_sim::errors::stream_error_event;
     use goodput_sim::gen::Generation;
     use goodput_sim::render::{Finish, Templates, DONE};
     use goodput_sim::request::{parse, Api};
-    use bytes::BytesMut;
 
     let requests: &[(Api, &str)] = &[
         (
