@@ -17,8 +17,8 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
 use super::strip::StripReport;
-use crate::measure::meter::{Measurement, StreamMeter};
-use crate::measure::outcome::Ending;
+use goodput_measure::meter::{Measurement, StreamMeter};
+use goodput_measure::outcome::Ending;
 
 /// Called once with the request's measurement (the proxy: metrics + record). `Sync` so that
 /// the body stays `Sync` (e.g. for `http_body_util::combinators::BoxBody`).

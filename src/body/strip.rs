@@ -12,8 +12,8 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use crate::measure::inspect::Usage;
-use crate::measure::usage::UsageStripper;
+use goodput_measure::inspect::Usage;
+use goodput_measure::usage::UsageStripper;
 
 /// What a strip body tells the meter: the usage it removed (the client never sees that chunk)
 /// and whether it gave up stripping at its memory bound. Shared by the strip body (writer) and
@@ -145,7 +145,15 @@ mod tests {
     use http_body_util::{BodyExt, StreamBody};
 
     use super::*;
-    use crate::measure::fixtures::capture;
+
+    /// A vLLM 0.32 capture's response body (after the HTTP head).
+    fn capture(raw: &'static [u8]) -> &'static [u8] {
+        let at = raw
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .expect("a capture");
+        &raw[at + 4..]
+    }
 
     fn frames(body: &[u8]) -> impl Body<Data = Bytes, Error = Infallible> {
         let frames: Vec<Result<Frame<Bytes>, Infallible>> = body
@@ -157,7 +165,9 @@ mod tests {
 
     #[tokio::test]
     async fn strips_the_usage_chunk_and_reports_its_usage() {
-        let body = capture("stream-chat-usage.txt").body;
+        let body = capture(include_bytes!(
+            "../../tests/fixtures/vllm-0.32/stream-chat-usage.txt"
+        ));
         let report = Arc::new(StripReport::default());
         let out = StripBody::new(frames(body), report.clone())
             .collect()
@@ -176,7 +186,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_stream_without_usage_passes_and_reports_none() {
-        let body = capture("stream-chat.txt").body;
+        let body = capture(include_bytes!(
+            "../../tests/fixtures/vllm-0.32/stream-chat.txt"
+        ));
         let report = Arc::new(StripReport::default());
         let out = StripBody::new(frames(body), report.clone())
             .collect()

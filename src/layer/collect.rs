@@ -14,8 +14,8 @@ use tower::{Layer, Service};
 use super::context::{RequestContext, RequestFacts};
 use super::{Around, ResponseFuture, Wrapped};
 use crate::error::{BoxError, ProxyError};
-use crate::measure::request::{peek_request, RequestPeek};
 use crate::stack::ProxyBody;
+use goodput_measure::request::{peek_request, RequestPeek};
 
 #[derive(Debug, Clone, Copy)]
 pub struct CollectLayer {

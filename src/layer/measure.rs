@@ -30,15 +30,15 @@ use tower::{Layer, Service};
 use super::context::RequestContext;
 use crate::body::metered::{MeteredBody, OnFinish};
 use crate::error::{BoxError, ProxyError};
-use crate::measure::meter::{Measurement, StreamMeter};
-use crate::measure::outcome::{Ending, Outcome};
-use crate::measure::record::{RecordRing, RequestRecord, DEFAULT_GAP_CAPACITY};
-use crate::measure::slo::{judge, Slo, SloTable};
 use crate::metrics::{Metrics, RequestMetrics, OTHER_MODEL};
 use crate::sink::Sinks;
 use crate::stack::ProxyBody;
 use crate::upstream::deadline::DeadlineError;
 use crate::upstream::forward::ServedBy;
+use goodput_measure::meter::{Measurement, StreamMeter};
+use goodput_measure::outcome::{Ending, Outcome};
+use goodput_measure::record::{RecordRing, RequestRecord, DEFAULT_GAP_CAPACITY};
+use goodput_measure::slo::{judge, Slo, SloTable};
 
 /// ITL gaps kept per request for exact `/stats` percentiles (beyond, the histogram still
 /// counts every gap).

@@ -21,8 +21,8 @@ use super::measure::is_generation;
 use super::{Around, ResponseFuture, Wrapped};
 use crate::body::strip::{StripBody, StripReport};
 use crate::error::ProxyError;
-use crate::measure::usage::inject_include_usage;
 use crate::stack::ProxyBody;
+use goodput_measure::usage::inject_include_usage;
 
 #[derive(Debug, Clone, Copy)]
 pub struct UsageLayer {
