@@ -20,6 +20,7 @@ use crate::layer::limit::InFlightLimitLayer;
 use crate::layer::meter::{Meter, MeterLayer, RecordRejectionsLayer};
 use crate::layer::request_id::RequestIdLayer;
 use crate::layer::route::RouteLayer;
+use crate::limits::Limits;
 use crate::upstream::{Forward, Upstreams};
 
 /// Every response body the proxy returns: boxed so a wrapper (the meter) can be slotted in.
@@ -49,15 +50,22 @@ where
 /// Builds the public stack for `config`, forwarding to `upstreams`, measured by `meter`.
 /// Inner first (each stage boxes the one below, see [`Stage`]); read the comments bottom-up for
 /// the order a request travels, outermost first.
-pub fn build(config: &Config, upstreams: Arc<Upstreams>, meter: Arc<Meter>) -> ProxyService {
+pub fn build(
+    config: &Config,
+    limits: &Limits,
+    upstreams: Arc<Upstreams>,
+    meter: Arc<Meter>,
+) -> ProxyService {
     use tower::Layer;
     let s = &config.server;
     // Innermost, around forwarding: it needs RequestFacts (model, stream) from collect,
     // may rewrite the collected body (usage injection), sees forwarding's typed errors
     // (connect failure, first-byte timeout), and wraps the upstream body as it leaves.
     let inner: Stage<Bytes> = stage(MeterLayer::new(meter.clone()).layer(Forward::new(upstreams)));
-    // Bounded body read (413) + RequestFacts (model, stream, t0) for meter and shaping.
-    let inner: Stage<Incoming> = stage(CollectLayer::new(s.max_body_bytes).layer(inner));
+    // Bounded body read (413, 408 on a stalled upload) + RequestFacts (model, stream, t0) for
+    // meter and shaping.
+    let inner: Stage<Incoming> =
+        stage(CollectLayer::new(s.max_body_bytes, limits.body_idle_timeout).layer(inner));
     // Unknown paths get 404 before the body is read or the upstream touched.
     let inner: Stage<Incoming> = stage(RouteLayer::new(&s.paths).layer(inner));
     // AUTH: an auth layer belongs here: after errors are mapped, before any work is spent.

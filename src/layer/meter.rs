@@ -185,8 +185,10 @@ fn error_outcome(e: &ProxyError) -> Outcome {
         ProxyError::FirstByteTimeout { .. } => Outcome::Timeout,
         // The request body could not be read: the client went away (or broke its upload).
         ProxyError::ClientBody(_) => Outcome::ClientAbort,
+        // A stalled upload is the client's doing, answered by the proxy (408).
         ProxyError::NotFound { .. }
         | ProxyError::BodyTooLarge { .. }
+        | ProxyError::BodyTimeout { .. }
         | ProxyError::Overloaded { .. } => Outcome::Rejected,
     }
 }
@@ -424,6 +426,7 @@ mod tests {
                 Outcome::Rejected,
             ),
             (ProxyError::BodyTooLarge { limit: 1 }, Outcome::Rejected),
+            (ProxyError::BodyTimeout { ms: 1 }, Outcome::Rejected),
             (
                 ProxyError::Overloaded {
                     limit: 1,

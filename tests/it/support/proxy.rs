@@ -170,7 +170,9 @@ pub async fn start_fake() -> Fake {
             let st = st.clone();
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(move |req| fake_handle(st.clone(), req));
+                // Room for a client's 100 fields plus the ones the proxy adds.
                 let _ = hyper::server::conn::http1::Builder::new()
+                    .max_headers(200)
                     .serve_connection(TokioIo::new(io), svc)
                     .await;
             });
