@@ -22,6 +22,7 @@ use crate::sink::clickhouse::{ClickHouseSink, SinkCounters};
 use crate::sink::Sinks;
 use crate::stack;
 use crate::upstream::discover::{Discovery, DnsTarget, Resolver, SystemResolver};
+use crate::upstream::headers::Forwarded;
 use crate::upstream::{health, Upstreams};
 
 /// What the admin routes and the meter share with the running proxy.
@@ -48,6 +49,7 @@ pub struct App {
     demo: Option<DemoEngine>,
     discovery: Option<Discovery>,
     limits: Limits,
+    forwarded: Forwarded,
 }
 
 /// The built-in simulated engine started when no upstream is configured.
@@ -141,7 +143,14 @@ impl App {
             demo,
             discovery,
             limits: Limits::default(),
+            forwarded: Forwarded::default(),
         })
+    }
+
+    /// How many proxies in front of this one are trusted with `X-Forwarded-*` (default none).
+    pub fn with_forwarded(mut self, forwarded: Forwarded) -> App {
+        self.forwarded = forwarded;
+        self
     }
 
     /// Replaces the listener and body-read limits (checked: a value hyper would panic on, or
@@ -201,10 +210,12 @@ impl App {
             demo,
             discovery,
             limits,
+            forwarded,
         } = self;
         let service = stack::build(
             &config,
             &limits,
+            forwarded,
             state.upstreams.clone(),
             state.meter.clone(),
         );

@@ -21,6 +21,7 @@ use crate::layer::meter::{Meter, MeterLayer, RecordRejectionsLayer};
 use crate::layer::request_id::RequestIdLayer;
 use crate::layer::route::RouteLayer;
 use crate::limits::Limits;
+use crate::upstream::headers::Forwarded;
 use crate::upstream::{Forward, Upstreams};
 
 /// Every response body the proxy returns: boxed so a wrapper (the meter) can be slotted in.
@@ -53,6 +54,7 @@ where
 pub fn build(
     config: &Config,
     limits: &Limits,
+    forwarded: Forwarded,
     upstreams: Arc<Upstreams>,
     meter: Arc<Meter>,
 ) -> ProxyService {
@@ -61,7 +63,8 @@ pub fn build(
     // Innermost, around forwarding: it needs RequestFacts (model, stream) from collect,
     // may rewrite the collected body (usage injection), sees forwarding's typed errors
     // (connect failure, first-byte timeout), and wraps the upstream body as it leaves.
-    let inner: Stage<Bytes> = stage(MeterLayer::new(meter.clone()).layer(Forward::new(upstreams)));
+    let inner: Stage<Bytes> =
+        stage(MeterLayer::new(meter.clone()).layer(Forward::new(upstreams, forwarded)));
     // Bounded body read (413, 408 on a stalled upload) + RequestFacts (model, stream, t0) for
     // meter and shaping.
     let inner: Stage<Incoming> =
