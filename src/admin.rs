@@ -13,8 +13,8 @@ use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 
 use crate::app::AppState;
-use crate::measure::record::{parse_stats_query, StatsQueryError};
 use crate::stack::ProxyService;
+use goodput_measure::record::{parse_stats_query, StatsQueryError};
 use tokio::time::Instant;
 
 /// The admin routes as a service the one accept loop (`listener::serve`) can run: the same
