@@ -8,6 +8,7 @@
 //! - `serial()`: a lock for timing-sensitive and CPU-heavy tests (see there).
 #![allow(dead_code)]
 
+pub mod binary;
 pub mod meter;
 pub mod prom;
 pub mod proxy;
