@@ -11,7 +11,7 @@ use tokio::net::TcpListener;
 
 use crate::config::{Config, UsageInjection};
 use crate::engine::{self, Engines};
-use crate::layer::meter::Meter;
+use crate::layer::measure::Meter;
 use crate::limits::Limits;
 use crate::listener::{self, ReloadableTls, ServeOptions};
 use crate::metrics::{Metrics, ModelLabels};

@@ -20,8 +20,7 @@ use super::deadline::DeadlineBody;
 use super::headers::{strip_hop_by_hop, Forwarded, Hop};
 use super::Upstreams;
 use crate::error::ProxyError;
-use crate::layer::collect::RequestFacts;
-use crate::layer::request_id::X_REQUEST_ID;
+use crate::layer::context::{RequestContext, X_REQUEST_ID};
 use crate::listener::ConnInfo;
 use crate::stack::ProxyBody;
 
@@ -166,8 +165,8 @@ fn upstream_headers(parts: &http::request::Parts, forwarded: Forwarded) -> http:
         host: host.as_deref(),
     };
     forwarded.apply(&mut h, hop);
-    if let Some(facts) = parts.extensions.get::<RequestFacts>() {
-        if let Ok(v) = HeaderValue::from_str(&facts.request_id) {
+    if let Some(ctx) = RequestContext::of(&parts.extensions) {
+        if let Ok(v) = HeaderValue::from_str(&ctx.id) {
             h.insert(X_REQUEST_ID, v);
         }
     }
