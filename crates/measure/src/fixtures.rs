@@ -26,6 +26,34 @@ pub const CAPTURES: &[(&str, &[u8])] = &[
         capture!("stream-completions-logprobs.txt"),
     ),
     ("nonstream-chat.txt", capture!("nonstream-chat.txt")),
+    (
+        "stream-chat-tool-named.txt",
+        capture!("stream-chat-tool-named.txt"),
+    ),
+    (
+        "stream-chat-tool-named-logprobs.txt",
+        capture!("stream-chat-tool-named-logprobs.txt"),
+    ),
+    (
+        "stream-chat-tool-required.txt",
+        capture!("stream-chat-tool-required.txt"),
+    ),
+    (
+        "stream-chat-tool-auto.txt",
+        capture!("stream-chat-tool-auto.txt"),
+    ),
+    (
+        "nonstream-chat-tool-named.txt",
+        capture!("nonstream-chat-tool-named.txt"),
+    ),
+    (
+        "stream-chat-reasoning.txt",
+        capture!("stream-chat-reasoning.txt"),
+    ),
+    (
+        "nonstream-chat-reasoning.txt",
+        capture!("nonstream-chat-reasoning.txt"),
+    ),
     ("error-too-long.txt", capture!("error-too-long.txt")),
     (
         "error-unknown-model.txt",

@@ -2,11 +2,13 @@
 //! client, so both measure by the definitions of DESIGN.md. Pure: instants and bytes in,
 //! a [`Measurement`] out; it never reads a clock.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
 use tokio::time::Instant;
 
+use crate::agent::{inspect_response_agent, AgentMeter, AgentSummary, ToolSet};
 use crate::inspect::{inspect_chunk, inspect_response, ChunkInfo, ChunkKind, Usage};
 use crate::outcome::{Ending, FinishReason, Outcome};
 use crate::sse::{SseEvent, SseParser};
@@ -66,6 +68,9 @@ pub struct Measurement {
     /// (the proxy keeps them for exact `/stats` ITL percentiles); empty otherwise.
     #[serde(skip)]
     pub itl_gaps: Vec<f32>,
+    /// Reasoning and tool-call phases and validity (issue 13), when the response carried
+    /// reasoning or a tool call.
+    pub agent: Option<AgentSummary>,
 }
 
 impl Measurement {
@@ -94,6 +99,7 @@ impl Measurement {
             usage_injected: false,
             usage_stripped: false,
             itl_gaps: Vec::new(),
+            agent: None,
         }
     }
 
@@ -155,11 +161,13 @@ struct Timeline {
     /// Kept gaps (seconds) and how many at most.
     gaps: Vec<f32>,
     gap_cap: usize,
+    agent: AgentMeter,
 }
 
 impl Timeline {
     fn new(t0: Instant) -> Self {
         Self {
+            agent: AgentMeter::new(t0),
             t0,
             t_headers: None,
             t_first_chunk: None,
@@ -208,7 +216,10 @@ impl Timeline {
             ChunkKind::Done => self.done = true,
             ChunkKind::Error => self.inband_error = true,
             ChunkKind::Unknown => {}
-            ChunkKind::Chunk => self.on_chunk(t, &info, on_gap),
+            ChunkKind::Chunk => {
+                self.on_chunk(t, &info, on_gap);
+                self.agent.on_event(t, ev.data, info.output);
+            }
         }
     }
 
@@ -316,6 +327,8 @@ pub struct StreamMeter {
     body_overflow: bool,
     /// When the last frame was served: a final event flushed by `finish` arrived then.
     last_frame: Option<Instant>,
+    /// The request's `tools`, to judge tool calls by.
+    tools: Option<Arc<ToolSet>>,
 }
 
 impl StreamMeter {
@@ -328,7 +341,14 @@ impl StreamMeter {
             body: Vec::new(),
             body_overflow: false,
             last_frame: None,
+            tools: None,
         }
+    }
+
+    /// Judge tool calls against the request's `tools` (their JSON Schemas).
+    pub fn with_tools(mut self, tools: Option<Arc<ToolSet>>) -> Self {
+        self.tools = tools;
+        self
     }
 
     /// Keep up to `cap` ITL gaps in [`Measurement::itl_gaps`]. The log grows by doubling (a
@@ -405,6 +425,10 @@ impl StreamMeter {
             m.itl_max = tl.itl_max;
             m.output_events = tl.output_events;
             m.itl_gaps = std::mem::take(&mut tl.gaps);
+            let a = tl.agent.finish(self.tools.as_deref());
+            if a.tool_calls > 0 || a.reasoning_tokens.is_some() {
+                m.agent = Some(a);
+            }
             m.prompt_tokens = tl.prompt_tokens;
             m.tokens_exact = tl.usage_completion.is_some();
             m.completion_tokens = tl.usage_completion.or(Some(tl.counted_tokens));
@@ -441,6 +465,7 @@ impl StreamMeter {
             return Outcome::Success;
         }
         let info = inspect_response(&self.body);
+        m.agent = inspect_response_agent(&self.body, self.tools.as_deref());
         self.body = Vec::new();
         m.finish_reason = info.finish_reason;
         if let Some(u) = info.usage {
