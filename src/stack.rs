@@ -63,7 +63,7 @@ pub fn build(config: &Config, upstreams: Arc<Upstreams>, meter: Arc<Meter>) -> P
     // AUTH: an auth layer belongs here: after errors are mapped, before any work is spent.
     // Shed before reading the body; the permit lives until the response body ends.
     let inner: Stage<Incoming> =
-        stage(InFlightLimitLayer::new(s.max_in_flight, s.retry_after_s).layer(inner));
+        stage(InFlightLimitLayer::new(s.max_in_flight, s.retry_after.as_secs()).layer(inner));
     // Records what the layers below answer themselves (404, 413, 503 shed) as `rejected`:
     // inside the error mapping so it still sees the typed error, outside everything that
     // can reject. Requests the meter takes over are left to the meter.
