@@ -57,9 +57,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     })
 }
 
-fn sim(args: goodput_proxy::sim::SimArgs) -> anyhow::Result<()> {
+fn sim(args: goodput_sim::SimArgs) -> anyhow::Result<()> {
     logging::init(&Default::default());
-    runtime()?.block_on(goodput_proxy::sim::run_cli(args))
+    runtime()?.block_on(goodput_sim::run_cli(args))
 }
 
 fn report(args: goodput_proxy::report::ReportArgs) -> anyhow::Result<()> {

@@ -13,9 +13,9 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
-use crate::measure::meter::{Measurement, StreamMeter};
-use crate::measure::outcome::Ending;
-use crate::measure::usage::UsageStripper;
+use goodput_measure::meter::{Measurement, StreamMeter};
+use goodput_measure::outcome::Ending;
+use goodput_measure::usage::UsageStripper;
 
 /// Called once with the request's measurement (the proxy: metrics + record). `Sync` so that
 /// the body stays `Sync` (e.g. for `http_body_util::combinators::BoxBody`).

@@ -1,7 +1,5 @@
-//! Response bodies: the incremental SSE parser (pure) and the metering body wrapper.
+//! Response bodies: the metering body wrapper (the SSE parser it feeds is `goodput_measure::sse`).
 
 pub mod metered;
-pub mod sse;
 
 pub use metered::{MeteredBody, OnFinish, OnGap};
-pub use sse::{SseEvent, SseParser};

@@ -8,7 +8,7 @@ use super::{
     BaseUrl, ClickHouseConfig, Config, DnsTarget, EngineConfig, JsonlSink, MeasureConfig, Origin,
     Problem, ServerConfig, TlsFiles, UpstreamConfig,
 };
-use crate::measure::slo::{Slo, SloTable};
+use goodput_measure::slo::{Slo, SloTable};
 
 /// `raw` checked; `origin` tells where a field's value came from (for the messages).
 pub fn check(raw: &RawConfig, origin: &dyn Fn(&str) -> Origin) -> Result<Config, Vec<Problem>> {

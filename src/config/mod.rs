@@ -30,7 +30,7 @@ pub use raw::{
 };
 pub use target::{parse_base_url, BaseUrl, DnsTarget};
 
-use crate::measure::slo::SloTable;
+use goodput_measure::slo::SloTable;
 
 /// The checked configuration: what the proxy runs with.
 #[derive(Debug, Clone)]
@@ -45,7 +45,7 @@ pub struct Config {
     /// `[sink.clickhouse]`, when set.
     pub clickhouse: Option<ClickHouseConfig>,
     /// `[sim]`: the demo engine's settings, when set.
-    pub sim: Option<crate::sim::SimConfig>,
+    pub sim: Option<goodput_sim::SimConfig>,
 }
 
 #[derive(Debug, Clone)]

@@ -22,7 +22,7 @@ pub struct RawConfig {
     pub sink: RawSink,
     /// The built-in simulated engine used in demo mode (no `upstream.urls`); see the sim's
     /// own documentation for its fields.
-    pub sim: Option<crate::sim::SimConfig>,
+    pub sim: Option<goodput_sim::SimConfig>,
 }
 
 /// The public listener and the limits applied to every request.
@@ -185,7 +185,7 @@ impl Default for RawMeasure {
             usage_injection: UsageInjection::Auto,
             models: Vec::new(),
             models_refresh_ms: 30_000,
-            records: crate::measure::record::DEFAULT_RING_CAPACITY,
+            records: goodput_measure::record::DEFAULT_RING_CAPACITY,
             sink_path: None,
             sink_max_bytes: 100 * 1024 * 1024,
             sink_keep: 3,

@@ -17,8 +17,8 @@ use tower::{Layer, Service};
 use super::request_id::{RequestId, RequestStart};
 use super::{Around, ResponseFuture, Wrapped};
 use crate::error::{BoxError, ProxyError};
-use crate::measure::request::{peek_request, RequestPeek};
 use crate::stack::ProxyBody;
+use goodput_measure::request::{peek_request, RequestPeek};
 
 /// What the proxy knows about a request before it goes upstream (a request extension on the
 /// collected request, read by the meter and by forwarding).

@@ -29,16 +29,16 @@ use super::request_id::{RequestId, RequestStart};
 use super::{Around, ResponseFuture, Wrapped};
 use crate::body::metered::{MeteredBody, OnFinish};
 use crate::error::{BoxError, ProxyError};
-use crate::measure::meter::{Measurement, StreamMeter};
-use crate::measure::outcome::{Ending, Outcome};
-use crate::measure::record::{RecordRing, RequestRecord, DEFAULT_GAP_CAPACITY};
-use crate::measure::slo::{judge, Slo, SloTable};
-use crate::measure::usage::inject_include_usage;
 use crate::metrics::{Metrics, RequestMetrics, OTHER_MODEL};
 use crate::sink::Sinks;
 use crate::stack::ProxyBody;
 use crate::upstream::deadline::DeadlineError;
 use crate::upstream::forward::ServedBy;
+use goodput_measure::meter::{Measurement, StreamMeter};
+use goodput_measure::outcome::{Ending, Outcome};
+use goodput_measure::record::{RecordRing, RequestRecord, DEFAULT_GAP_CAPACITY};
+use goodput_measure::slo::{judge, Slo, SloTable};
+use goodput_measure::usage::inject_include_usage;
 
 /// ITL gaps kept per request for exact `/stats` percentiles (beyond, the histogram still
 /// counts every gap).

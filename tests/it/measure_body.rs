@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::stream;
+use goodput_measure::{Ending, Measurement, Outcome, StreamMeter};
 use goodput_proxy::body::MeteredBody;
-use goodput_proxy::measure::{Ending, Measurement, Outcome, StreamMeter};
 use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Empty, StreamBody};
 use tokio::sync::mpsc;

@@ -18,9 +18,9 @@ use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::body::sse::{SseParser, MAX_LINE_BYTES};
-use crate::measure::inspect::{inspect_chunk, ChunkKind};
-use crate::measure::request::{lax_bool, some_raw, Lax};
+use crate::inspect::{inspect_chunk, ChunkKind};
+use crate::request::{lax_bool, some_raw, Lax};
+use crate::sse::{SseParser, MAX_LINE_BYTES};
 
 const INCLUDE_USAGE: &[u8] = br#""include_usage":true"#;
 
@@ -74,7 +74,7 @@ fn splice(body: &[u8], at: usize, remove: usize, insert: &[&[u8]]) -> Vec<u8> {
 /// would have sent it": the proxy injects only where it knows the engine would have sent no
 /// usage chunk, so that stripping the chunk restores the client's stream exactly.
 ///
-/// Injected, for a stream (`stream` lax-true, see [`crate::measure::request`]) with one choice:
+/// Injected, for a stream (`stream` lax-true, see [`crate::request`]) with one choice:
 /// - no `stream_options`, or `null`: every vLLM version sends no usage;
 /// - `include_usage` lax-false or `null`: the client said no usage; it is set to `true`.
 ///
@@ -429,7 +429,7 @@ fn insert_fingerprint(event: &[u8], fp: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::measure::fixtures::capture;
+    use crate::fixtures::capture;
     use proptest::prelude::*;
 
     #[test]
