@@ -15,7 +15,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::config::{BaseUrl, Config, UsageInjection};
 use crate::engine::{self, Engines};
-use crate::layer::meter::Meter;
+use crate::layer::measure::Meter;
 use crate::listener::{self, ServeOptions};
 use crate::metrics::{Metrics, ModelLabels};
 use crate::sink::clickhouse::{ClickHouseSink, SinkCounters};

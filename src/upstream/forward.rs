@@ -20,8 +20,7 @@ use super::deadline::DeadlineBody;
 use super::headers::{append_forwarded, strip_hop_by_hop};
 use super::Upstreams;
 use crate::error::ProxyError;
-use crate::layer::collect::RequestFacts;
-use crate::layer::request_id::X_REQUEST_ID;
+use crate::layer::context::{RequestContext, X_REQUEST_ID};
 use crate::listener::ConnInfo;
 use crate::stack::ProxyBody;
 
@@ -155,8 +154,8 @@ fn upstream_headers(parts: &http::request::Parts) -> http::HeaderMap {
         "http"
     };
     append_forwarded(&mut h, ip.as_deref(), proto, host.as_deref());
-    if let Some(facts) = parts.extensions.get::<RequestFacts>() {
-        if let Ok(v) = HeaderValue::from_str(&facts.request_id) {
+    if let Some(ctx) = RequestContext::of(&parts.extensions) {
+        if let Ok(v) = HeaderValue::from_str(&ctx.id) {
             h.insert(X_REQUEST_ID, v);
         }
     }

@@ -370,6 +370,12 @@ impl StreamMeter {
         }
     }
 
+    /// Usage reported outside the stream this meter saw (the usage chunk a strip body removed
+    /// before the client, and so this meter, got it). The last usage seen wins.
+    pub fn on_usage(&mut self, usage: Usage) {
+        self.tl.on_usage(usage);
+    }
+
     /// The request is over at `t_end` for the reason `ending`.
     pub fn finish(&mut self, t_end: Instant, ending: Ending) -> Measurement {
         let t0 = self.tl.t0;
