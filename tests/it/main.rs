@@ -3,6 +3,8 @@
 
 mod support;
 
+mod attack;
+
 mod compare_live;
 mod discovery;
 mod engine_metrics;
