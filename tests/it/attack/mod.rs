@@ -7,6 +7,7 @@ mod disconnect;
 mod h2flood;
 mod identity;
 mod limits;
+mod slow;
 mod smuggling;
 mod tls_reload;
 mod truncation;
