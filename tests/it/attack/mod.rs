@@ -2,10 +2,15 @@
 //! do to the proxy, each test with a pass criterion it checks. docs/RELIABILITY.md lists them
 //! with their measured results; the long parts are `#[ignore]` with their command there.
 
+mod cardinality;
 mod disconnect;
+mod h2flood;
 mod identity;
 mod limits;
+mod slow;
 mod smuggling;
+mod tls_reload;
+mod truncation;
 
 use std::net::SocketAddr;
 use std::time::Duration;
