@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod agent_metrics;
 pub mod app;
 pub mod body;
 pub mod cli;

@@ -15,6 +15,7 @@ use prometheus::{
 };
 use tokio::time::Instant;
 
+use crate::agent_metrics::AgentMetrics;
 use goodput_measure::meter::Measurement;
 use goodput_measure::outcome::{rejected_by_client, Outcome, NO_FINISH_REASON};
 use goodput_measure::slo::SloVerdict;
@@ -247,6 +248,8 @@ pub struct Metrics {
     pub goodput_ratio_overall: GaugeVec,
     pub models: ModelLabels,
     pub upstreams: UpstreamLabels,
+    /// Reasoning and tool-call phases and outcomes (issue 13).
+    pub agent: AgentMetrics,
     shared: Arc<Shared>,
 }
 
@@ -381,6 +384,7 @@ impl Metrics {
             )?,
             models,
             upstreams: upstreams.clone(),
+            agent: AgentMetrics::register(registry)?,
             shared: Arc::new(Shared {
                 ttft,
                 ttfc,
@@ -457,6 +461,7 @@ impl Metrics {
             requests: self.requests.clone(),
             slo_violations: self.slo_violations.clone(),
             sse_discarded: self.sse_discarded.clone(),
+            agent: self.agent.clone(),
             shared: self.shared.clone(),
             model,
         }
@@ -500,6 +505,7 @@ pub struct RequestMetrics {
     requests: IntCounterVec,
     slo_violations: IntCounterVec,
     sse_discarded: IntCounter,
+    agent: AgentMetrics,
 }
 
 impl RequestMetrics {
@@ -554,7 +560,15 @@ impl RequestMetrics {
         self.requests
             .with_label_values(&[&*model, &*upstream, m.outcome.as_str(), finish])
             .inc();
-        for (slo, ok) in [("ttft", v.ttft_ok), ("tpot", v.tpot_ok), ("e2e", v.e2e_ok)] {
+        if let Some(a) = &m.agent {
+            self.agent.observe(&model, a);
+        }
+        for (slo, ok) in [
+            ("ttft", v.ttft_ok),
+            ("tpot", v.tpot_ok),
+            ("e2e", v.e2e_ok),
+            ("tool_calls", v.tool_calls_ok),
+        ] {
             if ok == Some(false) {
                 self.slo_violations
                     .with_label_values(&[&*model, &*upstream, slo])

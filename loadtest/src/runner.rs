@@ -141,6 +141,9 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, RunError> {
             ttft: sc.slo.ttft(),
             tpot: sc.slo.tpot(),
             e2e: sc.slo.e2e(),
+            // The client judges tool calls on their JSON only (it does not read the request's
+            // `tools` schemas, the proxy does).
+            valid_tool_calls: true,
         },
         run_id: cfg.run_id.clone().into(),
     };

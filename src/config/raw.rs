@@ -273,6 +273,9 @@ pub struct RawSlo {
     pub ttft_ms: Limit,
     pub tpot_ms: Limit,
     pub e2e_ms: Limit,
+    /// A tool call that is not valid JSON, breaks its function's schema in the request's
+    /// `tools`, or names an unknown function makes the request not good (issue 13).
+    pub valid_tool_calls: bool,
     /// Per-model overrides (`[slo.models."llama-70b"]`); a field left out keeps the global value.
     pub models: BTreeMap<String, SloOverride>,
 }
@@ -283,6 +286,7 @@ impl Default for RawSlo {
             ttft_ms: Limit::Ms(2_000),
             tpot_ms: Limit::Ms(150),
             e2e_ms: Limit::Ms(30_000),
+            valid_tool_calls: true,
             models: BTreeMap::new(),
         }
     }

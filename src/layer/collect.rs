@@ -18,6 +18,7 @@ use super::context::{RequestContext, RequestFacts};
 use super::{Around, ResponseFuture, Wrapped};
 use crate::error::{BoxError, ProxyError};
 use crate::stack::ProxyBody;
+use goodput_measure::agent::ToolSet;
 use goodput_measure::request::{peek_request, RequestPeek};
 
 #[derive(Debug, Clone, Copy)]
@@ -72,7 +73,12 @@ where
             let bytes = read_body(body, limit, idle).await?;
             let RequestPeek { model, stream } = peek_request(&bytes);
             if let Some(ctx) = RequestContext::of(&parts.extensions) {
-                ctx.set_facts(RequestFacts { model, stream });
+                let tools = ToolSet::from_request(&bytes);
+                ctx.set_facts(RequestFacts {
+                    model,
+                    stream,
+                    tools,
+                });
             }
             inner.call(Request::from_parts(parts, bytes)).await
         })

@@ -18,17 +18,20 @@ use tower::{Layer, Service};
 use super::BoxFuture;
 use crate::body::strip::StripReport;
 use crate::listener::ConnInfo;
+use goodput_measure::agent::ToolSet;
 
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// What collect reads from the request body (see `measure::request`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RequestFacts {
     /// The body's `model`, when the body is JSON and has one.
     pub model: Option<String>,
     /// The body's `stream` flag as the engine reads it (lax boolean; `false` when absent, not
     /// JSON, or not a boolean to the engine).
     pub stream: bool,
+    /// The functions the body offers (`tools`), to judge tool calls by; `None` without.
+    pub tools: Option<Arc<ToolSet>>,
 }
 
 /// One request's context. Fields known at arrival are plain; the rest are set once by the
@@ -179,11 +182,13 @@ mod tests {
         let facts = RequestFacts {
             model: Some("m".into()),
             stream: true,
+            tools: None,
         };
         ctx.set_facts(facts.clone());
         ctx.set_facts(RequestFacts {
             model: None,
             stream: false,
+            tools: None,
         });
         assert_eq!(ctx.facts(), Some(&facts), "the first write wins");
     }

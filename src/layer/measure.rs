@@ -388,7 +388,10 @@ impl Open {
         let ctx = self.ctx;
         let stream = ctx.facts().is_some_and(|f| f.stream);
         let (parts, body) = resp.into_parts();
-        let mut sm = StreamMeter::new(ctx.t0, stream).keep_gaps(GAPS_KEPT_PER_REQUEST);
+        let tools = ctx.facts().and_then(|f| f.tools.clone());
+        let mut sm = StreamMeter::new(ctx.t0, stream)
+            .keep_gaps(GAPS_KEPT_PER_REQUEST)
+            .with_tools(tools);
         sm.on_head(Instant::now(), parts.status.as_u16());
         let upstream = parts.extensions.get::<ServedBy>().map(|s| s.0.clone());
         if let Some(u) = &upstream {
@@ -486,6 +489,7 @@ mod tests {
                 ctx.set_facts(RequestFacts {
                     model: Some("tiny".into()),
                     stream: true,
+                    tools: None,
                 });
                 ctx.mark_forwarded(Instant::now());
                 let b = match inner {

@@ -10,6 +10,7 @@ mod discovery;
 mod engine_metrics;
 mod measure_alloc;
 mod measure_body;
+mod meter_agent;
 mod meter_contract;
 mod meter_models;
 mod meter_outcomes;

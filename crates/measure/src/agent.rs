@@ -124,6 +124,18 @@ impl ToolSet {
     }
 }
 
+/// Two tool sets are equal when they offer the same functions (the validators are caches).
+impl PartialEq for ToolSet {
+    fn eq(&self, other: &Self) -> bool {
+        self.functions.len() == other.functions.len()
+            && self
+                .functions
+                .iter()
+                .zip(&other.functions)
+                .all(|(a, b)| a.name == b.name && a.parameters == b.parameters)
+    }
+}
+
 fn judge_arguments(f: &Function, arguments: &str) -> (ToolCallOutcome, Option<String>) {
     // The grammar first: serde_json refuses a number past f64's range (`6e40223000012`, as
     // the tiny model wrote in a real capture) although it is JSON (Python reads it as inf);

@@ -12,6 +12,7 @@ use serde::Serialize;
 use serde_json::{json, Map, Value};
 use tokio::time::Instant;
 
+use crate::agent::{AgentSummary, ToolCallOutcome};
 use crate::meter::Measurement;
 use crate::outcome::{FinishReason, Outcome};
 use crate::slo::SloVerdict;
@@ -54,6 +55,10 @@ pub struct RequestRecord {
     /// ...and removed the usage chunk again (false: the stripper hit its memory bound and the
     /// client's stream passed unchanged, usage chunk included).
     pub usage_stripped: bool,
+    /// Reasoning and tool-call phases and validity (issue 13); absent when the response carried
+    /// neither reasoning nor a tool call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<AgentRecord>,
     /// Which SLOs held (`null`: not applicable), and whether the request was good.
     pub slo: SloVerdict,
     /// The proxy replica that measured it (`server.instance`, default the hostname).
@@ -61,6 +66,39 @@ pub struct RequestRecord {
     /// Monotonic end instant, for `/stats` windows (not serialized).
     #[serde(skip)]
     pub end: Instant,
+}
+
+/// The record's view of an [`AgentSummary`]: seconds, as the rest of the record.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AgentRecord {
+    pub ttf_reasoning_s: Option<f64>,
+    pub ttf_answer_s: Option<f64>,
+    pub ttf_tool_call_s: Option<f64>,
+    /// First to last tool-call event: how long the arguments streamed.
+    pub tool_call_s: Option<f64>,
+    pub reasoning_tokens: Option<u64>,
+    pub tool_calls: u32,
+    /// The worst call's outcome: `valid`, `invalid_json`, `schema_violation`,
+    /// `unknown_function`.
+    pub tool_call_outcome: Option<ToolCallOutcome>,
+    /// The first violation (JSON error, schema path and message, unknown name), bounded.
+    pub tool_call_violation: Option<String>,
+}
+
+impl AgentRecord {
+    fn new(a: &AgentSummary) -> Self {
+        let secs = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
+        Self {
+            ttf_reasoning_s: secs(a.ttf_reasoning),
+            ttf_answer_s: secs(a.ttf_answer),
+            ttf_tool_call_s: secs(a.ttf_tool_call),
+            tool_call_s: secs(a.tool_call_duration),
+            reasoning_tokens: a.reasoning_tokens,
+            tool_calls: a.tool_calls,
+            tool_call_outcome: a.tool_call_outcome,
+            tool_call_violation: a.tool_call_violation.clone(),
+        }
+    }
 }
 
 impl RequestRecord {
@@ -97,6 +135,7 @@ impl RequestRecord {
             tokens_exact: m.tokens_exact,
             usage_injected: m.usage_injected,
             usage_stripped: m.usage_stripped,
+            agent: m.agent.as_ref().map(AgentRecord::new),
             slo,
             instance: String::new(),
             end,

@@ -14,6 +14,9 @@ pub struct Slo {
     pub ttft: Option<Duration>,
     pub tpot: Option<Duration>,
     pub e2e: Option<Duration>,
+    /// A tool call that is not valid (not JSON, breaking its function's schema, naming an
+    /// unknown function) makes the request not good (issue 13; default on).
+    pub valid_tool_calls: bool,
 }
 
 impl Default for Slo {
@@ -23,6 +26,7 @@ impl Default for Slo {
             ttft: Some(Duration::from_secs(2)),
             tpot: Some(Duration::from_millis(150)),
             e2e: Some(Duration::from_secs(30)),
+            valid_tool_calls: true,
         }
     }
 }
@@ -47,6 +51,10 @@ pub struct SloVerdict {
     pub ttft_ok: Option<bool>,
     pub tpot_ok: Option<bool>,
     pub e2e_ok: Option<bool>,
+    /// The request's tool calls were all valid; `None` without tool calls or with
+    /// `valid_tool_calls` off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls_ok: Option<bool>,
     pub good: bool,
 }
 
@@ -62,12 +70,19 @@ pub fn judge(m: &Measurement, slo: &Slo) -> SloVerdict {
         (None, None)
     };
     let e2e_ok = check(slo.e2e, Some(m.e2e));
+    let tool_calls_ok = match (&m.agent, slo.valid_tool_calls) {
+        (Some(a), true) => a.tool_call_outcome.map(|_| !a.tool_call_failed()),
+        _ => None,
+    };
     let good = m.outcome == Outcome::Success
-        && [ttft_ok, tpot_ok, e2e_ok].iter().all(|v| *v != Some(false));
+        && [ttft_ok, tpot_ok, e2e_ok, tool_calls_ok]
+            .iter()
+            .all(|v| *v != Some(false));
     SloVerdict {
         ttft_ok,
         tpot_ok,
         e2e_ok,
+        tool_calls_ok,
         good,
     }
 }
@@ -172,6 +187,7 @@ mod tests {
             ttft: None,
             tpot: None,
             e2e: None,
+            valid_tool_calls: false,
         };
         let m = stream(Outcome::Success, Some(99_000), Some(99_000), 99_000);
         assert!(judge(&m, &none).good);
@@ -188,5 +204,36 @@ mod tests {
             !judge(&m, t.for_model("small")).good,
             "falls back to the defaults"
         );
+    }
+
+    #[test]
+    fn an_invalid_tool_call_is_not_good_unless_switched_off() {
+        use crate::agent::{AgentSummary, ToolCallOutcome};
+        let mut m = stream(Outcome::Success, Some(100), Some(10), 1_000);
+        let with = |o| AgentSummary {
+            tool_calls: 1,
+            tool_call_outcome: Some(o),
+            ..AgentSummary::default()
+        };
+        let slo = Slo::default();
+        assert_eq!(judge(&m, &slo).tool_calls_ok, None);
+        m.agent = Some(with(ToolCallOutcome::Valid));
+        let v = judge(&m, &slo);
+        assert_eq!((v.tool_calls_ok, v.good), (Some(true), true));
+        for bad in [
+            ToolCallOutcome::InvalidJson,
+            ToolCallOutcome::SchemaViolation,
+            ToolCallOutcome::UnknownFunction,
+        ] {
+            m.agent = Some(with(bad));
+            let v = judge(&m, &slo);
+            assert_eq!((v.tool_calls_ok, v.good), (Some(false), false), "{bad:?}");
+            let off = Slo {
+                valid_tool_calls: false,
+                ..slo
+            };
+            let v = judge(&m, &off);
+            assert_eq!((v.tool_calls_ok, v.good), (None, true), "{bad:?}");
+        }
     }
 }

@@ -1,0 +1,114 @@
+//! Agent traffic behind the proxy (issue 13): the simulator streams tool calls of each kind and
+//! reasoning deltas; the proxy's records carry the phases and the tool-call outcome judged
+//! against the request's `tools` schema, its metrics count them, and an invalid call makes the
+//! request not good.
+
+use crate::support::meter::*;
+use crate::support::prom::metric;
+use crate::support::proxy::*;
+use goodput_sim::SimConfig;
+
+const TOOLS: &str = r#","tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"location":{"type":"string"},"unit":{"type":"string","enum":["celsius","fahrenheit"]}},"required":["location"]}}}],"tool_choice":{"type":"function","function":{"name":"get_weather"}}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_calls_and_reasoning_are_judged_and_timed() {
+    let sim = start_sim(SimConfig::with_timing(5.0, 1.0)).await;
+    let dir = std::env::temp_dir().join(format!(
+        "goodput-meter-agent-{}-{:x}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("records.jsonl");
+    let mut config = meter_config(&sim.base_url());
+    config.measure.sink_path = Some(path.clone());
+    let proxy = start_proxy(config).await;
+    let c = client();
+    let cases = [
+        ("tool-call=valid", TOOLS, "valid", true),
+        ("tool-call=invalid-json", TOOLS, "invalid_json", false),
+        (
+            "tool-call=schema-violation",
+            TOOLS,
+            "schema_violation",
+            false,
+        ),
+        ("reasoning=3", "", "", true),
+    ];
+    for (i, (fault, extra, _, _)) in cases.iter().enumerate() {
+        let mut req = with_fault(post_json(&proxy.url(CHAT), &chat_body(200, extra)), fault);
+        req.headers_mut()
+            .insert("x-request-id", format!("agent-{i}").parse().unwrap());
+        observe(&c, req, true).await;
+    }
+    wait_requests(&proxy, cases.len() as u64).await;
+    let read = || std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        eventually(SLOW, || read().lines().count() == cases.len()).await,
+        "{}",
+        read()
+    );
+    let records: Vec<serde_json::Value> = read()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    for (i, (fault, _, outcome, good)) in cases.iter().enumerate() {
+        let r = records
+            .iter()
+            .find(|r| r["id"] == format!("agent-{i}"))
+            .unwrap();
+        let a = &r["agent"];
+        assert_eq!(r["outcome"], "success", "{fault}: {r}");
+        assert_eq!(r["slo"]["good"], *good, "{fault}: {r}");
+        if outcome.is_empty() {
+            // Reasoning: 3 reasoning events, then the answer.
+            assert_eq!(a["reasoning_tokens"], 3, "{r}");
+            let (tr, ta) = (a["ttf_reasoning_s"].as_f64(), a["ttf_answer_s"].as_f64());
+            assert!(tr.unwrap() < ta.unwrap(), "{r}");
+            assert_eq!(a["tool_calls"], 0, "{r}");
+            continue;
+        }
+        assert_eq!(a["tool_calls"], 1, "{fault}: {r}");
+        assert_eq!(a["tool_call_outcome"], *outcome, "{fault}: {r}");
+        assert!(a["ttf_tool_call_s"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(a["tool_call_s"].as_f64().unwrap() > 0.0, "{r}");
+        assert_eq!(r["slo"]["tool_calls_ok"], *good, "{r}");
+        if *outcome == "schema_violation" {
+            let why = a["tool_call_violation"].as_str().unwrap();
+            assert!(why.starts_with("/unit: "), "{why}");
+        }
+    }
+    let m = metrics(&proxy).await;
+    for label in [
+        "tool_call_valid",
+        "tool_call_invalid_json",
+        "tool_call_schema_violation",
+    ] {
+        let n = metric(
+            &m,
+            "goodput_proxy_tool_calls_total",
+            &[("model", "tiny"), ("outcome", label)],
+        );
+        assert_eq!(n, 1.0, "{label}");
+    }
+    let n = metric(
+        &m,
+        "goodput_proxy_reasoning_tokens_total",
+        &[("model", "tiny")],
+    );
+    assert_eq!(n, 3.0);
+    let n = metric(
+        &m,
+        "goodput_proxy_time_to_first_tool_call_token_seconds_count",
+        &[("model", "tiny")],
+    );
+    assert_eq!(n, 3.0);
+    let n = metric(
+        &m,
+        "goodput_proxy_slo_violations_total",
+        &[("model", "tiny"), ("slo", "tool_calls")],
+    );
+    assert_eq!(n, 2.0);
+    let _ = std::fs::remove_dir_all(&dir);
+    sim.shutdown().await;
+}
