@@ -7,22 +7,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
-use tokio_rustls::TlsAcceptor;
 
 use crate::config::{Config, UsageInjection};
 use crate::engine::{self, Engines};
 use crate::layer::measure::Meter;
-use crate::listener::{self, ServeOptions};
+use crate::limits::Limits;
+use crate::listener::{self, ReloadableTls, ServeOptions};
 use crate::metrics::{Metrics, ModelLabels};
 use crate::sink::clickhouse::{ClickHouseSink, SinkCounters};
 use crate::sink::jsonl::{RecordSink, SinkConfig};
 use crate::sink::Sinks;
 use crate::stack;
 use crate::upstream::discover::{Discovery, DnsTarget, Resolver, SystemResolver};
+use crate::upstream::headers::Forwarded;
 use crate::upstream::{health, Upstreams};
 use goodput_net::{bind_listener, LISTEN_BACKLOG};
 use goodput_sim::{SimConfig, SimHandle, SimServer};
@@ -47,9 +45,11 @@ pub struct App {
     state: Arc<AppState>,
     public: TcpListener,
     admin: TcpListener,
-    tls: Option<TlsAcceptor>,
+    tls: Option<Arc<ReloadableTls>>,
     demo: Option<DemoEngine>,
     discovery: Option<Discovery>,
+    limits: Limits,
+    forwarded: Forwarded,
 }
 
 /// The built-in simulated engine started when no upstream is configured.
@@ -84,7 +84,7 @@ impl App {
         let upstreams =
             Upstreams::new(&config.upstream).map_err(|e| anyhow::anyhow!("upstream.urls: {e}"))?;
         let tls = match (&config.server.tls_cert, &config.server.tls_key) {
-            (Some(cert), Some(key)) => Some(listener::tls_acceptor(cert, key)?),
+            (Some(cert), Some(key)) => Some(Arc::new(ReloadableTls::load(cert, key)?)),
             _ => None,
         };
         let public = bind_listener(config.server.listen, LISTEN_BACKLOG)
@@ -142,7 +142,23 @@ impl App {
             tls,
             demo,
             discovery,
+            limits: Limits::default(),
+            forwarded: Forwarded::default(),
         })
+    }
+
+    /// How many proxies in front of this one are trusted with `X-Forwarded-*` (default none).
+    pub fn with_forwarded(mut self, forwarded: Forwarded) -> App {
+        self.forwarded = forwarded;
+        self
+    }
+
+    /// Replaces the listener and body-read limits (checked: a value hyper would panic on, or
+    /// one that refuses all traffic, is an error naming it).
+    pub fn with_limits(mut self, limits: Limits) -> anyhow::Result<App> {
+        limits.check().map_err(|e| anyhow::anyhow!("limits: {e}"))?;
+        self.limits = limits;
+        Ok(self)
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -159,6 +175,11 @@ impl App {
 
     pub fn state(&self) -> Arc<AppState> {
         self.state.clone()
+    }
+
+    /// The public listener's reloadable certificate, when it speaks TLS (SIGHUP reloads it).
+    pub fn tls(&self) -> Option<Arc<ReloadableTls>> {
+        self.tls.clone()
     }
 
     /// The demo engine, when `bind` started one.
@@ -188,8 +209,16 @@ impl App {
             tls,
             demo,
             discovery,
+            limits,
+            forwarded,
         } = self;
-        let service = stack::build(&config, state.upstreams.clone(), state.meter.clone());
+        let service = stack::build(
+            &config,
+            &limits,
+            forwarded,
+            state.upstreams.clone(),
+            state.meter.clone(),
+        );
         let health = tokio::spawn(health::run(state.upstreams.clone()));
         let interval = config.upstream.discover_interval();
         let discovery = discovery.map(|d| tokio::spawn(d.run(interval)));
@@ -199,6 +228,7 @@ impl App {
                 state.engines.clone(),
             ))
         });
+        let reloader = tls.clone().map(|tls| tokio::spawn(reload_on_sighup(tls)));
         // Learn the served models before the first request is taken (connections wait in the
         // backlog meanwhile), so its `model` label is right; bounded, so a replica that is slow
         // to answer delays startup by at most STARTUP_LEARNING.
@@ -209,7 +239,25 @@ impl App {
             state.meter.clone(),
             config.measure.models_refresh(),
         ));
-        let admin_task = tokio::spawn(serve_admin(admin, state.clone()));
+        // The admin port runs the same accept loop; it keeps answering while the public port
+        // drains (/readyz says 503 then) and stops after it.
+        let (admin_stop, admin_stopped) = tokio::sync::oneshot::channel::<()>();
+        let admin_options = ServeOptions {
+            name: "admin",
+            header_read_timeout: config.server.header_read_timeout(),
+            limits: limits.clone(),
+            max_connections: limits.admin_max_connections,
+            tls: None,
+        };
+        let admin_task = tokio::spawn(listener::serve(
+            admin,
+            crate::admin::service(state.clone()),
+            admin_options,
+            async move {
+                let _ = admin_stopped.await;
+            },
+            ADMIN_GRACE,
+        ));
         let drain_delay = config.server.drain_delay();
         let draining = {
             let state = state.clone();
@@ -224,7 +272,10 @@ impl App {
             }
         };
         let options = ServeOptions {
+            name: "public",
             header_read_timeout: config.server.header_read_timeout(),
+            max_connections: limits.max_connections,
+            limits,
             tls,
         };
         listener::serve(
@@ -235,6 +286,11 @@ impl App {
             config.server.grace_period(),
         )
         .await;
+        let _ = admin_stop.send(());
+        let _ = admin_task.await;
+        if let Some(r) = reloader {
+            r.abort();
+        }
         health.abort();
         if let Some(d) = discovery {
             d.abort();
@@ -243,7 +299,6 @@ impl App {
             scraper.abort();
         }
         models.abort();
-        admin_task.abort();
         if let Some(demo) = demo {
             demo.handle.shutdown().await;
         }
@@ -252,21 +307,31 @@ impl App {
     }
 }
 
-/// The admin port: plain HTTP/1.1, a handful of GET routes, nothing of the public stack.
-async fn serve_admin(listener: TcpListener, state: Arc<AppState>) {
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            continue;
+/// How long admin requests (a scrape, a probe) get to finish once the public port has drained.
+const ADMIN_GRACE: Duration = Duration::from_secs(1);
+
+/// Reloads the listener's certificate and key on every SIGHUP; a failed reload keeps the
+/// certificate in use and says why.
+async fn reload_on_sighup(tls: Arc<ReloadableTls>) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut hup) = signal(SignalKind::hangup()) else {
+            tracing::warn!("cannot listen for SIGHUP; TLS certificates will not be reloaded");
+            return;
         };
-        let state = state.clone();
-        tokio::spawn(async move {
-            let svc = service_fn(move |req| crate::admin::handle(state.clone(), req));
-            let _ = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .serve_connection(TokioIo::new(stream), svc)
-                .await;
-        });
+        while hup.recv().await.is_some() {
+            match tls.reload() {
+                Ok(()) => tracing::info!("SIGHUP: TLS certificate and key reloaded"),
+                Err(e) => {
+                    tracing::error!(error = %e, "SIGHUP: TLS reload failed; keeping the previous certificate")
+                }
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tls;
     }
 }
 

@@ -22,6 +22,8 @@ use crate::layer::measure::{MeasureLayer, Meter};
 use crate::layer::route::RouteLayer;
 use crate::layer::usage::UsageLayer;
 use crate::layer::BoxFuture;
+use crate::limits::Limits;
+use crate::upstream::headers::Forwarded;
 use crate::upstream::{Forward, Upstreams};
 
 /// Every response body the proxy returns: boxed so a wrapper (the meter) can be slotted in.
@@ -83,6 +85,19 @@ impl<B, E> Service<Request<B>> for Boxed<B, E> {
     }
 }
 
+impl<B: 'static, E: 'static> Boxed<B, E> {
+    /// Boxes any service, boxing its future (as `BoxCloneService::new` does): for services
+    /// whose future is not [`Answer`] already, e.g. the admin routes.
+    pub fn new<S>(service: S) -> Self
+    where
+        S: Service<Request<B>, Response = Response<ProxyBody>, Error = E> + Clone + Send + 'static,
+        S::Future: Send + 'static,
+    {
+        use tower::ServiceExt;
+        stage(service.map_future(|f| Box::pin(f) as Answer<E>))
+    }
+}
+
 fn stage<S, B, E>(service: S) -> Boxed<B, E>
 where
     S: Service<Request<B>, Response = Response<ProxyBody>, Error = E, Future = Answer<E>>
@@ -97,11 +112,17 @@ where
 /// Inner first (each stage boxes the one below, see [`Stage`]); read the comments bottom-up for
 /// the order a request travels, outermost first. With `[measure] enabled = false` the measure
 /// and usage stages are left out: the proxy forwards without metering.
-pub fn build(config: &Config, upstreams: Arc<Upstreams>, meter: Arc<Meter>) -> ProxyService {
+pub fn build(
+    config: &Config,
+    limits: &Limits,
+    forwarded: Forwarded,
+    upstreams: Arc<Upstreams>,
+    meter: Arc<Meter>,
+) -> ProxyService {
     use tower::Layer;
     let s = &config.server;
     let measured = meter.enabled();
-    let forward = Forward::new(upstreams);
+    let forward = Forward::new(upstreams, forwarded);
     // Innermost, right before forwarding: it rewrites the collected body (usage injection),
     // wraps the upstream body in the usage strip when it did, and marks in the context when
     // the request is handed over (the end of the proxy's own overhead).
@@ -110,8 +131,10 @@ pub fn build(config: &Config, upstreams: Arc<Upstreams>, meter: Arc<Meter>) -> P
     } else {
         stage(forward)
     };
-    // Bounded body read (413); model and stream into the context for measure and shaping.
-    let inner: Stage<Incoming> = stage(CollectLayer::new(s.max_body_bytes).layer(inner));
+    // Bounded body read (413, 408 on a stalled upload); model and stream into the context for
+    // measure and shaping.
+    let inner: Stage<Incoming> =
+        stage(CollectLayer::new(s.max_body_bytes, limits.body_idle_timeout).layer(inner));
     // Unknown paths get 404 before the body is read or the upstream touched.
     let inner: Stage<Incoming> = stage(RouteLayer::new(&s.paths).layer(inner));
     // Shed before reading the body; the permit lives until the response body ends.

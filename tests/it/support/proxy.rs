@@ -137,6 +137,9 @@ pub struct FakeStats {
     pub requests: AtomicUsize,
     /// Bytes of `x-fake-bulk` bodies produced so far (pulled by the proxy).
     pub bulk_bytes: AtomicUsize,
+    /// TCP connections open to the fake right now (the proxy's pool, health probes, and
+    /// every request in flight: a request the proxy gives up on closes its connection).
+    pub connections: AtomicUsize,
 }
 
 pub struct Fake {
@@ -169,10 +172,15 @@ pub async fn start_fake() -> Fake {
             };
             let st = st.clone();
             tokio::spawn(async move {
+                st.connections.fetch_add(1, Ordering::SeqCst);
+                let open = st.clone();
                 let svc = hyper::service::service_fn(move |req| fake_handle(st.clone(), req));
+                // Room for a client's 100 fields plus the ones the proxy adds.
                 let _ = hyper::server::conn::http1::Builder::new()
+                    .max_headers(200)
                     .serve_connection(TokioIo::new(io), svc)
                     .await;
+                open.connections.fetch_sub(1, Ordering::SeqCst);
             });
         }
     });
