@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use tokio::net::TcpListener;
 
-use crate::config::{Config, UsageInjection};
+use crate::config::{BaseUrl, Config, UsageInjection};
 use crate::engine::{self, Engines};
 use crate::layer::measure::Meter;
 use crate::limits::Limits;
@@ -19,7 +19,7 @@ use crate::sink::clickhouse::{ClickHouseSink, SinkCounters};
 use crate::sink::jsonl::{RecordSink, SinkConfig};
 use crate::sink::Sinks;
 use crate::stack;
-use crate::upstream::discover::{Discovery, DnsTarget, Resolver, SystemResolver};
+use crate::upstream::discover::{Discovery, Resolver, SystemResolver};
 use crate::upstream::headers::Forwarded;
 use crate::upstream::{health, Upstreams};
 use goodput_net::{bind_listener, LISTEN_BACKLOG};
@@ -76,16 +76,17 @@ impl App {
             // The demo engine's models are known: label them from the first request.
             config.measure.models.extend(sim.models.iter().cloned());
             let demo = start_demo_engine(sim).await?;
-            config.upstream.urls = vec![format!("http://{}", demo.addr)];
+            let url = format!("http://{}", demo.addr);
+            config.upstream.urls = vec![BaseUrl::parse(&url).map_err(anyhow::Error::msg)?];
             Some(demo)
         } else {
             None
         };
         let upstreams =
             Upstreams::new(&config.upstream).map_err(|e| anyhow::anyhow!("upstream.urls: {e}"))?;
-        let tls = match (&config.server.tls_cert, &config.server.tls_key) {
-            (Some(cert), Some(key)) => Some(Arc::new(ReloadableTls::load(cert, key)?)),
-            _ => None,
+        let tls = match &config.server.tls {
+            Some(t) => Some(Arc::new(ReloadableTls::load(&t.cert, &t.key)?)),
+            None => None,
         };
         let public = bind_listener(config.server.listen, LISTEN_BACKLOG)
             .with_context(|| format!("server.listen: cannot bind {}", config.server.listen))?;
@@ -116,12 +117,7 @@ impl App {
         let discovery = if config.upstream.discover.is_empty() {
             None
         } else {
-            let targets = config
-                .upstream
-                .discover
-                .iter()
-                .map(|d| DnsTarget::parse(d).map_err(|e| anyhow::anyhow!("upstream.discover: {e}")))
-                .collect::<anyhow::Result<Vec<_>>>()?;
+            let targets = config.upstream.discover.clone();
             let mut d = Discovery::new(
                 state.upstreams.clone(),
                 state.engines.clone(),
@@ -131,7 +127,7 @@ impl App {
             );
             // The first replicas before the first request; a slow resolver delays startup by
             // one interval at most (the periodic rounds take over).
-            let _ = tokio::time::timeout(config.upstream.discover_interval(), d.round()).await;
+            let _ = tokio::time::timeout(config.upstream.discover_interval, d.round()).await;
             Some(d)
         };
         Ok(App {
@@ -220,7 +216,7 @@ impl App {
             state.meter.clone(),
         );
         let health = tokio::spawn(health::run(state.upstreams.clone()));
-        let interval = config.upstream.discover_interval();
+        let interval = config.upstream.discover_interval;
         let discovery = discovery.map(|d| tokio::spawn(d.run(interval)));
         let scraper = config.engine.scrape.then(|| {
             tokio::spawn(engine::scrape::run(
@@ -237,14 +233,14 @@ impl App {
         let models = tokio::spawn(learn_models(
             state.upstreams.clone(),
             state.meter.clone(),
-            config.measure.models_refresh(),
+            config.measure.models_refresh,
         ));
         // The admin port runs the same accept loop; it keeps answering while the public port
         // drains (/readyz says 503 then) and stops after it.
         let (admin_stop, admin_stopped) = tokio::sync::oneshot::channel::<()>();
         let admin_options = ServeOptions {
             name: "admin",
-            header_read_timeout: config.server.header_read_timeout(),
+            header_read_timeout: config.server.header_read_timeout,
             limits: limits.clone(),
             max_connections: limits.admin_max_connections,
             tls: None,
@@ -258,7 +254,7 @@ impl App {
             },
             ADMIN_GRACE,
         ));
-        let drain_delay = config.server.drain_delay();
+        let drain_delay = config.server.drain_delay;
         let draining = {
             let state = state.clone();
             async move {
@@ -273,7 +269,7 @@ impl App {
         };
         let options = ServeOptions {
             name: "public",
-            header_read_timeout: config.server.header_read_timeout(),
+            header_read_timeout: config.server.header_read_timeout,
             max_connections: limits.max_connections,
             limits,
             tls,
@@ -283,7 +279,7 @@ impl App {
             service,
             options,
             draining,
-            config.server.grace_period(),
+            config.server.grace_period,
         )
         .await;
         let _ = admin_stop.send(());
@@ -340,17 +336,18 @@ fn build_meter(config: &Config, registry: &prometheus::Registry) -> anyhow::Resu
     let m = &config.measure;
     // A model with its own SLOs is a configured model too: its label (and so its SLOs) must
     // not depend on learning.
-    let labelled = m.models.iter().chain(config.slo.models.keys());
+    let labelled = m.models.iter().chain(config.slo.per_model.keys());
     let metrics =
         Metrics::register(registry, ModelLabels::new(labelled)).context("registering metrics")?;
-    metrics.set_goodput_window(m.goodput_window());
+    metrics.set_goodput_window(m.goodput_window);
     let mut sinks = Sinks::default();
-    if let Some(path) = &m.sink_path {
+    if let Some(jsonl) = &m.jsonl {
+        let path = &jsonl.path;
         let cfg = SinkConfig {
             path: path.clone(),
-            max_bytes: m.sink_max_bytes,
-            keep: m.sink_keep,
-            queue: m.sink_queue,
+            max_bytes: jsonl.max_bytes,
+            keep: jsonl.keep,
+            queue: jsonl.queue,
         };
         let dropped = metrics.records_dropped.with_label_values(&["jsonl"]);
         // The writer task ends by itself once the last sender (the meter) is dropped.
@@ -358,7 +355,7 @@ fn build_meter(config: &Config, registry: &prometheus::Registry) -> anyhow::Resu
             .with_context(|| format!("measure.sink_path: cannot open {}", path.display()))?;
         sinks.jsonl = Some(sink);
     }
-    if let Some(ch) = &config.sink.clickhouse {
+    if let Some(ch) = &config.clickhouse {
         let l = ["clickhouse"];
         let counters = SinkCounters {
             dropped: metrics.records_dropped.with_label_values(&l),
@@ -373,12 +370,12 @@ fn build_meter(config: &Config, registry: &prometheus::Registry) -> anyhow::Resu
     }
     let meter = Meter::new(
         metrics,
-        config.slo.table(),
+        config.slo.clone(),
         m.records,
         sinks,
         m.usage_injection == UsageInjection::Auto,
     )
-    .with_instance(&config.server.instance_name());
+    .with_instance(&config.server.instance);
     Ok(if m.enabled { meter } else { meter.disabled() })
 }
 
@@ -434,7 +431,7 @@ async fn list_models(up: &Upstreams, replica: &crate::upstream::Replica) -> Vec<
     let Ok(req) = http::Request::get(uri).body(Full::new(bytes::Bytes::new())) else {
         return Vec::new();
     };
-    let limit = up.config.connect_timeout() + Duration::from_secs(5);
+    let limit = up.config.connect_timeout + Duration::from_secs(5);
     let fetch = async {
         let resp = up.client.request(req).await.ok()?;
         if !resp.status().is_success() {

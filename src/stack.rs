@@ -140,7 +140,7 @@ pub fn build(
     // Shed before reading the body; the permit lives until the response body ends.
     // TENANTS: per-tenant limits go here, beside the in-flight cap (they need auth's tenant).
     let inner: Stage<Incoming> =
-        stage(InFlightLimitLayer::new(s.max_in_flight, s.retry_after_s).layer(inner));
+        stage(InFlightLimitLayer::new(s.max_in_flight, s.retry_after.as_secs()).layer(inner));
     // AUTH: an auth layer goes here: inside measure (a 401 is recorded `rejected` from its
     // typed error), before any work is spent on the request.
     // The one place that records: inside the error mapping so it sees every typed error

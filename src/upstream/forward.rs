@@ -66,7 +66,7 @@ async fn forward(
     let (parts, body) = req.into_parts();
     let headers = upstream_headers(&parts, forwarded);
     let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-    let first_byte = up.config.first_byte_timeout();
+    let first_byte = up.config.first_byte_timeout;
 
     let mut exclude = None;
     let mut retried = false;
@@ -127,8 +127,8 @@ async fn forward(
         let body = DeadlineBody::new(
             rbody,
             first_byte_by,
-            up.config.stream_idle_timeout(),
-            up.config.total_timeout(),
+            up.config.stream_idle_timeout,
+            up.config.total_timeout,
             guard,
         );
         return Ok(Response::from_parts(rparts, body.boxed_unsync()));

@@ -86,7 +86,9 @@ async fn play(addr: SocketAddr, stage: Stage, settle: bool) -> TcpStream {
 async fn a_client_leaving_at_any_stage_releases_the_upstream_within_1s() {
     let _serial = crate::support::serial().await;
     let fake = start_fake().await;
-    let app = App::bind(test_config(&[fake.url()])).await.unwrap();
+    let app = App::bind(test_config(&[fake.url()]).check().unwrap())
+        .await
+        .unwrap();
     let state = app.state();
     let proxy = run_app(app);
     let in_flight = || {

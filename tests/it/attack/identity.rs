@@ -92,7 +92,9 @@ async fn x_forwarded_for_keeps_only_the_trusted_part_of_the_chain() {
         (1, "10.0.0.1, 127.0.0.1", "https"),
         (5, "6.6.6.6, 10.0.0.1, 127.0.0.1", "https"),
     ] {
-        let app = App::bind(test_config(&[fake.url()])).await.unwrap();
+        let app = App::bind(test_config(&[fake.url()]).check().unwrap())
+            .await
+            .unwrap();
         let proxy = run_app(app.with_forwarded(Forwarded {
             trusted_proxies: trusted,
         }));
