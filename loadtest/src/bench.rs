@@ -102,7 +102,13 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
         }
         None => None,
     };
-    let client = client::http_client(args.streams);
+    // A burst is of new connections: none is reused (a reused keep-alive connection can be
+    // closed by the server just as the request goes out, which is the client's race, not the
+    // server's error).
+    let client = client::http_client(match args.mode {
+        Mode::Paced => args.streams,
+        Mode::Burst => 0,
+    });
     let job = Arc::new(Job {
         client,
         header,
