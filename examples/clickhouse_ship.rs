@@ -13,11 +13,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use goodput_measure::meter::Measurement;
+use goodput_measure::outcome::{FinishReason, Outcome};
+use goodput_measure::record::RequestRecord;
+use goodput_measure::slo::{judge, Slo};
 use goodput_proxy::config::ClickHouseConfig;
-use goodput_proxy::measure::meter::Measurement;
-use goodput_proxy::measure::outcome::{FinishReason, Outcome};
-use goodput_proxy::measure::record::RequestRecord;
-use goodput_proxy::measure::slo::{judge, Slo};
 use goodput_proxy::sink::clickhouse::{ClickHouseSink, SinkCounters};
 use prometheus::IntCounter;
 

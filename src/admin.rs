@@ -13,7 +13,7 @@ use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 
 use crate::app::AppState;
-use crate::measure::record::{parse_stats_query, StatsQueryError};
+use goodput_measure::record::{parse_stats_query, StatsQueryError};
 use tokio::time::Instant;
 
 /// Answers one admin request.

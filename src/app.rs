@@ -15,17 +15,17 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::config::{Config, UsageInjection};
 use crate::engine::{self, Engines};
-use crate::layer::meter::Meter;
+use crate::layer::measure::Meter;
 use crate::listener::{self, ServeOptions};
-use crate::measure::sink::{RecordSink, SinkConfig};
 use crate::metrics::{Metrics, ModelLabels};
-use crate::net::{bind_listener, LISTEN_BACKLOG};
-use crate::sim::{SimConfig, SimHandle, SimServer};
 use crate::sink::clickhouse::{ClickHouseSink, SinkCounters};
+use crate::sink::jsonl::{RecordSink, SinkConfig};
 use crate::sink::Sinks;
 use crate::stack;
 use crate::upstream::discover::{Discovery, DnsTarget, Resolver, SystemResolver};
 use crate::upstream::{health, Upstreams};
+use goodput_net::{bind_listener, LISTEN_BACKLOG};
+use goodput_sim::{SimConfig, SimHandle, SimServer};
 
 /// What the admin routes and the meter share with the running proxy.
 pub struct AppState {

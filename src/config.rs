@@ -50,7 +50,7 @@ pub struct Config {
     /// The built-in simulated engine used in demo mode (no `upstream.urls`); see the sim's
     /// own documentation for its fields. Not overridable from the environment.
     #[serde(skip_serializing)]
-    pub sim: Option<crate::sim::SimConfig>,
+    pub sim: Option<goodput_sim::SimConfig>,
 }
 
 /// The public listener and the limits applied to every request.
@@ -213,7 +213,7 @@ impl Default for MeasureConfig {
             usage_injection: UsageInjection::Auto,
             models: Vec::new(),
             models_refresh_ms: 30_000,
-            records: crate::measure::record::DEFAULT_RING_CAPACITY,
+            records: goodput_measure::record::DEFAULT_RING_CAPACITY,
             sink_path: None,
             sink_max_bytes: 100 * 1024 * 1024,
             sink_keep: 3,
@@ -383,8 +383,8 @@ pub struct SloOverride {
 
 impl SloConfig {
     /// The table the meter judges by.
-    pub fn table(&self) -> crate::measure::slo::SloTable {
-        use crate::measure::slo::{Slo, SloTable};
+    pub fn table(&self) -> goodput_measure::slo::SloTable {
+        use goodput_measure::slo::{Slo, SloTable};
         let limit = |v: u64| (v > 0).then(|| ms(v));
         let default = Slo {
             ttft: limit(self.ttft_ms),

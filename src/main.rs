@@ -46,7 +46,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let config = args.load_config()?;
     logging::init(&config.log);
-    warn_on_low_fd_limit(goodput_proxy::net::raise_nofile_limit(), &config);
+    warn_on_low_fd_limit(goodput_net::raise_nofile_limit(), &config);
     runtime()?.block_on(async move {
         let app = App::bind(config).await?;
         tracing::info!(addr = %app.local_addr(), "proxy listening");
@@ -72,7 +72,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
 /// `server.max_in_flight` of them (accepts and upstream connects would fail with EMFILE).
 fn warn_on_low_fd_limit(nofile: Option<u64>, config: &Config) {
     let Some(nofile) = nofile else { return };
-    let fit = goodput_proxy::net::streams_within(nofile);
+    let fit = goodput_net::streams_within(nofile);
     if fit < config.server.max_in_flight as u64 {
         tracing::warn!(
             open_files_limit = nofile,
@@ -83,10 +83,10 @@ fn warn_on_low_fd_limit(nofile: Option<u64>, config: &Config) {
     }
 }
 
-fn sim(args: goodput_proxy::sim::SimArgs) -> anyhow::Result<()> {
+fn sim(args: goodput_sim::SimArgs) -> anyhow::Result<()> {
     logging::init(&Default::default());
-    goodput_proxy::net::raise_nofile_limit();
-    runtime()?.block_on(goodput_proxy::sim::run_cli(args))
+    goodput_net::raise_nofile_limit();
+    runtime()?.block_on(goodput_sim::run_cli(args))
 }
 
 fn report(args: goodput_proxy::report::ReportArgs) -> anyhow::Result<()> {

@@ -15,10 +15,10 @@ use prometheus::{
 };
 use tokio::time::Instant;
 
-use crate::measure::meter::Measurement;
-use crate::measure::outcome::{rejected_by_client, Outcome, NO_FINISH_REASON};
-use crate::measure::slo::SloVerdict;
-use crate::measure::window::RatioWindow;
+use goodput_measure::meter::Measurement;
+use goodput_measure::outcome::{rejected_by_client, Outcome, NO_FINISH_REASON};
+use goodput_measure::slo::SloVerdict;
+use goodput_measure::window::RatioWindow;
 
 pub const TTFT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -609,8 +609,8 @@ impl Drop for RequestMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::measure::outcome::FinishReason;
-    use crate::measure::slo::{judge, Slo};
+    use goodput_measure::outcome::FinishReason;
+    use goodput_measure::slo::{judge, Slo};
     use prometheus::proto::MetricFamily;
 
     fn setup(configured: &[&str]) -> (Registry, Metrics) {

@@ -15,11 +15,12 @@ use crate::config::Config;
 use crate::error::BoxError;
 use crate::layer::access_log::AccessLogLayer;
 use crate::layer::collect::CollectLayer;
+use crate::layer::context::ContextLayer;
 use crate::layer::error_response::ErrorResponseLayer;
 use crate::layer::limit::InFlightLimitLayer;
-use crate::layer::meter::{Meter, MeterLayer, RecordRejectionsLayer};
-use crate::layer::request_id::RequestIdLayer;
+use crate::layer::measure::{MeasureLayer, Meter};
 use crate::layer::route::RouteLayer;
+use crate::layer::usage::UsageLayer;
 use crate::upstream::{Forward, Upstreams};
 
 /// Every response body the proxy returns: boxed so a wrapper (the meter) can be slotted in.
@@ -48,29 +49,43 @@ where
 
 /// Builds the public stack for `config`, forwarding to `upstreams`, measured by `meter`.
 /// Inner first (each stage boxes the one below, see [`Stage`]); read the comments bottom-up for
-/// the order a request travels, outermost first.
+/// the order a request travels, outermost first. With `[measure] enabled = false` the measure
+/// and usage stages are left out: the proxy forwards without metering.
 pub fn build(config: &Config, upstreams: Arc<Upstreams>, meter: Arc<Meter>) -> ProxyService {
     use tower::Layer;
     let s = &config.server;
-    // Innermost, around forwarding: it needs RequestFacts (model, stream) from collect,
-    // may rewrite the collected body (usage injection), sees forwarding's typed errors
-    // (connect failure, first-byte timeout), and wraps the upstream body as it leaves.
-    let inner: Stage<Bytes> = stage(MeterLayer::new(meter.clone()).layer(Forward::new(upstreams)));
-    // Bounded body read (413) + RequestFacts (model, stream, t0) for meter and shaping.
+    let measured = meter.enabled();
+    let forward = Forward::new(upstreams);
+    // Innermost, right before forwarding: it rewrites the collected body (usage injection),
+    // wraps the upstream body in the usage strip when it did, and marks in the context when
+    // the request is handed over (the end of the proxy's own overhead).
+    let inner: Stage<Bytes> = if measured {
+        stage(UsageLayer::new(meter.usage_injection()).layer(forward))
+    } else {
+        stage(forward)
+    };
+    // Bounded body read (413); model and stream into the context for measure and shaping.
     let inner: Stage<Incoming> = stage(CollectLayer::new(s.max_body_bytes).layer(inner));
     // Unknown paths get 404 before the body is read or the upstream touched.
     let inner: Stage<Incoming> = stage(RouteLayer::new(&s.paths).layer(inner));
-    // AUTH: an auth layer belongs here: after errors are mapped, before any work is spent.
     // Shed before reading the body; the permit lives until the response body ends.
+    // TENANTS: per-tenant limits go here, beside the in-flight cap (they need auth's tenant).
     let inner: Stage<Incoming> =
         stage(InFlightLimitLayer::new(s.max_in_flight, s.retry_after_s).layer(inner));
-    // Records what the layers below answer themselves (404, 413, 503 shed) as `rejected`:
-    // inside the error mapping so it still sees the typed error, outside everything that
-    // can reject. Requests the meter takes over are left to the meter.
-    let inner: Stage<Incoming> = stage(RecordRejectionsLayer::new(meter).layer(inner));
+    // AUTH: an auth layer goes here: inside measure (a 401 is recorded `rejected` from its
+    // typed error), before any work is spent on the request.
+    // The one place that records: inside the error mapping so it sees every typed error
+    // (rejections of the layers below, forwarding errors), outside everything that can answer
+    // on its own; it wraps the response body to finish the record at its end or drop.
+    let inner: Stage<Incoming> = if measured {
+        stage(MeasureLayer::new(meter).layer(inner))
+    } else {
+        inner
+    };
     let service = ServiceBuilder::new()
-        // Outermost: take t0 before anything spends time; stamp the id on every response.
-        .layer(RequestIdLayer)
+        // Outermost: take t0 before anything spends time, create the request context (the one
+        // extension every layer reads); stamp the id on every response.
+        .layer(ContextLayer)
         // Sees the final status (errors included) and holds its line until the body ends.
         .layer(AccessLogLayer)
         // Turns every inner ProxyError into the one OpenAI-style error response.

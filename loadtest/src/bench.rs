@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use goodput_proxy::measure::{summarize, Outcome, Summary};
+use goodput_measure::{summarize, Outcome, Summary};
 use http::Uri;
 use serde::Serialize;
 use tokio::task::JoinSet;
@@ -267,7 +267,7 @@ fn peak_open(sent: &[Sent]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use goodput_proxy::measure::Measurement;
+    use goodput_measure::Measurement;
 
     fn sent(t0: Instant, head_ms: u64, end_ms: u64) -> Sent {
         let mut m = Measurement::without_body(Outcome::Success, Some(200), ms(end_ms));

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use goodput_proxy::body::sse::SseParser;
-use goodput_proxy::measure::{Ending, Measurement, Outcome, StreamMeter};
+use goodput_measure::sse::SseParser;
+use goodput_measure::{Ending, Measurement, Outcome, StreamMeter};
 use http::{header, Method, Request, Uri};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use goodput_proxy::measure::{judge, Slo};
+use goodput_measure::{judge, Slo};
 use http::Uri;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -596,7 +596,7 @@ async fn tick_loop(
         let elapsed = shared.start.elapsed();
         let ttft_p50 = shared.recent_ttft.lock().ok().and_then(|q| {
             let mut v: Vec<f64> = q.iter().copied().collect();
-            goodput_proxy::measure::summarize(&mut v).map(|s| s.p50)
+            goodput_measure::summarize(&mut v).map(|s| s.p50)
         });
         let name = phase.lock().map(|p| p.clone()).unwrap_or_default();
         progress.update(&Tick {

@@ -1,10 +1,13 @@
 //! `MeteredBody`: the response body the client polls, wrapped so that every data frame is
 //! timestamped (`Instant::now()` inside `poll_frame`, i.e. when the client is served) and fed
-//! to a [`StreamMeter`]. It only watches: the frames it returns are the frames it got, except
-//! when usage stripping is on (see `measure::usage`). It finishes exactly once, on the end of
+//! to a [`StreamMeter`]. It only watches: the frame it returns is the frame it got, and
+//! `is_end_stream` / `size_hint` are the inner body's. It finishes exactly once, on the end of
 //! the stream, on an error, or on drop (the client went away), by calling the `on_finish` hook.
+//! When usage was injected, the strip body inside it removed the usage chunk before this body
+//! saw the stream; its [`StripReport`] hands the meter that usage when the request finishes.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
@@ -13,9 +16,9 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
-use crate::measure::meter::{Measurement, StreamMeter};
-use crate::measure::outcome::Ending;
-use crate::measure::usage::UsageStripper;
+use super::strip::StripReport;
+use goodput_measure::meter::{Measurement, StreamMeter};
+use goodput_measure::outcome::Ending;
 
 /// Called once with the request's measurement (the proxy: metrics + record). `Sync` so that
 /// the body stays `Sync` (e.g. for `http_body_util::combinators::BoxBody`).
@@ -35,13 +38,8 @@ pin_project! {
         inner: B,
         active: Option<Active>,
         on_gap: Option<OnGap>,
-        strip: Option<UsageStripper>,
-        // An inner error waiting behind the bytes the stripper released at the error.
-        error: Option<B::Error>,
-        // Trailers waiting behind the bytes the stripper released when they came.
-        trailers: Option<Frame<Bytes>>,
+        report: Option<Arc<StripReport>>,
         error_ending: fn(&B::Error) -> Ending,
-        done: bool,
     }
 
     impl<B: Body> PinnedDrop for MeteredBody<B> {
@@ -55,16 +53,20 @@ pin_project! {
                 } else {
                     Ending::ClientGone
                 };
-                finish(a, ending, this.strip.as_ref());
+                finish(a, ending, this.report.as_deref());
             }
         }
     }
 }
 
-fn finish(mut a: Active, ending: Ending, strip: Option<&UsageStripper>) {
-    let mut m = a.meter.finish(Instant::now(), ending);
-    m.usage_injected = strip.is_some();
-    m.usage_stripped = strip.is_some_and(|s| !s.gave_up());
+fn finish(mut a: Active, ending: Ending, report: Option<&StripReport>) {
+    let t_end = Instant::now();
+    if let Some(u) = report.and_then(StripReport::usage) {
+        a.meter.on_usage(u);
+    }
+    let mut m = a.meter.finish(t_end, ending);
+    m.usage_injected = report.is_some();
+    m.usage_stripped = report.is_some_and(|r| !r.gave_up());
     (a.on_finish)(m);
 }
 
@@ -79,11 +81,8 @@ impl<B: Body<Data = Bytes>> MeteredBody<B> {
             inner,
             active: Some(Active { meter, on_finish }),
             on_gap: None,
-            strip: None,
-            error: None,
-            trailers: None,
+            report: None,
             error_ending: body_error::<B::Error>,
-            done: false,
         }
     }
 
@@ -93,9 +92,10 @@ impl<B: Body<Data = Bytes>> MeteredBody<B> {
         self
     }
 
-    /// Remove the injected usage chunk (the request had usage injected).
-    pub fn with_usage_strip(mut self) -> Self {
-        self.strip = Some(UsageStripper::new());
+    /// The inner body is a strip body (usage was injected): take the usage it removed, and
+    /// say in the record that usage was injected and whether it was stripped.
+    pub fn with_strip_report(mut self, report: Arc<StripReport>) -> Self {
+        self.report = Some(report);
         self
     }
 
@@ -115,86 +115,41 @@ impl<B: Body<Data = Bytes>> Body for MeteredBody<B> {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        let mut this = self.project();
-        loop {
-            if let Some(e) = this.error.take() {
-                return Poll::Ready(Some(Err(e)));
-            }
-            if let Some(t) = this.trailers.take() {
-                return Poll::Ready(Some(Ok(t)));
-            }
-            if *this.done {
-                return Poll::Ready(None);
-            }
-            match ready!(this.inner.as_mut().poll_frame(cx)) {
-                Some(Ok(frame)) => {
-                    let frame = match frame.into_data() {
-                        Ok(data) => data,
-                        Err(other) => {
-                            // Trailers end the body: what the stripper holds goes out first.
-                            let held = this.strip.as_mut().map(|s| s.finish()).unwrap_or_default();
-                            if held.is_empty() {
-                                return Poll::Ready(Some(Ok(other)));
-                            }
-                            *this.trailers = Some(other);
-                            return Poll::Ready(Some(Ok(Frame::data(held))));
-                        }
-                    };
-                    if let Some(a) = this.active.as_mut() {
-                        let t = Instant::now();
-                        match this.on_gap.as_mut() {
-                            Some(g) => a.meter.on_frame(t, &frame, g),
-                            None => a.meter.on_frame(t, &frame, |_| {}),
-                        }
+        let this = self.project();
+        let polled = ready!(this.inner.poll_frame(cx));
+        let Some(a) = this.active.as_mut() else {
+            return Poll::Ready(polled); // finished already: pass the rest through
+        };
+        match &polled {
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    let t = Instant::now();
+                    match this.on_gap.as_mut() {
+                        Some(g) => a.meter.on_frame(t, data, g),
+                        None => a.meter.on_frame(t, data, |_| {}),
                     }
-                    let out = match this.strip.as_mut() {
-                        Some(s) => s.push(frame),
-                        None => frame,
-                    };
-                    if out.is_empty() && this.strip.is_some() {
-                        continue; // all held back or stripped: wait for more
-                    }
-                    return Poll::Ready(Some(Ok(Frame::data(out))));
                 }
-                Some(Err(e)) => {
-                    let ending = (this.error_ending)(&e);
-                    *this.done = true;
-                    if let Some(a) = this.active.take() {
-                        finish(a, ending, this.strip.as_ref());
-                    }
-                    let held = this.strip.as_mut().map(|s| s.finish()).unwrap_or_default();
-                    if held.is_empty() {
-                        return Poll::Ready(Some(Err(e)));
-                    }
-                    *this.error = Some(e);
-                    return Poll::Ready(Some(Ok(Frame::data(held))));
+            }
+            Some(Err(e)) => {
+                let ending = (this.error_ending)(e);
+                if let Some(a) = this.active.take() {
+                    finish(a, ending, this.report.as_deref());
                 }
-                None => {
-                    *this.done = true;
-                    let held = this.strip.as_mut().map(|s| s.finish()).unwrap_or_default();
-                    if let Some(a) = this.active.take() {
-                        finish(a, Ending::Complete, this.strip.as_ref());
-                    }
-                    if held.is_empty() {
-                        return Poll::Ready(None);
-                    }
-                    return Poll::Ready(Some(Ok(Frame::data(held))));
+            }
+            None => {
+                if let Some(a) = this.active.take() {
+                    finish(a, Ending::Complete, this.report.as_deref());
                 }
             }
         }
+        Poll::Ready(polled)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.error.is_none()
-            && self.trailers.is_none()
-            && (self.done || (self.strip.is_none() && self.inner.is_end_stream()))
+        self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        if self.strip.is_some() {
-            SizeHint::default() // stripping changes the length
-        } else {
-            self.inner.size_hint()
-        }
+        self.inner.size_hint()
     }
 }

@@ -1,7 +1,8 @@
-//! Response bodies: the incremental SSE parser (pure) and the metering body wrapper.
+//! Response bodies: the usage strip body (changes the bytes) and the metered body outside it
+//! (only watches). The SSE parser the meter feeds is `goodput_measure::sse`.
 
 pub mod metered;
-pub mod sse;
+pub mod strip;
 
 pub use metered::{MeteredBody, OnFinish, OnGap};
-pub use sse::{SseEvent, SseParser};
+pub use strip::{StripBody, StripReport};

@@ -1,7 +1,7 @@
 //! One access line per request, written when the response body is finished or dropped, so the
 //! duration covers the whole stream: request id, method, path, status, upstream, duration.
 //!
-//! Sits just inside the request id layer: it needs the id and `t0`, and it must see the final
+//! Sits just inside the context layer: it needs the id and `t0`, and it must see the final
 //! response, including the proxy's own errors.
 
 use std::sync::Arc;
@@ -12,8 +12,8 @@ use http_body_util::BodyExt;
 use tokio::time::Instant;
 use tower::{Layer, Service};
 
+use super::context::RequestContext;
 use super::hold::Hold;
-use super::request_id::{RequestId, RequestStart};
 use super::BoxFuture;
 use crate::stack::ProxyBody;
 use crate::upstream::forward::ServedBy;
@@ -74,11 +74,9 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let id = req.extensions().get::<RequestId>().map(|r| r.0.clone());
-        let t0 = req
-            .extensions()
-            .get::<RequestStart>()
-            .map_or_else(Instant::now, |s| s.0);
+        let ctx = RequestContext::of(req.extensions());
+        let id = ctx.map(|c| c.id.clone());
+        let t0 = ctx.map_or_else(Instant::now, |c| c.t0);
         let method = req.method().clone();
         let path = req.uri().path().to_string();
         let fut = self.inner.call(req);

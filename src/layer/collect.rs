@@ -1,38 +1,21 @@
-//! Reads the request body up front, bounded by `server.max_body_bytes` (413 beyond), and records
-//! what the meter and request shaping need in [`RequestFacts`].
+//! Reads the request body up front, bounded by `server.max_body_bytes` (413 beyond), and writes
+//! what the meter and request shaping need ([`RequestFacts`]) into the request context.
 //!
 //! Why collect: shaping must read `model` and `stream` (and may rewrite the JSON later), and a
 //! connect failure can only be retried on another replica if the body can be sent again.
 //! OpenAI request bodies are small next to the responses, so the cost is a copy of kilobytes.
 
-use std::sync::Arc;
-
 use bytes::Bytes;
 use http::{header, Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use tokio::time::Instant;
 use tower::{Layer, Service};
 
-use super::request_id::{RequestId, RequestStart};
+use super::context::{RequestContext, RequestFacts};
 use super::{Around, ResponseFuture, Wrapped};
 use crate::error::{BoxError, ProxyError};
-use crate::measure::request::{peek_request, RequestPeek};
 use crate::stack::ProxyBody;
-
-/// What the proxy knows about a request before it goes upstream (a request extension on the
-/// collected request, read by the meter and by forwarding).
-#[derive(Debug, Clone)]
-pub struct RequestFacts {
-    pub request_id: Arc<str>,
-    /// The body's `model`, when the body is JSON and has one.
-    pub model: Option<String>,
-    /// The body's `stream` flag as the engine reads it (lax boolean; `false` when absent, not
-    /// JSON, or not a boolean to the engine).
-    pub stream: bool,
-    /// When hyper handed the request over (DESIGN.md `t0`).
-    pub t0: Instant,
-}
+use goodput_measure::request::{peek_request, RequestPeek};
 
 #[derive(Debug, Clone, Copy)]
 pub struct CollectLayer {
@@ -90,21 +73,10 @@ where
                 Err(e) => return Err(ProxyError::ClientBody(e)),
             };
             let RequestPeek { model, stream } = peek_request(&bytes);
-            let facts = RequestFacts {
-                request_id: parts
-                    .extensions
-                    .get::<RequestId>()
-                    .map_or_else(|| Arc::from("-"), |r| r.0.clone()),
-                model,
-                stream,
-                t0: parts
-                    .extensions
-                    .get::<RequestStart>()
-                    .map_or_else(Instant::now, |s| s.0),
-            };
-            let mut req = Request::from_parts(parts, bytes);
-            req.extensions_mut().insert(facts);
-            inner.call(req).await
+            if let Some(ctx) = RequestContext::of(&parts.extensions) {
+                ctx.set_facts(RequestFacts { model, stream });
+            }
+            inner.call(Request::from_parts(parts, bytes)).await
         })
     }
 }

@@ -1,8 +1,9 @@
 //! Tower layers, one concern each. `stack.rs` says in which order they run and why.
 //!
-//! The layers that can answer on their own (route, limit, collect) and the meter's two share
+//! The layers that can answer on their own (route, limit, collect) and usage injection share
 //! one service shape, [`Wrapped`]: readiness passes through to the inner service and `call`
-//! is the layer's [`Around::around`]; an early answer is a [`reject`] future.
+//! is the layer's [`Around::around`]; an early answer is a [`reject`] future. The context,
+//! access log, error mapping and measure layers have their own service types.
 
 use std::task::{Context, Poll};
 
@@ -14,12 +15,13 @@ use crate::stack::ProxyBody;
 
 pub mod access_log;
 pub mod collect;
+pub mod context;
 pub mod error_response;
 pub mod hold;
 pub mod limit;
-pub mod meter;
-pub mod request_id;
+pub mod measure;
 pub mod route;
+pub mod usage;
 
 /// The boxed future every layer here returns: layers are small and the box keeps their types
 /// readable; one allocation per layer per request is noise next to a network hop.

@@ -4,7 +4,7 @@
 //! picks an element instead; `quantileExactInclusive`, 20.x and later, equals numpy.)
 //! config/clickhouse/queries.sql spells out the same expressions; a test keeps them equal.
 
-use crate::measure::outcome::Outcome;
+use goodput_measure::outcome::Outcome;
 
 /// The quantiles the report shows.
 pub const QUANTILES: [f64; 3] = [0.5, 0.9, 0.99];

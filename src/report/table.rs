@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use crate::measure::outcome::Outcome;
+use goodput_measure::outcome::Outcome;
 
 /// One `(model, upstream)` row, or the fleet total (`model` and `upstream` are `*`).
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -31,7 +31,7 @@ use tokio::time::Instant;
 use super::http::{ChError, ChHttp};
 use super::row::write_row;
 use crate::config::ClickHouseConfig;
-use crate::measure::record::RequestRecord;
+use goodput_measure::record::RequestRecord;
 
 /// The counters the sink keeps (the `sink="clickhouse"` children).
 #[derive(Debug, Clone)]
@@ -208,8 +208,8 @@ fn encode(records: &[Arc<RequestRecord>], boot: u64, first_seq: u64, gzip: bool)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::measure::meter::Measurement;
-    use crate::measure::outcome::Outcome;
+    use goodput_measure::meter::Measurement;
+    use goodput_measure::outcome::Outcome;
     use std::io::Read as _;
 
     fn record(i: u64) -> Arc<RequestRecord> {

@@ -1,15 +1,16 @@
 //! Where finished records go besides the `/stats` ring: the JSONL file
-//! (`measure::sink::RecordSink`) and ClickHouse ([`clickhouse::ClickHouseSink`]). Both take a
+//! ([`jsonl::RecordSink`]) and ClickHouse ([`clickhouse::ClickHouseSink`]). Both take a
 //! record without waiting and count what they drop.
 
 pub mod clickhouse;
 pub mod http;
+pub mod jsonl;
 pub mod row;
 
 use std::sync::Arc;
 
-use crate::measure::record::RequestRecord;
-use crate::measure::sink::RecordSink;
+use crate::sink::jsonl::RecordSink;
+use goodput_measure::record::RequestRecord;
 
 /// Every configured sink; the meter hands each record to all of them.
 #[derive(Debug, Clone, Default)]

@@ -14,7 +14,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::measure::record::RequestRecord;
+use goodput_measure::record::RequestRecord;
 
 /// Appends `rec` as one JSON line (with `\n`) to `out`; `uid` is its unique key (see
 /// `clickhouse.rs`).
@@ -76,9 +76,9 @@ pub fn stored_seconds(s: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::measure::meter::Measurement;
-    use crate::measure::outcome::{FinishReason, Outcome};
-    use crate::measure::slo::{judge, Slo};
+    use goodput_measure::meter::Measurement;
+    use goodput_measure::outcome::{FinishReason, Outcome};
+    use goodput_measure::slo::{judge, Slo};
     use std::collections::BTreeSet;
     use std::time::Duration;
 

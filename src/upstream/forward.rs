@@ -20,8 +20,7 @@ use super::deadline::DeadlineBody;
 use super::headers::{append_forwarded, strip_hop_by_hop};
 use super::Upstreams;
 use crate::error::ProxyError;
-use crate::layer::collect::RequestFacts;
-use crate::layer::request_id::X_REQUEST_ID;
+use crate::layer::context::{RequestContext, X_REQUEST_ID};
 use crate::listener::ConnInfo;
 use crate::stack::ProxyBody;
 
@@ -155,8 +154,8 @@ fn upstream_headers(parts: &http::request::Parts) -> http::HeaderMap {
         "http"
     };
     append_forwarded(&mut h, ip.as_deref(), proto, host.as_deref());
-    if let Some(facts) = parts.extensions.get::<RequestFacts>() {
-        if let Ok(v) = HeaderValue::from_str(&facts.request_id) {
+    if let Some(ctx) = RequestContext::of(&parts.extensions) {
+        if let Ok(v) = HeaderValue::from_str(&ctx.id) {
             h.insert(X_REQUEST_ID, v);
         }
     }
@@ -167,6 +166,7 @@ fn upstream_headers(parts: &http::request::Parts) -> http::HeaderMap {
 mod tests {
     use std::sync::Mutex;
 
+    use http::Uri;
     use hyper::service::service_fn;
     use hyper_util::rt::TokioIo;
     use tower::util::BoxCloneSyncService;
@@ -186,7 +186,8 @@ mod tests {
                     Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from("ok"))))
                 });
                 tokio::spawn(
-                    hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(s), ok),
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(s), ok),
                 );
             }
         });
@@ -227,7 +228,9 @@ mod tests {
         let attempts = Arc::default();
         let connector = refusing(&config, refuse, &attempts);
         let up = Arc::new(Upstreams::with_connector(&config, connector).unwrap());
-        let req = Request::post("/v1/completions").body(Bytes::from("{}")).unwrap();
+        let req = Request::post("/v1/completions")
+            .body(Bytes::from("{}"))
+            .unwrap();
         let status = forward(up, req).await.map(|r| r.status().as_u16());
         let seen = attempts.lock().unwrap().clone();
         (status, seen, addr.to_string())

@@ -9,7 +9,7 @@ use crate::support::meter::*;
 use crate::support::prom::*;
 use crate::support::proxy::*;
 use goodput_proxy::compare::{self, admin::Admin, render, Cell};
-use goodput_proxy::sim::{Jitter, SimConfig};
+use goodput_sim::{Jitter, SimConfig};
 
 /// Requests sent during the window, 4 at a time.
 const REQUESTS: usize = 40;

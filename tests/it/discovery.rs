@@ -11,8 +11,8 @@ use crate::support::meter::*;
 use crate::support::prom::*;
 use crate::support::proxy::*;
 use goodput_proxy::app::App;
-use goodput_proxy::sim::{SimConfig, SimHandle};
 use goodput_proxy::upstream::discover::{Resolved, Resolver};
+use goodput_sim::{SimConfig, SimHandle};
 
 const INTERVAL_MS: u64 = 200;
 

@@ -12,7 +12,7 @@ use crate::support::proxy::*;
 use goodput_proxy::config::{Config, UpstreamLabel};
 use goodput_proxy::engine::parse::{parse, Kind};
 use goodput_proxy::metrics::TTFT_BUCKETS;
-use goodput_proxy::sim::{SimConfig, SimHandle};
+use goodput_sim::{SimConfig, SimHandle};
 
 /// Proxy config in front of `upstreams`, scraping every 100 ms.
 fn engine_config(upstreams: &[String]) -> Config {

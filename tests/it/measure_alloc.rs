@@ -6,8 +6,8 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use goodput_proxy::body::SseParser;
-use goodput_proxy::measure::{inspect_chunk, Ending, Outcome, StreamMeter};
+use goodput_measure::sse::SseParser;
+use goodput_measure::{inspect_chunk, Ending, Outcome, StreamMeter};
 use tokio::time::Instant;
 
 struct Counting;

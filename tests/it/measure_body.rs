@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::stream;
-use goodput_proxy::body::MeteredBody;
-use goodput_proxy::measure::{Ending, Measurement, Outcome, StreamMeter};
+use goodput_measure::{Ending, Measurement, Outcome, StreamMeter};
+use goodput_proxy::body::{MeteredBody, StripBody, StripReport};
 use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Empty, StreamBody};
 use tokio::sync::mpsc;
@@ -45,6 +45,18 @@ fn meter(streaming: bool) -> StreamMeter {
     let mut m = StreamMeter::new(t0, streaming);
     m.on_head(t0, 200);
     m
+}
+
+/// The proxy's composition when usage was injected: the strip body inside (it changes the
+/// bytes), the metered body outside (it watches what the client gets), one report between.
+fn stripped<B: Body<Data = Bytes>>(
+    inner: B,
+    meter: StreamMeter,
+    on_finish: goodput_proxy::body::metered::OnFinish,
+) -> MeteredBody<StripBody<B>> {
+    let report = Arc::new(StripReport::default());
+    MeteredBody::new(StripBody::new(inner, report.clone()), meter, on_finish)
+        .with_strip_report(report)
 }
 
 type Item = Result<Frame<Bytes>, std::io::Error>;
@@ -208,7 +220,7 @@ async fn usage_strip_gives_the_client_the_plain_bytes_and_the_meter_exact_tokens
             .map(|b| Ok::<_, Infallible>(Frame::data(b))),
     ));
     let (got, on_finish) = hook();
-    let body = MeteredBody::new(inner, meter(true), on_finish).with_usage_strip();
+    let body = stripped(inner, meter(true), on_finish);
     let out = body.collect().await.unwrap().to_bytes();
     assert_eq!(out, plain.as_bytes());
     let m = got.lock().unwrap().pop().unwrap();
@@ -247,12 +259,11 @@ async fn non_streaming_json_body() {
 fn the_metered_body_can_be_boxed_send_and_sync() {
     fn boxable<B: Body<Data = Bytes> + Send + Sync + 'static>(_: &B) {}
     let (_got, on_finish) = hook();
-    let body = MeteredBody::new(
+    let body = stripped(
         http_body_util::Full::new(Bytes::new()),
         meter(false),
         on_finish,
     )
-    .with_usage_strip()
     .with_gap_observer(Box::new(|_| {}));
     boxable(&body);
     let _boxed = http_body_util::combinators::BoxBody::new(body);
@@ -283,7 +294,7 @@ mod split {
             }
             let inner = StreamBody::new(stream::iter(frames.into_iter().map(|b| Ok::<_, Infallible>(Frame::data(b)))));
             let (got, on_finish) = hook();
-            let body = MeteredBody::new(inner, meter(true), on_finish).with_usage_strip();
+            let body = stripped(inner, meter(true), on_finish);
             let out = body.collect().now_or_never().unwrap().unwrap().to_bytes();
             prop_assert_eq!(&out[..], plain.as_bytes());
             let m = got.lock().unwrap().pop().unwrap();
@@ -315,8 +326,7 @@ async fn trailers_after_held_bytes_keep_their_order() {
         .collect();
     items.push(Ok(Frame::trailers(trailers)));
     let (got, on_finish) = hook();
-    let mut b = MeteredBody::new(StreamBody::new(stream::iter(items)), meter(true), on_finish)
-        .with_usage_strip();
+    let mut b = stripped(StreamBody::new(stream::iter(items)), meter(true), on_finish);
     let mut data = Vec::new();
     let mut saw_trailers = false;
     while let Some(f) = b.frame().await {

@@ -9,14 +9,14 @@ use std::path::PathBuf;
 use crate::support::meter::*;
 use crate::support::prom::*;
 use crate::support::proxy::*;
-use goodput_proxy::sim::SimConfig;
+use goodput_sim::SimConfig;
 use serde_json::Value;
 
 /// The simulator's decode time per token: the per-choice TPOT the proxy must report.
 const SIM_TPOT_MS: f64 = 20.0;
 
 struct Rig {
-    sim: goodput_proxy::sim::SimHandle,
+    sim: goodput_sim::SimHandle,
     proxy: Proxy,
     dir: PathBuf,
     sent: u64,

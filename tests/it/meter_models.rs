@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::support::meter::*;
 use crate::support::prom::*;
 use crate::support::proxy::*;
-use goodput_proxy::sim::SimConfig;
+use goodput_sim::SimConfig;
 
 /// Every distinct `model` label value on the page.
 fn model_labels(text: &str) -> BTreeSet<String> {

@@ -6,8 +6,8 @@ use std::time::Duration;
 use crate::support::meter::*;
 use crate::support::prom::*;
 use crate::support::proxy::*;
-use goodput_proxy::measure::outcome::Outcome;
-use goodput_proxy::sim::SimConfig;
+use goodput_measure::outcome::Outcome;
+use goodput_sim::SimConfig;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 

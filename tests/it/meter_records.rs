@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::support::meter::*;
 use crate::support::proxy::*;
-use goodput_proxy::sim::SimConfig;
+use goodput_sim::SimConfig;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_reach_the_jsonl_sink_with_id_and_upstream() {

@@ -5,8 +5,8 @@
 use crate::support::meter::*;
 use crate::support::prom::*;
 use crate::support::proxy::*;
-use goodput_proxy::measure::stats::summarize;
-use goodput_proxy::sim::SimConfig;
+use goodput_measure::stats::summarize;
+use goodput_sim::SimConfig;
 
 const N: usize = 16;
 const TOKENS: u32 = 50;

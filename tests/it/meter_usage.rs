@@ -6,7 +6,7 @@ use crate::support::meter::*;
 use crate::support::prom::*;
 use crate::support::proxy::*;
 use goodput_proxy::config::UsageInjection;
-use goodput_proxy::sim::SimConfig;
+use goodput_sim::SimConfig;
 
 /// `usage.completion_tokens` of the last usage chunk in an SSE body.
 fn reported_usage(body: &[u8]) -> u64 {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::support::meter::{start_sim, CHAT, COMPL};
 use crate::support::proxy::*;
-use goodput_proxy::sim::SimConfig;
+use goodput_sim::SimConfig;
 
 #[tokio::test]
 async fn bodies_are_byte_identical_to_direct_requests() {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::support::prom::sample;
 use crate::support::raw_http::*;
-use goodput_proxy::sim::SimConfig;
+use goodput_sim::SimConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

@@ -5,13 +5,13 @@ use std::time::Duration;
 
 use crate::support::prom::sample;
 use crate::support::raw_http::*;
-use goodput_proxy::sim::{SimConfig, FAULT_HEADER};
+use goodput_sim::{SimConfig, FAULT_HEADER};
 use tokio::io::AsyncWriteExt;
 
 const CHAT: &str = "/v1/chat/completions";
 const BODY: &str = r#"{"model":"tiny","messages":[{"role":"user","content":"Hello"}],"stream":true,"max_tokens":6}"#;
 
-async fn faulted(sim: &goodput_proxy::sim::SimHandle, fault: &str, body: &str) -> Resp {
+async fn faulted(sim: &goodput_sim::SimHandle, fault: &str, body: &str) -> Resp {
     send(
         sim.local_addr(),
         "POST",

@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use crate::support::raw_http::*;
-use goodput_proxy::sim::SimConfig;
+use goodput_sim::SimConfig;
 
 const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sim_fixtures/vllm-0.32");
 /// The project's captures (including the later ones); read in place, preferred over `DIR`.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::support::prom::sample;
 use crate::support::raw_http::*;
-use goodput_proxy::sim::{SimConfig, SimHandle, FAULT_HEADER};
+use goodput_sim::{SimConfig, SimHandle, FAULT_HEADER};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

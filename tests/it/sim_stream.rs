@@ -1,7 +1,7 @@
 //! The simulator's streams: shape, determinism, errors, non-streaming bodies.
 
 use crate::support::raw_http::*;
-use goodput_proxy::sim::SimConfig;
+use goodput_sim::SimConfig;
 
 const CHAT: &str = "/v1/chat/completions";
 const COMPL: &str = "/v1/completions";

@@ -1,7 +1,7 @@
 //! The proxy's per-request records (its JSONL sink), as far as the join needs them.
 
 /// The fields of a proxy record the join needs. The proxy's sink writes
-/// `goodput_proxy::measure::record::RequestRecord` (`id`, `outcome`, `ttft_s`, `tpot_s`, `e2e_s`);
+/// `goodput_measure::record::RequestRecord` (`id`, `outcome`, `ttft_s`, `tpot_s`, `e2e_s`);
 /// `request_id` / `*_seconds` spellings are accepted too.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProxyRecord {

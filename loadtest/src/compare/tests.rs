@@ -164,8 +164,8 @@ fn labels_with_escapes() {
 
 #[test]
 fn reads_the_proxys_own_sink_records() {
-    use goodput_proxy::measure::record::RequestRecord as ProxyRec;
-    use goodput_proxy::measure::{judge, Measurement, Outcome, Slo};
+    use goodput_measure::record::RequestRecord as ProxyRec;
+    use goodput_measure::{judge, Measurement, Outcome, Slo};
     use std::time::Duration;
     let mut m =
         Measurement::without_body(Outcome::Truncated, Some(200), Duration::from_millis(900));

@@ -328,7 +328,7 @@ pub fn ttft_series(records: &[RequestRecord], total_s: f64) -> (Line, Line) {
     }
     let (mut p50, mut p99) = (Vec::new(), Vec::new());
     for (i, mut b) in bins.into_iter().enumerate() {
-        if let Some(s) = goodput_proxy::measure::stats::summarize(&mut b) {
+        if let Some(s) = goodput_measure::stats::summarize(&mut b) {
             let x = ((i as f64 + 0.5) * w).min(total_s);
             p50.push((x, s.p50));
             p99.push((x, s.p99));

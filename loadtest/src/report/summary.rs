@@ -9,7 +9,7 @@ use crate::record::RequestRecord;
 
 /// Exact statistics of one latency over raw values (seconds): the proxy's own definition, so
 /// both sides of a comparison rank percentiles the same way.
-pub use goodput_proxy::measure::stats::Summary as Stats;
+pub use goodput_measure::stats::Summary as Stats;
 
 /// What the runner knows about a phase besides its records.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use goodput_loadtest::runner::{self, CompareTargets, RunConfig};
 use goodput_loadtest::scenario::Scenario;
-use goodput_proxy::sim::{SimConfig, SimServer};
+use goodput_sim::{SimConfig, SimServer};
 
 fn chromium(args: &[&str], profile: &Path) -> std::process::Output {
     let bin = std::env::var("CHROMIUM").unwrap_or_else(|_| "chromium".into());

@@ -22,14 +22,14 @@ use std::time::{Duration, Instant};
 
 use goodput_loadtest::runner::{self, CompareTargets, RunConfig, RunResult};
 use goodput_loadtest::scenario::Scenario;
+use goodput_measure::stats::percentile;
 use goodput_proxy::app::App;
 use goodput_proxy::config::{ClickHouseConfig, Config};
-use goodput_proxy::measure::stats::percentile;
 use goodput_proxy::report::{self, FleetRow, ReportArgs};
-use goodput_proxy::sim::config::Jitter;
-use goodput_proxy::sim::{SimConfig, SimHandle, SimServer};
 use goodput_proxy::sink::http::ChHttp;
 use goodput_proxy::sink::row::stored_seconds;
+use goodput_sim::config::Jitter;
+use goodput_sim::{SimConfig, SimHandle, SimServer};
 use tokio::sync::oneshot;
 
 fn ch_url() -> String {

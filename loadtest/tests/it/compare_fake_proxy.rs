@@ -67,7 +67,7 @@ async fn handle(
         "/metrics" => return Ok(text(metrics(&fake.seen.lock().unwrap()))),
         "/stats" => {
             let mut v = fake.seen.lock().unwrap().ttfts.clone();
-            let s = goodput_proxy::measure::summarize(&mut v).unwrap();
+            let s = goodput_measure::summarize(&mut v).unwrap();
             return Ok(text(serde_json::json!({"ttft_seconds": s}).to_string()));
         }
         _ => {}

@@ -15,7 +15,7 @@ use goodput_loadtest::runner::{self, CompareTargets, RunConfig, RunResult};
 use goodput_loadtest::scenario::Scenario;
 use goodput_proxy::app::App;
 use goodput_proxy::config::Config;
-use goodput_proxy::sim::{SimConfig, SimHandle, SimServer};
+use goodput_sim::{SimConfig, SimHandle, SimServer};
 use tokio::sync::oneshot;
 
 const TTFT_MS: f64 = 80.0;

@@ -8,12 +8,12 @@ use std::time::Duration;
 use goodput_loadtest::metrics::LoadMetrics;
 use goodput_loadtest::runner::{self, CompareTargets, RunConfig, RunResult};
 use goodput_loadtest::scenario::Scenario;
-use goodput_proxy::sim::{SimConfig, SimServer};
+use goodput_sim::{SimConfig, SimServer};
 
 const TTFT_MS: f64 = 80.0;
 const TPOT_MS: f64 = 5.0;
 
-async fn sim() -> goodput_proxy::sim::SimHandle {
+async fn sim() -> goodput_sim::SimHandle {
     let cfg = SimConfig {
         max_num_seqs: 1024,
         ..SimConfig::with_timing(TTFT_MS, TPOT_MS)

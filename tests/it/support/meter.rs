@@ -6,10 +6,10 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use goodput_measure::meter::{Measurement, StreamMeter};
+use goodput_measure::outcome::Ending;
 use goodput_proxy::config::Config;
-use goodput_proxy::measure::meter::{Measurement, StreamMeter};
-use goodput_proxy::measure::outcome::Ending;
-use goodput_proxy::sim::{SimConfig, SimHandle, SimServer};
+use goodput_sim::{SimConfig, SimHandle, SimServer};
 use http::Request;
 use http_body_util::{BodyExt, Full};
 use tokio::time::Instant;

@@ -18,9 +18,9 @@ use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::body::sse::{SseParser, MAX_LINE_BYTES};
-use crate::measure::inspect::{inspect_chunk, ChunkKind};
-use crate::measure::request::{lax_bool, some_raw, Lax};
+use crate::inspect::{inspect_chunk, ChunkKind, Usage};
+use crate::request::{lax_bool, some_raw, Lax};
+use crate::sse::{SseParser, MAX_LINE_BYTES};
 
 const INCLUDE_USAGE: &[u8] = br#""include_usage":true"#;
 
@@ -74,7 +74,7 @@ fn splice(body: &[u8], at: usize, remove: usize, insert: &[&[u8]]) -> Vec<u8> {
 /// would have sent it": the proxy injects only where it knows the engine would have sent no
 /// usage chunk, so that stripping the chunk restores the client's stream exactly.
 ///
-/// Injected, for a stream (`stream` lax-true, see [`crate::measure::request`]) with one choice:
+/// Injected, for a stream (`stream` lax-true, see [`crate::request`]) with one choice:
 /// - no `stream_options`, or `null`: every vLLM version sends no usage;
 /// - `include_usage` lax-false or `null`: the client said no usage; it is set to `true`.
 ///
@@ -246,8 +246,8 @@ struct UsagePeek<'a> {
 
 enum Class {
     /// A `choices:[]` chunk with `usage`: the injected one. Carries `system_fingerprint`'s raw
-    /// JSON text, if any.
-    Usage(Option<Bytes>),
+    /// JSON text, if any, and the usage it reports (the meter never sees this chunk).
+    Usage(Option<Bytes>, Option<Usage>),
     /// A chunk where some choice finishes, without usage; whether it has a fingerprint.
     Finish {
         has_fingerprint: bool,
@@ -271,6 +271,8 @@ pub struct UsageStripper {
     /// The held bytes passed [`MAX_LINE_BYTES`]: everything was released and the rest of the
     /// stream passes unchanged (the usage chunk, if any, reaches the client).
     gave_up: bool,
+    /// The usage of the last chunk removed, until [`UsageStripper::take_removed_usage`].
+    removed: Option<Usage>,
 }
 
 impl UsageStripper {
@@ -282,6 +284,12 @@ impl UsageStripper {
     /// limit (see [`UsageStripper::push`]).
     pub fn gave_up(&self) -> bool {
         self.gave_up
+    }
+
+    /// The usage the last removed chunk reported, once (the client never sees that chunk, so
+    /// whoever meters the stripped stream must be told).
+    pub fn take_removed_usage(&mut self) -> Option<Usage> {
+        self.removed.take()
     }
 
     /// Feed one upstream frame; returns the bytes to send to the client now (possibly empty).
@@ -365,7 +373,10 @@ impl UsageStripper {
         range: Option<(usize, usize)>,
     ) -> Fate {
         match self.classify(&event) {
-            Class::Usage(fingerprint) => {
+            Class::Usage(fingerprint, usage) => {
+                if usage.is_some() {
+                    self.removed = usage;
+                }
                 if let Some(h) = self.held.take() {
                     match fingerprint.filter(|_| !self.held_has_fingerprint) {
                         Some(fp) => out.bytes(frame, &insert_fingerprint(&h, &fp)),
@@ -405,7 +416,7 @@ impl UsageStripper {
                 let fp = peek
                     .system_fingerprint
                     .map(|f| Bytes::copy_from_slice(f.get().as_bytes()));
-                class = Class::Usage(fp);
+                class = Class::Usage(fp, info.usage);
             } else if info.finished_count > 0 && peek.usage.is_none() {
                 class = Class::Finish {
                     has_fingerprint: peek.system_fingerprint.is_some(),
@@ -429,7 +440,7 @@ fn insert_fingerprint(event: &[u8], fp: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::measure::fixtures::capture;
+    use crate::fixtures::capture;
     use proptest::prelude::*;
 
     #[test]
@@ -513,13 +524,21 @@ mod tests {
     }
 
     fn strip_all(frames: &[&[u8]]) -> Vec<u8> {
+        strip_all_usage(frames).0
+    }
+
+    /// The stripped bytes and the usage the stripper reported removing (taken after every
+    /// frame, as the strip body does).
+    fn strip_all_usage(frames: &[&[u8]]) -> (Vec<u8>, Option<Usage>) {
         let mut s = UsageStripper::new();
         let mut out = Vec::new();
+        let mut removed = None;
         for f in frames {
             out.extend_from_slice(&s.push(Bytes::copy_from_slice(f)));
+            removed = s.take_removed_usage().or(removed);
         }
         out.extend_from_slice(&s.finish());
-        out
+        (out, s.take_removed_usage().or(removed))
     }
 
     /// The usage capture with the plain capture's id, so the two differ only by injection.
@@ -679,7 +698,11 @@ mod tests {
                 at = c;
             }
             frames.push(&usage[at..]);
-            prop_assert_eq!(strip_all(&frames), plain);
+            let (out, removed) = strip_all_usage(&frames);
+            prop_assert_eq!(out, plain);
+            // The usage chunks of the captures (`stream-chat-usage.txt`, `stream-completions.txt`).
+            let (prompt, completion) = if which == 0 { (32, 16) } else { (10, 16) };
+            prop_assert_eq!(removed, Some(Usage { prompt_tokens: Some(prompt), completion_tokens: Some(completion) }));
         }
 
         #[test]

@@ -6,7 +6,7 @@ use serde::de::{self, Deserializer, IgnoredAny, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::measure::outcome::FinishReason;
+use crate::outcome::FinishReason;
 
 /// Choices kept per chunk. vLLM and OpenAI send one choice per streamed chunk; a chunk with
 /// more keeps the first ones here and counts all of them in [`ChunkInfo::choice_count`].
@@ -358,8 +358,8 @@ impl<'de> Deserialize<'de> for Choices {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::body::sse::SseParser;
-    use crate::measure::fixtures::capture;
+    use crate::fixtures::capture;
+    use crate::sse::SseParser;
     use FinishReason::*;
 
     /// (payload, kind, choices, output, tokens, finish, usage (prompt, completion))

@@ -1,6 +1,7 @@
 //! Sockets with explicit settings. `TcpListener::bind` takes the OS default listen backlog
 //! (tokio: 1024); a burst of new connections beyond it is refused or dropped by the kernel
 //! before the proxy sees it, so every listener here sets its backlog explicitly.
+#![forbid(unsafe_code)]
 
 use std::io;
 use std::net::SocketAddr;
@@ -35,9 +36,8 @@ pub fn raise_nofile_limit() -> Option<u64> {
             current: now.maximum,
             maximum: now.maximum,
         };
-        if let Err(e) = setrlimit(Resource::Nofile, raised) {
-            tracing::debug!(error = %e, "could not raise the open-files limit");
-        }
+        // Refused (a hard limit the kernel caps lower): the limit in force is returned below.
+        let _ = setrlimit(Resource::Nofile, raised);
     }
     getrlimit(Resource::Nofile).current
 }

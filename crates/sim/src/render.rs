@@ -435,8 +435,8 @@ fn push_legacy_logprobs(buf: &mut BytesMut, toks: &[TokenLogprobs]) {
 mod tests {
     //! Byte-exact against lines of the real captures, given the captured id, created and text.
     use super::*;
-    use crate::sim::request::parse;
-    use crate::sim::text::vocab;
+    use crate::request::parse;
+    use crate::text::vocab;
 
     fn piece(t: &str) -> &'static Piece {
         vocab().iter().find(|p| p.text == t).unwrap()

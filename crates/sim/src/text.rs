@@ -386,7 +386,7 @@ fn std_normal(rng: &mut SplitMix) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::config::Jitter;
+    use crate::config::Jitter;
 
     #[test]
     fn chat_prompt_estimate_matches_captures() {

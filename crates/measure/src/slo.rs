@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::measure::meter::Measurement;
-use crate::measure::outcome::Outcome;
+use crate::meter::Measurement;
+use crate::outcome::Outcome;
 
 /// Latency objectives; `None` means not configured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

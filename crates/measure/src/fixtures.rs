@@ -2,7 +2,7 @@
 
 macro_rules! capture {
     ($name:literal) => {
-        include_bytes!(concat!("../../tests/fixtures/vllm-0.32/", $name))
+        include_bytes!(concat!("../../../tests/fixtures/vllm-0.32/", $name))
     };
 }
 

@@ -1,13 +1,13 @@
 //! Parse + inspect throughput on capture-shaped streams (events/s and MB/s).
 //!
-//! Run: `cargo bench --bench sse -- --quick` (figures in docs/measure.md).
+//! Run: `cargo bench -p goodput-measure --bench sse -- --quick` (figures in docs/measure.md).
 
 use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use goodput_proxy::body::SseParser;
-use goodput_proxy::measure::{inspect_chunk, Ending, StreamMeter};
+use goodput_measure::sse::SseParser;
+use goodput_measure::{inspect_chunk, Ending, StreamMeter};
 use tokio::time::Instant;
 
 const EVENTS: usize = 1000;

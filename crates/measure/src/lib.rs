@@ -1,13 +1,16 @@
-//! Pure measurement core: chunk inspection, timelines, outcomes, SLOs and goodput, exact
-//! statistics, raw records, and usage-injection support.
+//! goodput-measure, the pure measurement core that the proxy and the load generator share, so
+//! that client and proxy measure by one definition (DESIGN.md, "Definitions"): the SSE parser,
+//! chunk inspection, timelines, outcomes, SLOs and goodput, exact statistics, raw records, and
+//! usage-injection support. Bytes and instants in, values out; no sockets.
+#![forbid(unsafe_code)]
 
 pub mod inspect;
 pub mod meter;
 pub mod outcome;
 pub mod record;
 pub mod request;
-pub mod sink;
 pub mod slo;
+pub mod sse;
 pub mod stats;
 pub mod usage;
 pub mod window;

@@ -207,7 +207,7 @@ impl Generation {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::request::parse;
+    use crate::request::parse;
 
     fn req(body: &str) -> GenRequest {
         parse(Api::Chat, body.as_bytes(), &["tiny".to_string()], 2048, 0).unwrap()

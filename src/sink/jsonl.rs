@@ -12,7 +12,7 @@ use prometheus::IntCounter;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::measure::record::RequestRecord;
+use goodput_measure::record::RequestRecord;
 
 /// Sink settings.
 #[derive(Debug, Clone)]
@@ -136,9 +136,9 @@ pub fn rotated(path: &Path, n: usize) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::measure::meter::Measurement;
-    use crate::measure::outcome::Outcome;
-    use crate::measure::slo::SloVerdict;
+    use goodput_measure::meter::Measurement;
+    use goodput_measure::outcome::Outcome;
+    use goodput_measure::slo::SloVerdict;
     use std::time::Duration;
 
     fn record(i: usize) -> Arc<RequestRecord> {

@@ -12,10 +12,10 @@ use serde::Serialize;
 use serde_json::{json, Map, Value};
 use tokio::time::Instant;
 
-use crate::measure::meter::Measurement;
-use crate::measure::outcome::{FinishReason, Outcome};
-use crate::measure::slo::SloVerdict;
-use crate::measure::stats::summarize;
+use crate::meter::Measurement;
+use crate::outcome::{FinishReason, Outcome};
+use crate::slo::SloVerdict;
+use crate::stats::summarize;
 
 /// Records the ring keeps by default.
 pub const DEFAULT_RING_CAPACITY: usize = 100_000;
@@ -123,7 +123,7 @@ impl RequestRecord {
 
     /// Rejections caused by the client (4xx other than 429) do not count against goodput.
     pub fn rejected_by_client(&self) -> bool {
-        crate::measure::outcome::rejected_by_client(self.outcome, self.status)
+        crate::outcome::rejected_by_client(self.outcome, self.status)
     }
 }
 
@@ -394,7 +394,7 @@ pub fn compute_stats(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::measure::slo::{judge, Slo};
+    use crate::slo::{judge, Slo};
 
     fn secs(s: f64) -> Duration {
         Duration::from_secs_f64(s)

@@ -1,9 +1,9 @@
 //! Benchmark of the simulated engine alone (bounded; 127.0.0.1 only; stops by itself).
 //!
 //! ```text
-//! cargo run --release --example sim_bench -- throughput [SECONDS] [CONNS] [MAX_TOKENS]
-//! cargo run --release --example sim_bench -- paced [SECONDS] [CONNS] [MAX_TOKENS] [TPOT_MS]
-//! cargo run --release --example sim_bench -- streams [N]
+//! cargo run --release -p goodput-sim --example sim_bench -- throughput [SECONDS] [CONNS] [MAX_TOKENS]
+//! cargo run --release -p goodput-sim --example sim_bench -- paced [SECONDS] [CONNS] [MAX_TOKENS] [TPOT_MS]
+//! cargo run --release -p goodput-sim --example sim_bench -- streams [N]
 //! ```
 //! `throughput`: the sim runs on one current-thread runtime in its own OS thread (one core),
 //! the client on another; zero think time; keep-alive connections each loop streaming chat
@@ -18,7 +18,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use goodput_proxy::sim::{SimConfig, SimServer};
+use goodput_sim::{SimConfig, SimServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -53,13 +53,7 @@ fn rss_mib() -> f64 {
 }
 
 /// Starts the sim on its own single-threaded runtime; returns its address and thread id.
-fn spawn_sim(
-    cfg: SimConfig,
-) -> (
-    SocketAddr,
-    String,
-    std::sync::Arc<goodput_proxy::sim::Engine>,
-) {
+fn spawn_sim(cfg: SimConfig) -> (SocketAddr, String, std::sync::Arc<goodput_sim::Engine>) {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()

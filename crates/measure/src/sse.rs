@@ -490,8 +490,8 @@ mod tests {
 
     #[test]
     fn every_capture_parses_to_its_data_lines() {
-        for (name, _) in crate::measure::fixtures::CAPTURES {
-            let c = crate::measure::fixtures::capture(name);
+        for (name, _) in crate::fixtures::CAPTURES {
+            let c = crate::fixtures::capture(name);
             if !name.starts_with("stream-") {
                 continue;
             }

@@ -7,9 +7,9 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::body::sse::{SseEvent, SseParser};
-use crate::measure::inspect::{inspect_chunk, inspect_response, ChunkInfo, ChunkKind, Usage};
-use crate::measure::outcome::{Ending, FinishReason, Outcome};
+use crate::inspect::{inspect_chunk, inspect_response, ChunkInfo, ChunkKind, Usage};
+use crate::outcome::{Ending, FinishReason, Outcome};
+use crate::sse::{SseEvent, SseParser};
 
 /// Largest non-streaming JSON body the meter buffers to judge it. A bigger body is passed
 /// through untouched and judged by its ending alone (complete => success), without tokens.
@@ -370,6 +370,12 @@ impl StreamMeter {
         }
     }
 
+    /// Usage reported outside the stream this meter saw (the usage chunk a strip body removed
+    /// before the client, and so this meter, got it). The last usage seen wins.
+    pub fn on_usage(&mut self, usage: Usage) {
+        self.tl.on_usage(usage);
+    }
+
     /// The request is over at `t_end` for the reason `ending`.
     pub fn finish(&mut self, t_end: Instant, ending: Ending) -> Measurement {
         let t0 = self.tl.t0;
@@ -461,7 +467,7 @@ fn div_duration(d: Duration, n: u64) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::measure::fixtures::capture;
+    use crate::fixtures::capture;
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
@@ -841,10 +847,7 @@ mod tests {
 
     #[test]
     fn lines_the_parser_drops_are_counted() {
-        let huge = format!(
-            "data: {}\n\n",
-            "x".repeat(crate::body::sse::MAX_LINE_BYTES + 1)
-        );
+        let huge = format!("data: {}\n\n", "x".repeat(crate::sse::MAX_LINE_BYTES + 1));
         let mut frames = stream(3, 10, &[]);
         frames.insert(1, (150, huge));
         frames.push((400, DONE.into()));

@@ -3,13 +3,14 @@
 //!
 //! ```no_run
 //! # async fn demo() -> std::io::Result<()> {
-//! use goodput_proxy::sim::{SimConfig, SimServer};
+//! use goodput_sim::{SimConfig, SimServer};
 //! let sim = SimServer::bind(SimConfig::fast(), "127.0.0.1:0".parse().unwrap()).await?.spawn();
 //! let url = format!("http://{}/v1/chat/completions", sim.local_addr());
 //! # let _ = url;
 //! sim.shutdown().await;
 //! # Ok(()) }
 //! ```
+#![forbid(unsafe_code)]
 
 pub mod cli;
 pub mod coalesce;
@@ -50,7 +51,7 @@ impl SimServer {
     pub async fn bind(cfg: SimConfig, addr: SocketAddr) -> std::io::Result<SimServer> {
         cfg.validate()
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-        let listener = crate::net::bind_listener(addr, crate::net::LISTEN_BACKLOG)?;
+        let listener = goodput_net::bind_listener(addr, goodput_net::LISTEN_BACKLOG)?;
         Ok(SimServer {
             listener,
             engine: Arc::new(Engine::new(cfg)),
