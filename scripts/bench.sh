@@ -21,6 +21,8 @@
 #      LITELLM=auto|off (auto: use `import litellm` from python3 or LITELLM_VENV, else try
 #      `pip install 'litellm[proxy]' prometheus_client` once into LITELLM_VENV=/tmp/goodput-bench-litellm)
 #      PROXY_BIN=path (skip the build and bench that binary) BASE_PORT=18500
+#      ONLY="proxy-on proxy-off" (these paths besides direct) PROXY_PRELOAD=lib.so (LD_PRELOAD of
+#      the proxies only: another malloc under the same binary, e.g. libmimalloc.so.2)
 # Installs wrk and nginx (Debian) when missing. Loopback only, bounded in time, stops everything
 # it started (trap). Needs a machine otherwise idle for figures worth comparing; the load
 # average before and after is recorded with the results.
@@ -121,7 +123,8 @@ nginx -c "$NGINX_CONF"
 proxy() { # PORT ADMIN METERING
     GOODPUT_PROXY_SERVER_LISTEN=127.0.0.1:$1 GOODPUT_PROXY_SERVER_ADMIN_LISTEN=127.0.0.1:$2 \
     GOODPUT_PROXY_MEASURE_ENABLED=$3 GOODPUT_PROXY_SERVER_MAX_IN_FLIGHT=100000 \
-    GOODPUT_PROXY_UPSTREAM_URLS=http://127.0.0.1:$SIM "$PROXY_BIN" serve >"$W/proxy-$3.log" 2>&1 &
+    GOODPUT_PROXY_UPSTREAM_URLS=http://127.0.0.1:$SIM LD_PRELOAD="${PROXY_PRELOAD:-}" \
+        "$PROXY_BIN" serve >"$W/proxy-$3.log" 2>&1 &
     pids+=($!)
 }
 proxy "$PON" $((PON + 1)) true; PON_PID=$!
@@ -141,6 +144,11 @@ paths="direct:$SIM:0 nginx:$NGX:$NGX_PID proxy-on:$PON:$PON_PID proxy-off:$POFF:
 if [[ $LLM_PID != 0 ]]; then
     if wait_up "$LLM" 450; then paths+=" litellm:$LLM:$LLM_PID"
     else litellm_note="skipped: started but did not answer within 90 s (see $W/litellm.log)"; log "$litellm_note"; fi
+fi
+
+if [[ -n ${ONLY:-} ]]; then
+    kept=""; for side in $paths; do [[ ${side%%:*} == direct || " $ONLY " == *" ${side%%:*} "* ]] && kept+=" $side"; done
+    paths=${kept# }
 fi
 
 tree() { echo "$1"; for c in $(pgrep -P "$1"); do tree "$c"; done; }
@@ -255,6 +263,6 @@ if has burst; then
 fi
 
 meta end
-emit "{\"part\":\"run\",\"git\":\"$(git rev-parse --short HEAD 2>/dev/null)\",\"date\":\"$(date -u +%FT%TZ)\",\"nproc\":$(nproc),\"kernel\":\"$(uname -r)\",\"clk_tck\":$(getconf CLK_TCK),\"events_per_stream\":$events,\"nofile\":$NOFILE,\"secs\":$SECS,\"rounds\":$ROUNDS,\"build_s\":$build_s,\"total_s\":$(( $(date +%s) - t_start )),\"nginx\":\"$(nginx -v 2>&1 | sed 's/.*: //')\",\"wrk\":\"$(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2)\",\"litellm\":\"$litellm_note\",\"held\":$held}"
+emit "{\"part\":\"run\",\"git\":\"$(git rev-parse --short HEAD 2>/dev/null)\",\"date\":\"$(date -u +%FT%TZ)\",\"nproc\":$(nproc),\"kernel\":\"$(uname -r)\",\"clk_tck\":$(getconf CLK_TCK),\"events_per_stream\":$events,\"nofile\":$NOFILE,\"secs\":$SECS,\"rounds\":$ROUNDS,\"build_s\":$build_s,\"total_s\":$(( $(date +%s) - t_start )),\"nginx\":\"$(nginx -v 2>&1 | sed 's/.*: //')\",\"wrk\":\"$(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2)\",\"litellm\":\"$litellm_note\",\"proxy_preload\":\"${PROXY_PRELOAD:-}\",\"held\":$held}"
 python3 scripts/bench/report.py "$RAW" "$OUT"
 log "wrote $OUT/bench.md, $OUT/bench.json, $RAW"

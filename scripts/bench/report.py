@@ -245,7 +245,9 @@ def markdown(run, loadavg, tp, pc, hd, bs, rt):
         f"{run.get('kernel', '?')}, {run.get('nginx', '?')}, {run.get('wrk', '?')}, {run.get('litellm', '?')}; "
         f"{run.get('events_per_stream', '?')} SSE events a stream (64 tokens); {run.get('secs', '?')} s a "
         f"measurement, {run.get('rounds', '?')} rounds; total {run.get('total_s', '?')} s "
-        f"(release build {run.get('build_s', '?')} s). Load average (1/5/15 min) at start, after each part: "
+        f"(release build {run.get('build_s', '?')} s)"
+        + (f"; the proxies ran with LD_PRELOAD={run['proxy_preload']}" if run.get("proxy_preload") else "")
+        + ". Load average (1/5/15 min) at start, after each part: "
         + "; ".join(f"{k} {v}" for k, v in loadavg.items())
         + "."
     )
