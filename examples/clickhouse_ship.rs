@@ -77,7 +77,7 @@ async fn main() {
         errors: c("errors"),
     };
     let cfg = ClickHouseConfig {
-        url,
+        url: goodput_proxy::config::BaseUrl::parse(&url).expect("an http:// URL"),
         queue: n as usize,
         ..ClickHouseConfig::default()
     };

@@ -13,8 +13,23 @@ use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 
 use crate::app::AppState;
+use crate::stack::ProxyService;
 use goodput_measure::record::{parse_stats_query, StatsQueryError};
 use tokio::time::Instant;
+
+/// The admin routes as a service the one accept loop (`listener::serve`) can run: the same
+/// connection limit, head limits and drain as the public port, nothing of the public stack.
+pub fn service(state: Arc<AppState>) -> ProxyService {
+    use http_body_util::BodyExt;
+    let svc = tower::service_fn(move |req: Request<hyper::body::Incoming>| {
+        let state = state.clone();
+        async move {
+            let resp = handle(state, req).await?;
+            Ok::<_, Infallible>(resp.map(|b| b.map_err(|never| match never {}).boxed_unsync()))
+        }
+    });
+    tower::util::BoxCloneService::new(svc)
+}
 
 /// Answers one admin request.
 pub async fn handle<B>(

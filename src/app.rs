@@ -7,22 +7,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
-use tokio_rustls::TlsAcceptor;
 
-use crate::config::{Config, UsageInjection};
+use crate::config::{BaseUrl, Config, UsageInjection};
 use crate::engine::{self, Engines};
 use crate::layer::measure::Meter;
-use crate::listener::{self, ServeOptions};
+use crate::limits::Limits;
+use crate::listener::{self, ReloadableTls, ServeOptions};
 use crate::metrics::{Metrics, ModelLabels};
 use crate::sink::clickhouse::{ClickHouseSink, SinkCounters};
 use crate::sink::jsonl::{RecordSink, SinkConfig};
 use crate::sink::Sinks;
 use crate::stack;
-use crate::upstream::discover::{Discovery, DnsTarget, Resolver, SystemResolver};
+use crate::upstream::discover::{Discovery, Resolver, SystemResolver};
+use crate::upstream::headers::Forwarded;
 use crate::upstream::{health, Upstreams};
 use goodput_net::{bind_listener, LISTEN_BACKLOG};
 use goodput_sim::{SimConfig, SimHandle, SimServer};
@@ -47,9 +45,11 @@ pub struct App {
     state: Arc<AppState>,
     public: TcpListener,
     admin: TcpListener,
-    tls: Option<TlsAcceptor>,
+    tls: Option<Arc<ReloadableTls>>,
     demo: Option<DemoEngine>,
     discovery: Option<Discovery>,
+    limits: Limits,
+    forwarded: Forwarded,
 }
 
 /// The built-in simulated engine started when no upstream is configured.
@@ -76,16 +76,17 @@ impl App {
             // The demo engine's models are known: label them from the first request.
             config.measure.models.extend(sim.models.iter().cloned());
             let demo = start_demo_engine(sim).await?;
-            config.upstream.urls = vec![format!("http://{}", demo.addr)];
+            let url = format!("http://{}", demo.addr);
+            config.upstream.urls = vec![BaseUrl::parse(&url).map_err(anyhow::Error::msg)?];
             Some(demo)
         } else {
             None
         };
         let upstreams =
             Upstreams::new(&config.upstream).map_err(|e| anyhow::anyhow!("upstream.urls: {e}"))?;
-        let tls = match (&config.server.tls_cert, &config.server.tls_key) {
-            (Some(cert), Some(key)) => Some(listener::tls_acceptor(cert, key)?),
-            _ => None,
+        let tls = match &config.server.tls {
+            Some(t) => Some(Arc::new(ReloadableTls::load(&t.cert, &t.key)?)),
+            None => None,
         };
         let public = bind_listener(config.server.listen, LISTEN_BACKLOG)
             .with_context(|| format!("server.listen: cannot bind {}", config.server.listen))?;
@@ -116,12 +117,7 @@ impl App {
         let discovery = if config.upstream.discover.is_empty() {
             None
         } else {
-            let targets = config
-                .upstream
-                .discover
-                .iter()
-                .map(|d| DnsTarget::parse(d).map_err(|e| anyhow::anyhow!("upstream.discover: {e}")))
-                .collect::<anyhow::Result<Vec<_>>>()?;
+            let targets = config.upstream.discover.clone();
             let mut d = Discovery::new(
                 state.upstreams.clone(),
                 state.engines.clone(),
@@ -131,7 +127,7 @@ impl App {
             );
             // The first replicas before the first request; a slow resolver delays startup by
             // one interval at most (the periodic rounds take over).
-            let _ = tokio::time::timeout(config.upstream.discover_interval(), d.round()).await;
+            let _ = tokio::time::timeout(config.upstream.discover_interval, d.round()).await;
             Some(d)
         };
         Ok(App {
@@ -142,7 +138,23 @@ impl App {
             tls,
             demo,
             discovery,
+            limits: Limits::default(),
+            forwarded: Forwarded::default(),
         })
+    }
+
+    /// How many proxies in front of this one are trusted with `X-Forwarded-*` (default none).
+    pub fn with_forwarded(mut self, forwarded: Forwarded) -> App {
+        self.forwarded = forwarded;
+        self
+    }
+
+    /// Replaces the listener and body-read limits (checked: a value hyper would panic on, or
+    /// one that refuses all traffic, is an error naming it).
+    pub fn with_limits(mut self, limits: Limits) -> anyhow::Result<App> {
+        limits.check().map_err(|e| anyhow::anyhow!("limits: {e}"))?;
+        self.limits = limits;
+        Ok(self)
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -159,6 +171,11 @@ impl App {
 
     pub fn state(&self) -> Arc<AppState> {
         self.state.clone()
+    }
+
+    /// The public listener's reloadable certificate, when it speaks TLS (SIGHUP reloads it).
+    pub fn tls(&self) -> Option<Arc<ReloadableTls>> {
+        self.tls.clone()
     }
 
     /// The demo engine, when `bind` started one.
@@ -188,10 +205,18 @@ impl App {
             tls,
             demo,
             discovery,
+            limits,
+            forwarded,
         } = self;
-        let service = stack::build(&config, state.upstreams.clone(), state.meter.clone());
+        let service = stack::build(
+            &config,
+            &limits,
+            forwarded,
+            state.upstreams.clone(),
+            state.meter.clone(),
+        );
         let health = tokio::spawn(health::run(state.upstreams.clone()));
-        let interval = config.upstream.discover_interval();
+        let interval = config.upstream.discover_interval;
         let discovery = discovery.map(|d| tokio::spawn(d.run(interval)));
         let scraper = config.engine.scrape.then(|| {
             tokio::spawn(engine::scrape::run(
@@ -199,6 +224,7 @@ impl App {
                 state.engines.clone(),
             ))
         });
+        let reloader = tls.clone().map(|tls| tokio::spawn(reload_on_sighup(tls)));
         // Learn the served models before the first request is taken (connections wait in the
         // backlog meanwhile), so its `model` label is right; bounded, so a replica that is slow
         // to answer delays startup by at most STARTUP_LEARNING.
@@ -207,10 +233,28 @@ impl App {
         let models = tokio::spawn(learn_models(
             state.upstreams.clone(),
             state.meter.clone(),
-            config.measure.models_refresh(),
+            config.measure.models_refresh,
         ));
-        let admin_task = tokio::spawn(serve_admin(admin, state.clone()));
-        let drain_delay = config.server.drain_delay();
+        // The admin port runs the same accept loop; it keeps answering while the public port
+        // drains (/readyz says 503 then) and stops after it.
+        let (admin_stop, admin_stopped) = tokio::sync::oneshot::channel::<()>();
+        let admin_options = ServeOptions {
+            name: "admin",
+            header_read_timeout: config.server.header_read_timeout,
+            limits: limits.clone(),
+            max_connections: limits.admin_max_connections,
+            tls: None,
+        };
+        let admin_task = tokio::spawn(listener::serve(
+            admin,
+            crate::admin::service(state.clone()),
+            admin_options,
+            async move {
+                let _ = admin_stopped.await;
+            },
+            ADMIN_GRACE,
+        ));
+        let drain_delay = config.server.drain_delay;
         let draining = {
             let state = state.clone();
             async move {
@@ -224,7 +268,10 @@ impl App {
             }
         };
         let options = ServeOptions {
-            header_read_timeout: config.server.header_read_timeout(),
+            name: "public",
+            header_read_timeout: config.server.header_read_timeout,
+            max_connections: limits.max_connections,
+            limits,
             tls,
         };
         listener::serve(
@@ -232,9 +279,14 @@ impl App {
             service,
             options,
             draining,
-            config.server.grace_period(),
+            config.server.grace_period,
         )
         .await;
+        let _ = admin_stop.send(());
+        let _ = admin_task.await;
+        if let Some(r) = reloader {
+            r.abort();
+        }
         health.abort();
         if let Some(d) = discovery {
             d.abort();
@@ -243,7 +295,6 @@ impl App {
             scraper.abort();
         }
         models.abort();
-        admin_task.abort();
         if let Some(demo) = demo {
             demo.handle.shutdown().await;
         }
@@ -252,21 +303,31 @@ impl App {
     }
 }
 
-/// The admin port: plain HTTP/1.1, a handful of GET routes, nothing of the public stack.
-async fn serve_admin(listener: TcpListener, state: Arc<AppState>) {
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            continue;
+/// How long admin requests (a scrape, a probe) get to finish once the public port has drained.
+const ADMIN_GRACE: Duration = Duration::from_secs(1);
+
+/// Reloads the listener's certificate and key on every SIGHUP; a failed reload keeps the
+/// certificate in use and says why.
+async fn reload_on_sighup(tls: Arc<ReloadableTls>) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut hup) = signal(SignalKind::hangup()) else {
+            tracing::warn!("cannot listen for SIGHUP; TLS certificates will not be reloaded");
+            return;
         };
-        let state = state.clone();
-        tokio::spawn(async move {
-            let svc = service_fn(move |req| crate::admin::handle(state.clone(), req));
-            let _ = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .serve_connection(TokioIo::new(stream), svc)
-                .await;
-        });
+        while hup.recv().await.is_some() {
+            match tls.reload() {
+                Ok(()) => tracing::info!("SIGHUP: TLS certificate and key reloaded"),
+                Err(e) => {
+                    tracing::error!(error = %e, "SIGHUP: TLS reload failed; keeping the previous certificate")
+                }
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tls;
     }
 }
 
@@ -275,17 +336,18 @@ fn build_meter(config: &Config, registry: &prometheus::Registry) -> anyhow::Resu
     let m = &config.measure;
     // A model with its own SLOs is a configured model too: its label (and so its SLOs) must
     // not depend on learning.
-    let labelled = m.models.iter().chain(config.slo.models.keys());
+    let labelled = m.models.iter().chain(config.slo.per_model.keys());
     let metrics =
         Metrics::register(registry, ModelLabels::new(labelled)).context("registering metrics")?;
-    metrics.set_goodput_window(m.goodput_window());
+    metrics.set_goodput_window(m.goodput_window);
     let mut sinks = Sinks::default();
-    if let Some(path) = &m.sink_path {
+    if let Some(jsonl) = &m.jsonl {
+        let path = &jsonl.path;
         let cfg = SinkConfig {
             path: path.clone(),
-            max_bytes: m.sink_max_bytes,
-            keep: m.sink_keep,
-            queue: m.sink_queue,
+            max_bytes: jsonl.max_bytes,
+            keep: jsonl.keep,
+            queue: jsonl.queue,
         };
         let dropped = metrics.records_dropped.with_label_values(&["jsonl"]);
         // The writer task ends by itself once the last sender (the meter) is dropped.
@@ -293,7 +355,7 @@ fn build_meter(config: &Config, registry: &prometheus::Registry) -> anyhow::Resu
             .with_context(|| format!("measure.sink_path: cannot open {}", path.display()))?;
         sinks.jsonl = Some(sink);
     }
-    if let Some(ch) = &config.sink.clickhouse {
+    if let Some(ch) = &config.clickhouse {
         let l = ["clickhouse"];
         let counters = SinkCounters {
             dropped: metrics.records_dropped.with_label_values(&l),
@@ -308,12 +370,12 @@ fn build_meter(config: &Config, registry: &prometheus::Registry) -> anyhow::Resu
     }
     let meter = Meter::new(
         metrics,
-        config.slo.table(),
+        config.slo.clone(),
         m.records,
         sinks,
         m.usage_injection == UsageInjection::Auto,
     )
-    .with_instance(&config.server.instance_name());
+    .with_instance(&config.server.instance);
     Ok(if m.enabled { meter } else { meter.disabled() })
 }
 
@@ -369,7 +431,7 @@ async fn list_models(up: &Upstreams, replica: &crate::upstream::Replica) -> Vec<
     let Ok(req) = http::Request::get(uri).body(Full::new(bytes::Bytes::new())) else {
         return Vec::new();
     };
-    let limit = up.config.connect_timeout() + Duration::from_secs(5);
+    let limit = up.config.connect_timeout + Duration::from_secs(5);
     let fetch = async {
         let resp = up.client.request(req).await.ok()?;
         if !resp.status().is_success() {

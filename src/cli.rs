@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::Config;
+use crate::config::{Config, Origin, Override};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -75,20 +75,36 @@ pub struct ServeArgs {
 }
 
 impl ServeArgs {
-    /// Loads the file and environment, then applies these flags on top, then validates.
+    /// Loads the file and environment with these flags on top, and checks the result.
     pub fn load_config(&self) -> Result<Config, crate::config::ConfigError> {
-        let mut config = Config::load(self.config.as_deref(), std::env::vars())?;
+        Config::load(self.config.as_deref(), std::env::vars(), self.overrides())
+    }
+
+    /// The flags given, as overrides of their config fields.
+    fn overrides(&self) -> Vec<Override> {
+        use toml::Value;
+        let flag = |flag, field: &str, value| Override {
+            field: field.to_string(),
+            value,
+            origin: Origin::Flag(flag),
+        };
+        let mut out = Vec::new();
         if let Some(a) = self.listen {
-            config.server.listen = a;
+            out.push(flag(
+                "--listen",
+                "server.listen",
+                Value::String(a.to_string()),
+            ));
         }
         if let Some(a) = self.admin_listen {
-            config.server.admin_listen = a;
+            let v = Value::String(a.to_string());
+            out.push(flag("--admin-listen", "server.admin_listen", v));
         }
         if !self.upstreams.is_empty() {
-            config.upstream.urls = self.upstreams.clone();
+            let urls = self.upstreams.iter().cloned().map(Value::String).collect();
+            out.push(flag("--upstream", "upstream.urls", Value::Array(urls)));
         }
-        config.validate("command line")?;
-        Ok(config)
+        out
     }
 }
 
@@ -127,6 +143,16 @@ mod tests {
         };
         let c = args.load_config().unwrap();
         assert_eq!(c.server.listen.port(), 7);
-        assert_eq!(c.upstream.urls, vec!["http://u:1"]);
+        let urls: Vec<&str> = c.upstream.urls.iter().map(|u| u.as_str()).collect();
+        assert_eq!(urls, ["http://u:1"]);
+        let bad = ServeArgs {
+            upstreams: vec!["ftp://u".into()],
+            ..ServeArgs::default()
+        };
+        let msg = bad.load_config().unwrap_err().to_string();
+        assert!(
+            msg.starts_with("flag --upstream: field `upstream.urls`"),
+            "{msg}"
+        );
     }
 }

@@ -22,6 +22,9 @@ pub enum ProxyError {
     /// Request body over `server.max_body_bytes`.
     #[error("request body exceeds the limit of {limit} bytes")]
     BodyTooLarge { limit: u64 },
+    /// The client paused its upload longer than the body idle timeout.
+    #[error("request body not received: no data for {ms} ms")]
+    BodyTimeout { ms: u64 },
     /// The client's body could not be read (it went away or sent garbage).
     #[error("reading the request body failed: {0}")]
     ClientBody(#[source] BoxError),
@@ -50,6 +53,7 @@ impl ProxyError {
         match self {
             ProxyError::NotFound { .. } => StatusCode::NOT_FOUND,
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ProxyError::ClientBody(_) => StatusCode::BAD_REQUEST,
             ProxyError::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::UpstreamConnect { .. } | ProxyError::Upstream { .. } => {
@@ -63,7 +67,9 @@ impl ProxyError {
     fn error_type(&self) -> &'static str {
         match self {
             ProxyError::NotFound { .. } => "NotFoundError",
-            ProxyError::BodyTooLarge { .. } | ProxyError::ClientBody(_) => "BadRequestError",
+            ProxyError::BodyTooLarge { .. }
+            | ProxyError::BodyTimeout { .. }
+            | ProxyError::ClientBody(_) => "BadRequestError",
             ProxyError::Overloaded { .. } => "ServiceUnavailableError",
             ProxyError::UpstreamConnect { .. } | ProxyError::Upstream { .. } => "BadGatewayError",
             ProxyError::FirstByteTimeout { .. } => "GatewayTimeoutError",
@@ -93,8 +99,16 @@ impl ProxyError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        if let ProxyError::Overloaded { retry_after_s, .. } = self {
-            h.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_s));
+        match self {
+            ProxyError::Overloaded { retry_after_s, .. } => {
+                h.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_s));
+            }
+            // The rest of the upload may still arrive: the connection cannot be reused.
+            // (HTTP/2 drops connection headers; the stream ends with the response there.)
+            ProxyError::BodyTimeout { .. } => {
+                h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            _ => {}
         }
         resp
     }
@@ -114,6 +128,7 @@ mod tests {
         let cases = [
             (ProxyError::NotFound { path: "/x".into() }, 404),
             (ProxyError::BodyTooLarge { limit: 1 }, 413),
+            (ProxyError::BodyTimeout { ms: 1 }, 408),
             (
                 ProxyError::Overloaded {
                     limit: 1,

@@ -11,6 +11,7 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod layer;
+pub mod limits;
 pub mod listener;
 pub mod logging;
 pub mod metrics;

@@ -1,10 +1,12 @@
-//! Accept loop, TLS, hyper-util server (HTTP/1.1 and HTTP/2 on one port, h2c by prior
-//! knowledge), and graceful shutdown of the connections.
+//! The one accept loop, used by both listeners (public and admin): connection limit, TLS with
+//! a handshake deadline and certificates reloadable while streams run, hyper-util serving
+//! HTTP/1.1 and HTTP/2 on one port (h2c by prior knowledge) with explicit head and stream
+//! limits ([`Limits`]), and graceful drain.
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use http::Request;
@@ -14,11 +16,12 @@ use hyper_util::server::conn::auto::Builder;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
 
+use crate::limits::Limits;
 use crate::stack::ProxyService;
 
 /// Facts about the client connection (a request extension).
@@ -58,21 +61,71 @@ pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, TlsError> {
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
+/// The listener's certificate and key, reloadable from their files (SIGHUP): a new handshake
+/// takes the current acceptor; connections already up keep the one they shook hands with, so
+/// live streams are not touched.
+pub struct ReloadableTls {
+    cert: PathBuf,
+    key: PathBuf,
+    current: RwLock<TlsAcceptor>,
+}
+
+impl ReloadableTls {
+    pub fn load(cert: &Path, key: &Path) -> Result<ReloadableTls, TlsError> {
+        Ok(ReloadableTls {
+            cert: cert.to_path_buf(),
+            key: key.to_path_buf(),
+            current: RwLock::new(tls_acceptor(cert, key)?),
+        })
+    }
+
+    /// Reads both files again; on any error the previous certificate stays in use.
+    pub fn reload(&self) -> Result<(), TlsError> {
+        let next = tls_acceptor(&self.cert, &self.key)?;
+        match self.current.write() {
+            Ok(mut g) => *g = next,
+            Err(poisoned) => *poisoned.into_inner() = next,
+        }
+        Ok(())
+    }
+
+    fn acceptor(&self) -> TlsAcceptor {
+        match self.current.read() {
+            Ok(g) => g.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+}
+
 /// How a listener serves connections.
 #[derive(Clone)]
 pub struct ServeOptions {
-    /// Deadline for the request head (and, before it, for the first byte or the TLS handshake).
+    /// For logs: which listener this is (`public`, `admin`).
+    pub name: &'static str,
+    /// Deadline for the request head (and, before it, for the first byte).
     pub header_read_timeout: Duration,
-    pub tls: Option<TlsAcceptor>,
+    pub limits: Limits,
+    /// Open connections beyond which a new one is closed at once.
+    pub max_connections: usize,
+    pub tls: Option<Arc<ReloadableTls>>,
 }
 
-fn http_builder(header_read_timeout: Duration) -> Builder<TokioExecutor> {
+fn http_builder(options: &ServeOptions) -> Builder<TokioExecutor> {
+    let l = &options.limits;
     let mut b = Builder::new(TokioExecutor::new());
     // Without a timer hyper cannot enforce the header-read timeout.
     b.http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(header_read_timeout);
-    b.http2().timer(TokioTimer::new());
+        .header_read_timeout(options.header_read_timeout)
+        .max_buf_size(l.max_head_bytes.max(crate::limits::MIN_HEAD_BYTES))
+        .max_headers(l.max_headers);
+    b.http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(l.h2_max_header_list_bytes)
+        .max_concurrent_streams(l.h2_max_concurrent_streams)
+        .initial_stream_window_size(l.h2_stream_window_bytes)
+        .initial_connection_window_size(l.h2_connection_window_bytes)
+        .max_pending_accept_reset_streams(l.h2_max_pending_accept_reset_streams);
     b
 }
 
@@ -86,7 +139,8 @@ pub async fn serve(
     stop_accepting: impl Future<Output = ()>,
     grace: Duration,
 ) {
-    let builder = http_builder(options.header_read_timeout);
+    let builder = http_builder(&options);
+    let slots = Arc::new(Semaphore::new(options.max_connections));
     let (close_tx, close_rx) = watch::channel(false);
     let mut conns = JoinSet::new();
     tokio::pin!(stop_accepting);
@@ -95,13 +149,19 @@ pub async fn serve(
             _ = &mut stop_accepting => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, remote)) => {
+                    // Over the limit: closed at once, so the client learns now instead of
+                    // waiting in a backlog the proxy would not drain.
+                    let Ok(slot) = slots.clone().try_acquire_owned() else {
+                        tracing::debug!(listener = options.name, %remote, "connection limit reached; closing");
+                        continue;
+                    };
                     let _ = stream.set_nodelay(true);
-                    let conn = connection(stream, remote, builder.clone(), service.clone(), options.clone(), close_rx.clone());
+                    let conn = connection(stream, remote, builder.clone(), service.clone(), options.clone(), close_rx.clone(), slot);
                     conns.spawn(conn);
                 }
                 Err(e) => {
                     // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
+                    tracing::warn!(listener = options.name, error = %e, "accept failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             },
@@ -112,6 +172,7 @@ pub async fn serve(
     let _ = close_tx.send(true);
     let open = conns.len();
     tracing::info!(
+        listener = options.name,
         connections = open,
         grace_ms = grace.as_millis() as u64,
         "stopped accepting; draining connections"
@@ -120,6 +181,7 @@ pub async fn serve(
         tokio::time::timeout(grace, async { while conns.join_next().await.is_some() {} }).await;
     if drained.is_err() {
         tracing::warn!(
+            listener = options.name,
             connections = conns.len(),
             "grace period over; cutting remaining connections"
         );
@@ -134,6 +196,7 @@ async fn connection(
     service: ProxyService,
     options: ServeOptions,
     close_rx: watch::Receiver<bool>,
+    _slot: OwnedSemaphorePermit,
 ) {
     // A client that sends nothing at all never reaches hyper's header timer; bound it here.
     // Nor does it need to wait for one while the proxy is shutting down.
@@ -152,8 +215,9 @@ async fn connection(
             let info = ConnInfo { remote, tls: false };
             serve_io(stream, info, &builder, service, close_rx).await;
         }
-        Some(acceptor) => {
-            match tokio::time::timeout(options.header_read_timeout, acceptor.accept(stream)).await {
+        Some(tls) => {
+            let deadline = options.limits.tls_handshake_timeout;
+            match tokio::time::timeout(deadline, tls.acceptor().accept(stream)).await {
                 Ok(Ok(tls)) => {
                     let info = ConnInfo { remote, tls: true };
                     serve_io(tls, info, &builder, service, close_rx).await;

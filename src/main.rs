@@ -111,13 +111,23 @@ fn compare(args: &goodput_proxy::cli::CompareArgs) -> anyhow::Result<()> {
 }
 
 fn check_config(file: &std::path::Path) -> anyhow::Result<()> {
-    let config = Config::load(Some(file), std::env::vars())?;
-    println!(
-        "{}: ok (listen {}, admin {}, {} upstream(s))",
-        file.display(),
-        config.server.listen,
-        config.server.admin_listen,
-        config.upstream.urls.len()
-    );
-    Ok(())
+    match Config::load(Some(file), std::env::vars(), Vec::new()) {
+        Ok(config) => {
+            println!(
+                "{}: ok (listen {}, admin {}, {} upstream(s))",
+                file.display(),
+                config.server.listen,
+                config.server.admin_listen,
+                config.upstream.urls.len()
+            );
+            Ok(())
+        }
+        Err(e) => {
+            let problems = e.problems();
+            for p in &problems {
+                eprintln!("{p}");
+            }
+            anyhow::bail!("{}: {} problem(s)", file.display(), problems.len())
+        }
+    }
 }

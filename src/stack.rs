@@ -21,6 +21,8 @@ use crate::layer::limit::InFlightLimitLayer;
 use crate::layer::measure::{MeasureLayer, Meter};
 use crate::layer::route::RouteLayer;
 use crate::layer::usage::UsageLayer;
+use crate::limits::Limits;
+use crate::upstream::headers::Forwarded;
 use crate::upstream::{Forward, Upstreams};
 
 /// Every response body the proxy returns: boxed so a wrapper (the meter) can be slotted in.
@@ -51,11 +53,17 @@ where
 /// Inner first (each stage boxes the one below, see [`Stage`]); read the comments bottom-up for
 /// the order a request travels, outermost first. With `[measure] enabled = false` the measure
 /// and usage stages are left out: the proxy forwards without metering.
-pub fn build(config: &Config, upstreams: Arc<Upstreams>, meter: Arc<Meter>) -> ProxyService {
+pub fn build(
+    config: &Config,
+    limits: &Limits,
+    forwarded: Forwarded,
+    upstreams: Arc<Upstreams>,
+    meter: Arc<Meter>,
+) -> ProxyService {
     use tower::Layer;
     let s = &config.server;
     let measured = meter.enabled();
-    let forward = Forward::new(upstreams);
+    let forward = Forward::new(upstreams, forwarded);
     // Innermost, right before forwarding: it rewrites the collected body (usage injection),
     // wraps the upstream body in the usage strip when it did, and marks in the context when
     // the request is handed over (the end of the proxy's own overhead).
@@ -64,14 +72,16 @@ pub fn build(config: &Config, upstreams: Arc<Upstreams>, meter: Arc<Meter>) -> P
     } else {
         stage(forward)
     };
-    // Bounded body read (413); model and stream into the context for measure and shaping.
-    let inner: Stage<Incoming> = stage(CollectLayer::new(s.max_body_bytes).layer(inner));
+    // Bounded body read (413, 408 on a stalled upload); model and stream into the context for
+    // measure and shaping.
+    let inner: Stage<Incoming> =
+        stage(CollectLayer::new(s.max_body_bytes, limits.body_idle_timeout).layer(inner));
     // Unknown paths get 404 before the body is read or the upstream touched.
     let inner: Stage<Incoming> = stage(RouteLayer::new(&s.paths).layer(inner));
     // Shed before reading the body; the permit lives until the response body ends.
     // TENANTS: per-tenant limits go here, beside the in-flight cap (they need auth's tenant).
     let inner: Stage<Incoming> =
-        stage(InFlightLimitLayer::new(s.max_in_flight, s.retry_after_s).layer(inner));
+        stage(InFlightLimitLayer::new(s.max_in_flight, s.retry_after.as_secs()).layer(inner));
     // AUTH: an auth layer goes here: inside measure (a 401 is recorded `rejected` from its
     // typed error), before any work is spent on the request.
     // The one place that records: inside the error mapping so it sees every typed error

@@ -414,11 +414,11 @@ fn set_or_remove(g: &GaugeVec, l: &[&str], v: Option<f64>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::UpstreamConfig;
+    use crate::config::{BaseUrl, UpstreamConfig};
 
     fn engines(urls: &[&str]) -> (Upstreams, Engines, Registry) {
         let cfg = UpstreamConfig {
-            urls: urls.iter().map(|u| u.to_string()).collect(),
+            urls: urls.iter().map(|u| BaseUrl::parse(u).unwrap()).collect(),
             ..UpstreamConfig::default()
         };
         let up = Upstreams::new(&cfg).unwrap();
@@ -489,7 +489,7 @@ mod tests {
     #[test]
     fn discovered_replicas_get_labels_and_take_their_series_when_they_leave() {
         let cfg = UpstreamConfig {
-            urls: vec!["http://a:1".into()],
+            urls: vec![BaseUrl::parse("http://a:1").unwrap()],
             ..UpstreamConfig::default()
         };
         let up = Upstreams::new(&cfg).unwrap();

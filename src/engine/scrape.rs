@@ -37,7 +37,7 @@ pub enum ScrapeError {
 
 /// Scrapes every replica now, then every interval, until the task is aborted.
 pub async fn run(upstreams: Arc<Upstreams>, engines: Arc<Engines>) {
-    let mut tick = tokio::time::interval(engines.config().scrape_interval());
+    let mut tick = tokio::time::interval(engines.config().scrape_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
@@ -57,7 +57,7 @@ async fn scrape_replica(client: &UpstreamClient, engines: &Engines, replica: &Ar
         client,
         replica,
         &cfg.path,
-        cfg.scrape_timeout(),
+        cfg.scrape_timeout,
         cfg.max_bytes,
     )
     .await;

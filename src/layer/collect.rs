@@ -1,14 +1,17 @@
-//! Reads the request body up front, bounded by `server.max_body_bytes` (413 beyond), and writes
-//! what the meter and request shaping need ([`RequestFacts`]) into the request context.
+//! Reads the request body up front, bounded by `server.max_body_bytes` (413 beyond) and by the
+//! body idle timeout (408 when the client pauses longer between two pieces), and writes what
+//! the meter and request shaping need ([`RequestFacts`]) into the request context.
 //!
 //! Why collect: shaping must read `model` and `stream` (and may rewrite the JSON later), and a
 //! connect failure can only be retried on another replica if the body can be sent again.
 //! OpenAI request bodies are small next to the responses, so the cost is a copy of kilobytes.
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use http::{header, Request, Response};
 use http_body::Body;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::BodyExt;
 use tower::{Layer, Service};
 
 use super::context::{RequestContext, RequestFacts};
@@ -20,11 +23,13 @@ use goodput_measure::request::{peek_request, RequestPeek};
 #[derive(Debug, Clone, Copy)]
 pub struct CollectLayer {
     limit: u64,
+    idle: Duration,
 }
 
 impl CollectLayer {
-    pub fn new(limit: u64) -> Self {
-        Self { limit }
+    /// At most `limit` bytes, and no pause longer than `idle` between two body frames.
+    pub fn new(limit: u64, idle: Duration) -> Self {
+        Self { limit, idle }
     }
 }
 
@@ -53,7 +58,7 @@ where
         // The ready service is the one that must be called (tower's contract).
         let clone = inner.clone();
         let mut inner = std::mem::replace(inner, clone);
-        let limit = self.limit;
+        let (limit, idle) = (self.limit, self.idle);
         Box::pin(async move {
             let (parts, body) = req.into_parts();
             let declared = parts
@@ -64,19 +69,107 @@ where
             if declared.is_some_and(|n| n > limit) {
                 return Err(ProxyError::BodyTooLarge { limit });
             }
-            let max = usize::try_from(limit).unwrap_or(usize::MAX);
-            let bytes = match Limited::new(body, max).collect().await {
-                Ok(c) => c.to_bytes(),
-                Err(e) if e.is::<LengthLimitError>() => {
-                    return Err(ProxyError::BodyTooLarge { limit })
-                }
-                Err(e) => return Err(ProxyError::ClientBody(e)),
-            };
+            let bytes = read_body(body, limit, idle).await?;
             let RequestPeek { model, stream } = peek_request(&bytes);
             if let Some(ctx) = RequestContext::of(&parts.extensions) {
                 ctx.set_facts(RequestFacts { model, stream });
             }
             inner.call(Request::from_parts(parts, bytes)).await
         })
+    }
+}
+
+/// The whole body, frame by frame: 413 as soon as it passes `limit`, 408 when no frame comes
+/// within `idle` of the previous one (or of the head). Trailers are dropped (OpenAI requests
+/// have none and the collected request is sent with a length).
+async fn read_body<B>(body: B, limit: u64, idle: Duration) -> Result<Bytes, ProxyError>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let mut body = std::pin::pin!(body);
+    let mut parts: Vec<Bytes> = Vec::new();
+    let mut total: u64 = 0;
+    loop {
+        let frame = match tokio::time::timeout(idle, body.frame()).await {
+            Err(_) => {
+                return Err(ProxyError::BodyTimeout {
+                    ms: idle.as_millis() as u64,
+                })
+            }
+            Ok(None) => break,
+            Ok(Some(Err(e))) => return Err(ProxyError::ClientBody(e.into())),
+            Ok(Some(Ok(frame))) => frame,
+        };
+        if let Ok(data) = frame.into_data() {
+            total = total.saturating_add(data.len() as u64);
+            if total > limit {
+                return Err(ProxyError::BodyTooLarge { limit });
+            }
+            parts.push(data);
+        }
+    }
+    Ok(match parts.len() {
+        0 => Bytes::new(),
+        1 => parts.swap_remove(0),
+        _ => {
+            let mut all = bytes::BytesMut::with_capacity(total as usize);
+            for p in parts {
+                all.extend_from_slice(&p);
+            }
+            all.freeze()
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::{Full, StreamBody};
+    use hyper::body::Frame;
+
+    fn chunks(parts: &[&'static str]) -> Vec<Result<Frame<Bytes>, BoxError>> {
+        parts
+            .iter()
+            .map(|p| Ok(Frame::data(Bytes::from_static(p.as_bytes()))))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn reads_every_frame_up_to_the_limit() {
+        let body = StreamBody::new(futures_util::stream::iter(chunks(&["ab", "cd", "e"])));
+        let got = read_body(body, 5, Duration::from_secs(1)).await.unwrap();
+        assert_eq!(got, "abcde");
+        let got = read_body(Full::new(Bytes::new()), 0, Duration::from_secs(1)).await;
+        assert_eq!(got.unwrap(), "");
+    }
+
+    #[tokio::test]
+    async fn one_byte_over_the_limit_is_413() {
+        let body = StreamBody::new(futures_util::stream::iter(chunks(&["ab", "cd", "ef"])));
+        let err = read_body(body, 5, Duration::from_secs(1))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, ProxyError::BodyTooLarge { limit: 5 }),
+            "{err}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pause_longer_than_idle_is_408_a_shorter_one_is_not() {
+        use futures_util::StreamExt;
+        let slow = |pause_ms: u64| {
+            let s = futures_util::stream::iter(chunks(&["a", "b"])).then(move |f| async move {
+                tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+                f
+            });
+            StreamBody::new(s)
+        };
+        let idle = Duration::from_millis(100);
+        assert_eq!(read_body(slow(99), 10, idle).await.unwrap(), "ab");
+        let err = read_body(slow(101), 10, idle).await.unwrap_err();
+        assert!(matches!(err, ProxyError::BodyTimeout { ms: 100 }), "{err}");
+        assert_eq!(err.status(), http::StatusCode::REQUEST_TIMEOUT);
     }
 }

@@ -181,6 +181,8 @@ fn error_outcome(e: &ProxyError) -> Outcome {
         ProxyError::ClientBody(_) => Outcome::ClientAbort,
         ProxyError::NotFound { .. }
         | ProxyError::BodyTooLarge { .. }
+        // A stalled upload is the client's doing, answered by the proxy (408).
+        | ProxyError::BodyTimeout { .. }
         | ProxyError::Overloaded { .. } => Outcome::Rejected,
     }
 }
@@ -626,6 +628,7 @@ mod tests {
                 Outcome::Rejected,
             ),
             (ProxyError::BodyTooLarge { limit: 1 }, Outcome::Rejected),
+            (ProxyError::BodyTimeout { ms: 1 }, Outcome::Rejected),
             (
                 ProxyError::Overloaded {
                     limit: 1,

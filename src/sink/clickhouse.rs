@@ -55,7 +55,7 @@ impl ClickHouseSink {
         cfg: &ClickHouseConfig,
         counters: SinkCounters,
     ) -> Result<(Self, JoinHandle<()>), String> {
-        let http = ChHttp::new(&cfg.url, &cfg.user, &cfg.resolved_password(), cfg.timeout())?;
+        let http = ChHttp::new(cfg.url.as_str(), &cfg.user, &cfg.password, cfg.timeout)?;
         let (tx, rx) = mpsc::channel(cfg.queue.max(1));
         let shipper = Shipper {
             http,
@@ -99,7 +99,7 @@ impl Shipper {
             if rx.recv_many(&mut batch, limit).await == 0 {
                 break; // closed and empty
             }
-            let deadline = Instant::now() + self.cfg.flush_interval();
+            let deadline = Instant::now() + self.cfg.flush_interval;
             while batch.len() < limit {
                 let room = limit - batch.len();
                 tokio::select! {
@@ -132,7 +132,7 @@ impl Shipper {
     /// INSERTs one encoded batch of `n` records, retrying as the module doc says. `closing`:
     /// the proxy is shutting down, so an unreachable store gets `max_attempts` tries too.
     async fn ship(&self, body: Bytes, n: u64, closing: bool) {
-        let mut delay = self.cfg.retry_initial();
+        let mut delay = self.cfg.retry_initial;
         let (mut refused, mut attempts) = (0u32, 0u32);
         loop {
             attempts += 1;
@@ -175,7 +175,7 @@ impl Shipper {
             }
             tokio::time::sleep(delay).await;
             delay = (delay * 2)
-                .min(self.cfg.retry_max())
+                .min(self.cfg.retry_max)
                 .max(Duration::from_millis(1));
         }
     }
@@ -267,13 +267,14 @@ mod tests {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}", l.local_addr().unwrap());
         drop(l); // nothing listens: every insert is refused at connect
+        let ms = std::time::Duration::from_millis;
         let cfg = ClickHouseConfig {
-            url,
+            url: crate::config::BaseUrl::parse(&url).unwrap(),
             queue: 10,
             batch_size: 5,
-            flush_interval_ms: 1,
-            retry_initial_ms: 1,
-            retry_max_ms: 2,
+            flush_interval: ms(1),
+            retry_initial: ms(1),
+            retry_max: ms(2),
             max_attempts: 2,
             ..Default::default()
         };

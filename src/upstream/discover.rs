@@ -16,36 +16,7 @@ use super::{health, Upstreams};
 use crate::engine::Engines;
 use crate::metrics::UpstreamLabels;
 
-/// One `dns://NAME:PORT` entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DnsTarget {
-    pub host: String,
-    pub port: u16,
-}
-
-impl DnsTarget {
-    pub fn parse(s: &str) -> Result<DnsTarget, String> {
-        let rest = s
-            .strip_prefix("dns://")
-            .ok_or("must look like dns://NAME:PORT")?;
-        let (host, port) = rest
-            .rsplit_once(':')
-            .ok_or("missing :PORT (the engines' port)")?;
-        let port: u16 = port
-            .parse()
-            .ok()
-            .filter(|p| *p != 0)
-            .ok_or_else(|| format!("bad port `{port}`"))?;
-        let valid = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_';
-        if host.is_empty() || !host.chars().all(valid) {
-            return Err(format!("bad host name `{host}`"));
-        }
-        Ok(DnsTarget {
-            host: host.to_string(),
-            port,
-        })
-    }
-}
+pub use crate::config::DnsTarget;
 
 pub type Resolved<'a> = Pin<Box<dyn Future<Output = io::Result<Vec<SocketAddr>>> + Send + 'a>>;
 
@@ -197,27 +168,6 @@ mod tests {
             Box::pin(async move {
                 found.ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no such name"))
             })
-        }
-    }
-
-    #[test]
-    fn targets_parse() {
-        assert_eq!(
-            DnsTarget::parse("dns://vllm-headless.ns.svc:8000"),
-            Ok(DnsTarget {
-                host: "vllm-headless.ns.svc".into(),
-                port: 8000
-            })
-        );
-        for bad in [
-            "http://x:1",
-            "dns://x",
-            "dns://x:0",
-            "dns://x:http",
-            "dns://:80",
-            "dns://a b:80",
-        ] {
-            assert!(DnsTarget::parse(bad).is_err(), "{bad}");
         }
     }
 

@@ -17,7 +17,7 @@ use tower::Service;
 
 use super::balance::{self, Load};
 use super::deadline::DeadlineBody;
-use super::headers::{append_forwarded, strip_hop_by_hop};
+use super::headers::{strip_hop_by_hop, Forwarded, Hop};
 use super::Upstreams;
 use crate::error::ProxyError;
 use crate::layer::context::{RequestContext, X_REQUEST_ID};
@@ -32,11 +32,15 @@ pub struct ServedBy(pub Arc<str>);
 #[derive(Clone, Debug)]
 pub struct Forward {
     upstreams: Arc<Upstreams>,
+    forwarded: Forwarded,
 }
 
 impl Forward {
-    pub fn new(upstreams: Arc<Upstreams>) -> Self {
-        Self { upstreams }
+    pub fn new(upstreams: Arc<Upstreams>, forwarded: Forwarded) -> Self {
+        Self {
+            upstreams,
+            forwarded,
+        }
     }
 }
 
@@ -50,18 +54,19 @@ impl Service<Request<Bytes>> for Forward {
     }
 
     fn call(&mut self, req: Request<Bytes>) -> Self::Future {
-        Box::pin(forward(self.upstreams.clone(), req))
+        Box::pin(forward(self.upstreams.clone(), self.forwarded, req))
     }
 }
 
 async fn forward(
     up: Arc<Upstreams>,
+    forwarded: Forwarded,
     req: Request<Bytes>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let (parts, body) = req.into_parts();
-    let headers = upstream_headers(&parts);
+    let headers = upstream_headers(&parts, forwarded);
     let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-    let first_byte = up.config.first_byte_timeout();
+    let first_byte = up.config.first_byte_timeout;
 
     let mut exclude = None;
     let mut retried = false;
@@ -122,8 +127,8 @@ async fn forward(
         let body = DeadlineBody::new(
             rbody,
             first_byte_by,
-            up.config.stream_idle_timeout(),
-            up.config.total_timeout(),
+            up.config.stream_idle_timeout,
+            up.config.total_timeout,
             guard,
         );
         return Ok(Response::from_parts(rparts, body.boxed_unsync()));
@@ -134,9 +139,10 @@ async fn forward(
 const CONNECT_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(25);
 
 /// The headers sent upstream: the client's, minus hop-by-hop and `Host` (the client sets the
-/// replica's), minus `Content-Length` (recomputed from the collected body, which shaping may
-/// change) and `Expect`, plus `X-Forwarded-*` and the request id.
-fn upstream_headers(parts: &http::request::Parts) -> http::HeaderMap {
+/// replica's: the request goes to a configured replica whatever the client's Host or
+/// absolute-form URI named), minus `Content-Length` (recomputed from the collected body, which
+/// shaping may change) and `Expect`, plus `X-Forwarded-*` and the request id.
+fn upstream_headers(parts: &http::request::Parts, forwarded: Forwarded) -> http::HeaderMap {
     let mut h = parts.headers.clone();
     strip_hop_by_hop(&mut h);
     let host = h
@@ -153,7 +159,12 @@ fn upstream_headers(parts: &http::request::Parts) -> http::HeaderMap {
     } else {
         "http"
     };
-    append_forwarded(&mut h, ip.as_deref(), proto, host.as_deref());
+    let hop = Hop {
+        peer: ip.as_deref(),
+        proto,
+        host: host.as_deref(),
+    };
+    forwarded.apply(&mut h, hop);
     if let Some(ctx) = RequestContext::of(&parts.extensions) {
         if let Ok(v) = HeaderValue::from_str(&ctx.id) {
             h.insert(X_REQUEST_ID, v);

@@ -1,5 +1,6 @@
 //! Header hygiene: hop-by-hop headers (RFC 9110 7.6.1) never cross the proxy, in either
-//! direction, including every header the `Connection` header names; `X-Forwarded-*` are appended.
+//! direction, including every header the `Connection` header names; `X-Forwarded-For` gets this
+//! hop appended to the part of the chain the proxy trusts ([`Forwarded`]).
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
@@ -38,34 +39,68 @@ const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
-/// Appends this hop to `X-Forwarded-For`, `-Proto` and `-Host` (comma-joined with what the
-/// client sent, so earlier hops are kept).
-pub fn append_forwarded(
-    headers: &mut HeaderMap,
-    client_ip: Option<&str>,
-    proto: &str,
-    host: Option<&str>,
-) {
-    if let Some(ip) = client_ip {
-        append(headers, X_FORWARDED_FOR, ip);
-    }
-    append(headers, X_FORWARDED_PROTO, proto);
-    if let Some(host) = host {
-        append(headers, X_FORWARDED_HOST, host);
+/// How much of the `X-Forwarded-*` a client sends is believed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Forwarded {
+    /// Proxies in front of this one whose `X-Forwarded-For` entries are kept: the last
+    /// `trusted_proxies` entries the connection's peer sent (each proxy appends its own peer).
+    /// Everything left of them was written by the client and is dropped, so a client cannot
+    /// make the upstream believe another address. Default 0: the peer is the client, every
+    /// `X-Forwarded-*` it sent is replaced.
+    pub trusted_proxies: usize,
+}
+
+/// This hop, as the proxy saw it.
+#[derive(Debug, Clone, Copy)]
+pub struct Hop<'a> {
+    /// The connection's peer address.
+    pub peer: Option<&'a str>,
+    /// `http` or `https`: how the client reached the proxy.
+    pub proto: &'a str,
+    /// The `Host` (or `:authority`) the client asked for.
+    pub host: Option<&'a str>,
+}
+
+impl Forwarded {
+    /// Sets `X-Forwarded-For` to the trusted part of the incoming chain plus the peer, and
+    /// `X-Forwarded-Proto` / `-Host` to this hop's (a trusted proxy's, when there is one and it
+    /// sent them).
+    pub fn apply(&self, headers: &mut HeaderMap, hop: Hop<'_>) {
+        let mut chain: Vec<String> = headers
+            .get_all(&X_FORWARDED_FOR)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+            .map(String::from)
+            .collect();
+        chain.drain(..chain.len().saturating_sub(self.trusted_proxies));
+        chain.extend(hop.peer.map(String::from));
+        headers.remove(&X_FORWARDED_FOR);
+        if let Ok(v) = HeaderValue::from_str(&chain.join(", ")) {
+            if !chain.is_empty() {
+                headers.insert(X_FORWARDED_FOR, v);
+            }
+        }
+        let trusted = self.trusted_proxies > 0;
+        set_unless_trusted(headers, X_FORWARDED_PROTO, Some(hop.proto), trusted);
+        set_unless_trusted(headers, X_FORWARDED_HOST, hop.host, trusted);
     }
 }
 
-fn append(headers: &mut HeaderMap, name: HeaderName, value: &str) {
-    let joined = match headers
-        .get_all(&name)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .collect::<Vec<_>>()
-    {
-        prior if prior.is_empty() => value.to_string(),
-        prior => format!("{}, {value}", prior.join(", ")),
-    };
-    if let Ok(v) = HeaderValue::from_str(&joined) {
+/// Keeps a trusted proxy's single value of `name`; otherwise this hop's value replaces it.
+fn set_unless_trusted(
+    headers: &mut HeaderMap,
+    name: HeaderName,
+    ours: Option<&str>,
+    trusted: bool,
+) {
+    if trusted && headers.get_all(&name).iter().count() == 1 {
+        return;
+    }
+    headers.remove(&name);
+    if let Some(v) = ours.and_then(|v| HeaderValue::from_str(v).ok()) {
         headers.insert(name, v);
     }
 }
@@ -107,16 +142,54 @@ mod tests {
         assert_eq!(left, vec!["authorization", "content-type"]);
     }
 
+    fn hop<'a>(peer: &'a str, proto: &'a str, host: Option<&'a str>) -> Hop<'a> {
+        Hop {
+            peer: Some(peer),
+            proto,
+            host,
+        }
+    }
+
     #[test]
-    fn forwarded_headers_append() {
-        let mut h = map(&[("x-forwarded-for", "10.0.0.1")]);
-        append_forwarded(&mut h, Some("127.0.0.1"), "http", Some("example.com"));
-        assert_eq!(h["x-forwarded-for"], "10.0.0.1, 127.0.0.1");
+    fn untrusted_chain_is_replaced_by_the_peer() {
+        let mut h = map(&[
+            ("x-forwarded-for", "6.6.6.6"),
+            ("x-forwarded-proto", "https"),
+            ("x-forwarded-host", "spoofed.example"),
+        ]);
+        Forwarded::default().apply(&mut h, hop("127.0.0.1", "http", Some("example.com")));
+        assert_eq!(h["x-forwarded-for"], "127.0.0.1");
         assert_eq!(h["x-forwarded-proto"], "http");
         assert_eq!(h["x-forwarded-host"], "example.com");
-        let mut h = map(&[("x-forwarded-for", "a"), ("x-forwarded-for", "b")]);
-        append_forwarded(&mut h, Some("c"), "https", None);
-        assert_eq!(h["x-forwarded-for"], "a, b, c");
+        let mut h = map(&[("x-forwarded-host", "spoofed.example")]);
+        Forwarded::default().apply(&mut h, hop("::1", "https", None));
+        assert_eq!(h["x-forwarded-for"], "::1");
         assert!(h.get("x-forwarded-host").is_none());
+    }
+
+    #[test]
+    fn trusted_proxies_keep_their_entries_and_no_more() {
+        let two = Forwarded { trusted_proxies: 2 };
+        // Over several lines: entries count, not lines.
+        let mut h = map(&[
+            ("x-forwarded-for", "6.6.6.6, 1.1.1.1"),
+            ("x-forwarded-for", "10.0.0.1"),
+            ("x-forwarded-proto", "https"),
+        ]);
+        two.apply(&mut h, hop("10.0.0.2", "http", Some("example.com")));
+        assert_eq!(h["x-forwarded-for"], "1.1.1.1, 10.0.0.1, 10.0.0.2");
+        assert_eq!(
+            h["x-forwarded-proto"], "https",
+            "a trusted proxy's proto is kept"
+        );
+        assert_eq!(h["x-forwarded-host"], "example.com");
+        // Fewer entries than trusted proxies: all kept.
+        let mut h = map(&[("x-forwarded-for", "1.1.1.1")]);
+        two.apply(&mut h, hop("10.0.0.2", "http", None));
+        assert_eq!(h["x-forwarded-for"], "1.1.1.1, 10.0.0.2");
+        // No header at all: the peer.
+        let mut h = HeaderMap::new();
+        Forwarded { trusted_proxies: 1 }.apply(&mut h, hop("10.0.0.2", "http", None));
+        assert_eq!(h["x-forwarded-for"], "10.0.0.2");
     }
 }

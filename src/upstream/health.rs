@@ -12,7 +12,7 @@ use super::{Replica, Upstreams};
 
 /// Probes every replica now, then every `health_interval` until the task is aborted.
 pub async fn run(upstreams: Arc<Upstreams>) {
-    let mut tick = tokio::time::interval(upstreams.config.health_interval());
+    let mut tick = tokio::time::interval(upstreams.config.health_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
@@ -41,8 +41,8 @@ async fn probe_once(up: &Upstreams, replica: &Replica) -> bool {
     // A probe never waits longer than the interval (nor than connect + a little).
     let limit = up
         .config
-        .health_interval()
-        .min(up.config.connect_timeout() + Duration::from_secs(1));
+        .health_interval
+        .min(up.config.connect_timeout + Duration::from_secs(1));
     matches!(
         tokio::time::timeout(limit, up.client.request(req)).await,
         Ok(Ok(resp)) if resp.status().is_success()

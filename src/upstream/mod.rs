@@ -34,24 +34,7 @@ pub type UpstreamClient = Client<UpstreamConnector, Full<Bytes>>;
 pub type UpstreamConnector =
     BoxCloneSyncService<Uri, TokioIo<TcpStream>, Box<dyn std::error::Error + Send + Sync>>;
 
-/// Checks an upstream base URL: `http://host:port` with an optional path prefix, no query.
-pub fn parse_base_url(url: &str) -> Result<Uri, String> {
-    let uri: Uri = url.parse().map_err(|e| format!("not a URL: {e}"))?;
-    match uri.scheme() {
-        Some(s) if *s == Scheme::HTTP => {}
-        Some(s) if *s == Scheme::HTTPS => {
-            return Err("https upstreams are not supported yet; use http://".into())
-        }
-        _ => return Err("scheme must be http://".into()),
-    }
-    if uri.authority().is_none() {
-        return Err("missing host".into());
-    }
-    if uri.query().is_some() {
-        return Err("a query string is not allowed".into());
-    }
-    Ok(uri)
-}
+pub use crate::config::parse_base_url;
 
 /// One engine replica and what the balancer and readiness need to know about it.
 #[derive(Debug)]
@@ -182,7 +165,7 @@ impl Upstreams {
         let replicas = config
             .urls
             .iter()
-            .map(|u| Replica::new(u).map(Arc::new))
+            .map(|u| Replica::new(u.as_str()).map(Arc::new))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Upstreams {
             configured: replicas.len(),
@@ -251,7 +234,7 @@ impl Upstreams {
 /// The production connector: TCP with `connect_timeout_ms` per attempt and TCP_NODELAY.
 pub fn http_connector(config: &UpstreamConfig) -> HttpConnector {
     let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(config.connect_timeout()));
+    connector.set_connect_timeout(Some(config.connect_timeout));
     connector.set_nodelay(true);
     // Absolute-form URIs carry the scheme; the connector must accept it as-is.
     connector.enforce_http(true);
@@ -262,7 +245,7 @@ fn build_client(config: &UpstreamConfig, connector: UpstreamConnector) -> Upstre
     Client::builder(TokioExecutor::new())
         .pool_timer(TokioTimer::new())
         .timer(TokioTimer::new())
-        .pool_idle_timeout(config.pool_idle_timeout())
+        .pool_idle_timeout(config.pool_idle_timeout)
         .pool_max_idle_per_host(config.pool_max_idle_per_host)
         .build(connector)
 }
@@ -270,20 +253,6 @@ fn build_client(config: &UpstreamConfig, connector: UpstreamConnector) -> Upstre
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn base_urls() {
-        for (url, ok) in [
-            ("http://127.0.0.1:8000", true),
-            ("http://engine:8000/", true),
-            ("http://engine/prefix", true),
-            ("https://engine", false),
-            ("engine:8000", false),
-            ("http://e/?a=b", false),
-        ] {
-            assert_eq!(parse_base_url(url).is_ok(), ok, "{url}");
-        }
-    }
 
     #[test]
     fn uri_for_keeps_prefix_path_and_query() {
@@ -302,7 +271,7 @@ mod tests {
     #[test]
     fn discovered_replicas_come_and_go_configured_ones_stay() {
         let cfg = UpstreamConfig {
-            urls: vec!["http://static:1".into()],
+            urls: vec![crate::config::BaseUrl::parse("http://static:1").unwrap()],
             ..UpstreamConfig::default()
         };
         let up = Upstreams::new(&cfg).unwrap();

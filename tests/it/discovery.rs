@@ -37,15 +37,15 @@ fn addr(s: &SimHandle) -> SocketAddr {
     s.base_url().trim_start_matches("http://").parse().unwrap()
 }
 
-async fn start(config: goodput_proxy::config::Config, resolver: Arc<dyn Resolver>) -> Proxy {
+async fn start(config: goodput_proxy::config::RawConfig, resolver: Arc<dyn Resolver>) -> Proxy {
     run_app(
-        App::bind_with_resolver(config, resolver)
+        App::bind_with_resolver(config.check().expect("a valid test config"), resolver)
             .await
             .expect("bind"),
     )
 }
 
-fn discover_config(target: &str) -> goodput_proxy::config::Config {
+fn discover_config(target: &str) -> goodput_proxy::config::RawConfig {
     let mut c = test_config(&[]);
     c.upstream.discover = vec![target.to_string()];
     c.upstream.discover_interval_ms = INTERVAL_MS;

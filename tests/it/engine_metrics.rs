@@ -9,13 +9,13 @@ use std::time::Duration;
 use crate::support::meter::*;
 use crate::support::prom::*;
 use crate::support::proxy::*;
-use goodput_proxy::config::{Config, UpstreamLabel};
+use goodput_proxy::config::{RawConfig, UpstreamLabel};
 use goodput_proxy::engine::parse::{parse, Kind};
 use goodput_proxy::metrics::TTFT_BUCKETS;
 use goodput_sim::{SimConfig, SimHandle};
 
 /// Proxy config in front of `upstreams`, scraping every 100 ms.
-fn engine_config(upstreams: &[String]) -> Config {
+fn engine_config(upstreams: &[String]) -> RawConfig {
     let mut c = test_config(upstreams);
     c.engine.scrape_interval_ms = 100;
     c.engine.scrape_timeout_ms = 2_000;

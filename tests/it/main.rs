@@ -3,6 +3,8 @@
 
 mod support;
 
+mod attack;
+
 mod compare_live;
 mod discovery;
 mod engine_metrics;
@@ -20,6 +22,7 @@ mod proxy_forward;
 mod proxy_lifecycle;
 mod proxy_sim;
 mod proxy_tls;
+mod sim_agent;
 mod sim_cli;
 mod sim_engine;
 mod sim_faults;

@@ -230,7 +230,7 @@ async fn a_slow_first_token_is_a_success_but_not_good() {
     config.slo.models.insert(
         "strict".into(),
         goodput_proxy::config::SloOverride {
-            ttft_ms: Some(100),
+            ttft_ms: Some(goodput_proxy::config::Limit::Ms(100)),
             ..Default::default()
         },
     );

@@ -102,7 +102,8 @@ async fn headers_request_id_forwarded_and_hop_by_hop_stripped_both_ways() {
     }
     assert_eq!(get("authorization"), ["Bearer sk-end-to-end"]);
     assert_eq!(get("x-request-id"), ["client-id-42"]);
-    assert_eq!(get("x-forwarded-for"), ["10.1.2.3, 127.0.0.1"]);
+    // No proxy in front is trusted (the default): the client's own entry is dropped.
+    assert_eq!(get("x-forwarded-for"), ["127.0.0.1"]);
     assert_eq!(get("x-forwarded-proto"), ["http"]);
     assert_eq!(get("x-forwarded-host"), [proxy.addr.to_string().as_str()]);
     assert_eq!(get("host"), [fake.addr.to_string().as_str()]);

@@ -1,10 +1,9 @@
 //! Admin port, readiness, slowloris protection, drain and graceful shutdown.
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
+use crate::support::binary::{spawn, Binary};
 use crate::support::proxy::*;
 use http_body_util::BodyExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -138,60 +137,14 @@ async fn streams_past_the_grace_period_are_cut_not_completed() {
     assert!(exit.unwrap().is_ok());
 }
 
-/// The real binary, a line-reader on its stderr, and the addresses it logged.
-struct Binary {
-    child: std::process::Child,
-    addr: SocketAddr,
-    admin: SocketAddr,
-}
-
 fn spawn_binary(upstream: &str, drain_ms: u64, grace_ms: u64) -> Binary {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_goodput-proxy"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-            "--upstream",
-            upstream,
-        ])
-        .env("GOODPUT_PROXY_SERVER_DRAIN_DELAY_MS", drain_ms.to_string())
-        .env("GOODPUT_PROXY_SERVER_GRACE_PERIOD_MS", grace_ms.to_string())
-        .env("GOODPUT_PROXY_UPSTREAM_HEALTH_INTERVAL_MS", "200")
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn goodput-proxy");
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            eprintln!("[proxy] {line}");
-            let _ = tx.send(line);
-        }
-    });
-    let find = |line: &str, what: &str| -> Option<SocketAddr> {
-        if !line.contains(what) {
-            return None;
-        }
-        line.split_whitespace()
-            .find_map(|w| w.strip_prefix("addr="))
-            .and_then(|a| a.parse().ok())
-    };
-    let (mut addr, mut admin) = (None, None);
-    while addr.is_none() || admin.is_none() {
-        let line = rx.recv_timeout(SLOW).expect("binary logs its addresses");
-        addr = addr.or_else(|| find(&line, "proxy listening"));
-        admin = admin.or_else(|| find(&line, "admin listening"));
-    }
-    Binary {
-        child,
-        addr: addr.unwrap(),
-        admin: admin.unwrap(),
-    }
+    spawn(
+        upstream,
+        &[
+            ("GOODPUT_PROXY_SERVER_DRAIN_DELAY_MS", drain_ms.to_string()),
+            ("GOODPUT_PROXY_SERVER_GRACE_PERIOD_MS", grace_ms.to_string()),
+        ],
+    )
 }
 
 #[tokio::test]

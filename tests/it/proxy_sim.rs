@@ -138,7 +138,9 @@ async fn demo_mode_starts_the_engine_in_process() {
     // No upstream configured: `serve` runs the simulated engine itself.
     let mut config = test_config(&[]);
     config.upstream.urls.clear();
-    let app = goodput_proxy::app::App::bind(config).await.unwrap();
+    let app = goodput_proxy::app::App::bind(config.check().unwrap())
+        .await
+        .unwrap();
     let demo = app.demo().expect("demo engine started");
     assert!(demo.addr.ip().is_loopback());
     let model = demo.model.clone();

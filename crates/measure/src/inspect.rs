@@ -1,12 +1,13 @@
 //! Chunk inspection: what one SSE data payload (or one non-streaming JSON body) says about
-//! output, finish and usage. Borrowed serde structs that read only the fields needed; strings
-//! are looked at as raw JSON (`&RawValue`) so nothing is unescaped or allocated per chunk.
+//! output, finish and usage, read in one pass over its bytes by the cursor of
+//! [`crate::scan`]: no tree, no copy, nothing unescaped or allocated per chunk.
 
-use serde::de::{self, Deserializer, IgnoredAny, SeqAccess, Visitor};
+use std::ops::Range;
+
 use serde::Deserialize;
-use serde_json::value::RawValue;
 
 use crate::outcome::FinishReason;
+use crate::scan::{Cursor, Malformed, Scan, Str};
 
 /// Choices kept per chunk. vLLM and OpenAI send one choice per streamed chunk; a chunk with
 /// more keeps the first ones here and counts all of them in [`ChunkInfo::choice_count`].
@@ -117,36 +118,60 @@ impl ResponseInfo {
     }
 }
 
-/// Inspect one SSE data payload (the joined `data:` lines, or `[DONE]`).
-pub fn inspect_chunk(data: &[u8]) -> ChunkInfo {
-    let data = data.trim_ascii();
-    if data == b"[DONE]" {
-        return ChunkInfo::of_kind(ChunkKind::Done);
-    }
-    let Ok(raw) = serde_json::from_slice::<RawBody<'_>>(data) else {
-        return ChunkInfo::of_kind(ChunkKind::Unknown);
-    };
-    if raw.is_error() {
-        return ChunkInfo::of_kind(ChunkKind::Error);
-    }
-    let mut info = ChunkInfo::of_kind(if raw.choices.is_some() || raw.usage.is_some() {
-        ChunkKind::Chunk
-    } else {
-        ChunkKind::Unknown
-    });
-    info.usage = raw.usage;
-    if let Some(c) = raw.choices {
-        info.choice_count = c.total;
-        info.finished_count = c.finished;
-        info.output = c.output;
-        info.tokens = c.tokens;
-        info.choices = c.items;
-        info.kept = c.kept;
-    }
-    info
+/// What one SSE data payload says, with what the usage stripper needs besides.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventScan {
+    pub info: ChunkInfo,
+    /// The raw JSON value of a top-level `system_fingerprint` that is not `null`, as a range
+    /// of the payload given to [`scan_event`] (set whenever the payload is a JSON object).
+    pub fingerprint: Option<Range<usize>>,
 }
 
-/// Inspect a whole non-streaming JSON response body.
+/// Inspect one SSE data payload (the joined `data:` lines, or `[DONE]`).
+pub fn inspect_chunk(data: &[u8]) -> ChunkInfo {
+    scan_event(data).info
+}
+
+/// Inspect one SSE data payload in one pass over its bytes (see [`crate::scan`]).
+///
+/// The reading, field by field (the differential test beside this file holds it against a
+/// `serde_json::Value` of the same payload): a key that appears twice counts once, the last
+/// one (as a JSON parser that builds a map reads it); `choices`, `usage`, `delta`, `logprobs`
+/// and each choice must be objects (arrays) or `null` where they appear, `index` and the usage
+/// counts integers, `finish_reason` a string or `null`, else the payload is
+/// [`ChunkKind::Unknown`]; output is a `text` / `delta` field that is not `null`, `""`, `[]` or
+/// `{}`.
+pub fn scan_event(data: &[u8]) -> EventScan {
+    let lead = data.len() - data.trim_ascii_start().len();
+    let data = data.trim_ascii();
+    let mut scan = EventScan {
+        info: ChunkInfo::of_kind(ChunkKind::Unknown),
+        fingerprint: None,
+    };
+    if data == b"[DONE]" {
+        scan.info.kind = ChunkKind::Done;
+        return scan;
+    }
+    match read_body(data, &mut scan.info) {
+        Ok(body) => {
+            scan.info.kind = if body.is_error() {
+                ChunkKind::Error
+            } else if body.choices || scan.info.usage.is_some() {
+                ChunkKind::Chunk
+            } else {
+                ChunkKind::Unknown
+            };
+            if scan.info.kind != ChunkKind::Chunk {
+                scan.info = ChunkInfo::of_kind(scan.info.kind);
+            }
+            scan.fingerprint = body.fingerprint.map(|r| r.start + lead..r.end + lead);
+        }
+        Err(Malformed) => scan.info = ChunkInfo::of_kind(ChunkKind::Unknown),
+    }
+    scan
+}
+
+/// Inspect a whole non-streaming JSON response body (read as [`scan_event`] reads a chunk).
 pub fn inspect_response(body: &[u8]) -> ResponseInfo {
     let mut info = ResponseInfo {
         parsed: false,
@@ -157,17 +182,18 @@ pub fn inspect_response(body: &[u8]) -> ResponseInfo {
         finish_reason: None,
         usage: None,
     };
-    let Ok(raw) = serde_json::from_slice::<RawBody<'_>>(body.trim_ascii()) else {
+    let mut chunk = ChunkInfo::of_kind(ChunkKind::Unknown);
+    let Ok(raw) = read_body(body.trim_ascii(), &mut chunk) else {
         return info;
     };
     info.parsed = true;
     info.error = raw.is_error();
-    info.usage = raw.usage;
-    if let Some(c) = raw.choices {
-        info.choice_count = c.total;
-        info.finished_count = c.finished;
-        info.failed_count = c.failed;
-        let kept = &c.items[..c.kept as usize];
+    info.usage = chunk.usage;
+    if raw.choices {
+        info.choice_count = chunk.choice_count;
+        info.finished_count = chunk.finished_count;
+        info.failed_count = raw.failed;
+        let kept = chunk.choices();
         info.finish_reason = kept
             .iter()
             .find_map(|c| c.finish.filter(|f| f.engine_gave_up()))
@@ -176,184 +202,242 @@ pub fn inspect_response(body: &[u8]) -> ResponseInfo {
     info
 }
 
-#[derive(Deserialize)]
-struct RawBody<'a> {
-    #[serde(default)]
-    choices: Option<Choices>,
-    #[serde(default)]
-    usage: Option<Usage>,
-    #[serde(default, borrow)]
-    error: Option<&'a RawValue>,
-    #[serde(default, borrow)]
-    object: Option<&'a RawValue>,
+/// The top-level fields of a chunk or response body besides what goes into its [`ChunkInfo`].
+#[derive(Default)]
+struct Body {
+    /// `choices` is present and not `null`.
+    choices: bool,
+    /// Choices that finished with `abort` or `error`.
+    failed: u32,
+    /// `error` is present and not `null`.
+    error: bool,
+    /// `object` is `"error"`.
+    object_error: bool,
+    fingerprint: Option<Range<usize>>,
 }
 
-impl RawBody<'_> {
+impl Body {
     fn is_error(&self) -> bool {
-        self.error.is_some() || self.object.is_some_and(|o| o.get() == "\"error\"")
+        self.error || self.object_error
     }
 }
 
-#[derive(Deserialize)]
-struct RawChoice<'a> {
-    #[serde(default)]
-    index: u32,
-    #[serde(default, borrow)]
-    delta: Option<RawDelta<'a>>,
-    #[serde(default, borrow)]
-    text: Option<&'a RawValue>,
-    #[serde(default)]
-    finish_reason: Option<Finish>,
-    #[serde(default)]
-    logprobs: Option<RawLogprobs>,
+/// A field read by its last value: `Ok` until a value of the wrong shape comes, which an
+/// earlier or later value of the same key replaces (see [`Cursor::read_or_skip`]).
+type Field<T> = Scan<T>;
+
+fn nullable<'a, T>(
+    c: &mut Cursor<'a>,
+    read: impl FnOnce(&mut Cursor<'a>) -> Scan<T>,
+) -> Scan<Field<Option<T>>> {
+    c.read_or_skip(|c| {
+        if c.null() {
+            Ok(None)
+        } else {
+            read(c).map(Some)
+        }
+    })
 }
 
-#[derive(Deserialize)]
-struct RawDelta<'a> {
-    #[serde(default, borrow)]
-    content: Option<&'a RawValue>,
-    #[serde(default, borrow)]
-    reasoning_content: Option<&'a RawValue>,
-    #[serde(default, borrow)]
-    reasoning: Option<&'a RawValue>,
-    #[serde(default, borrow)]
-    tool_calls: Option<&'a RawValue>,
+const BODY_KEYS: &[&[u8]] = &[
+    b"choices",
+    b"usage",
+    b"error",
+    b"object",
+    b"system_fingerprint",
+];
+
+/// Reads the top level; the choices and usage go straight into `out` (no copy of the choice
+/// array per event), the rest is returned.
+fn read_body(data: &[u8], out: &mut ChunkInfo) -> Scan<Body> {
+    let mut c = Cursor::new(data);
+    let mut body = Body::default();
+    let (mut choices, mut usage) = (Ok(()), Ok(None));
+    c.object(|c, key| {
+        match key.one_of(BODY_KEYS) {
+            Some(0) => {
+                clear_choices(out, &mut body);
+                body.choices = !c.null();
+                choices = if body.choices {
+                    c.read_or_skip(|c| read_choices(c, out, &mut body.failed))?
+                } else {
+                    Ok(())
+                };
+            }
+            Some(1) => usage = nullable(c, read_usage)?,
+            Some(2) => {
+                body.error = if c.null() {
+                    false
+                } else {
+                    c.skip()?;
+                    true
+                }
+            }
+            Some(3) => {
+                body.object_error = match c.peek() {
+                    Some(b'"') => c.string()?.is(b"error"),
+                    _ => c.skip().map(|()| false)?,
+                }
+            }
+            Some(4) => {
+                let start = c.next_offset();
+                body.fingerprint = if c.null() {
+                    None
+                } else {
+                    c.skip()?;
+                    Some(start..c.offset())
+                };
+            }
+            _ => c.skip()?,
+        }
+        Ok(())
+    })?;
+    c.end()?;
+    choices?;
+    out.usage = usage?;
+    Ok(body)
 }
 
-#[derive(Deserialize)]
-struct RawLogprobs {
-    /// Chat: one entry per token.
-    #[serde(default)]
-    content: Option<CountSeq>,
-    /// Completions (legacy): one entry per token.
-    #[serde(default)]
-    tokens: Option<CountSeq>,
+/// Forget an earlier `choices` (a later one replaces it), leaving no stale entry behind.
+fn clear_choices(out: &mut ChunkInfo, body: &mut Body) {
+    out.choices[..out.kept as usize].fill(ChoiceInfo::default());
+    out.choice_count = 0;
+    out.finished_count = 0;
+    out.output = false;
+    out.tokens = 0;
+    out.kept = 0;
+    body.failed = 0;
 }
 
-/// A JSON value that carries something: not null, not `""`, not `[]`, not `{}`.
-fn non_empty(v: Option<&RawValue>) -> bool {
-    v.is_some_and(|v| !matches!(v.get(), "null" | "\"\"" | "[]" | "{}"))
+fn read_usage(c: &mut Cursor<'_>) -> Scan<Usage> {
+    let (mut prompt, mut completion) = (Ok(None), Ok(None));
+    c.object(|c, key| {
+        match key.one_of(&[b"prompt_tokens", b"completion_tokens"]) {
+            Some(0) => prompt = nullable(c, Cursor::uint)?,
+            Some(1) => completion = nullable(c, Cursor::uint)?,
+            _ => c.skip()?,
+        }
+        Ok(())
+    })?;
+    Ok(Usage {
+        prompt_tokens: prompt?,
+        completion_tokens: completion?,
+    })
 }
 
-impl RawChoice<'_> {
-    fn summary(&self) -> ChoiceInfo {
-        let output = non_empty(self.text)
-            || self.delta.as_ref().is_some_and(|d| {
-                non_empty(d.content)
-                    || non_empty(d.reasoning_content)
-                    || non_empty(d.reasoning)
-                    || non_empty(d.tool_calls)
-            });
-        let logprob_tokens = self
-            .logprobs
-            .as_ref()
-            .and_then(|l| l.content.or(l.tokens))
-            .map_or(0, |c| c.0);
-        let tokens = if logprob_tokens > 0 {
-            logprob_tokens
+fn read_choices(c: &mut Cursor<'_>, out: &mut ChunkInfo, failed: &mut u32) -> Scan<()> {
+    c.array(|c| {
+        let s = read_choice(c)?;
+        out.choice_count = out.choice_count.saturating_add(1);
+        out.finished_count += u32::from(s.finish.is_some());
+        *failed += u32::from(s.finish.is_some_and(FinishReason::engine_gave_up));
+        out.output |= s.output;
+        out.tokens = out.tokens.saturating_add(s.tokens);
+        if let Some(slot) = out.choices.get_mut(out.kept as usize) {
+            *slot = s;
+            out.kept += 1;
+        }
+        Ok(())
+    })
+}
+
+const CHOICE_KEYS: &[&[u8]] = &[b"index", b"delta", b"text", b"finish_reason", b"logprobs"];
+
+fn read_index(c: &mut Cursor<'_>) -> Scan<u32> {
+    u32::try_from(c.uint()?).map_err(|_| Malformed)
+}
+
+fn read_finish(c: &mut Cursor<'_>) -> Scan<FinishReason> {
+    c.string().map(finish_reason)
+}
+
+fn read_choice(c: &mut Cursor<'_>) -> Scan<ChoiceInfo> {
+    let (mut index, mut delta, mut finish, mut logprobs) = (Ok(0), Ok(None), Ok(None), Ok(None));
+    let mut text = false;
+    c.object(|c, key| {
+        match key.one_of(CHOICE_KEYS) {
+            Some(0) => index = c.read_or_skip(read_index)?,
+            Some(1) => delta = nullable(c, read_delta)?,
+            Some(2) => text = c.non_empty()?,
+            Some(3) => finish = nullable(c, read_finish)?,
+            Some(4) => logprobs = nullable(c, read_logprobs)?,
+            _ => c.skip()?,
+        }
+        Ok(())
+    })?;
+    let output = text || delta? == Some(true);
+    let logprobs = logprobs?.unwrap_or(0);
+    Ok(ChoiceInfo {
+        index: index?,
+        output,
+        tokens: if logprobs > 0 {
+            logprobs
         } else {
             u32::from(output)
-        };
-        ChoiceInfo {
-            index: self.index,
-            output,
-            tokens,
-            finish: self.finish_reason.map(|f| f.0),
+        },
+        finish: finish?,
+    })
+}
+
+const DELTA_KEYS: &[&[u8]] = &[
+    b"content",
+    b"reasoning_content",
+    b"reasoning",
+    b"tool_calls",
+];
+
+/// Whether a `delta` carries output.
+fn read_delta(c: &mut Cursor<'_>) -> Scan<bool> {
+    let mut fields = [false; 4];
+    c.object(|c, key| {
+        match key.one_of(DELTA_KEYS) {
+            Some(k) => fields[k] = c.non_empty()?,
+            None => c.skip()?,
         }
-    }
+        Ok(())
+    })?;
+    Ok(fields.contains(&true))
 }
 
-/// A sequence, counted without keeping its elements.
-#[derive(Clone, Copy)]
-struct CountSeq(u32);
-
-impl<'de> Deserialize<'de> for CountSeq {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = CountSeq;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("an array")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<CountSeq, A::Error> {
-                let mut n = 0u32;
-                while seq.next_element::<IgnoredAny>()?.is_some() {
-                    n = n.saturating_add(1);
-                }
-                Ok(CountSeq(n))
-            }
+/// Tokens counted by `logprobs`: `content` (chat) entries when present, else legacy `tokens`.
+fn read_logprobs(c: &mut Cursor<'_>) -> Scan<u32> {
+    let (mut content, mut tokens) = (Ok(None), Ok(None));
+    c.object(|c, key| {
+        match key.one_of(&[b"content", b"tokens"]) {
+            Some(0) => content = nullable(c, Cursor::count)?,
+            Some(1) => tokens = nullable(c, Cursor::count)?,
+            _ => c.skip()?,
         }
-        d.deserialize_seq(V)
+        Ok(())
+    })?;
+    Ok(content?.or(tokens?).unwrap_or(0))
+}
+
+/// Every reason [`FinishReason::parse`] knows, for names written with escapes.
+const REASONS: [FinishReason; 8] = [
+    FinishReason::Stop,
+    FinishReason::Length,
+    FinishReason::ToolCalls,
+    FinishReason::ContentFilter,
+    FinishReason::FunctionCall,
+    FinishReason::Abort,
+    FinishReason::Error,
+    FinishReason::Repetition,
+];
+
+fn finish_reason(s: Str<'_>) -> FinishReason {
+    let plain = FinishReason::parse(s.raw());
+    if plain != FinishReason::Other {
+        return plain;
     }
+    REASONS
+        .into_iter()
+        .find(|r| s.is(r.as_str().as_bytes()))
+        .unwrap_or(FinishReason::Other)
 }
 
-/// A `finish_reason` string folded into [`FinishReason`] without allocating.
-#[derive(Clone, Copy)]
-struct Finish(FinishReason);
-
-impl<'de> Deserialize<'de> for Finish {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = Finish;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a finish reason string")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Finish, E> {
-                Ok(Finish(FinishReason::parse(v.as_bytes())))
-            }
-        }
-        d.deserialize_str(V)
-    }
-}
-
-/// The `choices` array folded into a fixed-size summary (no `Vec` per chunk).
-struct Choices {
-    items: [ChoiceInfo; MAX_CHOICES_PER_CHUNK],
-    kept: u8,
-    total: u32,
-    finished: u32,
-    failed: u32,
-    output: bool,
-    tokens: u32,
-}
-
-impl<'de> Deserialize<'de> for Choices {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Choices;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("an array of choices")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Choices, A::Error> {
-                let mut c = Choices {
-                    items: [ChoiceInfo::default(); MAX_CHOICES_PER_CHUNK],
-                    kept: 0,
-                    total: 0,
-                    finished: 0,
-                    failed: 0,
-                    output: false,
-                    tokens: 0,
-                };
-                while let Some(raw) = seq.next_element::<RawChoice<'de>>()? {
-                    let s = raw.summary();
-                    c.total = c.total.saturating_add(1);
-                    c.finished += u32::from(s.finish.is_some());
-                    c.failed += u32::from(s.finish.is_some_and(FinishReason::engine_gave_up));
-                    c.output |= s.output;
-                    c.tokens = c.tokens.saturating_add(s.tokens);
-                    if (c.kept as usize) < MAX_CHOICES_PER_CHUNK {
-                        c.items[c.kept as usize] = s;
-                        c.kept += 1;
-                    }
-                }
-                Ok(c)
-            }
-        }
-        d.deserialize_seq(V)
-    }
-}
+#[cfg(test)]
+mod differential;
 
 #[cfg(test)]
 mod tests {

@@ -9,6 +9,7 @@ pub mod meter;
 pub mod outcome;
 pub mod record;
 pub mod request;
+pub mod scan;
 pub mod slo;
 pub mod sse;
 pub mod stats;
@@ -16,7 +17,8 @@ pub mod usage;
 pub mod window;
 
 pub use inspect::{
-    inspect_chunk, inspect_response, ChoiceInfo, ChunkInfo, ChunkKind, ResponseInfo, Usage,
+    inspect_chunk, inspect_response, scan_event, ChoiceInfo, ChunkInfo, ChunkKind, EventScan,
+    ResponseInfo, Usage,
 };
 pub use meter::{Measurement, StreamMeter};
 pub use outcome::{Ending, FinishReason, Outcome};

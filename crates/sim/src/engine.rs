@@ -235,7 +235,7 @@ impl Run {
             let reason = match (error, self.gen.finish(i)) {
                 (true, _) => FinishedReason::Error,
                 (false, Some(Finish::Length)) | (false, None) => FinishedReason::Length,
-                (false, Some(Finish::Stop(_))) => FinishedReason::Stop,
+                (false, Some(Finish::Stop(_) | Finish::ToolCalls)) => FinishedReason::Stop,
                 (false, Some(Finish::Abort)) => FinishedReason::Abort,
                 (false, Some(Finish::Error)) => FinishedReason::Error,
             };

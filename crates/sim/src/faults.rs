@@ -5,6 +5,7 @@ use std::str::FromStr;
 
 use serde::Deserialize;
 
+use super::agent::ToolCallKind;
 use super::render::Finish;
 use super::text::SplitMix;
 
@@ -37,6 +38,11 @@ pub struct Faults {
     /// `finish=abort|error` (with `finish-after=K`, default 0): after K steps every unfinished
     /// choice ends with that `finish_reason`, as when the engine gives up on a request.
     pub finish: Option<EarlyFinish>,
+    /// `tool-call=valid|invalid-json|schema-violation`: each chat choice answers with one
+    /// streamed call to the request's tool (see `agent.rs`); needs `tools` in the request.
+    pub tool_call: Option<ToolCallKind>,
+    /// `reasoning=N`: each chat choice streams N reasoning tokens before its answer.
+    pub reasoning: Option<u64>,
 }
 
 /// The engine ends a request's choices early with `finish_reason` `abort` or `error`.
@@ -63,7 +69,7 @@ impl EndReason {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid x-sim-fault `{0}`: expected status=CODE, error-after=K, truncate-after=K, stall-first=MS, stall-every=MS, no-done, malformed-after=K, hang, coalesce=K (K >= 1) or finish=abort|error [with finish-after=K]")]
+#[error("invalid x-sim-fault `{0}`: expected status=CODE, error-after=K, truncate-after=K, stall-first=MS, stall-every=MS, no-done, malformed-after=K, hang, coalesce=K (K >= 1) finish=abort|error [with finish-after=K], tool-call=valid|invalid-json|schema-violation or reasoning=N")]
 pub struct FaultParseError(pub String);
 
 impl Faults {
@@ -83,6 +89,8 @@ impl Faults {
         self.hang |= other.hang;
         self.coalesce = other.coalesce.or(self.coalesce);
         self.finish = other.finish.or(self.finish);
+        self.tool_call = other.tool_call.or(self.tool_call);
+        self.reasoning = other.reasoning.or(self.reasoning);
     }
 }
 
@@ -129,6 +137,10 @@ impl FromStr for Faults {
                     })
                 }
                 "finish-after" => finish_after = Some(num(val)?),
+                "tool-call" => {
+                    f.tool_call = Some(val.and_then(ToolCallKind::parse).ok_or_else(bad)?)
+                }
+                "reasoning" => f.reasoning = Some(num(val)?),
                 "no-done" if val.is_none() => f.no_done = true,
                 "hang" if val.is_none() => f.hang = true,
                 _ => return Err(bad()),
@@ -215,7 +227,7 @@ mod tests {
     fn parses_every_fault() {
         let f: Faults = "status=503, error-after=3,truncate-after=4,stall-first=100,\
                          stall-every=5,no-done,malformed-after=2,hang,coalesce=3,\
-                         finish-after=4,finish=error"
+                         finish-after=4,finish=error,tool-call=schema-violation,reasoning=5"
             .parse()
             .unwrap();
         assert_eq!(
@@ -234,8 +246,16 @@ mod tests {
                     reason: EndReason::Error,
                     after: 4,
                 }),
+                tool_call: Some(ToolCallKind::SchemaViolation),
+                reasoning: Some(5),
             }
         );
+        for (spec, kind) in [
+            ("tool-call=valid", ToolCallKind::Valid),
+            ("tool-call=invalid-json", ToolCallKind::InvalidJson),
+        ] {
+            assert_eq!(spec.parse::<Faults>().unwrap().tool_call, Some(kind));
+        }
         let f: Faults = "finish=abort".parse().unwrap();
         assert_eq!(
             f.finish,
@@ -265,6 +285,10 @@ mod tests {
             "finish=length",
             "finish-after=3",
             "finish-after=x,finish=abort",
+            "tool-call",
+            "tool-call=maybe",
+            "reasoning",
+            "reasoning=x",
         ] {
             assert!(s.parse::<Faults>().is_err(), "{s}");
         }

@@ -97,6 +97,11 @@ impl Generation {
         self.choices[i as usize].finish.as_ref()
     }
 
+    /// No end-of-sequence draws from now on (a constrained tool call runs to its end).
+    pub fn no_eos(&mut self) {
+        self.stop_prob = 0.0;
+    }
+
     /// Ends choice `i` now without a token (the engine gave up on it); false if it had
     /// already finished.
     pub fn end_early(&mut self, i: u32, finish: Finish) -> bool {

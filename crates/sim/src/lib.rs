@@ -12,6 +12,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod agent;
 pub mod cli;
 pub mod coalesce;
 pub mod config;

@@ -23,6 +23,9 @@ pub enum Finish {
     Abort,
     /// The engine failed the request (`x-sim-fault: finish=error`).
     Error,
+    /// The tool parser found a call (`tool_choice` auto): the engine stopped, the API says
+    /// `tool_calls`.
+    ToolCalls,
 }
 
 impl Finish {
@@ -32,6 +35,7 @@ impl Finish {
             Finish::Stop(_) => "stop",
             Finish::Abort => "abort",
             Finish::Error => "error",
+            Finish::ToolCalls => "tool_calls",
         }
     }
 }
@@ -209,12 +213,54 @@ impl Templates {
         buf.extend_from_slice(b"}\n\n");
     }
 
+    /// One chat event of choice `index` shaped by its agent plan (see `agent.rs`): reasoning
+    /// and answer text, or a tool call's opening delta or arguments; otherwise as
+    /// [`Templates::token_chunk`].
+    pub fn agent_chunk(
+        &self,
+        buf: &mut BytesMut,
+        index: u32,
+        delta: &AgentDelta<'_>,
+        logprobs: Option<&[TokenLogprobs]>,
+        finish: Option<&Finish>,
+        completion: u64,
+    ) {
+        buf.extend_from_slice(&self.head);
+        push_choice(
+            buf,
+            &CHAT_AGENT_DELTA,
+            index as u64,
+            |buf| delta.push(buf),
+            logprobs,
+            finish,
+        );
+        buf.extend_from_slice(b"]");
+        self.push_continuous_usage(buf, completion);
+        if finish.is_some() && !self.include_usage {
+            push_fingerprint(buf);
+        }
+        buf.extend_from_slice(b"}\n\n");
+    }
+
     /// The final `"choices":[]` usage chunk (only with `include_usage`).
     pub fn usage_chunk(&self, buf: &mut BytesMut, completion: u64) {
         buf.extend_from_slice(&self.head);
         buf.extend_from_slice(b"],\"usage\":{");
         push_usage_counts(buf, self.prompt_tokens, completion);
         buf.extend_from_slice(b"}");
+        push_fingerprint(buf);
+        buf.extend_from_slice(b"}\n\n");
+    }
+
+    /// The usage chunk with `"completion_tokens_details":{"reasoning_tokens":R}` (vLLM 0.32 with
+    /// a reasoning parser, capture `stream-chat-reasoning.txt`).
+    pub fn usage_chunk_with_reasoning(&self, buf: &mut BytesMut, completion: u64, reasoning: u64) {
+        buf.extend_from_slice(&self.head);
+        buf.extend_from_slice(b"],\"usage\":{");
+        push_usage_counts(buf, self.prompt_tokens, completion);
+        buf.extend_from_slice(b",\"completion_tokens_details\":{\"reasoning_tokens\":");
+        push_u64(buf, reasoning);
+        buf.extend_from_slice(b"}}");
         push_fingerprint(buf);
         buf.extend_from_slice(b"}\n\n");
     }
@@ -278,6 +324,63 @@ const CHAT_DELTA: ChoiceShape = ChoiceShape {
     always_stop_reason: false,
     tail: b",\"token_ids\":null}",
 };
+
+/// A chat delta whose fields [`AgentDelta::push`] writes.
+const CHAT_AGENT_DELTA: ChoiceShape = ChoiceShape {
+    text_open: b",\"delta\":{",
+    ..CHAT_DELTA
+};
+
+/// What one agent-shaped chat event carries (any part may be empty).
+#[derive(Debug, Default)]
+pub struct AgentDelta<'a> {
+    pub reasoning: &'a [TokText],
+    pub content: &'a [TokText],
+    /// The tool call opens in this event: its id and function name.
+    pub tool_open: Option<(&'a str, &'a str)>,
+    /// Arguments fragments of this event, joined.
+    pub arguments: String,
+}
+
+impl AgentDelta<'_> {
+    /// The delta's fields, in vLLM's order: `reasoning` / `content`, or, for a tool call,
+    /// `"content":null,"tool_calls":[...]`.
+    fn push(&self, buf: &mut BytesMut) {
+        if self.tool_open.is_some() || !self.arguments.is_empty() {
+            buf.extend_from_slice(b"\"content\":null,\"tool_calls\":[{");
+            if let Some((id, _)) = self.tool_open {
+                buf.extend_from_slice(b"\"id\":");
+                push_json(buf, id);
+                buf.extend_from_slice(b",\"type\":\"function\",");
+            }
+            buf.extend_from_slice(b"\"index\":0,\"function\":{");
+            if let Some((_, name)) = self.tool_open {
+                buf.extend_from_slice(b"\"name\":");
+                push_json(buf, name);
+                if !self.arguments.is_empty() {
+                    buf.extend_from_slice(b",");
+                }
+            }
+            if !self.arguments.is_empty() {
+                buf.extend_from_slice(b"\"arguments\":");
+                push_json(buf, &self.arguments);
+            }
+            buf.extend_from_slice(b"}}]");
+            return;
+        }
+        let mut sep = "";
+        if !self.reasoning.is_empty() {
+            buf.extend_from_slice(b"\"reasoning\":");
+            push_toks(buf, self.reasoning);
+            sep = ",";
+        }
+        if !self.content.is_empty() || sep.is_empty() {
+            buf.extend_from_slice(sep.as_bytes());
+            buf.extend_from_slice(b"\"content\":");
+            push_toks(buf, self.content);
+        }
+    }
+}
 
 const CHAT_MESSAGE: ChoiceShape = ChoiceShape {
     text_open: b",\"message\":{\"role\":\"assistant\",\"content\":",
@@ -648,6 +751,112 @@ mod tests {
         b.clear();
         t.token_chunk(&mut b, 0, &[], Some(&[]), Some(&Finish::Error), 0);
         assert!(line(&b).contains(r#""delta":{"content":""},"logprobs":{"content":[]},"finish_reason":"error","stop_reason":null"#), "{}", line(&b));
+    }
+
+    /// The `data:` lines of a capture (without the trailing blank line).
+    fn capture_events(text: &str) -> Vec<String> {
+        text.lines()
+            .filter(|l| l.starts_with("data: "))
+            .map(|l| format!("{l}\n\n"))
+            .collect()
+    }
+
+    #[test]
+    fn tool_call_chunks_match_stream_chat_tool_named_txt() {
+        let cap = include_str!("../../../tests/fixtures/vllm-0.32/stream-chat-tool-named.txt");
+        let body = cap
+            .lines()
+            .find_map(|l| l.strip_prefix("### request body: "))
+            .unwrap();
+        let mut req = parse(Api::Chat, body.as_bytes(), &["tiny".to_string()], 2048, 0).unwrap();
+        req.id_hash = 0x87ee9d7e54ea1013;
+        let t = Templates::new(&req, "tiny", 1796142667);
+        let want = capture_events(cap);
+        let tool = req.tool.as_ref().unwrap();
+        assert_eq!((tool.name.as_str(), tool.forced), ("get_weather", true));
+        let id = "chatcmpl-tool-a82d1baabf0d5419";
+        let mut b = BytesMut::new();
+        let open = AgentDelta {
+            tool_open: Some((id, &tool.name)),
+            ..AgentDelta::default()
+        };
+        t.agent_chunk(&mut b, 0, &open, None, None, 1);
+        assert_eq!(line(&b), want[1]);
+        let frags = ["6", "e40223", "00", "0012"];
+        for (k, frag) in frags.iter().enumerate() {
+            let last = k + 1 == frags.len();
+            let d = AgentDelta {
+                arguments: frag.to_string(),
+                ..AgentDelta::default()
+            };
+            b.clear();
+            let fin = Finish::Stop(None);
+            t.agent_chunk(&mut b, 0, &d, None, last.then_some(&fin), 2 + k as u64);
+            assert_eq!(line(&b), want[2 + k], "fragment {k}");
+        }
+        // Everything else of the capture is shaped as any chat stream's.
+        assert!(want[0].contains(r#""delta":{"role":"assistant","content":""}"#));
+        assert!(want[6].contains(r#""choices":[],"usage""#));
+        // Reasoning and answer text: the delta's own keys, reasoning first.
+        let r = [TokText::Owned("hm".into())];
+        let c = [TokText::Owned("ok".into())];
+        for (delta, want) in [
+            (
+                AgentDelta {
+                    reasoning: &r,
+                    ..AgentDelta::default()
+                },
+                r#""delta":{"reasoning":"hm"}"#,
+            ),
+            (
+                AgentDelta {
+                    reasoning: &r,
+                    content: &c,
+                    ..AgentDelta::default()
+                },
+                r#""delta":{"reasoning":"hm","content":"ok"}"#,
+            ),
+            (
+                AgentDelta {
+                    content: &c,
+                    ..AgentDelta::default()
+                },
+                r#""delta":{"content":"ok"}"#,
+            ),
+        ] {
+            b.clear();
+            t.agent_chunk(&mut b, 0, &delta, None, None, 1);
+            assert!(line(&b).contains(want), "{}", line(&b));
+        }
+    }
+
+    #[test]
+    fn reasoning_chunks_match_stream_chat_reasoning_txt() {
+        let cap = include_str!("../../../tests/fixtures/vllm-0.32/stream-chat-reasoning.txt");
+        let body = cap
+            .lines()
+            .find_map(|l| l.strip_prefix("### request body: "))
+            .unwrap();
+        let mut req = parse(Api::Chat, body.as_bytes(), &["tiny".to_string()], 2048, 0).unwrap();
+        req.id_hash = 0xad489793bfa48721;
+        // The simulator estimates prompt tokens from the text; the engine's tokenizer said 25.
+        req.prompt_tokens = 25;
+        let t = Templates::new(&req, "tiny", 1796143633);
+        let want = capture_events(cap);
+        let mut b = BytesMut::new();
+        let r = [TokText::Piece(piece(" will"))];
+        let d = AgentDelta {
+            reasoning: &r,
+            ..AgentDelta::default()
+        };
+        t.agent_chunk(&mut b, 0, &d, None, None, 2);
+        assert_eq!(line(&b), want[2]);
+        // The fingerprint of that engine differs (its config had a reasoning parser): compare
+        // up to it.
+        b.clear();
+        t.usage_chunk_with_reasoning(&mut b, 12, 0);
+        let cut = |s: &str| s[..s.find("\"system_fingerprint\"").unwrap()].to_string();
+        assert_eq!(cut(&line(&b)), cut(&want[want.len() - 2]));
     }
 
     #[test]

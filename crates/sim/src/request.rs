@@ -2,6 +2,7 @@
 
 use serde_json::{Map, Value};
 
+use super::agent::ToolSpec;
 use super::errors::ApiError;
 use super::text::{estimate_tokens, hash_bytes, mix64, CHAT_BASE_TOKENS, CHAT_PER_MESSAGE_TOKENS};
 
@@ -40,6 +41,8 @@ pub struct GenRequest {
     pub text_seed: u64,
     /// Hash of the request for ids: same body, same id.
     pub id_hash: u64,
+    /// Chat: the tool a `tool-call` fault calls (from `tools` and `tool_choice`).
+    pub tool: Option<ToolSpec>,
 }
 
 /// How vLLM 0.32 shows a validation error's `input`: scalars as text, containers by size.
@@ -445,6 +448,10 @@ pub fn parse(
     };
     let stop = stop_strings(obj)?;
     let ignore_eos = get_bool(obj, "ignore_eos")?;
+    let tool = match api {
+        Api::Chat => ToolSpec::from_request(obj),
+        Api::Completions => None,
+    };
 
     let model_idx = match model_name {
         None => 0,
@@ -535,6 +542,7 @@ pub fn parse(
         ignore_eos,
         text_seed,
         id_hash,
+        tool,
     })
 }
 

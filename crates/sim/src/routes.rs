@@ -13,6 +13,7 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Limited};
 use tokio::time::Instant;
 
+use super::agent;
 use super::coalesce::Packing;
 use super::engine::{Engine, Run};
 use super::errors::ApiError;
@@ -222,7 +223,8 @@ async fn generate(
     let run = Run::new(eng.clone(), &greq, arrival, arrival_no);
     if greq.stream {
         let packing = Packing::new(faults.coalesce, cfg.coalesce_prob, cfg.seed, arrival_no);
-        let body = SseBody::new(run, tmpl, faults, api, greq.include_usage, packing);
+        let agents = agent::plans(&greq, faults.reasoning, faults.tool_call);
+        let body = SseBody::new(run, tmpl, faults, api, greq.include_usage, packing, agents);
         return head(200, Some(EVENT_STREAM), None)
             .body(SimBody::Sse(Box::new(body)))
             .unwrap_or_else(|_| Response::new(SimBody::Full(None)));

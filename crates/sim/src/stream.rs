@@ -13,11 +13,12 @@ use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
+use super::agent::{AgentPlan, Part};
 use super::coalesce::{Packing, Pending};
 use super::engine::{Acquire, Run};
 use super::errors::stream_error_event;
 use super::faults::Faults;
-use super::render::{Templates, DONE};
+use super::render::{AgentDelta, Templates, DONE};
 use super::request::Api;
 
 /// Steps written into one frame when decode time is zero.
@@ -57,6 +58,10 @@ pub struct SseBody {
     pending: Vec<Pending>,
     /// Choices whose event goes out after this step, in index order.
     ready: Vec<u32>,
+    /// Per choice: its reasoning / tool-call plan (empty when none was asked for).
+    agents: Vec<Option<AgentPlan>>,
+    /// Choices whose tool call ended in this step.
+    calls_done: Vec<u32>,
 }
 
 impl SseBody {
@@ -67,7 +72,11 @@ impl SseBody {
         api: Api,
         include_usage: bool,
         packing: Packing,
+        agents: Vec<Option<AgentPlan>>,
     ) -> Self {
+        if agents.iter().flatten().any(|a| a.tool.is_some()) {
+            run.gen.no_eos();
+        }
         let acquire = run.enqueue();
         let n = run.gen.n() as usize;
         let now = Instant::now();
@@ -86,7 +95,23 @@ impl SseBody {
             packing,
             pending: (0..n).map(|_| Pending::default()).collect(),
             ready: Vec::with_capacity(n),
+            agents,
+            calls_done: Vec::new(),
         }
+    }
+
+    /// Reasoning tokens generated over all choices, when reasoning was asked for (the usage
+    /// chunk's `completion_tokens_details`, as vLLM adds it with a reasoning parser).
+    fn reasoning_tokens(&self) -> Option<u64> {
+        let mut any = false;
+        let mut n = 0;
+        for (i, plan) in self.agents.iter().enumerate() {
+            if let Some(p) = plan.as_ref().filter(|p| p.reasoning > 0) {
+                any = true;
+                n += p.reasoning.min(self.run.gen.tokens(i as u32));
+            }
+        }
+        any.then_some(n)
     }
 
     fn take_frame(&mut self) -> Poll<Option<Result<Frame<Bytes>, Truncated>>> {
@@ -142,17 +167,32 @@ impl SseBody {
             return;
         }
         let (pending, packing, ready) = (&mut self.pending, &mut self.packing, &mut self.ready);
+        let (agents, calls_done) = (&self.agents, &mut self.calls_done);
         self.run.step(|i, t| {
             let p = &mut pending[i as usize];
             p.texts.push(t.text);
             p.logprobs.extend(t.logprobs);
             p.count = t.count;
-            let last = t.finish.is_some();
             p.finish = t.finish;
+            // The call's last arguments fragment ends the choice (unless the engine's own
+            // limit ended it on this very token).
+            if let Some(plan) = agents.get(i as usize).and_then(Option::as_ref) {
+                let call_ends = matches!(plan.part(t.count - 1), Part::ToolArgs { last: true, .. });
+                if let (true, None, Some(tool)) = (call_ends, &p.finish, &plan.tool) {
+                    p.finish = Some(tool.finish.clone());
+                    calls_done.push(i);
+                }
+            }
+            let last = p.finish.is_some();
             if last || !packing.hold(p.texts.len()) {
                 ready.push(i);
             }
         });
+        for i in self.calls_done.drain(..) {
+            if let Some(f) = self.pending[i as usize].finish.clone() {
+                self.run.gen.end_early(i, f);
+            }
+        }
         self.flush_ready();
         self.state = if self.run.gen.all_finished() {
             State::Trailer
@@ -176,18 +216,52 @@ impl SseBody {
         }
         for &i in &self.ready {
             let p = &mut self.pending[i as usize];
-            self.tmpl.token_chunk(
-                &mut self.buf,
-                i,
-                &p.texts,
-                logprobs.then_some(&p.logprobs[..]),
-                p.finish.as_ref(),
-                p.count,
-            );
+            let lp = logprobs.then_some(&p.logprobs[..]);
+            match self.agents.get(i as usize).and_then(Option::as_ref) {
+                Some(plan) => {
+                    let delta = agent_delta(plan, p);
+                    let finish = p.finish.as_ref();
+                    self.tmpl
+                        .agent_chunk(&mut self.buf, i, &delta, lp, finish, p.count);
+                }
+                None => self.tmpl.token_chunk(
+                    &mut self.buf,
+                    i,
+                    &p.texts,
+                    lp,
+                    p.finish.as_ref(),
+                    p.count,
+                ),
+            }
             p.sent();
         }
         self.ready.clear();
     }
+}
+
+/// The delta of one pending event of a choice with an agent plan: its tokens are the
+/// choice's tokens `count - texts.len() .. count`, each shaped by the plan.
+fn agent_delta<'a>(plan: &'a AgentPlan, p: &'a Pending) -> AgentDelta<'a> {
+    let first = p.count.saturating_sub(p.texts.len() as u64);
+    let reasoning = (plan.reasoning.saturating_sub(first) as usize).min(p.texts.len());
+    let mut delta = AgentDelta {
+        reasoning: &p.texts[..reasoning],
+        ..AgentDelta::default()
+    };
+    if plan.tool.is_none() {
+        delta.content = &p.texts[reasoning..];
+        return delta;
+    }
+    for k in first + reasoning as u64..p.count {
+        match plan.part(k) {
+            Part::ToolOpen => {
+                delta.tool_open = plan.tool.as_ref().map(|t| (t.id.as_str(), t.name.as_str()))
+            }
+            Part::ToolArgs { fragment, .. } => delta.arguments.push_str(fragment),
+            Part::Content | Part::Reasoning => {}
+        }
+    }
+    delta
 }
 
 impl Body for SseBody {
@@ -249,8 +323,14 @@ impl Body for SseBody {
                 State::Trailer => {
                     this.run.finish(false);
                     if this.include_usage {
-                        this.tmpl
-                            .usage_chunk(&mut this.buf, this.run.gen.total_tokens());
+                        let total = this.run.gen.total_tokens();
+                        match this.reasoning_tokens() {
+                            Some(r) => {
+                                this.tmpl
+                                    .usage_chunk_with_reasoning(&mut this.buf, total, r)
+                            }
+                            None => this.tmpl.usage_chunk(&mut this.buf, total),
+                        }
                     }
                     if !this.faults.no_done {
                         this.buf.extend_from_slice(DONE);

@@ -24,7 +24,7 @@ use goodput_loadtest::runner::{self, CompareTargets, RunConfig, RunResult};
 use goodput_loadtest::scenario::Scenario;
 use goodput_measure::stats::percentile;
 use goodput_proxy::app::App;
-use goodput_proxy::config::{ClickHouseConfig, Config};
+use goodput_proxy::config::{RawClickHouse, RawConfig};
 use goodput_proxy::report::{self, FleetRow, ReportArgs};
 use goodput_proxy::sink::http::ChHttp;
 use goodput_proxy::sink::row::stored_seconds;
@@ -115,13 +115,13 @@ impl Proxy {
     }
 }
 
-async fn start_proxy(upstreams: Vec<String>, instance: &str, ch: ClickHouseConfig) -> Proxy {
+async fn start_proxy(upstreams: Vec<String>, instance: &str, ch: RawClickHouse) -> Proxy {
     let sink = std::env::temp_dir().join(format!(
         "goodput-ch-{instance}-{}.jsonl",
         std::process::id()
     ));
     let _ = std::fs::remove_file(&sink);
-    let mut c = Config::default();
+    let mut c = RawConfig::default();
     c.server.listen = "127.0.0.1:0".parse().unwrap();
     c.server.admin_listen = "127.0.0.1:0".parse().unwrap();
     c.server.drain_delay_ms = 0;
@@ -132,7 +132,9 @@ async fn start_proxy(upstreams: Vec<String>, instance: &str, ch: ClickHouseConfi
     c.measure.models = vec!["tiny".into()];
     c.measure.sink_path = Some(sink.clone());
     c.sink.clickhouse = Some(ch);
-    let app = App::bind(c).await.expect("bind proxy");
+    let app = App::bind(c.check().expect("a valid test config"))
+        .await
+        .expect("bind proxy");
     let (addr, admin) = (app.local_addr(), app.admin_addr());
     let (tx, rx) = oneshot::channel::<()>();
     let task = tokio::spawn(app.run(async move {
@@ -147,15 +149,15 @@ async fn start_proxy(upstreams: Vec<String>, instance: &str, ch: ClickHouseConfi
     }
 }
 
-fn ch_config(db: &str) -> ClickHouseConfig {
-    ClickHouseConfig {
+fn ch_config(db: &str) -> RawClickHouse {
+    RawClickHouse {
         url: ch_url(),
         database: db.into(),
         flush_interval_ms: 100,
         retry_initial_ms: 50,
         retry_max_ms: 500,
         timeout_ms: 2_000,
-        ..ClickHouseConfig::default()
+        ..RawClickHouse::default()
     }
 }
 
@@ -478,7 +480,7 @@ async fn a_ten_second_outage_slows_no_request_and_drops_exactly_what_it_counts()
     create_db(&db).await;
     // Constant timing: what varies in E2E is the machine, not the engine.
     let sim = start_sim(3, Jitter::Constant).await;
-    let cfg = ClickHouseConfig {
+    let cfg = RawClickHouse {
         queue: QUEUE,
         batch_size: BATCH,
         ..ch_config(&db)

@@ -14,7 +14,7 @@ use goodput_loadtest::record::RequestRecord;
 use goodput_loadtest::runner::{self, CompareTargets, RunConfig, RunResult};
 use goodput_loadtest::scenario::Scenario;
 use goodput_proxy::app::App;
-use goodput_proxy::config::Config;
+use goodput_proxy::config::RawConfig;
 use goodput_sim::{SimConfig, SimHandle, SimServer};
 use tokio::sync::oneshot;
 
@@ -83,7 +83,7 @@ async fn start_sim() -> SimHandle {
 }
 
 async fn start_proxy(upstream: String, sink: PathBuf) -> Proxy {
-    let mut c = Config::default();
+    let mut c = RawConfig::default();
     c.server.listen = "127.0.0.1:0".parse().unwrap();
     c.server.admin_listen = "127.0.0.1:0".parse().unwrap();
     c.server.drain_delay_ms = 0;
@@ -92,7 +92,9 @@ async fn start_proxy(upstream: String, sink: PathBuf) -> Proxy {
     c.upstream.health_interval_ms = 200;
     c.measure.models = vec!["tiny".into()];
     c.measure.sink_path = Some(sink);
-    let app = App::bind(c).await.expect("bind proxy");
+    let app = App::bind(c.check().expect("a valid test config"))
+        .await
+        .expect("bind proxy");
     let (addr, admin) = (app.local_addr(), app.admin_addr());
     let (tx, rx) = oneshot::channel::<()>();
     let task = tokio::spawn(app.run(async move {

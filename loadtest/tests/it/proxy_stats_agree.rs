@@ -18,7 +18,7 @@ use goodput_loadtest::compare::Comparison;
 use goodput_loadtest::runner::{self, CompareTargets, RunConfig};
 use goodput_loadtest::scenario::Scenario;
 use goodput_proxy::app::App;
-use goodput_proxy::config::Config;
+use goodput_proxy::config::RawConfig;
 use goodput_sim::{SimConfig, SimServer};
 use tokio::sync::oneshot;
 
@@ -136,13 +136,15 @@ async fn one_run() -> Result<(), String> {
             .await
             .unwrap()
             .spawn();
-            let mut c = Config::default();
+            let mut c = RawConfig::default();
             c.server.listen = "127.0.0.1:0".parse().unwrap();
             c.server.admin_listen = "127.0.0.1:0".parse().unwrap();
             c.server.drain_delay_ms = 0;
             c.upstream.urls = vec![sim.base_url()];
             c.measure.models = vec!["tiny".into()];
-            let app = App::bind(c).await.expect("bind proxy");
+            let app = App::bind(c.check().expect("a valid test config"))
+                .await
+                .expect("bind proxy");
             ready_tx.send((app.local_addr(), app.admin_addr())).unwrap();
             let _ = app
                 .run(async move {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use goodput_measure::meter::{Measurement, StreamMeter};
 use goodput_measure::outcome::Ending;
-use goodput_proxy::config::Config;
+use goodput_proxy::config::RawConfig;
 use goodput_sim::{SimConfig, SimHandle, SimServer};
 use http::Request;
 use http_body_util::{BodyExt, Full};
@@ -27,7 +27,7 @@ pub async fn start_sim(cfg: SimConfig) -> SimHandle {
 }
 
 /// A test proxy in front of `upstream` with `tiny` as a configured model.
-pub fn meter_config(upstream: &str) -> Config {
+pub fn meter_config(upstream: &str) -> RawConfig {
     let mut c = test_config(&[upstream.to_string()]);
     c.measure.models = vec!["tiny".into()];
     c

@@ -3,13 +3,16 @@
 //! - `proxy`: an in-process proxy on port 0, a hyper client, a fake upstream chosen by header.
 //! - `meter`: the simulator as upstream, `/stats` and `/metrics` readers, a measuring client.
 //! - `raw_http`: raw HTTP/1.1 over a TcpStream, for byte-exact checks of the simulator.
+//! - `raw_h2`: raw HTTP/2 frames (h2c), for floods and resets no client library sends.
 //! - `prom`: metric lookups in Prometheus text that fail when the series is missing.
 //! - `serial()`: a lock for timing-sensitive and CPU-heavy tests (see there).
 #![allow(dead_code)]
 
+pub mod binary;
 pub mod meter;
 pub mod prom;
 pub mod proxy;
+pub mod raw_h2;
 pub mod raw_http;
 
 /// Held by the tests whose figures depend on the machine's timing (client and proxy within a

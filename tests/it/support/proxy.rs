@@ -11,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::stream;
 use goodput_proxy::app::App;
-use goodput_proxy::config::Config;
+use goodput_proxy::config::RawConfig;
 use http::{Request, Response};
 use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
@@ -47,8 +47,8 @@ impl Proxy {
 }
 
 /// A config for tests: port 0 everywhere, short drain, the given upstreams.
-pub fn test_config(upstreams: &[String]) -> Config {
-    let mut c = Config::default();
+pub fn test_config(upstreams: &[String]) -> RawConfig {
+    let mut c = RawConfig::default();
     c.server.listen = "127.0.0.1:0".parse().unwrap();
     c.server.admin_listen = "127.0.0.1:0".parse().unwrap();
     c.server.drain_delay_ms = 0;
@@ -58,7 +58,8 @@ pub fn test_config(upstreams: &[String]) -> Config {
     c
 }
 
-pub async fn start_proxy(config: Config) -> Proxy {
+pub async fn start_proxy(config: RawConfig) -> Proxy {
+    let config = config.check().expect("a valid test config");
     run_app(App::bind(config).await.expect("bind proxy"))
 }
 
@@ -137,6 +138,9 @@ pub struct FakeStats {
     pub requests: AtomicUsize,
     /// Bytes of `x-fake-bulk` bodies produced so far (pulled by the proxy).
     pub bulk_bytes: AtomicUsize,
+    /// TCP connections open to the fake right now (the proxy's pool, health probes, and
+    /// every request in flight: a request the proxy gives up on closes its connection).
+    pub connections: AtomicUsize,
 }
 
 pub struct Fake {
@@ -169,10 +173,15 @@ pub async fn start_fake() -> Fake {
             };
             let st = st.clone();
             tokio::spawn(async move {
+                st.connections.fetch_add(1, Ordering::SeqCst);
+                let open = st.clone();
                 let svc = hyper::service::service_fn(move |req| fake_handle(st.clone(), req));
+                // Room for a client's 100 fields plus the ones the proxy adds.
                 let _ = hyper::server::conn::http1::Builder::new()
+                    .max_headers(200)
                     .serve_connection(TokioIo::new(io), svc)
                     .await;
+                open.connections.fetch_sub(1, Ordering::SeqCst);
             });
         }
     });

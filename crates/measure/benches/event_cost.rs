@@ -1,0 +1,106 @@
+//! Instructions per SSE event of the metering path, counted by callgrind (stable on a shared,
+//! noisy machine, where wall time is not). One vLLM-0.32-shaped chat stream with usage
+//! (role chunk, content chunks, finish chunk, usage chunk, `[DONE]`), one event per frame, fed
+//! to one of:
+//! - `inspect`: the SSE parser and `inspect_chunk` per event;
+//! - `meter`: `StreamMeter::on_frame` (parser, inspection, timeline);
+//! - `strip`: `UsageStripper::push` (what runs when the proxy injected usage).
+//!
+//! ```text
+//! cargo bench -p goodput-measure --bench event_cost --no-run
+//! valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+//!     --toggle-collect='*event_cost::run*' target/release/deps/event_cost-<hash> meter 20000
+//! ```
+//! Instructions per event = the `Collected` count / (events + 3). Without valgrind it prints
+//! the wall time per event (noisy here; callgrind's count is the figure to compare).
+
+use std::hint::black_box;
+use std::time::Instant as WallClock;
+
+use bytes::Bytes;
+use goodput_measure::sse::SseParser;
+use goodput_measure::usage::UsageStripper;
+use goodput_measure::{inspect_chunk, Ending, StreamMeter};
+use tokio::time::Instant;
+
+fn chat_stream(events: usize) -> Vec<Bytes> {
+    let id = "chatcmpl-a45afd70d01f6372";
+    let head = format!(
+        r#"{{"id":"{id}","object":"chat.completion.chunk","created":1795964150,"model":"tiny","choices":[{{"index":0,"#
+    );
+    let mut frames = vec![format!(
+        "data: {head}\"delta\":{{\"role\":\"assistant\",\"content\":\"\"}},\"logprobs\":null,\"finish_reason\":null}}],\"prompt_token_ids\":null,\"prompt_text\":null}}\n\n"
+    )];
+    for i in 0..events {
+        let finish = if i + 1 == events {
+            r#""length","stop_reason":null"#
+        } else {
+            "null"
+        };
+        frames.push(format!(
+            "data: {head}\"delta\":{{\"content\":\" will\"}},\"logprobs\":null,\"finish_reason\":{finish},\"token_ids\":null}}]}}\n\n"
+        ));
+    }
+    frames.push(format!(
+        "data: {{\"id\":\"{id}\",\"object\":\"chat.completion.chunk\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[],\"usage\":{{\"prompt_tokens\":32,\"total_tokens\":{},\"completion_tokens\":{events}}},\"system_fingerprint\":\"vllm-0.32.0-f1283a03\"}}\n\n",
+        32 + events
+    ));
+    frames.push("data: [DONE]\n\n".to_string());
+    frames.into_iter().map(Bytes::from).collect()
+}
+
+#[inline(never)]
+fn run(mode: &str, frames: &[Bytes]) -> u64 {
+    match mode {
+        "inspect" => {
+            let mut p = SseParser::new();
+            let mut tokens = 0u64;
+            for f in frames {
+                p.feed(f, |e| tokens += u64::from(inspect_chunk(e.data).tokens));
+            }
+            p.finish(|e| tokens += u64::from(inspect_chunk(e.data).tokens));
+            tokens
+        }
+        "meter" => {
+            let t0 = Instant::now();
+            let mut m = StreamMeter::new(t0, true);
+            m.on_head(t0, 200);
+            for f in frames {
+                m.on_frame(t0, f, |g| {
+                    black_box(g);
+                });
+            }
+            black_box(m.finish(t0, Ending::Complete));
+            0
+        }
+        "strip" => {
+            let mut s = UsageStripper::new();
+            let mut bytes = 0u64;
+            for f in frames {
+                bytes += s.push(f.clone()).len() as u64;
+            }
+            bytes + s.finish().len() as u64
+        }
+        other => {
+            eprintln!("unknown mode {other}: inspect, meter or strip");
+            std::process::exit(2);
+        }
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let mode = args.first().map_or("meter", String::as_str);
+    let events: usize = args.get(1).and_then(|n| n.parse().ok()).unwrap_or(20_000);
+    let frames = chat_stream(events);
+    let start = WallClock::now();
+    let out = run(mode, &frames);
+    let per_event = start.elapsed().as_nanos() as f64 / frames.len() as f64;
+    println!(
+        "{mode}: {} events, {per_event:.0} ns/event (wall), {out}",
+        frames.len()
+    );
+}

@@ -1,0 +1,875 @@
+//! The one-pass scanner against a full `serde_json::Value` parse of the same payload, over the
+//! real vLLM captures, the simulator's output, and generated events.
+//!
+//! The oracle reads a `Value` and applies the field rules of [`scan_event`]'s docs; it shares
+//! no code with the scanner. Where the scanner is deliberately lax (see `scan.rs`:
+//! UTF-8 inside strings, unpaired surrogate escapes, number magnitudes), [`lax`] rewrites the
+//! payload first so that `Value` accepts it too, changing nothing the rules look at; a test
+//! below pins that `lax` only ever turns a text that `serde_json` skips as valid (`IgnoredAny`)
+//! into one it parses as a `Value`.
+
+use proptest::prelude::*;
+use serde::de::IgnoredAny;
+use serde_json::{Map, Value};
+
+use super::*;
+use crate::sse::SseParser;
+
+/// What the scanner does not check, made acceptable to `serde_json::Value`: invalid UTF-8
+/// replaced (U+FFFD), every surrogate escape replaced by `\uFFFD`, every exponent of three or
+/// more digits by `e0`. None of these touches a key or value the rules compare (all ASCII
+/// letters and `_`), an emptiness, or the grammar.
+fn lax(data: &[u8]) -> Vec<u8> {
+    let s = String::from_utf8_lossy(data).into_owned().into_bytes();
+    let mut out = Vec::with_capacity(s.len());
+    let mut i = 0;
+    while i < s.len() {
+        match s[i] {
+            b'\\' => {
+                let surrogate = s.get(i + 1) == Some(&b'u')
+                    && s.get(i + 2..i + 6).is_some_and(|h| {
+                        std::str::from_utf8(h)
+                            .ok()
+                            .and_then(|h| u16::from_str_radix(h, 16).ok())
+                            .is_some_and(|v| (0xD800..=0xDFFF).contains(&v))
+                    });
+                if surrogate {
+                    out.extend_from_slice(br"\uFFFD");
+                    i += 6;
+                } else if s.get(i + 1) == Some(&b'u') {
+                    out.extend_from_slice(&s[i..(i + 6).min(s.len())]);
+                    i += 6;
+                } else {
+                    out.extend_from_slice(&s[i..(i + 2).min(s.len())]);
+                    i += 2;
+                }
+            }
+            b'e' | b'E' if i > 0 && s[i - 1].is_ascii_digit() => {
+                let mut j = i + 1;
+                if matches!(s.get(j), Some(b'+' | b'-')) {
+                    j += 1;
+                }
+                let digits = s[j..].iter().take_while(|b| b.is_ascii_digit()).count();
+                if digits >= 3 {
+                    out.extend_from_slice(b"e0");
+                    i = j + digits;
+                } else {
+                    out.push(s[i]);
+                    i += 1;
+                }
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+/// A `Value` object of the payload, if it is one.
+fn parse(data: &[u8]) -> Option<Map<String, Value>> {
+    match serde_json::from_slice::<Value>(&lax(data)) {
+        Ok(Value::Object(m)) => Some(m),
+        _ => None,
+    }
+}
+
+fn non_empty(v: Option<&Value>) -> bool {
+    match v {
+        None | Some(Value::Null) => false,
+        Some(Value::String(s)) => !s.is_empty(),
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(Value::Object(o)) => !o.is_empty(),
+        Some(_) => true,
+    }
+}
+
+/// `Some(None)` for absent or null, `Some(Some(n))` for an unsigned integer, `None` (refused)
+/// for anything else.
+fn opt_uint(v: Option<&Value>) -> Option<Option<u64>> {
+    match v {
+        None | Some(Value::Null) => Some(None),
+        Some(v) => v.as_u64().map(Some),
+    }
+}
+
+fn opt_len(v: Option<&Value>) -> Option<Option<u32>> {
+    match v {
+        None | Some(Value::Null) => Some(None),
+        Some(Value::Array(a)) => Some(Some(u32::try_from(a.len()).unwrap_or(u32::MAX))),
+        Some(_) => None,
+    }
+}
+
+fn oracle_choice(v: &Value) -> Option<ChoiceInfo> {
+    let c = v.as_object()?;
+    let index = match c.get("index") {
+        None => 0,
+        Some(v) => u32::try_from(v.as_u64()?).ok()?,
+    };
+    let delta = match c.get("delta") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(d)) => ["content", "reasoning_content", "reasoning", "tool_calls"]
+            .iter()
+            .any(|k| non_empty(d.get(*k))),
+        Some(_) => return None,
+    };
+    let output = delta || non_empty(c.get("text"));
+    let finish = match c.get("finish_reason") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(FinishReason::parse(s.as_bytes())),
+        Some(_) => return None,
+    };
+    let logprobs = match c.get("logprobs") {
+        None | Some(Value::Null) => 0,
+        Some(Value::Object(l)) => {
+            let content = opt_len(l.get("content"))?;
+            let tokens = opt_len(l.get("tokens"))?;
+            content.or(tokens).unwrap_or(0)
+        }
+        Some(_) => return None,
+    };
+    Some(ChoiceInfo {
+        index,
+        output,
+        tokens: if logprobs > 0 {
+            logprobs
+        } else {
+            u32::from(output)
+        },
+        finish,
+    })
+}
+
+/// The top-level reading: (is error, choices, usage), `None` when a field is refused.
+type Top = (bool, Option<Vec<ChoiceInfo>>, Option<Usage>);
+
+fn oracle_top(m: &Map<String, Value>) -> Option<Top> {
+    let choices = match m.get("choices") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(a)) => Some(a.iter().map(oracle_choice).collect::<Option<Vec<_>>>()?),
+        Some(_) => return None,
+    };
+    let usage = match m.get("usage") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(u)) => Some(Usage {
+            prompt_tokens: opt_uint(u.get("prompt_tokens"))?,
+            completion_tokens: opt_uint(u.get("completion_tokens"))?,
+        }),
+        Some(_) => return None,
+    };
+    let error = m.get("error").is_some_and(|v| !v.is_null())
+        || m.get("object").is_some_and(|v| v == "error");
+    Some((error, choices, usage))
+}
+
+/// What the scanner must say about `data`, and the fingerprint's value.
+fn oracle(data: &[u8]) -> (ChunkInfo, Option<Value>) {
+    let data = data.trim_ascii();
+    if data == b"[DONE]" {
+        return (ChunkInfo::of_kind(ChunkKind::Done), None);
+    }
+    let unknown = (ChunkInfo::of_kind(ChunkKind::Unknown), None);
+    let Some(m) = parse(data) else {
+        return unknown;
+    };
+    let Some((error, choices, usage)) = oracle_top(&m) else {
+        return unknown;
+    };
+    let fingerprint = m
+        .get("system_fingerprint")
+        .filter(|v| !v.is_null())
+        .cloned();
+    if error {
+        return (ChunkInfo::of_kind(ChunkKind::Error), fingerprint);
+    }
+    if choices.is_none() && usage.is_none() {
+        return (ChunkInfo::of_kind(ChunkKind::Unknown), fingerprint);
+    }
+    let mut info = ChunkInfo::of_kind(ChunkKind::Chunk);
+    info.usage = usage;
+    for c in choices.iter().flatten() {
+        info.choice_count += 1;
+        info.finished_count += u32::from(c.finish.is_some());
+        info.output |= c.output;
+        info.tokens = info.tokens.saturating_add(c.tokens);
+        if (info.kept as usize) < MAX_CHOICES_PER_CHUNK {
+            info.choices[info.kept as usize] = *c;
+            info.kept += 1;
+        }
+    }
+    (info, fingerprint)
+}
+
+fn oracle_response(body: &[u8]) -> ResponseInfo {
+    let mut info = ResponseInfo {
+        parsed: false,
+        error: false,
+        choice_count: 0,
+        finished_count: 0,
+        failed_count: 0,
+        finish_reason: None,
+        usage: None,
+    };
+    let Some((error, choices, usage)) = parse(body.trim_ascii()).as_ref().and_then(oracle_top)
+    else {
+        return info;
+    };
+    info.parsed = true;
+    info.error = error;
+    info.usage = usage;
+    if let Some(c) = choices {
+        let finish = |c: &ChoiceInfo| c.finish;
+        info.choice_count = c.len() as u32;
+        info.finished_count = c.iter().filter(|c| c.finish.is_some()).count() as u32;
+        info.failed_count = c
+            .iter()
+            .filter(|c| c.finish.is_some_and(FinishReason::engine_gave_up))
+            .count() as u32;
+        let kept = &c[..c.len().min(MAX_CHOICES_PER_CHUNK)];
+        info.finish_reason = kept
+            .iter()
+            .filter_map(finish)
+            .find(|f| f.engine_gave_up())
+            .or_else(|| kept.iter().find_map(finish));
+    }
+    info
+}
+
+/// Scanner == oracle on one payload (chunk and response readings); returns the oracle's kind.
+fn check(data: &[u8]) -> Result<ChunkKind, TestCaseError> {
+    let shown = || String::from_utf8_lossy(data).into_owned();
+    let got = scan_event(data);
+    let (want, want_fp) = oracle(data);
+    prop_assert_eq!(got.info, want, "payload {}", shown());
+    let got_fp = got
+        .fingerprint
+        .map(|r| serde_json::from_slice::<Value>(&lax(&data[r])).ok());
+    prop_assert_eq!(got_fp, want_fp.map(Some), "fingerprint of {}", shown());
+    prop_assert_eq!(
+        inspect_response(data),
+        oracle_response(data),
+        "response {}",
+        shown()
+    );
+    Ok(want.kind)
+}
+
+/// The data payloads of an SSE byte stream, and every line that is a JSON object (the
+/// non-streaming bodies and error bodies of the captures).
+fn payloads(bytes: &[u8]) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut p = SseParser::new();
+    p.feed(bytes, |e| out.push(e.data.to_vec()));
+    p.finish(|e| out.push(e.data.to_vec()));
+    out.extend(
+        bytes
+            .split(|b| *b == b'\n')
+            .filter(|l| l.starts_with(b"{"))
+            .map(<[u8]>::to_vec),
+    );
+    out
+}
+
+/// Kinds seen, and how many payloads carried output / a finish / usage / a fingerprint: the
+/// corpora must exercise every reading, or a broken scanner could agree with a broken oracle
+/// on nothing.
+#[derive(Default, Debug)]
+struct Seen {
+    kinds: Vec<ChunkKind>,
+    output: usize,
+    finish: usize,
+    usage: usize,
+    fingerprint: usize,
+    logprob_tokens: usize,
+}
+
+impl Seen {
+    fn add(&mut self, data: &[u8]) -> Result<(), TestCaseError> {
+        let kind = check(data)?;
+        if !self.kinds.contains(&kind) {
+            self.kinds.push(kind);
+        }
+        let s = scan_event(data);
+        self.output += usize::from(s.info.output);
+        self.finish += usize::from(s.info.finished_count > 0);
+        self.usage += usize::from(s.info.usage.is_some());
+        self.fingerprint += usize::from(s.fingerprint.is_some());
+        self.logprob_tokens += usize::from(s.info.choices().iter().any(|c| c.tokens > 1));
+        Ok(())
+    }
+
+    fn assert_covers(&self, kinds: &[ChunkKind]) {
+        for k in kinds {
+            assert!(self.kinds.contains(k), "no {k:?} payload: {self:?}");
+        }
+        assert!(
+            self.output > 0 && self.finish > 0 && self.usage > 0 && self.fingerprint > 0,
+            "{self:?}"
+        );
+    }
+}
+
+#[test]
+fn every_real_capture() {
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/fixtures/vllm-0.32"
+    );
+    let mut files = 0;
+    let mut seen = Seen::default();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "txt") {
+            files += 1;
+            for data in payloads(&std::fs::read(&path).unwrap()) {
+                seen.add(&data).unwrap();
+            }
+        }
+    }
+    assert!(files >= 29, "captures found: {files}");
+    seen.assert_covers(&[ChunkKind::Chunk, ChunkKind::Done, ChunkKind::Error]);
+    assert!(seen.logprob_tokens > 0, "{seen:?}");
+}
+
+/// The simulator's streams, rendered in-process: chat and completions, logprobs, `n`, usage,
+/// continuous usage, stop strings, early finishes, the malformed chunk and the error event.
+#[test]
+fn the_simulators_output() {
+    use bytes::BytesMut;
+    use goodput_sim::errors::stream_error_event;
+    use goodput_sim::gen::Generation;
+    use goodput_sim::render::{Finish, Templates, DONE};
+    use goodput_sim::request::{parse, Api};
+
+    let requests: &[(Api, &str)] = &[
+        (
+            Api::Chat,
+            r#"{"messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":12}"#,
+        ),
+        (
+            Api::Chat,
+            r#"{"messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":9,"n":2,"logprobs":true,"top_logprobs":3,"stream_options":{"include_usage":true}}"#,
+        ),
+        (
+            Api::Chat,
+            r#"{"messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":9,"stop":["e"],"stream_options":{"include_usage":true,"continuous_usage_stats":true}}"#,
+        ),
+        (
+            Api::Completions,
+            r#"{"prompt":"The quick","stream":true,"max_tokens":9,"n":3,"logprobs":2,"stream_options":{"include_usage":true}}"#,
+        ),
+        (
+            Api::Completions,
+            r#"{"prompt":"The quick","stream":true,"max_tokens":7}"#,
+        ),
+    ];
+    let models = ["tiny".to_string()];
+    let mut seen = Seen::default();
+    for seed in 0..6u64 {
+        for (api, body) in requests {
+            let req = parse(*api, body.as_bytes(), &models, 2048, seed).unwrap();
+            let t = Templates::new(&req, "tiny", 1795964150);
+            let mut g = Generation::new(&req, 0.1, 0.1);
+            let mut buf = BytesMut::new();
+            if *api == Api::Chat {
+                (0..g.n()).for_each(|i| t.role_chunk(&mut buf, i));
+            }
+            for step in 0.. {
+                let mut any = false;
+                for i in 0..g.n() {
+                    if seed == 5 && step == 3 && g.end_early(i, Finish::Abort) {
+                        t.token_chunk(&mut buf, i, &[], None, Some(&Finish::Abort), g.tokens(i));
+                        continue;
+                    }
+                    if let Some(tok) = g.next(i) {
+                        any = true;
+                        let lp = tok.logprobs.as_ref().map(std::slice::from_ref);
+                        let text = std::slice::from_ref(&tok.text);
+                        t.token_chunk(&mut buf, i, text, lp, tok.finish.as_ref(), tok.count);
+                    }
+                }
+                if !any {
+                    break;
+                }
+            }
+            if req.include_usage {
+                t.usage_chunk(&mut buf, g.total_tokens());
+            }
+            t.malformed_chunk(&mut buf);
+            buf.extend_from_slice(stream_error_event("boom \"x\"\n").as_bytes());
+            buf.extend_from_slice(DONE);
+            for data in payloads(&buf) {
+                seen.add(&data).unwrap();
+            }
+        }
+    }
+    seen.assert_covers(&[
+        ChunkKind::Chunk,
+        ChunkKind::Done,
+        ChunkKind::Error,
+        ChunkKind::Unknown,
+    ]);
+}
+
+#[test]
+fn lax_only_admits_what_serde_json_skips_as_valid() {
+    let cases: &[&[u8]] = &[
+        br#"{"a":"\ud800"}"#,
+        br#"{"a":"\udc00\ud83d\ude00x"}"#,
+        br#"{"a":1e400,"b":-2.5E+999,"c":1e-999}"#,
+        b"{\"a\":\"\xff\xc3\"}",
+        br#"{"a":"\\ud800"}"#,
+        br#"{"a":"\u1e400"}"#,
+        b"{\"a\":1e400x}",
+        b"{\xff:1}",
+        b"\xff",
+    ];
+    for data in cases {
+        let skips = serde_json::from_slice::<IgnoredAny>(data).is_ok();
+        let parses = serde_json::from_slice::<Value>(&lax(data)).is_ok();
+        assert_eq!(skips, parses, "{}", String::from_utf8_lossy(data));
+    }
+}
+
+/// A JSON tree for generated events; rendered with random whitespace and escapes.
+#[derive(Debug, Clone)]
+enum J {
+    Raw(&'static str),
+    Num(&'static str),
+    Str(String),
+    Arr(Vec<J>),
+    Obj(Vec<(String, J)>),
+}
+
+/// A small deterministic generator (seeded by proptest).
+struct Gen(u64);
+
+impl Gen {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.next() % 100 < percent
+    }
+    fn pick<T: Clone>(&mut self, from: &[T]) -> T {
+        from[self.below(from.len())].clone()
+    }
+
+    fn number(&mut self) -> J {
+        J::Num(self.pick(&[
+            "0",
+            "-0",
+            "7",
+            "12",
+            "-12",
+            "1.5",
+            "-0.0",
+            "1e5",
+            "1E+5",
+            "2.5e-3",
+            "1e400",
+            "-1e400",
+            "4294967295",
+            "4294967296",
+            "18446744073709551615",
+            "18446744073709551616",
+            "123456789012345678901234567890",
+            "0.000001",
+        ]))
+    }
+
+    fn text(&mut self) -> String {
+        let pieces = [
+            "",
+            "a",
+            " will",
+            "\n",
+            "é",
+            "日本",
+            "😀",
+            "\"",
+            "\\",
+            "/",
+            "\u{0}",
+            "\u{1f}",
+            "\u{7f}",
+            "\u{2028}",
+            "finish_reason",
+            "\"finish_reason\":\"stop\"",
+            "usage",
+            "stop",
+            "null",
+        ];
+        (0..self.below(3)).map(|_| self.pick(&pieces)).collect()
+    }
+
+    /// Any value, nested up to `depth`.
+    fn junk(&mut self, depth: u32) -> J {
+        match self.below(if depth == 0 { 4 } else { 6 }) {
+            0 => J::Raw(self.pick(&["null", "true", "false"])),
+            1 => self.number(),
+            2 | 3 => J::Str(self.text()),
+            4 => J::Arr((0..self.below(3)).map(|_| self.junk(depth - 1)).collect()),
+            _ => {
+                let keys = [
+                    "finish_reason",
+                    "usage",
+                    "choices",
+                    "text",
+                    "content",
+                    "x",
+                    "",
+                ];
+                J::Obj(
+                    (0..self.below(3))
+                        .map(|_| (self.pick(&keys).to_string(), self.junk(depth - 1)))
+                        .collect(),
+                )
+            }
+        }
+    }
+
+    /// A field value: usually of the expected shape, sometimes null, sometimes anything.
+    fn field(&mut self, expected: impl FnOnce(&mut Self) -> J) -> J {
+        match self.below(10) {
+            0 => J::Raw("null"),
+            1 => self.junk(2),
+            _ => expected(self),
+        }
+    }
+
+    fn output(&mut self) -> J {
+        match self.below(6) {
+            0 => J::Arr(vec![]),
+            1 => J::Obj(vec![]),
+            _ => J::Str(self.text()),
+        }
+    }
+
+    fn tool_calls(&mut self) -> J {
+        let call = |g: &mut Self| {
+            J::Obj(vec![
+                ("index".into(), g.number()),
+                ("id".into(), J::Str("call_1".into())),
+                (
+                    "function".into(),
+                    J::Obj(vec![
+                        ("name".into(), J::Str("f".into())),
+                        (
+                            "arguments".into(),
+                            J::Str(g.pick(&[
+                                r#"{"finish_reason":"stop"}"#.to_string(),
+                                r#"{"usage":{"prompt_tokens":1},"choices":[]}"#.to_string(),
+                                "{".to_string(),
+                            ])),
+                        ),
+                    ]),
+                ),
+            ])
+        };
+        J::Arr((0..self.below(3)).map(|_| call(self)).collect())
+    }
+
+    fn delta(&mut self) -> J {
+        let mut m: Vec<(String, J)> = Vec::new();
+        if self.chance(30) {
+            m.push(("role".into(), J::Str("assistant".into())));
+        }
+        for key in ["content", "reasoning_content", "reasoning"] {
+            if self.chance(40) {
+                let v = self.field(Self::output);
+                m.push((key.into(), v));
+            }
+        }
+        if self.chance(25) {
+            let v = self.field(Self::tool_calls);
+            m.push(("tool_calls".into(), v));
+        }
+        if self.chance(15) {
+            m.push((
+                "extra".into(),
+                J::Obj(vec![
+                    ("finish_reason".into(), J::Str("stop".into())),
+                    ("content".into(), J::Str("x".into())),
+                ]),
+            ));
+        }
+        self.duplicate(&mut m);
+        J::Obj(m)
+    }
+
+    fn logprobs(&mut self) -> J {
+        let entries = |g: &mut Self| {
+            J::Arr(
+                (0..g.below(4))
+                    .map(|_| J::Obj(vec![("token".into(), J::Str(g.text()))]))
+                    .collect(),
+            )
+        };
+        let mut m = Vec::new();
+        if self.chance(50) {
+            let v = self.field(entries);
+            m.push(("content".to_string(), v));
+        }
+        if self.chance(50) {
+            let v = self.field(entries);
+            m.push(("tokens".to_string(), v));
+        }
+        if self.chance(30) {
+            m.push(("top_logprobs".into(), self.junk(2)));
+        }
+        self.duplicate(&mut m);
+        J::Obj(m)
+    }
+
+    fn choice(&mut self) -> J {
+        let mut m: Vec<(String, J)> = Vec::new();
+        if self.chance(90) {
+            let v = if self.chance(80) {
+                J::Num(self.pick(&["0", "1", "2", "15"]))
+            } else {
+                self.junk(1)
+            };
+            m.push(("index".into(), v));
+        }
+        if self.chance(70) {
+            let v = self.field(Self::delta);
+            m.push(("delta".into(), v));
+        } else {
+            let v = self.field(Self::output);
+            m.push(("text".into(), v));
+        }
+        if self.chance(40) {
+            let v = self.field(Self::logprobs);
+            m.push(("logprobs".into(), v));
+        }
+        if self.chance(85) {
+            let v = self.field(|g| {
+                J::Str(
+                    g.pick(&[
+                        "stop",
+                        "length",
+                        "tool_calls",
+                        "abort",
+                        "error",
+                        "weird",
+                        "repetition",
+                        "content_filter",
+                        "function_call",
+                        "",
+                    ])
+                    .to_string(),
+                )
+            });
+            m.push(("finish_reason".into(), v));
+        }
+        if self.chance(30) {
+            m.push(("stop_reason".into(), self.junk(1)));
+        }
+        self.duplicate(&mut m);
+        J::Obj(m)
+    }
+
+    fn usage(&mut self) -> J {
+        let mut m = Vec::new();
+        for key in ["prompt_tokens", "total_tokens", "completion_tokens"] {
+            if self.chance(85) {
+                let v = if self.chance(85) {
+                    J::Num(self.pick(&["0", "16", "32", "1000000"]))
+                } else {
+                    self.junk(1)
+                };
+                m.push((key.to_string(), v));
+            }
+        }
+        self.duplicate(&mut m);
+        J::Obj(m)
+    }
+
+    fn chunk(&mut self) -> J {
+        let mut m: Vec<(String, J)> = vec![
+            ("id".into(), J::Str("chatcmpl-a45afd70d01f6372".into())),
+            (
+                "object".into(),
+                J::Str(
+                    self.pick(&["chat.completion.chunk", "text_completion", "error"])
+                        .into(),
+                ),
+            ),
+            ("created".into(), J::Num("1795964150")),
+            ("model".into(), J::Str(self.text())),
+        ];
+        if self.chance(85) {
+            let v = self.field(|g| {
+                let n = if g.chance(5) { 20 } else { g.below(3) };
+                J::Arr((0..n).map(|_| g.choice()).collect())
+            });
+            m.push(("choices".into(), v));
+        }
+        if self.chance(30) {
+            let v = self.field(Self::usage);
+            m.push(("usage".into(), v));
+        }
+        if self.chance(8) {
+            let v = self.field(|g| J::Obj(vec![("message".into(), J::Str(g.text()))]));
+            m.push(("error".into(), v));
+        }
+        if self.chance(35) {
+            let v = self.field(|_| J::Str("vllm-0.32.0-f1283a03".into()));
+            m.push(("system_fingerprint".into(), v));
+        }
+        for _ in 0..self.below(3) {
+            let key = self.pick(&["prompt_token_ids", "Choices", "usage_", "finish_reason"]);
+            m.push((key.into(), self.junk(3)));
+        }
+        self.duplicate(&mut m);
+        let order = (0..m.len()).map(|_| self.next()).collect::<Vec<_>>();
+        let mut keyed: Vec<_> = order.into_iter().zip(m).collect();
+        if self.chance(70) {
+            keyed.sort_by_key(|(k, _)| *k);
+        }
+        J::Obj(keyed.into_iter().map(|(_, kv)| kv).collect())
+    }
+
+    /// Sometimes a key twice, the copy with any value: the last one counts.
+    fn duplicate(&mut self, m: &mut Vec<(String, J)>) {
+        if self.chance(10) && !m.is_empty() {
+            let key = self.pick(m).0;
+            let at = self.below(m.len() + 1);
+            let v = self.junk(2);
+            m.insert(at, (key, v));
+        }
+    }
+
+    fn ws(&mut self, out: &mut Vec<u8>) {
+        if self.chance(15) {
+            out.extend_from_slice(self.pick(&[" ", "\n", "\t", "\r\n", "  "]).as_bytes());
+        }
+    }
+
+    fn string(&mut self, s: &str, out: &mut Vec<u8>) {
+        out.push(b'"');
+        for ch in s.chars() {
+            let escape = self.chance(8);
+            match ch {
+                '"' => out.extend_from_slice(br#"\""#),
+                '\\' => out.extend_from_slice(br"\\"),
+                '\n' if !escape => out.extend_from_slice(br"\n"),
+                '/' if escape => out.extend_from_slice(br"\/"),
+                c if escape || (c as u32) < 0x20 => {
+                    let mut units = [0u16; 2];
+                    for u in c.encode_utf16(&mut units) {
+                        let hex = if self.chance(50) {
+                            format!("\\u{u:04x}")
+                        } else {
+                            format!("\\u{u:04X}")
+                        };
+                        out.extend_from_slice(hex.as_bytes());
+                    }
+                }
+                c => {
+                    let mut b = [0u8; 4];
+                    out.extend_from_slice(c.encode_utf8(&mut b).as_bytes());
+                }
+            }
+        }
+        if self.chance(3) {
+            out.extend_from_slice(
+                self.pick(&[r"\ud800", r"\udc00", r"\ud83d\ude00"])
+                    .as_bytes(),
+            );
+        }
+        out.push(b'"');
+    }
+
+    fn render(&mut self, j: &J, out: &mut Vec<u8>) {
+        self.ws(out);
+        match j {
+            J::Raw(s) | J::Num(s) => out.extend_from_slice(s.as_bytes()),
+            J::Str(s) => self.string(s, out),
+            J::Arr(items) => {
+                out.push(b'[');
+                for (i, v) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    self.render(v, out);
+                }
+                self.ws(out);
+                out.push(b']');
+            }
+            J::Obj(members) => {
+                out.push(b'{');
+                for (i, (k, v)) in members.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    self.ws(out);
+                    self.string(k, out);
+                    self.ws(out);
+                    out.push(b':');
+                    self.render(v, out);
+                    self.ws(out);
+                }
+                self.ws(out);
+                out.push(b'}');
+            }
+        }
+    }
+
+    /// Sometimes break the text: cut it, or change, insert or remove one byte.
+    fn mutate(&mut self, out: &mut Vec<u8>) {
+        if out.is_empty() || !self.chance(20) {
+            return;
+        }
+        let at = self.below(out.len());
+        let byte = self.pick(b"\"\\{}[]:,x0 \x01\xff\xc3\x80e.-");
+        match self.below(4) {
+            0 => out.truncate(at),
+            1 => out[at] = byte,
+            2 => out.insert(at, byte),
+            _ => {
+                out.remove(at);
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(6000))]
+    #[test]
+    fn generated_events(seed in any::<u64>()) {
+        let mut g = Gen(seed);
+        let tree = g.chunk();
+        let mut data = Vec::new();
+        g.render(&tree, &mut data);
+        g.ws(&mut data);
+        g.mutate(&mut data);
+        check(&data)?;
+    }
+}
+
+/// The generator reaches every reading, valid and refused (so the property above is not
+/// vacuous).
+#[test]
+fn generated_events_cover_every_reading() {
+    let mut seen = Seen::default();
+    for seed in 0..3000 {
+        let mut g = Gen(seed);
+        let tree = g.chunk();
+        let mut data = Vec::new();
+        g.render(&tree, &mut data);
+        g.mutate(&mut data);
+        seen.add(&data).unwrap();
+    }
+    seen.assert_covers(&[ChunkKind::Chunk, ChunkKind::Error, ChunkKind::Unknown]);
+}

@@ -1,0 +1,637 @@
+//! A validating, zero-copy JSON cursor over bytes: the one pass under event inspection
+//! ([`crate::inspect`]). It walks a JSON text once, hands its caller every object key
+//! and array element in order, and skips what the caller does not read. No tree is built, no
+//! byte is copied, strings are not unescaped: the few the caller compares (keys, finish
+//! reasons) are compared escape-aware ([`Str::is`]).
+//!
+//! Grammar: RFC 8259. It refuses what `serde_json` refuses, except three checks that
+//! `serde_json` itself skips for the values it ignores (`IgnoredAny`), and that the scanner skips
+//! everywhere:
+//! - invalid UTF-8 inside a string is not detected: the input is bytes and stays bytes, and
+//!   every name the scanner compares is ASCII, so such a string can only be unknown text;
+//! - a `\u` escape needs four hex digits; surrogates need not be paired;
+//! - a number is checked for its grammar, not its magnitude (`1e400` passes), except where the
+//!   caller reads an integer ([`Cursor::uint`]).
+//!
+//! Nesting deeper than [`MAX_DEPTH`] is refused, as `serde_json`'s default recursion limit does
+//! for a `Value`.
+
+/// Deepest nesting of arrays and objects accepted (`serde_json::Value`'s limit: 127 levels).
+pub const MAX_DEPTH: u32 = 127;
+
+/// The input is not JSON, or not of the shape the caller reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Malformed;
+
+pub type Scan<T> = Result<T, Malformed>;
+
+/// A JSON string as it appears between its quotes (escapes not decoded).
+#[derive(Debug, Clone, Copy)]
+pub struct Str<'a> {
+    raw: &'a [u8],
+    escaped: bool,
+}
+
+impl<'a> Str<'a> {
+    /// The bytes between the quotes, escapes as written.
+    pub fn raw(&self) -> &'a [u8] {
+        self.raw
+    }
+
+    /// `""`.
+    pub fn is_empty(&self) -> bool {
+        self.raw.is_empty()
+    }
+
+    /// The string's value (escapes decoded) is `ascii`, which must be ASCII.
+    pub fn is(&self, ascii: &[u8]) -> bool {
+        debug_assert!(ascii.is_ascii());
+        if !self.escaped {
+            return self.raw == ascii;
+        }
+        let mut want = ascii.iter();
+        let mut i = 0;
+        while i < self.raw.len() {
+            let (byte, len) = match decode_one(&self.raw[i..]) {
+                Some(d) => d,
+                None => return false, // a non-ASCII character: never equal to `ascii`
+            };
+            if want.next() != Some(&byte) {
+                return false;
+            }
+            i += len;
+        }
+        want.next().is_none()
+    }
+
+    /// The index in `names` (ASCII) of the string's value, if it is one of them.
+    pub fn one_of(&self, names: &[&[u8]]) -> Option<usize> {
+        if self.escaped {
+            names.iter().position(|n| self.is(n))
+        } else {
+            names.iter().position(|n| *n == self.raw)
+        }
+    }
+}
+
+/// The first character of a validated string's raw bytes as one ASCII byte, and how many raw
+/// bytes it took; `None` when it is not ASCII.
+fn decode_one(raw: &[u8]) -> Option<(u8, usize)> {
+    match raw {
+        [b'\\', b'u', a, b, c, d, ..] => {
+            let hex = |h: u8| char::from(h).to_digit(16);
+            let v = (hex(*a)? << 12) | (hex(*b)? << 8) | (hex(*c)? << 4) | hex(*d)?;
+            u8::try_from(v).ok().filter(u8::is_ascii).map(|b| (b, 6))
+        }
+        [b'\\', e, ..] => {
+            let b = match e {
+                b'b' => 0x08,
+                b'f' => 0x0c,
+                b'n' => b'\n',
+                b'r' => b'\r',
+                b't' => b'\t',
+                other => *other, // `"`, `\`, `/`
+            };
+            Some((b, 2))
+        }
+        [b, ..] if b.is_ascii() => Some((*b, 1)),
+        _ => None,
+    }
+}
+
+/// Bytes that end the plain run of a string: the quote, a backslash, a control character.
+const STRING_STOP: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut i = 0;
+    while i < 0x20 {
+        t[i] = true;
+        i += 1;
+    }
+    t[b'"' as usize] = true;
+    t[b'\\' as usize] = true;
+    t
+};
+
+/// Length of the run of `bytes` before the first quote, backslash or control character (all of
+/// `bytes` when there is none). Eight bytes at a time: a byte-at-a-time loop was a quarter of
+/// the scanner's instructions.
+#[inline]
+fn plain_run(bytes: &[u8]) -> usize {
+    const ONES: u64 = u64::from_ne_bytes([1; 8]);
+    const HIGH: u64 = ONES << 7;
+    const QUOTE: u64 = ONES * b'"' as u64;
+    const BACKSLASH: u64 = ONES * b'\\' as u64;
+    const SPACE: u64 = ONES * 0x20;
+    let mut i = 0;
+    let mut words = bytes.chunks_exact(8);
+    for chunk in &mut words {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(chunk);
+        let w = u64::from_le_bytes(w);
+        // A byte's high bit is set where it is zero after the XOR (quote, backslash) or below
+        // 0x20; borrows only spill upwards past a byte that matched, so the lowest is exact.
+        let q = w ^ QUOTE;
+        let b = w ^ BACKSLASH;
+        let hit = ((q.wrapping_sub(ONES) & !q)
+            | (b.wrapping_sub(ONES) & !b)
+            | (w.wrapping_sub(SPACE) & !w))
+            & HIGH;
+        if hit != 0 {
+            return i + (hit.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    let tail = words.remainder();
+    i + tail
+        .iter()
+        .position(|c| STRING_STOP[usize::from(*c)])
+        .unwrap_or(tail.len())
+}
+
+/// A position in a JSON text. Every reading method consumes exactly one value (or one token)
+/// and leaves the cursor after it, or returns [`Malformed`].
+#[derive(Debug)]
+pub struct Cursor<'a> {
+    b: &'a [u8],
+    i: usize,
+    depth: u32,
+}
+
+impl<'a> Cursor<'a> {
+    pub fn new(bytes: &'a [u8]) -> Self {
+        Cursor {
+            b: bytes,
+            i: 0,
+            depth: 0,
+        }
+    }
+
+    /// Byte offset of the next token (after whitespace).
+    pub fn next_offset(&mut self) -> usize {
+        self.ws();
+        self.i
+    }
+
+    /// Byte offset just after what was read last.
+    pub fn offset(&self) -> usize {
+        self.i
+    }
+
+    #[inline]
+    fn ws(&mut self) {
+        while let Some(b' ' | b'\n' | b'\r' | b'\t') = self.b.get(self.i) {
+            self.i += 1;
+        }
+    }
+
+    /// The next byte after whitespace, not consumed.
+    #[inline]
+    pub fn peek(&mut self) -> Option<u8> {
+        self.ws();
+        self.b.get(self.i).copied()
+    }
+
+    #[inline]
+    fn eat(&mut self, c: u8) -> Scan<()> {
+        if self.peek() == Some(c) {
+            self.i += 1;
+            Ok(())
+        } else {
+            Err(Malformed)
+        }
+    }
+
+    /// Nothing but whitespace is left.
+    pub fn end(mut self) -> Scan<()> {
+        match self.peek() {
+            None => Ok(()),
+            Some(_) => Err(Malformed),
+        }
+    }
+
+    fn enter(&mut self) -> Scan<()> {
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            return Err(Malformed);
+        }
+        Ok(())
+    }
+
+    /// An object: `member(cursor, key)` for every member in order; it must consume the value.
+    #[inline]
+    pub fn object(&mut self, mut member: impl FnMut(&mut Self, Str<'a>) -> Scan<()>) -> Scan<()> {
+        self.eat(b'{')?;
+        self.enter()?;
+        if self.peek() == Some(b'}') {
+            self.i += 1;
+        } else {
+            loop {
+                let key = self.string()?;
+                self.eat(b':')?;
+                member(self, key)?;
+                match self.peek() {
+                    Some(b',') => self.i += 1,
+                    Some(b'}') => {
+                        self.i += 1;
+                        break;
+                    }
+                    _ => return Err(Malformed),
+                }
+            }
+        }
+        self.depth -= 1;
+        Ok(())
+    }
+
+    /// An array: `element(cursor)` for every element in order; it must consume the element.
+    #[inline]
+    pub fn array(&mut self, mut element: impl FnMut(&mut Self) -> Scan<()>) -> Scan<()> {
+        self.eat(b'[')?;
+        self.enter()?;
+        if self.peek() == Some(b']') {
+            self.i += 1;
+        } else {
+            loop {
+                element(self)?;
+                match self.peek() {
+                    Some(b',') => self.i += 1,
+                    Some(b']') => {
+                        self.i += 1;
+                        break;
+                    }
+                    _ => return Err(Malformed),
+                }
+            }
+        }
+        self.depth -= 1;
+        Ok(())
+    }
+
+    /// A string, validated (escapes, no control characters), not decoded.
+    #[inline]
+    pub fn string(&mut self) -> Scan<Str<'a>> {
+        self.eat(b'"')?;
+        let start = self.i;
+        let mut escaped = false;
+        loop {
+            let rest = self.b.get(self.i..).unwrap_or_default();
+            let run = plain_run(rest);
+            self.i += run;
+            match rest.get(run).copied().ok_or(Malformed)? {
+                b'"' => {
+                    let raw = &self.b[start..self.i];
+                    self.i += 1;
+                    return Ok(Str { raw, escaped });
+                }
+                b'\\' => {
+                    escaped = true;
+                    self.escape()?;
+                }
+                _ => return Err(Malformed), // a raw control character
+            }
+        }
+    }
+
+    /// One escape sequence at the cursor (on its backslash).
+    fn escape(&mut self) -> Scan<()> {
+        match self.b.get(self.i + 1) {
+            Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => {
+                self.i += 2;
+                Ok(())
+            }
+            Some(b'u') => match self.b.get(self.i + 2..self.i + 6) {
+                Some(hex) if hex.iter().all(u8::is_ascii_hexdigit) => {
+                    self.i += 6;
+                    Ok(())
+                }
+                _ => Err(Malformed),
+            },
+            _ => Err(Malformed),
+        }
+    }
+
+    fn literal(&mut self, word: &[u8]) -> Scan<()> {
+        self.ws();
+        if self.b.get(self.i..self.i + word.len()) == Some(word) {
+            self.i += word.len();
+            Ok(())
+        } else {
+            Err(Malformed)
+        }
+    }
+
+    /// Consumes `null` if that is the next value.
+    #[inline]
+    pub fn null(&mut self) -> bool {
+        self.peek() == Some(b'n') && self.literal(b"null").is_ok()
+    }
+
+    fn digits(&mut self) -> usize {
+        let start = self.i;
+        while let Some(b'0'..=b'9') = self.b.get(self.i) {
+            self.i += 1;
+        }
+        self.i - start
+    }
+
+    /// A number, by its grammar: `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`.
+    fn number(&mut self) -> Scan<()> {
+        self.ws();
+        if self.b.get(self.i) == Some(&b'-') {
+            self.i += 1;
+        }
+        match self.b.get(self.i) {
+            Some(b'0') => self.i += 1,
+            Some(b'1'..=b'9') => {
+                self.digits();
+            }
+            _ => return Err(Malformed),
+        }
+        if self.b.get(self.i) == Some(&b'.') {
+            self.i += 1;
+            if self.digits() == 0 {
+                return Err(Malformed);
+            }
+        }
+        if let Some(b'e' | b'E') = self.b.get(self.i) {
+            self.i += 1;
+            if let Some(b'+' | b'-') = self.b.get(self.i) {
+                self.i += 1;
+            }
+            if self.digits() == 0 {
+                return Err(Malformed);
+            }
+        }
+        Ok(())
+    }
+
+    /// An integer field as `serde_json` reads one into a `u64`: digits only (no sign, fraction
+    /// or exponent, which it reads as a float and refuses), and no overflow.
+    pub fn uint(&mut self) -> Scan<u64> {
+        self.ws();
+        let mut v: u64 = 0;
+        match self.b.get(self.i) {
+            Some(b'0') => self.i += 1,
+            Some(b'1'..=b'9') => {
+                while let Some(d @ b'0'..=b'9') = self.b.get(self.i) {
+                    v = v
+                        .checked_mul(10)
+                        .and_then(|v| v.checked_add(u64::from(d - b'0')))
+                        .ok_or(Malformed)?;
+                    self.i += 1;
+                }
+            }
+            _ => return Err(Malformed),
+        }
+        match self.b.get(self.i) {
+            Some(b'.' | b'e' | b'E' | b'0'..=b'9') => Err(Malformed),
+            _ => Ok(v),
+        }
+    }
+
+    /// `read` one value; when it refuses the value's shape (or the value is not JSON), go
+    /// back and skip the value instead. `Ok(Err(Malformed))`: valid JSON of another shape.
+    /// Lets a key that appears twice count by its last value only, whatever the first was.
+    pub fn read_or_skip<T>(&mut self, read: impl FnOnce(&mut Self) -> Scan<T>) -> Scan<Scan<T>> {
+        let (i, depth) = (self.i, self.depth);
+        match read(self) {
+            Ok(v) => Ok(Ok(v)),
+            Err(Malformed) => {
+                self.i = i;
+                self.depth = depth;
+                self.skip().map(|()| Err(Malformed))
+            }
+        }
+    }
+
+    /// Any one value, validated and skipped.
+    pub fn skip(&mut self) -> Scan<()> {
+        match self.peek() {
+            Some(b'{') => self.object(|c, _| c.skip()),
+            Some(b'[') => self.array(Self::skip),
+            Some(b'"') => self.string().map(drop),
+            Some(b't') => self.literal(b"true"),
+            Some(b'f') => self.literal(b"false"),
+            Some(b'n') => self.literal(b"null"),
+            Some(b'-' | b'0'..=b'9') => self.number(),
+            _ => Err(Malformed),
+        }
+    }
+
+    /// Skips a value; true unless it is `null`, `""`, `[]` or `{}`.
+    pub fn non_empty(&mut self) -> Scan<bool> {
+        match self.peek() {
+            Some(b'"') => Ok(!self.string()?.is_empty()),
+            Some(b'n') => self.literal(b"null").map(|()| false),
+            Some(b'[') => Ok(self.count()? > 0),
+            Some(b'{') => {
+                let mut any = false;
+                self.object(|c, _| {
+                    any = true;
+                    c.skip()
+                })?;
+                Ok(any)
+            }
+            _ => self.skip().map(|()| true),
+        }
+    }
+
+    /// An array, skipped; its number of elements.
+    pub fn count(&mut self) -> Scan<u32> {
+        let mut n = 0u32;
+        self.array(|c| {
+            n = n.saturating_add(1);
+            c.skip()
+        })?;
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde::de::IgnoredAny;
+
+    fn valid(text: &[u8]) -> bool {
+        let mut c = Cursor::new(text);
+        c.skip().is_ok() && c.end().is_ok()
+    }
+
+    /// `serde_json`'s own grammar for values it ignores: the reference for [`valid`] (it has
+    /// no depth limit; the inputs here nest far less than [`MAX_DEPTH`]).
+    fn serde_valid(text: &[u8]) -> bool {
+        serde_json::from_slice::<IgnoredAny>(text).is_ok()
+    }
+
+    #[test]
+    fn grammar_table() {
+        let cases: &[&[u8]] = &[
+            b"{}",
+            b" { } ",
+            b"[]",
+            b"[1,2,3]",
+            b"[1,]",
+            b"[,1]",
+            b"{\"a\":1,}",
+            b"{\"a\" 1}",
+            b"{a:1}",
+            b"{\"a\":1 \"b\":2}",
+            b"\"\\u00e9\\ud800\\\"\\/\\b\\f\\n\\r\\t\"",
+            b"\"\\x\"",
+            b"\"\\u12\"",
+            b"\"\\u12g4\"",
+            b"\"a\x01\"",
+            b"\"a\x7f\xff\xfe\"",
+            b"\"unterminated",
+            b"0",
+            b"-0",
+            b"01",
+            b"-",
+            b"1.",
+            b".5",
+            b"1.5e",
+            b"1.5e+",
+            b"1e400",
+            b"-1.25E-7",
+            b"+1",
+            b"true",
+            b"tru",
+            b"nul",
+            b"nullx",
+            b"null null",
+            b"[true,false,null]",
+            b"\xef\xbb\xbf{}",
+            b"{}\x0c",
+            b"",
+            b" ",
+        ];
+        for text in cases {
+            assert_eq!(
+                valid(text),
+                serde_valid(text),
+                "{:?}",
+                String::from_utf8_lossy(text)
+            );
+        }
+    }
+
+    #[test]
+    fn plain_runs_end_at_the_first_quote_backslash_or_control_byte() {
+        let naive = |b: &[u8]| {
+            b.iter()
+                .position(|c| STRING_STOP[usize::from(*c)])
+                .unwrap_or(b.len())
+        };
+        let mut cases: Vec<Vec<u8>> = vec![b"".to_vec(), b"abcdefghijklmnopq".to_vec()];
+        for stop in [b'"', b'\\', 0x00, 0x01, 0x1f] {
+            for at in 0..20 {
+                let mut v: Vec<u8> = (0..24)
+                    .map(|i| [b'a', 0x20, 0x7f, 0x80, 0xff, b'!', b'#', b']'][i % 8])
+                    .collect();
+                v[at] = stop;
+                if at + 2 < v.len() {
+                    v[at + 2] = b'"'; // a later stop never wins
+                }
+                cases.push(v);
+            }
+        }
+        for v in cases {
+            assert_eq!(plain_run(&v), naive(&v), "{v:?}");
+        }
+    }
+
+    #[test]
+    fn nesting_is_refused_where_serde_json_refuses_a_value() {
+        for depth in [1usize, 126, 127, 128, 129, 500] {
+            let text = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+            let serde_ok = serde_json::from_str::<serde_json::Value>(&text).is_ok();
+            assert_eq!(valid(text.as_bytes()), serde_ok, "depth {depth}");
+            assert_eq!(serde_ok, depth <= MAX_DEPTH as usize, "depth {depth}");
+        }
+    }
+
+    #[test]
+    fn strings_compare_with_escapes_decoded() {
+        let s = |text: &'static [u8]| Cursor::new(text).string().unwrap();
+        assert!(s(br#""stop""#).is(b"stop"));
+        assert!(s(br#""st\u006fp""#).is(b"stop"));
+        assert!(s(br#""\u0073\u0054op""#).is(b"sTop"));
+        assert!(!s(br#""stop\n""#).is(b"stop"));
+        assert!(s(br#""a\nb\/""#).is(b"a\nb/"));
+        assert!(!s(br#""sto""#).is(b"stop"));
+        assert!(!s(br#""\u00e9""#).is(b"e"));
+        assert!(!s("\"é\"".as_bytes()).is(b"e"));
+        assert_eq!(
+            s(br#""reas\u006fning""#).one_of(&[b"content", b"reasoning"]),
+            Some(1)
+        );
+        assert_eq!(s(br#""x""#).one_of(&[b"content"]), None);
+    }
+
+    #[test]
+    fn integers_are_read_as_serde_json_reads_a_u64() {
+        for (text, want) in [
+            ("0", Some(0)),
+            ("42", Some(42)),
+            ("18446744073709551615", Some(u64::MAX)),
+            ("18446744073709551616", None),
+            ("-1", None),
+            ("-0", None),
+            ("1.0", None),
+            ("1e2", None),
+            ("01", None),
+            ("null", None),
+            ("\"1\"", None),
+        ] {
+            let got = Cursor::new(text.as_bytes()).uint().ok();
+            let serde = serde_json::from_str::<u64>(text).ok();
+            assert_eq!(got, want, "{text}");
+            assert_eq!(got, serde, "{text}");
+        }
+    }
+
+    #[test]
+    fn emptiness_ignores_inner_whitespace() {
+        for (text, want) in [
+            ("null", false),
+            ("\"\"", false),
+            ("[ ]", false),
+            ("{\n}", false),
+            ("\" \"", true),
+            ("[null]", true),
+            ("{\"a\":null}", true),
+            ("0", true),
+            ("false", true),
+        ] {
+            assert_eq!(Cursor::new(text.as_bytes()).non_empty(), Ok(want), "{text}");
+        }
+    }
+
+    /// Bytes from a JSON-heavy alphabet, so that most inputs are nearly JSON.
+    fn jsonish() -> impl Strategy<Value = Vec<u8>> {
+        let byte = prop_oneof![
+            4 => prop::sample::select(b"{}[]:,\"\\ 0123456789.eE+-tfnrualsu".to_vec()),
+            1 => any::<u8>(),
+        ];
+        prop::collection::vec(byte, 0..40)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4096))]
+        #[test]
+        fn validity_matches_serde_json_on_near_json(text in jsonish()) {
+            prop_assert_eq!(valid(&text), serde_valid(&text));
+        }
+
+        #[test]
+        fn validity_matches_serde_json_on_values_with_one_byte_changed(
+            v in any::<u16>(), at in any::<usize>(), b in any::<u8>(),
+        ) {
+            let mut text = format!(r#"{{"a":[1,-2.5e3,"x\u00e9\n",{{"b":null}},true],"c":"{v}"}}"#).into_bytes();
+            let at = at % text.len();
+            text[at] = b;
+            prop_assert_eq!(valid(&text), serde_valid(&text));
+        }
+    }
+}

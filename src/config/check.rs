@@ -1,0 +1,280 @@
+//! What serde cannot check, and the raw config turned into the checked one. Every check runs;
+//! each failure is one [`Problem`] naming its field.
+
+use std::time::Duration;
+
+use super::raw::{Limit, RawClickHouse, RawConfig, RawMeasure, RawServer, RawSlo, RawUpstream};
+use super::{
+    BaseUrl, ClickHouseConfig, Config, DnsTarget, EngineConfig, JsonlSink, MeasureConfig, Origin,
+    Problem, ServerConfig, TlsFiles, UpstreamConfig,
+};
+use goodput_measure::slo::{Slo, SloTable};
+
+/// `raw` checked; `origin` tells where a field's value came from (for the messages).
+pub fn check(raw: &RawConfig, origin: &dyn Fn(&str) -> Origin) -> Result<Config, Vec<Problem>> {
+    let mut c = Checker {
+        origin,
+        problems: Vec::new(),
+    };
+    let e = &raw.engine;
+    let config = Config {
+        server: c.server(&raw.server),
+        upstream: c.upstream(&raw.upstream),
+        log: raw.log.clone(),
+        measure: c.measure(&raw.measure),
+        slo: c.slo(&raw.slo),
+        engine: EngineConfig {
+            scrape: e.scrape,
+            path: c.path("engine.path", &e.path),
+            scrape_interval: c.positive_ms("engine.scrape_interval_ms", e.scrape_interval_ms),
+            scrape_timeout: c.positive_ms("engine.scrape_timeout_ms", e.scrape_timeout_ms),
+            max_bytes: c.positive("engine.max_bytes", e.max_bytes),
+            upstream_label: e.upstream_label,
+            balance_on_queue: e.balance_on_queue,
+        },
+        clickhouse: raw.sink.clickhouse.as_ref().and_then(|ch| c.clickhouse(ch)),
+        sim: raw.sim.clone(),
+    };
+    if let Some(sim) = &raw.sim {
+        if let Err(e) = sim.validate() {
+            c.bad(&format!("sim.{}", e.field), &e.reason);
+        }
+    }
+    if c.problems.is_empty() {
+        Ok(config)
+    } else {
+        Err(c.problems)
+    }
+}
+
+struct Checker<'a> {
+    origin: &'a dyn Fn(&str) -> Origin,
+    problems: Vec<Problem>,
+}
+
+fn ms(v: u64) -> Duration {
+    Duration::from_millis(v)
+}
+
+impl Checker<'_> {
+    fn bad(&mut self, field: &str, message: &str) {
+        let origin = (self.origin)(field);
+        self.problems.push(Problem::new(field, origin, message));
+    }
+
+    fn positive_ms(&mut self, field: &str, v: u64) -> Duration {
+        if v == 0 {
+            self.bad(field, "must be positive");
+        }
+        ms(v)
+    }
+
+    fn positive<T: Copy + Default + PartialEq>(&mut self, field: &str, v: T) -> T {
+        if v == T::default() {
+            self.bad(field, "must be positive");
+        }
+        v
+    }
+
+    /// A limit: milliseconds or none; 0 is neither.
+    fn limit(&mut self, field: &str, l: Limit) -> Option<Duration> {
+        match l {
+            Limit::Ms(0) => {
+                self.bad(field, "0 is not a limit: write \"none\" for none");
+                None
+            }
+            Limit::Ms(v) => Some(ms(v)),
+            Limit::None => None,
+        }
+    }
+
+    fn path(&mut self, field: &str, p: &str) -> String {
+        if !p.starts_with('/') {
+            self.bad(field, &format!("`{p}` must start with `/`"));
+        }
+        p.to_string()
+    }
+
+    fn base_url(&mut self, field: &str, url: &str) -> Option<BaseUrl> {
+        BaseUrl::parse(url)
+            .map_err(|m| self.bad(field, &format!("`{url}`: {m}")))
+            .ok()
+    }
+
+    fn server(&mut self, s: &RawServer) -> ServerConfig {
+        let tls = match (&s.tls_cert, &s.tls_key) {
+            (Some(cert), Some(key)) => Some(TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+            }),
+            (None, None) => None,
+            (Some(_), None) => {
+                self.bad("server.tls_cert", "set without server.tls_key");
+                None
+            }
+            (None, Some(_)) => {
+                self.bad("server.tls_key", "set without server.tls_cert");
+                None
+            }
+        };
+        if s.listen == s.admin_listen && s.listen.port() != 0 {
+            self.bad("server.admin_listen", "must differ from server.listen");
+        }
+        if s.paths.is_empty() {
+            self.bad("server.paths", "must list at least one path");
+        }
+        for p in &s.paths {
+            self.path("server.paths", p);
+        }
+        if let Some(i) = &s.instance {
+            if i.is_empty() || i.len() > 256 {
+                self.bad("server.instance", "1 to 256 characters");
+            }
+        }
+        ServerConfig {
+            listen: s.listen,
+            admin_listen: s.admin_listen,
+            tls,
+            header_read_timeout: self
+                .positive_ms("server.header_read_timeout_ms", s.header_read_timeout_ms),
+            max_body_bytes: s.max_body_bytes,
+            max_in_flight: self.positive("server.max_in_flight", s.max_in_flight),
+            retry_after: Duration::from_secs(s.retry_after_s),
+            paths: s.paths.clone(),
+            drain_delay: ms(s.drain_delay_ms),
+            grace_period: ms(s.grace_period_ms),
+            instance: s.instance.clone().unwrap_or_else(hostname),
+        }
+    }
+
+    fn upstream(&mut self, u: &RawUpstream) -> UpstreamConfig {
+        let urls = u
+            .urls
+            .iter()
+            .filter_map(|url| self.base_url("upstream.urls", url))
+            .collect();
+        let discover = u
+            .discover
+            .iter()
+            .filter_map(|d| {
+                DnsTarget::parse(d)
+                    .map_err(|m| self.bad("upstream.discover", &format!("`{d}`: {m}")))
+                    .ok()
+            })
+            .collect();
+        UpstreamConfig {
+            urls,
+            discover,
+            discover_interval: self
+                .positive_ms("upstream.discover_interval_ms", u.discover_interval_ms),
+            connect_timeout: self.positive_ms("upstream.connect_timeout_ms", u.connect_timeout_ms),
+            first_byte_timeout: self
+                .positive_ms("upstream.first_byte_timeout_ms", u.first_byte_timeout_ms),
+            stream_idle_timeout: self
+                .positive_ms("upstream.stream_idle_timeout_ms", u.stream_idle_timeout_ms),
+            total_timeout: self.limit("upstream.total_timeout_ms", u.total_timeout_ms),
+            pool_idle_timeout: ms(u.pool_idle_timeout_ms),
+            pool_max_idle_per_host: u.pool_max_idle_per_host,
+            health_path: self.path("upstream.health_path", &u.health_path),
+            health_interval: self.positive_ms("upstream.health_interval_ms", u.health_interval_ms),
+        }
+    }
+
+    fn measure(&mut self, m: &RawMeasure) -> MeasureConfig {
+        let jsonl = m.sink_path.as_ref().map(|path| JsonlSink {
+            path: path.clone(),
+            max_bytes: self.positive("measure.sink_max_bytes", m.sink_max_bytes),
+            keep: m.sink_keep,
+            queue: self.positive("measure.sink_queue", m.sink_queue),
+        });
+        MeasureConfig {
+            enabled: m.enabled,
+            usage_injection: m.usage_injection,
+            models: m.models.clone(),
+            models_refresh: self.positive_ms("measure.models_refresh_ms", m.models_refresh_ms),
+            records: self.positive("measure.records", m.records),
+            jsonl,
+            goodput_window: Duration::from_secs(
+                self.positive("measure.goodput_window_s", m.goodput_window_s),
+            ),
+        }
+    }
+
+    fn slo(&mut self, s: &RawSlo) -> SloTable {
+        let default = Slo {
+            ttft: self.limit("slo.ttft_ms", s.ttft_ms),
+            tpot: self.limit("slo.tpot_ms", s.tpot_ms),
+            e2e: self.limit("slo.e2e_ms", s.e2e_ms),
+        };
+        let mut per_model = std::collections::HashMap::new();
+        for (name, o) in &s.models {
+            if name.is_empty() {
+                self.bad("slo.models", "empty model name");
+            }
+            let mut one = |field: &str, v: Option<Limit>, global: Option<Duration>| match v {
+                Some(l) => self.limit(&format!("slo.models.{name}.{field}"), l),
+                None => global,
+            };
+            let slo = Slo {
+                ttft: one("ttft_ms", o.ttft_ms, default.ttft),
+                tpot: one("tpot_ms", o.tpot_ms, default.tpot),
+                e2e: one("e2e_ms", o.e2e_ms, default.e2e),
+            };
+            per_model.insert(name.clone(), slo);
+        }
+        SloTable { default, per_model }
+    }
+
+    /// `None` only with a problem pushed (a bad URL).
+    fn clickhouse(&mut self, ch: &RawClickHouse) -> Option<ClickHouseConfig> {
+        let ident =
+            |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        for (field, v) in [
+            ("sink.clickhouse.database", &ch.database),
+            ("sink.clickhouse.table", &ch.table),
+        ] {
+            if !ident(v) {
+                self.bad(field, &format!("`{v}`: letters, digits and _ only"));
+            }
+        }
+        if ch.retry_max_ms < ch.retry_initial_ms {
+            self.bad(
+                "sink.clickhouse.retry_max_ms",
+                "must be at least retry_initial_ms",
+            );
+        }
+        let url = self.base_url("sink.clickhouse.url", &ch.url);
+        // Fields are evaluated in the order written: `url?` last, after every check ran.
+        Some(ClickHouseConfig {
+            database: ch.database.clone(),
+            table: ch.table.clone(),
+            user: ch.user.clone(),
+            password: ch
+                .password
+                .clone()
+                .or_else(|| std::env::var(&ch.password_env).ok())
+                .unwrap_or_default(),
+            batch_size: self.positive("sink.clickhouse.batch_size", ch.batch_size),
+            flush_interval: self
+                .positive_ms("sink.clickhouse.flush_interval_ms", ch.flush_interval_ms),
+            queue: self.positive("sink.clickhouse.queue", ch.queue),
+            timeout: self.positive_ms("sink.clickhouse.timeout_ms", ch.timeout_ms),
+            retry_initial: self
+                .positive_ms("sink.clickhouse.retry_initial_ms", ch.retry_initial_ms),
+            retry_max: ms(ch.retry_max_ms),
+            max_attempts: self.positive("sink.clickhouse.max_attempts", ch.max_attempts),
+            gzip: ch.gzip,
+            url: url?,
+        })
+    }
+}
+
+/// The hostname (`/proc/sys/kernel/hostname`, then `$HOSTNAME`), else `unknown`.
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown".into())
+}

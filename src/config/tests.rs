@@ -1,0 +1,365 @@
+use std::path::Path;
+use std::time::Duration;
+
+use super::*;
+
+fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Loads `toml` (as the file `f.toml`) with `vars`; the problems, one line each.
+fn problems(toml: &str, vars: &[(&str, &str)]) -> Vec<Problem> {
+    let mut layers = layers::Layers::text(toml, "f.toml").unwrap();
+    let (overrides, problems) = env::overrides(env(vars));
+    for p in &problems {
+        layers.unset(&p.field, p.origin.clone());
+    }
+    for o in overrides {
+        layers.set(o);
+    }
+    match finish(&layers, problems) {
+        Ok(_) => Vec::new(),
+        Err(ConfigError::Invalid(p)) => p,
+        Err(other) => panic!("{other}"),
+    }
+}
+
+#[test]
+fn the_defaults_pass() {
+    let c = Config::default();
+    assert!(c.clickhouse.is_none(), "off by default");
+    assert_eq!(c.upstream.total_timeout, None);
+    assert_eq!(c.measure.records, 100_000);
+    assert!(!c.server.instance.is_empty(), "the hostname");
+    let _ = ClickHouseConfig::default();
+}
+
+#[test]
+fn shipped_configs_pass() {
+    let shipped = [
+        (
+            "config/goodput-proxy.toml",
+            include_str!("../../config/goodput-proxy.toml"),
+        ),
+        (
+            "config/kubernetes/sidecar/configmap.yaml",
+            include_str!("../../config/kubernetes/sidecar/configmap.yaml"),
+        ),
+        (
+            "config/kubernetes/shared-ingress/configmap.yaml",
+            include_str!("../../config/kubernetes/shared-ingress/configmap.yaml"),
+        ),
+    ];
+    for (name, text) in shipped {
+        // A ConfigMap holds the file indented under `goodput-proxy.toml: |`.
+        let toml = match text.split_once("goodput-proxy.toml: |\n") {
+            Some((_, body)) => body
+                .lines()
+                .map(|l| l.strip_prefix("    ").unwrap_or(l))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            None => text.to_string(),
+        };
+        if let Err(e) = Config::from_toml(&toml, name) {
+            panic!("{e}");
+        }
+    }
+}
+
+#[test]
+fn three_mistakes_three_problems_each_naming_its_field() {
+    let p = problems(
+        "[server]\nmax_in_flight = 0\nlisten_addr = \"x\"\n[upstream]\nconnect_timeout_ms = \"5s\"\n",
+        &[],
+    );
+    let fields: Vec<&str> = p.iter().map(|p| p.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        [
+            "server.listen_addr",
+            "upstream.connect_timeout_ms",
+            "server.max_in_flight"
+        ],
+        "{p:?}"
+    );
+    assert!(p.iter().all(|p| p.origin == Origin::File("f.toml".into())));
+    assert!(p[0].message.contains("unknown field"), "{}", p[0].message);
+    assert!(p[1].message.contains("5s"), "{}", p[1].message);
+    assert_eq!(
+        p[2].to_string(),
+        "f.toml: field `server.max_in_flight`: must be positive"
+    );
+}
+
+#[test]
+fn problems_name_their_source() {
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], Vec<(&'a str, Origin)>);
+    let file = || Origin::File("f.toml".into());
+    let var = |v: &str| Origin::Env(v.into());
+    let cases: Vec<Case> = vec![
+        // The environment overrides the file; its problem is the variable's.
+        (
+            "[server]\nmax_in_flight = 0\n",
+            &[("GOODPUT_PROXY_SERVER_MAX_IN_FLIGHT", "many")],
+            vec![(
+                "server.max_in_flight",
+                var("GOODPUT_PROXY_SERVER_MAX_IN_FLIGHT"),
+            )],
+        ),
+        (
+            "",
+            &[("GOODPUT_PROXY_UPSTREAM_URLS", "ftp://a")],
+            vec![("upstream.urls", var("GOODPUT_PROXY_UPSTREAM_URLS"))],
+        ),
+        (
+            "[upstream]\nurls = [\"ftp://a\"]\n",
+            &[("GOODPUT_PROXY_SERVER_NOPE", "1")],
+            vec![
+                ("server.nope", var("GOODPUT_PROXY_SERVER_NOPE")),
+                ("upstream.urls", file()),
+            ],
+        ),
+        // A serde problem of a value the environment set.
+        (
+            "",
+            &[("GOODPUT_PROXY_SERVER_LISTEN", "nowhere")],
+            vec![("server.listen", var("GOODPUT_PROXY_SERVER_LISTEN"))],
+        ),
+        // A cross-field check on defaults only.
+        (
+            "[server]\nlisten = \"127.0.0.1:9090\"\n",
+            &[],
+            vec![("server.admin_listen", Origin::Default)],
+        ),
+        ("[servr]\na = 1\nb = 2\n", &[], vec![("servr", file())]),
+    ];
+    for (toml, vars, want) in cases {
+        let got: Vec<(String, Origin)> = problems(toml, vars)
+            .into_iter()
+            .map(|p| (p.field, p.origin))
+            .collect();
+        let want: Vec<(String, Origin)> = want
+            .iter()
+            .map(|(f, o)| (f.to_string(), o.clone()))
+            .collect();
+        assert_eq!(got, want, "{toml} {vars:?}");
+    }
+}
+
+#[test]
+fn env_overrides_apply_over_the_file() {
+    let dir = std::env::temp_dir().join(format!("goodput-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("c.toml");
+    std::fs::write(
+        &file,
+        "[server]\nmax_in_flight = 3\n[engine]\nscrape = true\n",
+    )
+    .unwrap();
+    let c = Config::load(
+        Some(&file),
+        env(&[
+            ("GOODPUT_PROXY_SERVER_LISTEN", "0.0.0.0:1234"),
+            ("GOODPUT_PROXY_SERVER_MAX_IN_FLIGHT", "7"),
+            ("GOODPUT_PROXY_UPSTREAM_URLS", "http://a:1, http://b:2"),
+            ("GOODPUT_PROXY_LOG_FORMAT", "json"),
+            ("GOODPUT_PROXY_SERVER_TLS_CERT", "/c.pem"),
+            ("GOODPUT_PROXY_SERVER_TLS_KEY", "/k.pem"),
+            ("GOODPUT_PROXY_ENGINE_SCRAPE", "false"),
+            ("GOODPUT_PROXY_MEASURE_SINK_PATH", "/tmp/r.jsonl"),
+            ("GOODPUT_PROXY_SLO_TTFT_MS", "700"),
+            ("GOODPUT_PROXY_SLO_E2E_MS", "none"),
+            ("GOODPUT_PROXY_SINK_CLICKHOUSE_BATCH_SIZE", "500"),
+            ("UNRELATED", "x"),
+            ("GOODPUT_PROXY_CONFIG", "/etc/goodput-proxy.toml"),
+        ]),
+        vec![Override {
+            field: "server.listen".into(),
+            value: toml::Value::String("127.0.0.1:5".into()),
+            origin: Origin::Flag("--listen"),
+        }],
+    )
+    .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(
+        c.server.listen.port(),
+        5,
+        "a flag wins over the environment"
+    );
+    assert_eq!(c.server.max_in_flight, 7);
+    let urls: Vec<&str> = c.upstream.urls.iter().map(BaseUrl::as_str).collect();
+    assert_eq!(urls, ["http://a:1", "http://b:2"]);
+    assert_eq!(c.log.format, LogFormat::Json);
+    assert_eq!(c.server.tls.unwrap().cert, Path::new("/c.pem"));
+    assert!(!c.engine.scrape);
+    assert_eq!(c.measure.jsonl.unwrap().path, Path::new("/tmp/r.jsonl"));
+    assert_eq!(c.slo.default.ttft, Some(Duration::from_millis(700)));
+    assert_eq!(c.slo.default.e2e, None);
+    assert_eq!(c.clickhouse.unwrap().batch_size, 500);
+}
+
+#[test]
+fn measure_and_slo_settings() {
+    let c = Config::from_toml(
+        "[measure]\nusage_injection = \"off\"\nmodels = [\"a\"]\nrecords = 10\n\
+         [slo]\nttft_ms = 500\ne2e_ms = \"none\"\n[slo.models.big]\nttft_ms = 4000\n\
+         [slo.models.loose]\ntpot_ms = \"none\"\n",
+        "m.toml",
+    )
+    .unwrap();
+    assert_eq!(c.measure.usage_injection, UsageInjection::Off);
+    assert_eq!(c.measure.records, 10);
+    let t = &c.slo;
+    assert_eq!(t.default.ttft, Some(Duration::from_millis(500)));
+    assert_eq!(t.default.tpot, Some(Duration::from_millis(150)));
+    assert_eq!(t.default.e2e, None);
+    let big = t.for_model("big");
+    assert_eq!(big.ttft, Some(Duration::from_secs(4)));
+    assert_eq!(big.tpot, t.default.tpot);
+    assert_eq!(t.for_model("loose").tpot, None);
+    assert_eq!(t.for_model("small"), &t.default);
+}
+
+#[test]
+fn a_limit_is_milliseconds_or_none_never_zero() {
+    for (toml, field) in [
+        ("[slo]\nttft_ms = 0\n", "slo.ttft_ms"),
+        (
+            "[upstream]\ntotal_timeout_ms = 0\n",
+            "upstream.total_timeout_ms",
+        ),
+        ("[slo.models.a]\ne2e_ms = 0\n", "slo.models.a.e2e_ms"),
+        ("[slo]\ntpot_ms = \"off\"\n", "slo.tpot_ms"),
+        ("[slo]\ntpot_ms = -1\n", "slo.tpot_ms"),
+    ] {
+        let p = problems(toml, &[]);
+        assert_eq!(p.len(), 1, "{toml}: {p:?}");
+        assert_eq!(p[0].field, field);
+    }
+    let c = Config::from_toml("[upstream]\ntotal_timeout_ms = 9000\n", "t.toml").unwrap();
+    assert_eq!(c.upstream.total_timeout, Some(Duration::from_secs(9)));
+}
+
+#[test]
+fn engine_settings() {
+    let d = Config::default();
+    assert!(d.engine.scrape);
+    assert_eq!(d.engine.scrape_interval, Duration::from_secs(5));
+    let c = Config::from_toml(
+        "[engine]\nscrape = false\nscrape_interval_ms = 250\nupstream_label = \"index\"\n",
+        "e.toml",
+    )
+    .unwrap();
+    assert!(!c.engine.scrape);
+    assert_eq!(c.engine.scrape_interval, Duration::from_millis(250));
+    assert_eq!(c.engine.upstream_label, UpstreamLabel::Index);
+}
+
+#[test]
+fn clickhouse_sink_settings() {
+    let c = Config::from_toml(
+        "[server]\ninstance = \"p-1\"\n[sink.clickhouse]\nurl = \"http://ch:8123\"\nbatch_size = 500\n",
+        "c.toml",
+    )
+    .unwrap();
+    let ch = c.clickhouse.unwrap();
+    assert_eq!((ch.batch_size, ch.queue), (500, 100_000));
+    assert_eq!(ch.flush_interval, Duration::from_secs(1));
+    assert_eq!(
+        (ch.database.as_str(), ch.table.as_str()),
+        ("goodput", "records")
+    );
+    assert_eq!(c.server.instance, "p-1");
+    let on = Config::from_toml("[sink.clickhouse]\n", "c.toml").unwrap();
+    assert!(on.clickhouse.is_some(), "an empty table turns it on");
+    let raw = RawClickHouse {
+        password: None,
+        password_env: "GOODPUT_TEST_SURELY_UNSET_VAR".into(),
+        ..Default::default()
+    };
+    let raw = RawConfig {
+        sink: RawSink {
+            clickhouse: Some(raw),
+        },
+        ..Default::default()
+    };
+    assert_eq!(raw.check().unwrap().clickhouse.unwrap().password, "");
+}
+
+#[test]
+fn validation_names_the_field() {
+    type Case = (&'static str, &'static str);
+    let cases: &[Case] = &[
+        ("[server]\ntls_cert = \"x\"", "server.tls_cert"),
+        ("[server]\nmax_in_flight = 0", "server.max_in_flight"),
+        ("[server]\npaths = [\"v1\"]", "server.paths"),
+        ("[server]\ninstance = \"\"", "server.instance"),
+        ("[upstream]\nurls = [\"ftp://x\"]", "upstream.urls"),
+        ("[upstream]\ndiscover = [\"dns://x\"]", "upstream.discover"),
+        (
+            "[upstream]\nfirst_byte_timeout_ms = 0",
+            "upstream.first_byte_timeout_ms",
+        ),
+        (
+            "[upstream]\nhealth_path = \"health\"",
+            "upstream.health_path",
+        ),
+        ("[measure]\nrecords = 0", "measure.records"),
+        (
+            "[measure]\nsink_path = \"/x\"\nsink_queue = 0",
+            "measure.sink_queue",
+        ),
+        (
+            "[engine]\nscrape_timeout_ms = 0",
+            "engine.scrape_timeout_ms",
+        ),
+        ("[engine]\npath = \"metrics\"", "engine.path"),
+        ("[slo.models.\"\"]\nttft_ms = 1", "slo.models"),
+        (
+            "[sink.clickhouse]\nurl = \"https://ch\"",
+            "sink.clickhouse.url",
+        ),
+        (
+            "[sink.clickhouse]\ntable = \"a;drop\"",
+            "sink.clickhouse.table",
+        ),
+        (
+            "[sink.clickhouse]\nbatch_size = 0",
+            "sink.clickhouse.batch_size",
+        ),
+        (
+            "[sink.clickhouse]\nretry_max_ms = 1",
+            "sink.clickhouse.retry_max_ms",
+        ),
+        ("[sink.clickhouse]\nurls = []", "sink.clickhouse.urls"),
+        (
+            "[measure]\nusage_injection = \"on\"",
+            "measure.usage_injection",
+        ),
+        ("[engine]\nupstream_label = \"ip\"", "engine.upstream_label"),
+        ("[sim]\nmodels = []", "sim.models"),
+    ];
+    for (toml, field) in cases {
+        let p = problems(toml, &[]);
+        assert_eq!(p.len(), 1, "{toml}: {p:?}");
+        assert_eq!(p[0].field, *field, "{toml}");
+        assert!(
+            p[0].to_string()
+                .starts_with(&format!("f.toml: field `{field}`: ")),
+            "{}",
+            p[0]
+        );
+    }
+}
+
+#[test]
+fn a_syntax_error_stops_at_once_with_its_line() {
+    let err = Config::from_toml("[server\n", "s.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with("s.toml: "), "{err}");
+    assert!(err.contains("line 1"), "{err}");
+}
