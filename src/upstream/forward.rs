@@ -233,7 +233,7 @@ mod tests {
     async fn forward_with(refuse: usize) -> (Result<u16, ProxyError>, Vec<String>, String) {
         let addr = replica().await;
         let config = UpstreamConfig {
-            urls: vec![format!("http://{addr}")],
+            urls: vec![crate::config::BaseUrl::parse(&format!("http://{addr}")).unwrap()],
             ..UpstreamConfig::default()
         };
         let attempts = Arc::default();
@@ -242,7 +242,9 @@ mod tests {
         let req = Request::post("/v1/completions")
             .body(Bytes::from("{}"))
             .unwrap();
-        let status = forward(up, req).await.map(|r| r.status().as_u16());
+        let status = forward(up, Forwarded::default(), req)
+            .await
+            .map(|r| r.status().as_u16());
         let seen = attempts.lock().unwrap().clone();
         (status, seen, addr.to_string())
     }
