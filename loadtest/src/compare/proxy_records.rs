@@ -18,8 +18,8 @@ pub struct ProxyRecord {
 impl From<ProxyRequestRecord> for ProxyRecord {
     fn from(r: ProxyRequestRecord) -> Self {
         ProxyRecord {
-            id: r.id,
-            model: Some(r.model),
+            id: r.id.to_string(),
+            model: Some(r.model.to_string()),
             outcome: Some(r.outcome.as_str().to_string()),
             ttft: r.ttft_s,
             tpot: r.tpot_s,
