@@ -21,18 +21,19 @@ trap cleanup EXIT INT TERM
     --tpot-ms-per-seq 0 --max-num-seqs 4096 >"$W/sim.log" 2>&1 & pids+=($!)
 ready() { for _ in $(seq 1 300); do curl -fsS -o /dev/null "127.0.0.1:$1/v1/models" 2>/dev/null && return; sleep 0.2; done; echo "port $1 not ready" >&2; exit 1; }
 ready 18510
-# Sums the allocator calls of one callgrind dump (callees named `cfn=(id) name` once, then `(id)`).
+# Sums the allocator calls of one callgrind dump (the calls= lines under a `cfn=` of an allocator).
 allocs() {
     python3 - "$1" <<'EOF'
 import re, sys
 names, cur, total = {}, None, 0
 alloc = {"malloc", "calloc", "realloc", "posix_memalign", "aligned_alloc", "memalign"}
 for line in open(sys.argv[1], errors="replace"):
-    m = re.match(r"cfn=\((\d+)\)(?: (.*))?", line)
+    # A name is given once, at its first `fn=` or `cfn=`; later lines use only the `(id)`.
+    m = re.match(r"(c?)fn=\((\d+)\)(?: (.*))?", line)
     if m:
-        if m.group(2):
-            names[m.group(1)] = m.group(2).strip()
-        cur = names.get(m.group(1), "")
+        if m.group(3):
+            names[m.group(2)] = m.group(3).strip()
+        cur = names.get(m.group(2), "") if m.group(1) else None
         continue
     if line.startswith("calls=") and cur is not None:
         if cur.split("'")[0] in alloc:
