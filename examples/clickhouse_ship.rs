@@ -51,9 +51,9 @@ fn record(i: u64) -> Arc<RequestRecord> {
     let v = judge(&m, &Slo::default());
     let start = 1_764_590_000_000 + i;
     let rec = RequestRecord::new(
-        format!("chatcmpl-{i:016x}"),
+        format!("chatcmpl-{i:016x}").into(),
         "meta-llama/Llama-3.1-8B-Instruct".into(),
-        Some(format!("http://vllm-{}:8000", i % 4)),
+        Some(format!("http://vllm-{}:8000", i % 4).into()),
         start,
         tokio::time::Instant::now(),
         &m,

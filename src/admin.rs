@@ -28,7 +28,7 @@ pub fn service(state: Arc<AppState>) -> ProxyService {
             Ok::<_, Infallible>(resp.map(|b| b.map_err(|never| match never {}).boxed_unsync()))
         }
     });
-    tower::util::BoxCloneService::new(svc)
+    ProxyService::new(svc)
 }
 
 /// Answers one admin request.

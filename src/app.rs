@@ -12,7 +12,6 @@ use tokio::net::TcpListener;
 use crate::config::{BaseUrl, Config, UsageInjection};
 use crate::engine::{self, Engines};
 use crate::layer::measure::Meter;
-use crate::limits::Limits;
 use crate::listener::{self, ReloadableTls, ServeOptions};
 use crate::metrics::{Metrics, ModelLabels};
 use crate::sink::clickhouse::{ClickHouseSink, SinkCounters};
@@ -48,8 +47,6 @@ pub struct App {
     tls: Option<Arc<ReloadableTls>>,
     demo: Option<DemoEngine>,
     discovery: Option<Discovery>,
-    limits: Limits,
-    forwarded: Forwarded,
 }
 
 /// The built-in simulated engine started when no upstream is configured.
@@ -138,23 +135,7 @@ impl App {
             tls,
             demo,
             discovery,
-            limits: Limits::default(),
-            forwarded: Forwarded::default(),
         })
-    }
-
-    /// How many proxies in front of this one are trusted with `X-Forwarded-*` (default none).
-    pub fn with_forwarded(mut self, forwarded: Forwarded) -> App {
-        self.forwarded = forwarded;
-        self
-    }
-
-    /// Replaces the listener and body-read limits (checked: a value hyper would panic on, or
-    /// one that refuses all traffic, is an error naming it).
-    pub fn with_limits(mut self, limits: Limits) -> anyhow::Result<App> {
-        limits.check().map_err(|e| anyhow::anyhow!("limits: {e}"))?;
-        self.limits = limits;
-        Ok(self)
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -205,9 +186,11 @@ impl App {
             tls,
             demo,
             discovery,
-            limits,
-            forwarded,
         } = self;
+        let limits = config.limits.clone();
+        let forwarded = Forwarded {
+            trusted_proxies: config.server.trusted_proxies,
+        };
         let service = stack::build(
             &config,
             &limits,

@@ -1,8 +1,9 @@
 //! What one client may make the proxy hold: the limits of the listeners and of the request
 //! read, each with its default and the reason for it. Documented in docs/RELIABILITY.md.
 //!
-//! The values are explicit (none is left to a library default that could change under us)
-//! and taken from the checked config by [`Limits::default`] until the config carries them.
+//! The values are explicit (none is left to a library default that could change under us).
+//! The config's `[limits]` table ([`crate::config::RawLimits`]) sets them; its defaults are
+//! [`Limits::default`].
 
 use std::time::Duration;
 
@@ -67,11 +68,15 @@ impl Default for Limits {
 }
 
 impl Limits {
-    /// Every value that would make a library panic or refuse all traffic, named.
-    pub fn check(&self) -> Result<(), String> {
+    /// Every value that would make a library panic or refuse all traffic: (field as named in
+    /// the `[limits]` table, why), all of them at once.
+    pub fn check(&self) -> Vec<(&'static str, String)> {
         let mut bad = Vec::new();
         if self.max_head_bytes < MIN_HEAD_BYTES {
-            bad.push(format!("max_head_bytes must be at least {MIN_HEAD_BYTES}"));
+            bad.push((
+                "max_head_bytes",
+                format!("must be at least {MIN_HEAD_BYTES}"),
+            ));
         }
         let positive = [
             ("max_headers", self.max_headers as u64),
@@ -86,11 +91,11 @@ impl Limits {
             ("max_connections", self.max_connections as u64),
             ("admin_max_connections", self.admin_max_connections as u64),
             (
-                "tls_handshake_timeout",
+                "tls_handshake_timeout_ms",
                 self.tls_handshake_timeout.as_millis() as u64,
             ),
             (
-                "body_idle_timeout",
+                "body_idle_timeout_ms",
                 self.body_idle_timeout.as_millis() as u64,
             ),
         ];
@@ -98,7 +103,7 @@ impl Limits {
             positive
                 .iter()
                 .filter(|(_, v)| *v == 0)
-                .map(|(name, _)| format!("{name} must be positive")),
+                .map(|(name, _)| (*name, "must be positive".to_string())),
         );
         // RFC 9113 6.9.2: a window is at least 65,535 and at most 2^31 - 1.
         for (name, w) in [
@@ -109,14 +114,10 @@ impl Limits {
             ),
         ] {
             if !(65_535..=0x7fff_ffff).contains(&w) {
-                bad.push(format!("{name} must be between 65535 and 2147483647"));
+                bad.push((name, "must be between 65535 and 2147483647".to_string()));
             }
         }
-        if bad.is_empty() {
-            Ok(())
-        } else {
-            Err(bad.join("; "))
-        }
+        bad
     }
 }
 
@@ -126,7 +127,7 @@ mod tests {
 
     #[test]
     fn defaults_pass_their_own_check() {
-        assert_eq!(Limits::default().check(), Ok(()));
+        assert!(Limits::default().check().is_empty());
     }
 
     #[test]
@@ -138,15 +139,15 @@ mod tests {
             body_idle_timeout: Duration::ZERO,
             ..Limits::default()
         };
-        let err = l.check().unwrap_err();
-        for name in [
-            "max_head_bytes",
-            "max_connections",
-            "h2_stream_window_bytes",
-            "body_idle_timeout",
-        ] {
-            assert!(err.contains(name), "{name} missing from {err}");
-        }
-        assert!(!err.contains("max_headers"), "{err}");
+        let named: Vec<&str> = l.check().iter().map(|(f, _)| *f).collect();
+        assert_eq!(
+            named,
+            [
+                "max_head_bytes",
+                "max_connections",
+                "body_idle_timeout_ms",
+                "h2_stream_window_bytes"
+            ]
+        );
     }
 }

@@ -3,16 +3,16 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
-use tower::util::BoxCloneService;
-use tower::ServiceBuilder;
+use tower::{Service, ServiceBuilder};
 
 use crate::config::Config;
-use crate::error::BoxError;
+use crate::error::{BoxError, ProxyError};
 use crate::layer::access_log::AccessLogLayer;
 use crate::layer::collect::CollectLayer;
 use crate::layer::context::ContextLayer;
@@ -21,6 +21,7 @@ use crate::layer::limit::InFlightLimitLayer;
 use crate::layer::measure::{MeasureLayer, Meter};
 use crate::layer::route::RouteLayer;
 use crate::layer::usage::UsageLayer;
+use crate::layer::BoxFuture;
 use crate::limits::Limits;
 use crate::upstream::headers::Forwarded;
 use crate::upstream::{Forward, Upstreams};
@@ -29,24 +30,82 @@ use crate::upstream::{Forward, Upstreams};
 pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// The assembled stack as the listener sees it.
-pub type ProxyService = BoxCloneService<Request<Incoming>, Response<ProxyBody>, Infallible>;
+pub type ProxyService = Boxed<Incoming, Infallible>;
 
 /// One boxed stage of the stack. Each layer is applied to a boxed inner service, so the type
 /// checker proves each layer's bounds against one concrete type instead of the whole nest: the
 /// nested `Wrapped<L, Wrapped<...>>` type made type-checking `build` take minutes of CPU and
 /// gigabytes of memory (measured: about 10 CPU-minutes, 2.4 GB). A virtual call per layer per
 /// request is noise next to the boxed future each layer already returns.
-type Stage<B> = BoxCloneService<Request<B>, Response<ProxyBody>, crate::error::ProxyError>;
+type Stage<B> = Boxed<B, ProxyError>;
 
-fn stage<S, B>(service: S) -> Stage<B>
+/// A cloneable boxed service whose future is the boxed future every layer returns anyway.
+/// Like tower's `BoxCloneService`, except that it does not box that future a second time
+/// (`BoxCloneService::new` boxes whatever future it is given: one more allocation per stage
+/// per request).
+pub struct Boxed<B, E>(Box<dyn CloneService<B, E>>);
+
+type Answer<E> = BoxFuture<Response<ProxyBody>, E>;
+
+trait CloneService<B, E>:
+    Service<Request<B>, Response = Response<ProxyBody>, Error = E, Future = Answer<E>> + Send
+{
+    fn clone_box(&self) -> Box<dyn CloneService<B, E>>;
+}
+
+impl<S, B, E> CloneService<B, E> for S
 where
-    S: tower::Service<Request<B>, Response = Response<ProxyBody>, Error = crate::error::ProxyError>
+    S: Service<Request<B>, Response = Response<ProxyBody>, Error = E, Future = Answer<E>>
         + Clone
         + Send
         + 'static,
-    S::Future: Send + 'static,
 {
-    BoxCloneService::new(service)
+    fn clone_box(&self) -> Box<dyn CloneService<B, E>> {
+        Box::new(self.clone())
+    }
+}
+
+impl<B, E> Clone for Boxed<B, E> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone_box())
+    }
+}
+
+impl<B, E> Service<Request<B>> for Boxed<B, E> {
+    type Response = Response<ProxyBody>;
+    type Error = E;
+    type Future = Answer<E>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), E>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Answer<E> {
+        self.0.call(req)
+    }
+}
+
+impl<B: 'static, E: 'static> Boxed<B, E> {
+    /// Boxes any service, boxing its future (as `BoxCloneService::new` does): for services
+    /// whose future is not [`Answer`] already, e.g. the admin routes.
+    pub fn new<S>(service: S) -> Self
+    where
+        S: Service<Request<B>, Response = Response<ProxyBody>, Error = E> + Clone + Send + 'static,
+        S::Future: Send + 'static,
+    {
+        use tower::ServiceExt;
+        stage(service.map_future(|f| Box::pin(f) as Answer<E>))
+    }
+}
+
+fn stage<S, B, E>(service: S) -> Boxed<B, E>
+where
+    S: Service<Request<B>, Response = Response<ProxyBody>, Error = E, Future = Answer<E>>
+        + Clone
+        + Send
+        + 'static,
+{
+    Boxed(Box::new(service))
 }
 
 /// Builds the public stack for `config`, forwarding to `upstreams`, measured by `meter`.
@@ -101,5 +160,5 @@ pub fn build(
         // Turns every inner ProxyError into the one OpenAI-style error response.
         .layer(ErrorResponseLayer)
         .service(inner);
-    BoxCloneService::new(service)
+    stage(service)
 }

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use super::raw::{Limit, RawClickHouse, RawConfig, RawMeasure, RawServer, RawSlo, RawUpstream};
+use super::raw::{
+    Limit, RawClickHouse, RawConfig, RawLimits, RawMeasure, RawServer, RawSlo, RawUpstream,
+};
 use super::{
     BaseUrl, ClickHouseConfig, Config, DnsTarget, EngineConfig, JsonlSink, MeasureConfig, Origin,
     Problem, ServerConfig, TlsFiles, UpstreamConfig,
@@ -19,6 +21,7 @@ pub fn check(raw: &RawConfig, origin: &dyn Fn(&str) -> Origin) -> Result<Config,
     let e = &raw.engine;
     let config = Config {
         server: c.server(&raw.server),
+        limits: c.limits(&raw.limits),
         upstream: c.upstream(&raw.upstream),
         log: raw.log.clone(),
         measure: c.measure(&raw.measure),
@@ -144,7 +147,16 @@ impl Checker<'_> {
             drain_delay: ms(s.drain_delay_ms),
             grace_period: ms(s.grace_period_ms),
             instance: s.instance.clone().unwrap_or_else(hostname),
+            trusted_proxies: s.trusted_proxies,
         }
+    }
+
+    fn limits(&mut self, l: &RawLimits) -> crate::limits::Limits {
+        let limits = l.to_limits();
+        for (field, message) in limits.check() {
+            self.bad(&format!("limits.{field}"), &message);
+        }
+        limits
     }
 
     fn upstream(&mut self, u: &RawUpstream) -> UpstreamConfig {

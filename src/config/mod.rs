@@ -25,8 +25,8 @@ use std::time::Duration;
 
 pub use env::{ENV_CONFIG_FILE, ENV_PREFIX};
 pub use raw::{
-    Limit, LogConfig, LogFormat, RawClickHouse, RawConfig, RawEngine, RawMeasure, RawServer,
-    RawSink, RawSlo, RawUpstream, SloOverride, UpstreamLabel, UsageInjection,
+    Limit, LogConfig, LogFormat, RawClickHouse, RawConfig, RawEngine, RawLimits, RawMeasure,
+    RawServer, RawSink, RawSlo, RawUpstream, SloOverride, UpstreamLabel, UsageInjection,
 };
 pub use target::{parse_base_url, BaseUrl, DnsTarget};
 
@@ -36,6 +36,8 @@ use goodput_measure::slo::SloTable;
 #[derive(Debug, Clone)]
 pub struct Config {
     pub server: ServerConfig,
+    /// `[limits]`: the listeners' connection, head and body-read limits.
+    pub limits: crate::limits::Limits,
     pub upstream: UpstreamConfig,
     pub log: LogConfig,
     pub measure: MeasureConfig,
@@ -62,6 +64,8 @@ pub struct ServerConfig {
     pub grace_period: Duration,
     /// `server.instance`, else the hostname, else `unknown`.
     pub instance: String,
+    /// `server.trusted_proxies`: proxies in front whose `X-Forwarded-For` entries are kept.
+    pub trusted_proxies: usize,
 }
 
 /// `server.tls_cert` and `server.tls_key`, set together.

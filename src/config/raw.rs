@@ -13,6 +13,8 @@ use serde::Deserialize;
 #[serde(deny_unknown_fields, default)]
 pub struct RawConfig {
     pub server: RawServer,
+    /// Connection, head and body-read limits of the listeners (`[limits]`).
+    pub limits: RawLimits,
     pub upstream: RawUpstream,
     pub log: LogConfig,
     pub measure: RawMeasure,
@@ -56,6 +58,10 @@ pub struct RawServer {
     /// This replica's name, written into every record (`instance`) so a fleet's records say
     /// where they were measured. Default: the hostname (a pod's name in Kubernetes).
     pub instance: Option<String>,
+    /// Proxies in front of this one whose `X-Forwarded-For` entries are kept (the last this
+    /// many of the incoming chain); the rest, written by the client, is dropped. 0: the peer
+    /// is the client and every `X-Forwarded-*` it sent is replaced.
+    pub trusted_proxies: usize,
 }
 
 impl Default for RawServer {
@@ -73,6 +79,7 @@ impl Default for RawServer {
             drain_delay_ms: 5_000,
             grace_period_ms: 30_000,
             instance: None,
+            trusted_proxies: 0,
         }
     }
 }
@@ -93,6 +100,62 @@ fn default_paths() -> Vec<String> {
     .into_iter()
     .map(String::from)
     .collect()
+}
+
+/// `[limits]`: what one client may make the proxy hold. Each field is documented on
+/// [`crate::limits::Limits`] (and in config/goodput-proxy.toml, docs/RELIABILITY.md).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawLimits {
+    pub max_head_bytes: usize,
+    pub max_headers: usize,
+    pub h2_max_header_list_bytes: u32,
+    pub h2_max_concurrent_streams: u32,
+    pub h2_stream_window_bytes: u32,
+    pub h2_connection_window_bytes: u32,
+    pub h2_max_pending_accept_reset_streams: usize,
+    pub max_connections: usize,
+    pub admin_max_connections: usize,
+    pub tls_handshake_timeout_ms: u64,
+    pub body_idle_timeout_ms: u64,
+}
+
+impl Default for RawLimits {
+    fn default() -> Self {
+        let l = crate::limits::Limits::default();
+        Self {
+            max_head_bytes: l.max_head_bytes,
+            max_headers: l.max_headers,
+            h2_max_header_list_bytes: l.h2_max_header_list_bytes,
+            h2_max_concurrent_streams: l.h2_max_concurrent_streams,
+            h2_stream_window_bytes: l.h2_stream_window_bytes,
+            h2_connection_window_bytes: l.h2_connection_window_bytes,
+            h2_max_pending_accept_reset_streams: l.h2_max_pending_accept_reset_streams,
+            max_connections: l.max_connections,
+            admin_max_connections: l.admin_max_connections,
+            tls_handshake_timeout_ms: l.tls_handshake_timeout.as_millis() as u64,
+            body_idle_timeout_ms: l.body_idle_timeout.as_millis() as u64,
+        }
+    }
+}
+
+impl RawLimits {
+    /// The limits as the listener takes them (checked by [`crate::limits::Limits::check`]).
+    pub fn to_limits(&self) -> crate::limits::Limits {
+        crate::limits::Limits {
+            max_head_bytes: self.max_head_bytes,
+            max_headers: self.max_headers,
+            h2_max_header_list_bytes: self.h2_max_header_list_bytes,
+            h2_max_concurrent_streams: self.h2_max_concurrent_streams,
+            h2_stream_window_bytes: self.h2_stream_window_bytes,
+            h2_connection_window_bytes: self.h2_connection_window_bytes,
+            h2_max_pending_accept_reset_streams: self.h2_max_pending_accept_reset_streams,
+            max_connections: self.max_connections,
+            admin_max_connections: self.admin_max_connections,
+            tls_handshake_timeout: std::time::Duration::from_millis(self.tls_handshake_timeout_ms),
+            body_idle_timeout: std::time::Duration::from_millis(self.body_idle_timeout_ms),
+        }
+    }
 }
 
 /// The engines behind the proxy and the deadlines applied to them.

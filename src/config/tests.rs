@@ -363,3 +363,35 @@ fn a_syntax_error_stops_at_once_with_its_line() {
     assert!(err.starts_with("s.toml: "), "{err}");
     assert!(err.contains("line 1"), "{err}");
 }
+
+#[test]
+fn limits_and_trusted_proxies_from_file_and_env_each_bad_one_named() {
+    let c = Config::load(
+        None,
+        env(&[
+            ("GOODPUT_PROXY_LIMITS_MAX_HEAD_BYTES", "16384"),
+            ("GOODPUT_PROXY_LIMITS_BODY_IDLE_TIMEOUT_MS", "1500"),
+            ("GOODPUT_PROXY_SERVER_TRUSTED_PROXIES", "2"),
+        ]),
+        vec![],
+    )
+    .unwrap();
+    assert_eq!(c.limits.max_head_bytes, 16384);
+    assert_eq!(c.limits.body_idle_timeout, Duration::from_millis(1500));
+    assert_eq!(c.limits.h2_max_concurrent_streams, 100, "the default");
+    assert_eq!(c.server.trusted_proxies, 2);
+    let p = problems(
+        "[limits]\nmax_head_bytes = 100\nmax_connections = 0\nh2_stream_window_bytes = 10\n",
+        &[],
+    );
+    let fields: Vec<&str> = p.iter().map(|p| p.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        [
+            "limits.max_head_bytes",
+            "limits.max_connections",
+            "limits.h2_stream_window_bytes"
+        ],
+        "{p:?}"
+    );
+}

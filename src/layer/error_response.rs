@@ -7,6 +7,7 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower::{Layer, Service};
 
+use super::context::RequestContext;
 use super::BoxFuture;
 use crate::error::ProxyError;
 use crate::stack::ProxyBody;
@@ -44,11 +45,14 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let path = req.uri().path().to_string();
+        // The id, not the path: an `Arc` clone instead of a copy per request (the access line
+        // has the path under the same id).
+        let id = RequestContext::of(req.extensions()).map(|c| c.id.clone());
         let fut = self.inner.call(req);
         Box::pin(async move {
             Ok(fut.await.unwrap_or_else(|err| {
-                tracing::debug!(%path, error = %err, "proxy answered with an error");
+                let request_id = id.as_deref().unwrap_or("-");
+                tracing::debug!(request_id, error = %err, "proxy answered with an error");
                 err.into_response()
             }))
         })

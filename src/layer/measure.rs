@@ -28,6 +28,7 @@ use tokio::time::Instant;
 use tower::{Layer, Service};
 
 use super::context::RequestContext;
+use super::ResponseFuture;
 use crate::body::metered::{MeteredBody, OnFinish};
 use crate::error::{BoxError, ProxyError};
 use crate::metrics::{Metrics, RequestMetrics, OTHER_MODEL};
@@ -152,19 +153,19 @@ struct Pending {
 }
 
 impl Pending {
-    fn record(self, m: Measurement, upstream: Option<&str>) {
+    fn record(self, m: Measurement, upstream: Option<&Arc<str>>) {
         let v = judge(&m, &self.slo);
         let rec = Arc::new(
             RequestRecord::new(
-                self.id.to_string(),
-                self.rm.model().to_string(),
-                upstream.map(str::to_string),
+                self.id.clone(),
+                self.rm.model().clone(),
+                upstream.cloned(),
                 self.start_unix_ms,
                 Instant::now(),
                 &m,
                 v,
             )
-            .with_instance(&self.meter.instance),
+            .with_instance(self.meter.instance.clone()),
         );
         self.rm.finish(&m, &v);
         self.meter.sinks.send(&rec);
@@ -243,10 +244,12 @@ pub struct Measure<S> {
 impl<S, B> Service<Request<B>> for Measure<S>
 where
     S: Service<Request<B>, Response = Response<ProxyBody>, Error = ProxyError>,
+    S::Future: Send + 'static,
 {
     type Response = Response<ProxyBody>;
     type Error = ProxyError;
-    type Future = MeasureFuture<S::Future>;
+    /// Boxed once here (the stage's box): [`MeasureFuture`] itself is a plain struct.
+    type Future = ResponseFuture;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
         self.inner.poll_ready(cx)
@@ -268,10 +271,10 @@ where
             ctx,
             pending: None,
         };
-        MeasureFuture {
+        Box::pin(MeasureFuture {
             inner: self.inner.call(req),
             open: Some(open),
-        }
+        })
     }
 }
 
@@ -396,7 +399,7 @@ impl Open {
         }
         let itl = pending.rm.itl_histogram();
         let on_finish: OnFinish =
-            Box::new(move |m: Measurement| pending.record(m, upstream.as_deref()));
+            Box::new(move |m: Measurement| pending.record(m, upstream.as_ref()));
         let mut body = MeteredBody::new(body, sm, on_finish)
             .with_gap_observer(Box::new(move |g: Duration| itl.observe(g.as_secs_f64())))
             .with_error_ending(body_error_ending);

@@ -45,8 +45,12 @@ pub type Route<S> = Wrapped<RouteLayer, S>;
 
 impl<S, B> Around<S, B> for RouteLayer
 where
-    S: Service<Request<B>, Response = Response<ProxyBody>, Error = ProxyError>,
-    S::Future: Send + 'static,
+    S: Service<
+        Request<B>,
+        Response = Response<ProxyBody>,
+        Error = ProxyError,
+        Future = ResponseFuture,
+    >,
 {
     type InnerBody = B;
 
@@ -55,7 +59,7 @@ where
             let path = req.uri().path().to_string();
             return reject(ProxyError::NotFound { path });
         }
-        Box::pin(inner.call(req))
+        inner.call(req) // already the boxed future: passed on, not boxed again
     }
 }
 

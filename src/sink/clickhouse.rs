@@ -215,7 +215,7 @@ mod tests {
     fn record(i: u64) -> Arc<RequestRecord> {
         let m = Measurement::without_body(Outcome::Success, Some(200), Duration::from_millis(i));
         Arc::new(RequestRecord::new(
-            format!("r{i}"),
+            format!("r{i}").into(),
             "tiny".into(),
             None,
             0,

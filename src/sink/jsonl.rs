@@ -145,7 +145,7 @@ mod tests {
         let m = Measurement::without_body(Outcome::Success, Some(200), Duration::from_millis(5));
         let end = tokio::time::Instant::now();
         Arc::new(RequestRecord::new(
-            format!("req-{i}"),
+            format!("req-{i}").into(),
             "tiny".into(),
             None,
             0,

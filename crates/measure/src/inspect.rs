@@ -438,6 +438,8 @@ fn finish_reason(s: Str<'_>) -> FinishReason {
 
 #[cfg(test)]
 mod differential;
+#[cfg(test)]
+mod oracle;
 
 #[cfg(test)]
 mod tests {

@@ -7,6 +7,7 @@
 pub mod inspect;
 pub mod meter;
 pub mod outcome;
+pub mod prom;
 pub mod record;
 pub mod request;
 pub mod scan;

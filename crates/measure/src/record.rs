@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use tokio::time::Instant;
 
@@ -22,12 +22,14 @@ pub const DEFAULT_RING_CAPACITY: usize = 100_000;
 /// ITL gaps the ring keeps in total by default (4 bytes each: 16 MiB).
 pub const DEFAULT_GAP_CAPACITY: usize = 4 << 20;
 
-/// One finished request. Durations are in seconds.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// One finished request. Durations are in seconds. Deserializable: the load generator reads
+/// the JSONL sink back into this type (its `end` instant is not on disk: read back as now).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RequestRecord {
-    pub id: String,
-    pub model: String,
-    pub upstream: Option<String>,
+    /// Shared with the request (`Arc`): a record costs no copy of its id, model or replica.
+    pub id: Arc<str>,
+    pub model: Arc<str>,
+    pub upstream: Option<Arc<str>>,
     pub stream: bool,
     pub status: Option<u16>,
     pub outcome: Outcome,
@@ -57,18 +59,18 @@ pub struct RequestRecord {
     /// Which SLOs held (`null`: not applicable), and whether the request was good.
     pub slo: SloVerdict,
     /// The proxy replica that measured it (`server.instance`, default the hostname).
-    pub instance: String,
+    pub instance: Arc<str>,
     /// Monotonic end instant, for `/stats` windows (not serialized).
-    #[serde(skip)]
+    #[serde(skip, default = "Instant::now")]
     pub end: Instant,
 }
 
 impl RequestRecord {
     /// Build a record from a finished measurement. `end` is when the request finished.
     pub fn new(
-        id: String,
-        model: String,
-        upstream: Option<String>,
+        id: Arc<str>,
+        model: Arc<str>,
+        upstream: Option<Arc<str>>,
         start_unix_ms: u64,
         end: Instant,
         m: &Measurement,
@@ -98,14 +100,14 @@ impl RequestRecord {
             usage_injected: m.usage_injected,
             usage_stripped: m.usage_stripped,
             slo,
-            instance: String::new(),
+            instance: Arc::from(""),
             end,
         }
     }
 
     /// The same record, naming the replica that measured it.
-    pub fn with_instance(mut self, instance: &str) -> Self {
-        instance.clone_into(&mut self.instance);
+    pub fn with_instance(mut self, instance: impl Into<Arc<str>>) -> Self {
+        self.instance = instance.into();
         self
     }
 
@@ -235,7 +237,7 @@ impl RecordRing {
         let mut entries = self.snapshot(now, window);
         if let Some(urls) = upstream {
             entries.retain(|e| match &e.record.upstream {
-                Some(u) => urls.contains(&u.as_str()),
+                Some(u) => urls.contains(&&**u),
                 None => urls.is_empty(),
             });
         }
@@ -344,7 +346,7 @@ pub fn compute_stats(
     let from = now.checked_sub(window);
     let in_window = entries.iter().filter(|e| {
         let r = &e.record;
-        from.is_none_or(|f| r.end >= f) && r.end <= now && model.is_none_or(|m| r.model == m)
+        from.is_none_or(|f| r.end >= f) && r.end <= now && model.is_none_or(|m| &*r.model == m)
     });
     let mut outcomes = [0u64; Outcome::ALL.len()];
     let (mut requests, mut good, mut client_rejected) = (0u64, 0u64, 0u64);
@@ -434,7 +436,7 @@ mod tests {
             (None, 3.0),
         ] {
             let mut r = (*rec("m", Outcome::Success, 200, None, e2e, t)).clone();
-            r.upstream = up.map(str::to_string);
+            r.upstream = up.map(Arc::from);
             ring.push(Arc::new(r), vec![]);
         }
         let e2e_max = |s: Value| s["e2e_seconds"]["max"].as_f64();
@@ -578,7 +580,7 @@ mod tests {
             );
         }
         let snap = ring.snapshot(now, secs(60.0));
-        let models: Vec<&str> = snap.iter().map(|e| e.record.model.as_str()).collect();
+        let models: Vec<&str> = snap.iter().map(|e| &*e.record.model).collect();
         assert_eq!(models, ["m2", "m3", "m4"]);
         let with_gaps: Vec<bool> = snap.iter().map(|e| e.gaps.is_some()).collect();
         assert_eq!(

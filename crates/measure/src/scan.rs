@@ -177,21 +177,25 @@ impl<'a> Cursor<'a> {
         self.i
     }
 
-    #[inline]
+    #[inline(always)]
     fn ws(&mut self) {
+        // Engines write compact JSON: most calls see a byte above the space and stop at once.
+        if self.b.get(self.i).is_none_or(|c| *c > b' ') {
+            return;
+        }
         while let Some(b' ' | b'\n' | b'\r' | b'\t') = self.b.get(self.i) {
             self.i += 1;
         }
     }
 
     /// The next byte after whitespace, not consumed.
-    #[inline]
+    #[inline(always)]
     pub fn peek(&mut self) -> Option<u8> {
         self.ws();
         self.b.get(self.i).copied()
     }
 
-    #[inline]
+    #[inline(always)]
     fn eat(&mut self, c: u8) -> Scan<()> {
         if self.peek() == Some(c) {
             self.i += 1;

@@ -1,4 +1,3 @@
-use super::prom::parse_labels;
 use super::*;
 
 const START: &str = "# TYPE vllm:time_to_first_token_seconds histogram\n\
@@ -7,8 +6,8 @@ vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"0.2\",model_name=\"tin
 vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"+Inf\",model_name=\"tiny\"} 2.0\n\
 vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"0.1\",model_name=\"big\"} 50.0\n\
 vllm:time_to_first_token_seconds_count{engine=\"0\",model_name=\"tiny\"} 2.0\n";
-const END: &str =
-    "vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"0.1\",model_name=\"tiny\"} 1.0\n\
+const END: &str = "# TYPE vllm:time_to_first_token_seconds histogram\n\
+vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"0.1\",model_name=\"tiny\"} 1.0\n\
 vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"0.2\",model_name=\"tiny\"} 102.0\n\
 vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"+Inf\",model_name=\"tiny\"} 102.0\n";
 
@@ -155,11 +154,20 @@ fn counters_and_token_check_per_phase_and_overall() {
 }
 
 #[test]
-fn labels_with_escapes() {
-    let l = parse_labels(r#"a="x\"y",le="0.5", model="m""#);
-    assert_eq!(l["a"], "x\"y");
-    assert_eq!(l["le"], "0.5");
-    assert_eq!(l["model"], "m");
+fn label_values_with_escapes_and_non_ascii_match_as_written() {
+    let t = "# TYPE h histogram\n\
+h_bucket{model=\"mod\u{e8}le-\u{6a21}\u{578b}\",le=\"0.5\"} 1\n\
+h_bucket{model=\"mod\u{e8}le-\u{6a21}\u{578b}\",le=\"+Inf\"} 2\n\
+h_bucket{model=\"x\\\"y\",le=\"0.5\"} 5\n\
+h_bucket{model=\"x\\\"y\",le=\"+Inf\"} 5\n\
+h_sum{model=\"x\\\"y\"} 1\nh_count{model=\"x\\\"y\"} 5\n\
+h_sum{model=\"mod\u{e8}le-\u{6a21}\u{578b}\"} 1\nh_count{model=\"mod\u{e8}le-\u{6a21}\u{578b}\"} 2\n";
+    let b = histogram(t, "h", &["model"], Some("mod\u{e8}le-\u{6a21}\u{578b}")).unwrap();
+    assert_eq!(b, vec![(0.5, 1.0), (f64::INFINITY, 2.0)]);
+    let b = histogram(t, "h", &["model"], Some("x\"y")).unwrap();
+    assert_eq!(b, vec![(0.5, 5.0), (f64::INFINITY, 5.0)]);
+    assert_eq!(histogram(t, "h", &["model"], Some("z")), None);
+    assert_eq!(histogram(t, "h", &[], None).unwrap().len(), 2);
 }
 
 #[test]
@@ -197,16 +205,46 @@ fn reads_the_proxys_own_sink_records() {
     );
 }
 
+/// One line of the proxy's JSONL sink: a real `RequestRecord`, serialized as the sink does.
+fn proxy_line(
+    id: &str,
+    outcome: goodput_measure::Outcome,
+    ttft: f64,
+    e2e: f64,
+    tokens: Option<u64>,
+) -> String {
+    use goodput_measure::{judge, Measurement, Slo};
+    use std::time::Duration;
+    let mut m = Measurement::without_body(outcome, Some(200), Duration::from_secs_f64(e2e));
+    m.streaming = true;
+    m.ttft = Some(Duration::from_secs_f64(ttft));
+    m.completion_tokens = tokens;
+    let v = judge(&m, &Slo::default());
+    let rec = goodput_measure::record::RequestRecord::new(
+        id.into(),
+        "tiny".into(),
+        None,
+        0,
+        tokio::time::Instant::now(),
+        &m,
+        v,
+    );
+    serde_json::to_string(&rec).unwrap()
+}
+
 #[test]
 fn join_by_request_id() {
+    use goodput_measure::Outcome;
     let mut a = crate::report::summary::tests::rec("p", 0.0, 1.0, Some(0.100), "success");
     a.request_id = "r1".into();
     let mut b = crate::report::summary::tests::rec("p", 0.0, 2.0, Some(0.200), "truncated");
     b.request_id = "r2".into();
-    let proxy = parse_proxy_records(
-        "{\"request_id\":\"r1\",\"outcome\":\"success\",\"ttft_seconds\":0.098,\"e2e_seconds\":0.997,\"completion_tokens\":4}\n\
-         {\"id\":\"r2\",\"outcome\":\"upstream_error\",\"ttft\":0.199,\"e2e\":1.999}\nnot json\n",
+    let sink = format!(
+        "{}\n{}\nnot json\n{{\"id\":\"r4\",\"ttft_seconds\":1}}\n",
+        proxy_line("r1", Outcome::Success, 0.098, 0.997, Some(4)),
+        proxy_line("r2", Outcome::UpstreamError, 0.199, 1.999, None),
     );
+    let proxy = parse_proxy_records(&sink);
     assert_eq!(proxy.len(), 2);
     let w = PhaseWindow {
         name: "p".into(),

@@ -4,8 +4,6 @@
 
 use std::sync::atomic::Ordering;
 
-use goodput_proxy::app::App;
-use goodput_proxy::upstream::headers::Forwarded;
 use hyper_util::rt::TokioExecutor;
 
 use super::*;
@@ -92,12 +90,9 @@ async fn x_forwarded_for_keeps_only_the_trusted_part_of_the_chain() {
         (1, "10.0.0.1, 127.0.0.1", "https"),
         (5, "6.6.6.6, 10.0.0.1, 127.0.0.1", "https"),
     ] {
-        let app = App::bind(test_config(&[fake.url()]).check().unwrap())
-            .await
-            .unwrap();
-        let proxy = run_app(app.with_forwarded(Forwarded {
-            trusted_proxies: trusted,
-        }));
+        let mut config = test_config(&[fake.url()]);
+        config.server.trusted_proxies = trusted;
+        let proxy = start_proxy(config).await;
         let (status, echo) = echoed(proxy.addr, req.as_bytes()).await;
         assert_eq!(status, 200);
         assert_eq!(

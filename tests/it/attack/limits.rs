@@ -121,11 +121,9 @@ fn post_head(len: usize) -> Vec<u8> {
 #[tokio::test]
 async fn a_stalled_upload_is_408_and_closed_a_slow_one_is_served() {
     let fake = start_fake().await;
-    let limits = Limits {
-        body_idle_timeout: Duration::from_millis(400),
-        ..Limits::default()
-    };
-    let proxy = start_with_limits(test_config(&[fake.url()]), limits).await;
+    let mut config = test_config(&[fake.url()]);
+    config.limits.body_idle_timeout_ms = 400;
+    let proxy = start_proxy(config).await;
     let body = br#"{"model":"m","prompt":"hello"}"#;
 
     // Stalled: the head and 3 bytes, then nothing.
@@ -159,11 +157,9 @@ async fn a_stalled_upload_is_408_and_closed_a_slow_one_is_served() {
 #[tokio::test]
 async fn connections_over_the_limit_are_closed_at_once_and_served_again_after() {
     let fake = start_fake().await;
-    let limits = Limits {
-        max_connections: 4,
-        ..Limits::default()
-    };
-    let proxy = start_with_limits(test_config(&[fake.url()]), limits).await;
+    let mut config = test_config(&[fake.url()]);
+    config.limits.max_connections = 4;
+    let proxy = start_proxy(config).await;
     // Four idle keep-alive connections, each past its first request.
     let mut held = Vec::new();
     for _ in 0..4 {
@@ -238,11 +234,8 @@ async fn a_stalled_tls_handshake_is_cut_at_its_deadline_not_the_header_deadline(
     config.server.tls_cert = Some(tls.join("cert.pem"));
     config.server.tls_key = Some(tls.join("key.pem"));
     config.server.header_read_timeout_ms = 60_000;
-    let limits = Limits {
-        tls_handshake_timeout: Duration::from_millis(300),
-        ..Limits::default()
-    };
-    let proxy = start_with_limits(config, limits).await;
+    config.limits.tls_handshake_timeout_ms = 300;
+    let proxy = start_proxy(config).await;
     // The first byte of a ClientHello record, then silence.
     let mut s = TcpStream::connect(proxy.addr).await.unwrap();
     s.write_all(&[0x16]).await.unwrap();

@@ -15,20 +15,10 @@ mod truncation;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use goodput_proxy::app::App;
-use goodput_proxy::config::RawConfig;
-use goodput_proxy::limits::Limits;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::support::proxy::{run_app, Proxy, SLOW};
-
-/// A proxy with the given limits in place of the defaults.
-pub async fn start_with_limits(config: RawConfig, limits: Limits) -> Proxy {
-    let config = config.check().expect("a valid test config");
-    let app = App::bind(config).await.expect("bind proxy");
-    run_app(app.with_limits(limits).expect("limits pass their check"))
-}
+use crate::support::proxy::SLOW;
 
 /// Writes `bytes` (a write error is fine: the proxy may cut an attack off mid-way), then reads
 /// until the proxy closes or resets the connection, or `within` passes.

@@ -1,7 +1,8 @@
 //! The long part of the slow-client suite: Debian's `slowhttptest` against the real binary,
 //! slowloris (`-H`, heads trickled) and slow body (`-B`, bodies trickled), 1,000 connections
 //! each for 60 s. Pass: every probe (a normal request every 500 ms on a fresh connection) gets
-//! 200 within 2 s for the whole attack.
+//! 200 within 2 s for the whole attack, and the proxy held more than 200 fds at some point (the
+//! attack really ran).
 //!
 //! `apt-get install slowhttptest`, then
 //! `cargo test --test it attack::slow -- --ignored --nocapture` (about 2.5 min).
@@ -14,7 +15,7 @@ use std::time::{Duration, Instant};
 use crate::support::binary;
 use crate::support::proxy::*;
 
-async fn under_attack(mode: &str, path: &str) -> (usize, Duration) {
+async fn under_attack(mode: &str, path: &str) -> (usize, Duration, usize) {
     let fake = start_fake().await;
     let bin = binary::spawn(
         &fake.url(),
@@ -39,8 +40,9 @@ async fn under_attack(mode: &str, path: &str) -> (usize, Duration) {
     tokio::time::sleep(Duration::from_secs(5)).await;
     let c = client();
     let started = Instant::now();
-    let (mut probes, mut worst) = (0, Duration::ZERO);
+    let (mut probes, mut worst, mut peak_fds) = (0, Duration::ZERO, 0);
     while started.elapsed() < Duration::from_secs(50) {
+        peak_fds = peak_fds.max(bin.fds());
         let t = Instant::now();
         let (parts, _) = send(&c, get(&format!("http://{}/version", bin.addr))).await;
         let took = t.elapsed();
@@ -59,7 +61,12 @@ async fn under_attack(mode: &str, path: &str) -> (usize, Duration) {
     }
     let _ = attack.kill();
     let _ = attack.wait();
-    (probes, worst)
+    // The attack was real: the proxy held hundreds of its connections at once.
+    assert!(
+        peak_fds > 200,
+        "{mode}: the proxy never held more than {peak_fds} fds"
+    );
+    (probes, worst, peak_fds)
 }
 
 #[tokio::test]
@@ -67,7 +74,9 @@ async fn under_attack(mode: &str, path: &str) -> (usize, Duration) {
 async fn slowhttptest_slowloris_and_slow_body_leave_normal_requests_served() {
     let _serial = crate::support::serial().await;
     for (mode, path) in [("-H", "/version"), ("-B", "/v1/completions")] {
-        let (probes, worst) = under_attack(mode, path).await;
-        eprintln!("slowhttptest {mode}: {probes} probes, all 200, slowest {worst:?}");
+        let (probes, worst, fds) = under_attack(mode, path).await;
+        eprintln!(
+            "slowhttptest {mode}: {probes} probes, all 200, slowest {worst:?}; proxy fds peak {fds}"
+        );
     }
 }

@@ -1,114 +1,83 @@
-//! Reading Prometheus text in tests. Every lookup FAILS when the series it asks for is missing:
-//! a missing series must never read as 0, or a renamed family would pass an `== 0` check.
+//! Reading Prometheus text in tests, through the one reader (`goodput_measure::prom`; a page
+//! it refuses fails the test). Every lookup FAILS when the series it asks for is missing: a
+//! missing series must never read as 0, or a renamed family would pass an `== 0` check.
+
+use goodput_measure::prom::{self, Family};
+
+/// Labels of one series: (name, value) pairs, escapes undone.
+pub type Labels = Vec<(String, String)>;
+
+fn page(text: &str) -> Vec<Family> {
+    prom::parse(text).unwrap_or_else(|e| panic!("unreadable exposition: {e}\n{text}"))
+}
 
 /// Every series of the family (or histogram part) `name` exactly, e.g. `..._seconds_count`.
-/// Panics on a sample line of that name whose value does not parse (never skips it).
-pub fn series<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = (&'a str, f64)> + 'a {
-    text.lines().filter_map(move |line| {
-        let rest = line.strip_prefix(name)?;
-        let (labels, value) = if let Some(r) = rest.strip_prefix('{') {
-            r.rsplit_once('}')?
-        } else if rest.starts_with(' ') {
-            ("", rest)
-        } else {
-            return None;
-        };
-        let value = value.split_whitespace().next().unwrap_or("");
-        let value: f64 = value
-            .parse()
-            .unwrap_or_else(|e| panic!("unparsable sample `{line}`: {e}"));
-        Some((labels, value))
-    })
+pub fn series(text: &str, name: &str) -> impl Iterator<Item = (Labels, f64)> {
+    let found: Vec<(Labels, f64)> = prom::samples(&page(text), name, &[])
+        .map(|s| {
+            let labels = s
+                .labels
+                .iter()
+                .map(|(k, v)| (k.clone(), prom::unescape(v)))
+                .collect();
+            (labels, s.value)
+        })
+        .collect();
+    found.into_iter()
 }
 
-/// The labels of one series as (name, value) pairs, quotes removed, escapes undone.
-pub fn labels(text: &str) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    let mut rest = text.trim();
-    while !rest.is_empty() {
-        let (k, v) = rest
-            .split_once("=\"")
-            .unwrap_or_else(|| panic!("bad labels `{text}`"));
-        let mut value = String::new();
-        let mut chars = v.char_indices();
-        let end = loop {
-            match chars.next() {
-                Some((i, '"')) => break i,
-                Some((_, '\\')) => match chars.next() {
-                    Some((_, 'n')) => value.push('\n'),
-                    Some((_, c)) => value.push(c),
-                    None => panic!("bad labels `{text}`"),
-                },
-                Some((_, c)) => value.push(c),
-                None => panic!("bad labels `{text}`"),
-            }
-        };
-        out.push((k.trim().trim_start_matches(',').trim().to_string(), value));
-        rest = v[end + 1..].trim_start_matches(',').trim();
-    }
-    out
-}
-
-/// Whether the label text has every (name, value) pair of `want` (exact names and values).
-pub fn has_labels(label_text: &str, want: &[(&str, &str)]) -> bool {
-    let have = labels(label_text);
+/// Whether `labels` has every (name, value) pair of `want` (exact names and values).
+pub fn has_labels(labels: &Labels, want: &[(&str, &str)]) -> bool {
     want.iter()
-        .all(|(k, v)| have.iter().any(|(hk, hv)| hk == k && hv == v))
+        .all(|(k, v)| labels.iter().any(|(hk, hv)| hk == k && hv == v))
 }
 
 /// The sum of the series of `name` that carry every label of `labels`, or `None` when no
 /// series matches.
 pub fn try_metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    let mut found = None;
-    for (l, v) in series(text, name) {
-        if has_labels(l, labels) {
-            *found.get_or_insert(0.0) += v;
-        }
-    }
-    found
+    prom::sum(&page(text), name, labels).ok()
 }
 
 /// The sum of the series of `name` that carry every label of `labels`. Panics when no series
 /// matches, listing what the family does have.
 pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    try_metric(text, name, labels).unwrap_or_else(|| panic!("{}", missing(text, name, labels)))
+    prom::sum(&page(text), name, labels).unwrap_or_else(|e| panic!("{}", missing(text, &e)))
 }
 
 /// For a labelled counter whose label set may not have been touched yet: the family `name`
 /// must have at least one series (so a renamed family fails), and a label set without a series
 /// reads as 0.
 pub fn metric_in_family(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    assert!(
-        series(text, name).next().is_some(),
-        "{}",
-        missing(text, name, labels)
-    );
-    try_metric(text, name, labels).unwrap_or(0.0)
+    let families = page(text);
+    if let Err(e) = prom::sum(&families, name, &[]) {
+        panic!("{}", missing(text, &e));
+    }
+    prom::sum(&families, name, labels).unwrap_or(0.0)
 }
 
-/// The value of one exact series line, e.g. `vllm:x_total{engine="0",model_name="tiny"}`
-/// (labels in the order the page writes them). Panics when that line is missing.
+/// The value of one exact series, e.g. `vllm:x_total{engine="0",model_name="tiny"}`: that
+/// name with exactly those labels (in any order). Panics when it is missing.
 pub fn sample(text: &str, series: &str) -> f64 {
-    let line = text
-        .lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|r| r.strip_prefix(' ')))
-        .unwrap_or_else(|| panic!("no series {series} in:\n{text}"));
-    let value = line.split_whitespace().next().unwrap_or("");
-    value
-        .parse()
-        .unwrap_or_else(|e| panic!("unparsable sample `{series} {line}`: {e}"))
+    let want = page(&format!("{series} 0\n"));
+    let want = &want[0].samples[0];
+    let families = page(text);
+    let mut found = prom::samples(&families, &want.name, &[]).filter(|s| {
+        s.labels.len() == want.labels.len() && want.labels.iter().all(|l| s.labels.contains(l))
+    });
+    match (found.next(), found.next()) {
+        (Some(s), None) => s.value,
+        (None, _) => panic!("no series {series} in:\n{text}"),
+        (Some(_), Some(_)) => panic!("series {series} twice in:\n{text}"),
+    }
 }
 
-fn missing(text: &str, name: &str, labels: &[(&str, &str)]) -> String {
+fn missing(text: &str, e: &prom::Missing) -> String {
     let have: Vec<&str> = text
         .lines()
-        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+        .filter(|l| l.starts_with(&e.name) && !l.starts_with('#'))
         .take(20)
         .collect();
-    format!(
-        "no series {name} with labels {labels:?}; lines starting with that name:\n{}",
-        have.join("\n")
-    )
+    format!("{e}; lines starting with that name:\n{}", have.join("\n"))
 }
 
 #[test]
@@ -125,8 +94,11 @@ fn lookups_fail_on_missing_series_and_match_labels_exactly() {
     assert_eq!(metric(page, "q", &[("v", "a\"b,c=\"d")]), 1.0);
     assert_eq!(metric_in_family(page, "a", &[("model", "other")]), 0.0);
     assert_eq!(sample(page, "a{model=\"big\"}"), 7.0);
+    assert_eq!(sample(page, "a{x=\"2\",model=\"tiny\"}"), 3.0);
+    assert_eq!(series(page, "a").count(), 3);
     assert!(std::panic::catch_unwind(|| metric(page, "a", &[("model", "other")])).is_err());
     assert!(std::panic::catch_unwind(|| metric(page, "c", &[])).is_err());
     assert!(std::panic::catch_unwind(|| metric_in_family(page, "c", &[])).is_err());
     assert!(std::panic::catch_unwind(|| sample(page, "a{model=\"other\"}")).is_err());
+    assert!(std::panic::catch_unwind(|| sample(page, "a{model=\"tiny\"}")).is_err());
 }

@@ -1,0 +1,293 @@
+//! The oracle of the scanner's differential test and of the fuzz target (`fuzz/`, which
+//! includes this file by path): a full `serde_json::Value` parse of a payload, read by the
+//! field rules of [`scan_event`]'s docs. It shares no code with the scanner and names only
+//! public items, through `super::` (the includer brings them into scope).
+//!
+//! Where the scanner is deliberately lax (see `scan.rs`: UTF-8 inside strings, unpaired
+//! surrogate escapes, number magnitudes), [`lax`] rewrites the payload first so that `Value`
+//! accepts it too, changing nothing the rules look at; the differential test pins that `lax`
+//! only ever turns a text that `serde_json` skips as valid (`IgnoredAny`) into one it parses.
+
+use serde_json::{Map, Value};
+
+use super::{
+    inspect_response, scan_event, ChoiceInfo, ChunkKind, FinishReason, ResponseInfo, Usage,
+    MAX_CHOICES_PER_CHUNK,
+};
+
+/// What the scanner does not check, made acceptable to `serde_json::Value`: invalid UTF-8
+/// replaced (U+FFFD), every surrogate escape replaced by `\uFFFD`, every exponent of three or
+/// more digits by `e0`. None of these touches a key or value the rules compare (all ASCII
+/// letters and `_`), an emptiness, or the grammar.
+pub fn lax(data: &[u8]) -> Vec<u8> {
+    let s = String::from_utf8_lossy(data).into_owned().into_bytes();
+    let mut out = Vec::with_capacity(s.len());
+    let mut i = 0;
+    while i < s.len() {
+        match s[i] {
+            b'\\' => {
+                let surrogate = s.get(i + 1) == Some(&b'u')
+                    && s.get(i + 2..i + 6).is_some_and(|h| {
+                        std::str::from_utf8(h)
+                            .ok()
+                            .and_then(|h| u16::from_str_radix(h, 16).ok())
+                            .is_some_and(|v| (0xD800..=0xDFFF).contains(&v))
+                    });
+                if surrogate {
+                    out.extend_from_slice(br"\uFFFD");
+                    i += 6;
+                } else if s.get(i + 1) == Some(&b'u') {
+                    out.extend_from_slice(&s[i..(i + 6).min(s.len())]);
+                    i += 6;
+                } else {
+                    out.extend_from_slice(&s[i..(i + 2).min(s.len())]);
+                    i += 2;
+                }
+            }
+            b'e' | b'E' if i > 0 && s[i - 1].is_ascii_digit() => {
+                let mut j = i + 1;
+                if matches!(s.get(j), Some(b'+' | b'-')) {
+                    j += 1;
+                }
+                let digits = s[j..].iter().take_while(|b| b.is_ascii_digit()).count();
+                if digits >= 3 {
+                    out.extend_from_slice(b"e0");
+                    i = j + digits;
+                } else {
+                    out.push(s[i]);
+                    i += 1;
+                }
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+/// A `Value` object of the payload, if it is one.
+fn parse(data: &[u8]) -> Option<Map<String, Value>> {
+    match serde_json::from_slice::<Value>(&lax(data)) {
+        Ok(Value::Object(m)) => Some(m),
+        _ => None,
+    }
+}
+
+fn non_empty(v: Option<&Value>) -> bool {
+    match v {
+        None | Some(Value::Null) => false,
+        Some(Value::String(s)) => !s.is_empty(),
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(Value::Object(o)) => !o.is_empty(),
+        Some(_) => true,
+    }
+}
+
+/// `Some(None)` for absent or null, `Some(Some(n))` for an unsigned integer, `None` (refused)
+/// for anything else.
+fn opt_uint(v: Option<&Value>) -> Option<Option<u64>> {
+    match v {
+        None | Some(Value::Null) => Some(None),
+        Some(v) => v.as_u64().map(Some),
+    }
+}
+
+fn opt_len(v: Option<&Value>) -> Option<Option<u32>> {
+    match v {
+        None | Some(Value::Null) => Some(None),
+        Some(Value::Array(a)) => Some(Some(u32::try_from(a.len()).unwrap_or(u32::MAX))),
+        Some(_) => None,
+    }
+}
+
+fn oracle_choice(v: &Value) -> Option<ChoiceInfo> {
+    let c = v.as_object()?;
+    let index = match c.get("index") {
+        None => 0,
+        Some(v) => u32::try_from(v.as_u64()?).ok()?,
+    };
+    let delta = match c.get("delta") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(d)) => ["content", "reasoning_content", "reasoning", "tool_calls"]
+            .iter()
+            .any(|k| non_empty(d.get(*k))),
+        Some(_) => return None,
+    };
+    let output = delta || non_empty(c.get("text"));
+    let finish = match c.get("finish_reason") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(FinishReason::parse(s.as_bytes())),
+        Some(_) => return None,
+    };
+    let logprobs = match c.get("logprobs") {
+        None | Some(Value::Null) => 0,
+        Some(Value::Object(l)) => {
+            let content = opt_len(l.get("content"))?;
+            let tokens = opt_len(l.get("tokens"))?;
+            content.or(tokens).unwrap_or(0)
+        }
+        Some(_) => return None,
+    };
+    Some(ChoiceInfo {
+        index,
+        output,
+        tokens: if logprobs > 0 {
+            logprobs
+        } else {
+            u32::from(output)
+        },
+        finish,
+    })
+}
+
+/// The top-level reading: (is error, choices, usage), `None` when a field is refused.
+type Top = (bool, Option<Vec<ChoiceInfo>>, Option<Usage>);
+
+fn oracle_top(m: &Map<String, Value>) -> Option<Top> {
+    let choices = match m.get("choices") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(a)) => Some(a.iter().map(oracle_choice).collect::<Option<Vec<_>>>()?),
+        Some(_) => return None,
+    };
+    let usage = match m.get("usage") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(u)) => Some(Usage {
+            prompt_tokens: opt_uint(u.get("prompt_tokens"))?,
+            completion_tokens: opt_uint(u.get("completion_tokens"))?,
+        }),
+        Some(_) => return None,
+    };
+    let error = m.get("error").is_some_and(|v| !v.is_null())
+        || m.get("object").is_some_and(|v| v == "error");
+    Some((error, choices, usage))
+}
+
+/// What a payload says, in public terms: what [`scan_event`] must return, compared by value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Expected {
+    pub kind: ChunkKind,
+    pub choice_count: u32,
+    pub finished_count: u32,
+    pub output: bool,
+    pub tokens: u32,
+    pub usage: Option<Usage>,
+    /// The kept choices (at most [`MAX_CHOICES_PER_CHUNK`]).
+    pub choices: Vec<ChoiceInfo>,
+    /// The value of `system_fingerprint`, when the payload is a JSON object with one not null.
+    pub fingerprint: Option<Value>,
+}
+
+impl Expected {
+    fn of_kind(kind: ChunkKind, fingerprint: Option<Value>) -> Self {
+        Expected {
+            kind,
+            choice_count: 0,
+            finished_count: 0,
+            output: false,
+            tokens: 0,
+            usage: None,
+            choices: Vec::new(),
+            fingerprint,
+        }
+    }
+
+    /// The scanner's answer for `data` in the same terms (the fingerprint's range parsed).
+    pub fn scanned(data: &[u8]) -> Self {
+        let s = scan_event(data);
+        Expected {
+            kind: s.info.kind,
+            choice_count: s.info.choice_count,
+            finished_count: s.info.finished_count,
+            output: s.info.output,
+            tokens: s.info.tokens,
+            usage: s.info.usage,
+            choices: s.info.choices().to_vec(),
+            fingerprint: s
+                .fingerprint
+                .map(|r| serde_json::from_slice::<Value>(&lax(&data[r])).unwrap_or(Value::Null)),
+        }
+    }
+}
+
+/// What the scanner must say about `data`.
+pub fn oracle(data: &[u8]) -> Expected {
+    let data = data.trim_ascii();
+    if data == b"[DONE]" {
+        return Expected::of_kind(ChunkKind::Done, None);
+    }
+    let Some(m) = parse(data) else {
+        return Expected::of_kind(ChunkKind::Unknown, None);
+    };
+    let Some((error, choices, usage)) = oracle_top(&m) else {
+        return Expected::of_kind(ChunkKind::Unknown, None);
+    };
+    let fingerprint = m
+        .get("system_fingerprint")
+        .filter(|v| !v.is_null())
+        .cloned();
+    if error {
+        return Expected::of_kind(ChunkKind::Error, fingerprint);
+    }
+    if choices.is_none() && usage.is_none() {
+        return Expected::of_kind(ChunkKind::Unknown, fingerprint);
+    }
+    let mut e = Expected::of_kind(ChunkKind::Chunk, fingerprint);
+    e.usage = usage;
+    for c in choices.iter().flatten() {
+        e.choice_count += 1;
+        e.finished_count += u32::from(c.finish.is_some());
+        e.output |= c.output;
+        e.tokens = e.tokens.saturating_add(c.tokens);
+        if e.choices.len() < MAX_CHOICES_PER_CHUNK {
+            e.choices.push(*c);
+        }
+    }
+    e
+}
+
+pub fn oracle_response(body: &[u8]) -> ResponseInfo {
+    let mut info = ResponseInfo {
+        parsed: false,
+        error: false,
+        choice_count: 0,
+        finished_count: 0,
+        failed_count: 0,
+        finish_reason: None,
+        usage: None,
+    };
+    let Some((error, choices, usage)) = parse(body.trim_ascii()).as_ref().and_then(oracle_top)
+    else {
+        return info;
+    };
+    info.parsed = true;
+    info.error = error;
+    info.usage = usage;
+    if let Some(c) = choices {
+        let finish = |c: &ChoiceInfo| c.finish;
+        info.choice_count = c.len() as u32;
+        info.finished_count = c.iter().filter(|c| c.finish.is_some()).count() as u32;
+        info.failed_count = c
+            .iter()
+            .filter(|c| c.finish.is_some_and(FinishReason::engine_gave_up))
+            .count() as u32;
+        let kept = &c[..c.len().min(MAX_CHOICES_PER_CHUNK)];
+        info.finish_reason = kept
+            .iter()
+            .filter_map(finish)
+            .find(|f| f.engine_gave_up())
+            .or_else(|| kept.iter().find_map(finish));
+    }
+    info
+}
+
+/// Scanner == oracle, chunk and response readings; a message saying where they differ.
+pub fn differs(data: &[u8]) -> Option<String> {
+    let (got, want) = (Expected::scanned(data), oracle(data));
+    if got != want {
+        return Some(format!("scan {got:?}\noracle {want:?}"));
+    }
+    let (got, want) = (inspect_response(data), oracle_response(data));
+    (got != want).then(|| format!("response: scan {got:?}\noracle {want:?}"))
+}

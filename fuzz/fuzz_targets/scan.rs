@@ -1,0 +1,42 @@
+//! Any bytes as an SSE data payload: the one-pass scanner (`scan_event`, `inspect_response`)
+//! must say what the `serde_json::Value` oracle of the differential test says (the same file,
+//! included by path), and the usage stripper must lose no byte of a stream without a usage
+//! chunk.
+#![no_main]
+
+use bytes::Bytes;
+use goodput_measure::inspect::{
+    inspect_response, scan_event, ChoiceInfo, ChunkKind, ResponseInfo, Usage,
+    MAX_CHOICES_PER_CHUNK,
+};
+use goodput_measure::usage::UsageStripper;
+use goodput_measure::FinishReason;
+use libfuzzer_sys::fuzz_target;
+
+#[path = "../../crates/measure/src/inspect/oracle.rs"]
+#[allow(dead_code)]
+mod oracle;
+
+fuzz_target!(|data: &[u8]| {
+    if let Some(diff) = oracle::differs(data) {
+        panic!("{diff}\npayload {:?}", String::from_utf8_lossy(data));
+    }
+    // The same bytes as one SSE event (one line: no CR or LF in them): the stripper passes
+    // them unchanged unless they are a usage chunk.
+    if data.iter().any(|b| matches!(b, b'\n' | b'\r')) {
+        return;
+    }
+    let mut event = b"data: ".to_vec();
+    event.extend_from_slice(data);
+    event.extend_from_slice(b"\n\n");
+    let mut s = UsageStripper::new();
+    let mut out = s.push(Bytes::from(event.clone())).to_vec();
+    out.extend_from_slice(&s.finish());
+    let usage_chunk = {
+        let info = scan_event(data).info;
+        info.kind == ChunkKind::Chunk && info.choice_count == 0 && info.usage.is_some()
+    };
+    if !usage_chunk {
+        assert_eq!(out, event, "bytes lost or changed by the stripper");
+    }
+});

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# CPU instructions and allocator calls per request inside the proxy process, counted by
+# valgrind's callgrind: exact counts that do not depend on how busy the machine is (CPU time
+# from /proc, scripts/bench-side-by-side.sh, does). The zero-cost simulator runs natively as the
+# upstream; each proxy binary runs under callgrind. Per binary and body kind: wrk warms the
+# connection for 2 s, the counters are zeroed, wrk runs SECS seconds (2 connections), the
+# counters are dumped: instructions / requests, malloc+calloc+realloc+posix_memalign / requests.
+# Streaming (64 tokens, usage injected and stripped) and non-streaming, metering on.
+#   scripts/bench-instructions.sh [BIN...]     # default: target/release/goodput-proxy
+# Needs valgrind and wrk (Debian: apt-get install valgrind wrk). Loopback ports 18510-18512,
+# bounded (about 40 s per binary), stops what it started.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SECS="${SECS:-8}"
+W=/tmp/goodput-instructions; rm -rf "$W"; mkdir -p "$W"
+bins=("$@"); [[ ${#bins[@]} -gt 0 ]] || { cargo build --release -q; bins=(target/release/goodput-proxy); }
+pids=()
+cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
+trap cleanup EXIT INT TERM
+"${bins[0]}" sim --listen 127.0.0.1:18510 --ttft-ms 0 --tpot-ms 0 --prefill-ms-per-token 0 \
+    --tpot-ms-per-seq 0 --max-num-seqs 4096 >"$W/sim.log" 2>&1 & pids+=($!)
+ready() { for _ in $(seq 1 300); do curl -fsS -o /dev/null "127.0.0.1:$1/v1/models" 2>/dev/null && return; sleep 0.2; done; echo "port $1 not ready" >&2; exit 1; }
+ready 18510
+# Sums the allocator calls of one callgrind dump (the calls= lines under a `cfn=` of an allocator).
+allocs() {
+    python3 - "$1" <<'EOF'
+import re, sys
+names, cur, total = {}, None, 0
+alloc = {"malloc", "calloc", "realloc", "posix_memalign", "aligned_alloc", "memalign"}
+for line in open(sys.argv[1], errors="replace"):
+    # A name is given once, at its first `fn=` or `cfn=`; later lines use only the `(id)`.
+    m = re.match(r"(c?)fn=\((\d+)\)(?: (.*))?", line)
+    if m:
+        if m.group(3):
+            names[m.group(2)] = m.group(3).strip()
+        cur = names.get(m.group(2), "") if m.group(1) else None
+        continue
+    if line.startswith("calls=") and cur is not None:
+        if cur.split("'")[0] in alloc:
+            total += int(line.split()[0][6:])
+        cur = None
+print(total)
+EOF
+}
+for bin in "${bins[@]}"; do
+    GOODPUT_PROXY_SERVER_LISTEN=127.0.0.1:18511 GOODPUT_PROXY_SERVER_ADMIN_LISTEN=127.0.0.1:18512 \
+    GOODPUT_PROXY_UPSTREAM_URLS=http://127.0.0.1:18510 \
+        valgrind --tool=callgrind --callgrind-out-file="$W/cg.%p" "$bin" serve >"$W/proxy.log" 2>&1 & pid=$!
+    pids+=($pid)
+    ready 18511
+    for kind in stream json; do
+        wrk -t1 -c2 -d2s -s "scripts/bench/$kind.lua" http://127.0.0.1:18511/v1/chat/completions >/dev/null
+        callgrind_control -z "$pid" >/dev/null
+        out=$(wrk -t1 -c2 -d"${SECS}s" -s "scripts/bench/$kind.lua" http://127.0.0.1:18511/v1/chat/completions)
+        rm -f "$W"/cg."$pid".*
+        callgrind_control -d "$pid" >/dev/null
+        sleep 1
+        dump=$(ls -t "$W"/cg."$pid".* | head -1)
+        n=$(awk '/requests in/ {print $1}' <<<"$out")
+        ir=$(awk '/^(summary|totals):/ {print $2; exit}' "$dump")
+        a=$(allocs "$dump")
+        printf '%-40s %-6s requests=%-6s instructions_per_req=%-9s allocs_per_req=%s %s\n' "$bin" "$kind" "$n" \
+            "$((ir / n))" "$(awk -v a="$a" -v n="$n" 'BEGIN { printf "%.1f", a / n }')" \
+            "$(grep -E 'Non-2xx|Socket errors' <<<"$out" | tr '\n' ' ')"
+    done
+    kill "$pid"; wait "$pid" 2>/dev/null || true
+done
