@@ -30,6 +30,9 @@ pub enum Command {
         /// The run's output directory.
         dir: PathBuf,
     },
+    /// The loads of scripts/bench.sh that wrk cannot make: paced streams (client TTFT) and a
+    /// burst of streams started at once (errors, peak open); one JSON object on stdout.
+    Bench(crate::bench::BenchArgs),
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

@@ -16,6 +16,10 @@ async fn main() {
     let res = match cli.command {
         Command::Run(args) => goodput_loadtest::cli::run(*args).await,
         Command::Report { dir } => goodput_loadtest::cli::rerender(&dir),
+        Command::Bench(args) => goodput_loadtest::bench::run(args).await.and_then(|r| {
+            println!("{}", serde_json::to_string(&r)?);
+            Ok(())
+        }),
     };
     if let Err(e) = res {
         eprintln!("goodput-loadtest: {e:#}");

@@ -172,3 +172,97 @@ fn upstream_headers(parts: &http::request::Parts, forwarded: Forwarded) -> http:
     }
     h
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use http::Uri;
+    use hyper::service::service_fn;
+    use hyper_util::rt::TokioIo;
+    use tower::util::BoxCloneSyncService;
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::config::UpstreamConfig;
+    use crate::upstream::{http_connector, UpstreamConnector};
+
+    /// A replica that answers every request 200.
+    async fn replica() -> std::net::SocketAddr {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((s, _)) = l.accept().await {
+                let ok = service_fn(|_| async {
+                    Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from("ok"))))
+                });
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(s), ok),
+                );
+            }
+        });
+        addr
+    }
+
+    /// The real connector, except that the first `refuse` attempts fail as a full listen
+    /// backlog makes them fail; records the authority of every attempt.
+    fn refusing(
+        config: &UpstreamConfig,
+        refuse: usize,
+        attempts: &Arc<Mutex<Vec<String>>>,
+    ) -> UpstreamConnector {
+        let inner = http_connector(config);
+        let attempts = attempts.clone();
+        BoxCloneSyncService::new(tower::service_fn(move |uri: Uri| {
+            let (inner, attempts) = (inner.clone(), attempts.clone());
+            async move {
+                let n = {
+                    let mut a = attempts.lock().unwrap();
+                    a.push(uri.authority().map_or(String::new(), |a| a.to_string()));
+                    a.len()
+                };
+                if n <= refuse {
+                    return Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into());
+                }
+                inner.oneshot(uri).await.map_err(Into::into)
+            }
+        }))
+    }
+
+    async fn forward_with(refuse: usize) -> (Result<u16, ProxyError>, Vec<String>, String) {
+        let addr = replica().await;
+        let config = UpstreamConfig {
+            urls: vec![crate::config::BaseUrl::parse(&format!("http://{addr}")).unwrap()],
+            ..UpstreamConfig::default()
+        };
+        let attempts = Arc::default();
+        let connector = refusing(&config, refuse, &attempts);
+        let up = Arc::new(Upstreams::with_connector(&config, connector).unwrap());
+        let req = Request::post("/v1/completions")
+            .body(Bytes::from("{}"))
+            .unwrap();
+        let status = forward(up, Forwarded::default(), req)
+            .await
+            .map(|r| r.status().as_u16());
+        let seen = attempts.lock().unwrap().clone();
+        (status, seen, addr.to_string())
+    }
+
+    #[tokio::test]
+    async fn a_refused_connect_is_retried_once_on_the_only_replica() {
+        let (status, attempts, addr) = forward_with(1).await;
+        assert_eq!(status.unwrap(), 200);
+        assert_eq!(attempts, [addr.clone(), addr]);
+    }
+
+    #[tokio::test]
+    async fn a_second_refused_connect_is_a_connect_error_with_no_third_attempt() {
+        let (status, attempts, addr) = forward_with(2).await;
+        assert!(
+            matches!(status, Err(ProxyError::UpstreamConnect { .. })),
+            "{status:?}"
+        );
+        assert_eq!(attempts, [addr.clone(), addr]);
+    }
+}

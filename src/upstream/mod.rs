@@ -16,14 +16,23 @@ use http::Uri;
 use http_body_util::Full;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::TcpStream;
+use tower::util::BoxCloneSyncService;
+use tower::ServiceExt;
 
 use crate::config::UpstreamConfig;
 
 pub use forward::Forward;
 
 /// The pooled HTTP/1.1 client shared by every request and the health prober.
-pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
+pub type UpstreamClient = Client<UpstreamConnector, Full<Bytes>>;
+
+/// How the pooled client opens a connection: hyper-util's `HttpConnector` (see
+/// [`http_connector`]), boxed so that a test can wrap it ([`Upstreams::with_connector`]), e.g.
+/// to refuse one connect. One allocation per new connection; pooled requests never touch it.
+pub type UpstreamConnector =
+    BoxCloneSyncService<Uri, TokioIo<TcpStream>, Box<dyn std::error::Error + Send + Sync>>;
 
 pub use crate::config::parse_base_url;
 
@@ -144,6 +153,15 @@ impl SetChange {
 impl Upstreams {
     /// Builds replicas from `config.urls` (already validated) and the pooled client.
     pub fn new(config: &UpstreamConfig) -> Result<Upstreams, String> {
+        let connector = http_connector(config).map_err(Into::into);
+        Self::with_connector(config, BoxCloneSyncService::new(connector))
+    }
+
+    /// As [`Upstreams::new`], connecting through `connector`.
+    pub fn with_connector(
+        config: &UpstreamConfig,
+        connector: UpstreamConnector,
+    ) -> Result<Upstreams, String> {
         let replicas = config
             .urls
             .iter()
@@ -152,7 +170,7 @@ impl Upstreams {
         Ok(Upstreams {
             configured: replicas.len(),
             replicas: RwLock::new(replicas.into()),
-            client: build_client(config),
+            client: build_client(config, connector),
             config: config.clone(),
         })
     }
@@ -213,12 +231,17 @@ impl Upstreams {
     }
 }
 
-fn build_client(config: &UpstreamConfig) -> UpstreamClient {
+/// The production connector: TCP with `connect_timeout_ms` per attempt and TCP_NODELAY.
+pub fn http_connector(config: &UpstreamConfig) -> HttpConnector {
     let mut connector = HttpConnector::new();
     connector.set_connect_timeout(Some(config.connect_timeout));
     connector.set_nodelay(true);
     // Absolute-form URIs carry the scheme; the connector must accept it as-is.
     connector.enforce_http(true);
+    connector
+}
+
+fn build_client(config: &UpstreamConfig, connector: UpstreamConnector) -> UpstreamClient {
     Client::builder(TokioExecutor::new())
         .pool_timer(TokioTimer::new())
         .timer(TokioTimer::new())

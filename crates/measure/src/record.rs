@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use tokio::time::Instant;
 
@@ -23,8 +23,9 @@ pub const DEFAULT_RING_CAPACITY: usize = 100_000;
 /// ITL gaps the ring keeps in total by default (4 bytes each: 16 MiB).
 pub const DEFAULT_GAP_CAPACITY: usize = 4 << 20;
 
-/// One finished request. Durations are in seconds.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// One finished request. Durations are in seconds. Deserializable: the load generator reads
+/// the JSONL sink back into this type (its `end` instant is not on disk: read back as now).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RequestRecord {
     /// Shared with the request (`Arc`): a record costs no copy of its id, model or replica.
     pub id: Arc<str>,
@@ -65,7 +66,7 @@ pub struct RequestRecord {
     /// The proxy replica that measured it (`server.instance`, default the hostname).
     pub instance: Arc<str>,
     /// Monotonic end instant, for `/stats` windows (not serialized).
-    #[serde(skip)]
+    #[serde(skip, default = "Instant::now")]
     pub end: Instant,
 }
 

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::meter::Measurement;
 use crate::outcome::Outcome;
@@ -46,7 +46,7 @@ impl SloTable {
 
 /// Which SLOs held. `None`: the SLO is not configured or does not apply (non-streaming TTFT and
 /// TPOT; TTFT without any output token; TPOT with fewer than 2 tokens).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct SloVerdict {
     pub ttft_ok: Option<bool>,
     pub tpot_ok: Option<bool>,

@@ -1,8 +1,9 @@
-//! The proxy's per-request records (its JSONL sink), as far as the join needs them.
+//! The proxy's per-request records (its JSONL sink), read back as the proxy's own type
+//! (`goodput_measure::record::RequestRecord`), reduced to what the join needs.
 
-/// The fields of a proxy record the join needs. The proxy's sink writes
-/// `goodput_measure::record::RequestRecord` (`id`, `outcome`, `ttft_s`, `tpot_s`, `e2e_s`);
-/// `request_id` / `*_seconds` spellings are accepted too.
+use goodput_measure::record::RequestRecord as ProxyRequestRecord;
+
+/// The fields of a proxy record the join needs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProxyRecord {
     pub id: String,
@@ -14,38 +15,41 @@ pub struct ProxyRecord {
     pub completion_tokens: Option<u64>,
 }
 
-pub(super) fn num(v: &serde_json::Value, keys: &[&str]) -> Option<f64> {
-    keys.iter().find_map(|k| v.get(*k)).and_then(|x| x.as_f64())
-}
-pub(super) fn text(v: &serde_json::Value, keys: &[&str]) -> Option<String> {
-    keys.iter()
-        .find_map(|k| v.get(*k))
-        .and_then(|x| x.as_str())
-        .map(str::to_owned)
+impl From<ProxyRequestRecord> for ProxyRecord {
+    fn from(r: ProxyRequestRecord) -> Self {
+        ProxyRecord {
+            id: r.id.to_string(),
+            model: Some(r.model.to_string()),
+            outcome: Some(r.outcome.as_str().to_string()),
+            ttft: r.ttft_s,
+            tpot: r.tpot_s,
+            e2e: Some(r.e2e_s),
+            completion_tokens: r.completion_tokens,
+        }
+    }
 }
 
-/// Parse the proxy's JSONL sink (or a JSON array of records); lines that do not parse are skipped.
+/// Parses the proxy's JSONL sink (or a JSON array of records). A line that is not a proxy
+/// record (a torn last line while the sink writes, or another file) is skipped and counted in
+/// the warning.
 pub fn parse_proxy_records(text_in: &str) -> Vec<ProxyRecord> {
-    let values: Vec<serde_json::Value> =
-        match serde_json::from_str::<Vec<serde_json::Value>>(text_in) {
-            Ok(v) => v,
-            Err(_) => text_in
-                .lines()
-                .filter_map(|l| serde_json::from_str(l).ok())
-                .collect(),
-        };
-    values
-        .iter()
-        .filter_map(|v| {
-            Some(ProxyRecord {
-                id: text(v, &["request_id", "id"])?,
-                model: text(v, &["model"]),
-                outcome: text(v, &["outcome"]),
-                ttft: num(v, &["ttft_s", "ttft_seconds", "ttft"]),
-                tpot: num(v, &["tpot_s", "tpot_seconds", "tpot"]),
-                e2e: num(v, &["e2e_s", "e2e_seconds", "e2e"]),
-                completion_tokens: v.get("completion_tokens").and_then(|x| x.as_u64()),
-            })
+    if let Ok(all) = serde_json::from_str::<Vec<ProxyRequestRecord>>(text_in) {
+        return all.into_iter().map(ProxyRecord::from).collect();
+    }
+    let mut skipped = 0usize;
+    let out = text_in
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .filter_map(|l| match serde_json::from_str::<ProxyRequestRecord>(l) {
+            Ok(r) => Some(ProxyRecord::from(r)),
+            Err(_) => {
+                skipped += 1;
+                None
+            }
         })
-        .collect()
+        .collect();
+    if skipped > 0 {
+        tracing::warn!(skipped, "lines of the proxy's records that are not records");
+    }
+    out
 }

@@ -205,16 +205,46 @@ fn reads_the_proxys_own_sink_records() {
     );
 }
 
+/// One line of the proxy's JSONL sink: a real `RequestRecord`, serialized as the sink does.
+fn proxy_line(
+    id: &str,
+    outcome: goodput_measure::Outcome,
+    ttft: f64,
+    e2e: f64,
+    tokens: Option<u64>,
+) -> String {
+    use goodput_measure::{judge, Measurement, Slo};
+    use std::time::Duration;
+    let mut m = Measurement::without_body(outcome, Some(200), Duration::from_secs_f64(e2e));
+    m.streaming = true;
+    m.ttft = Some(Duration::from_secs_f64(ttft));
+    m.completion_tokens = tokens;
+    let v = judge(&m, &Slo::default());
+    let rec = goodput_measure::record::RequestRecord::new(
+        id.into(),
+        "tiny".into(),
+        None,
+        0,
+        tokio::time::Instant::now(),
+        &m,
+        v,
+    );
+    serde_json::to_string(&rec).unwrap()
+}
+
 #[test]
 fn join_by_request_id() {
+    use goodput_measure::Outcome;
     let mut a = crate::report::summary::tests::rec("p", 0.0, 1.0, Some(0.100), "success");
     a.request_id = "r1".into();
     let mut b = crate::report::summary::tests::rec("p", 0.0, 2.0, Some(0.200), "truncated");
     b.request_id = "r2".into();
-    let proxy = parse_proxy_records(
-        "{\"request_id\":\"r1\",\"outcome\":\"success\",\"ttft_seconds\":0.098,\"e2e_seconds\":0.997,\"completion_tokens\":4}\n\
-         {\"id\":\"r2\",\"outcome\":\"upstream_error\",\"ttft\":0.199,\"e2e\":1.999}\nnot json\n",
+    let sink = format!(
+        "{}\n{}\nnot json\n{{\"id\":\"r4\",\"ttft_seconds\":1}}\n",
+        proxy_line("r1", Outcome::Success, 0.098, 0.997, Some(4)),
+        proxy_line("r2", Outcome::UpstreamError, 0.199, 1.999, None),
     );
+    let proxy = parse_proxy_records(&sink);
     assert_eq!(proxy.len(), 2);
     let w = PhaseWindow {
         name: "p".into(),
