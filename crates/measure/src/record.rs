@@ -71,7 +71,7 @@ pub struct RequestRecord {
 }
 
 /// The record's view of an [`AgentSummary`]: seconds, as the rest of the record.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AgentRecord {
     pub ttf_reasoning_s: Option<f64>,
     pub ttf_answer_s: Option<f64>,

@@ -53,7 +53,7 @@ pub struct SloVerdict {
     pub e2e_ok: Option<bool>,
     /// The request's tool calls were all valid; `None` without tool calls or with
     /// `valid_tool_calls` off.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_calls_ok: Option<bool>,
     pub good: bool,
 }

@@ -103,8 +103,15 @@ async fn handle(
                 // time the client has its whole response.
                 let t = ttft.unwrap_or_default();
                 fake.seen.lock().unwrap().ttfts.push(t);
-                let line = serde_json::json!({"request_id": id, "model": "tiny", "outcome": "success",
-                    "ttft_seconds": t, "e2e_seconds": t0.elapsed().as_secs_f64()});
+                // A record as the proxy's JSONL sink writes it (the join reads that type).
+                let line = serde_json::json!({"id": id, "model": "tiny", "upstream": null,
+                    "stream": true, "status": 200, "outcome": "success", "finish_reason": "stop",
+                    "start_unix_ms": 0, "ttft_s": t, "ttfc_s": t, "tpot_s": null,
+                    "e2e_s": t0.elapsed().as_secs_f64(), "itl_count": 0, "itl_max_s": null,
+                    "prompt_tokens": null, "completion_tokens": null, "tokens_exact": false,
+                    "usage_injected": false, "usage_stripped": false,
+                    "slo": {"ttft_ok": null, "tpot_ok": null, "e2e_ok": null, "good": true},
+                    "instance": ""});
                 let mut f = std::fs::OpenOptions::new()
                     .create(true)
                     .append(true)
