@@ -12,17 +12,7 @@ MODE="${3:-tools}"
 MODEL="${ENGINE_NAME:-tiny}"
 mkdir -p "$OUT"
 
-post() {
-  local name="$1" path="$2" body="$3"
-  shift 3
-  {
-    echo "### POST ${path}"
-    echo "### request body: ${body}"
-    echo "### ---- raw response (headers then body, unmodified) ----"
-    curl -sS -N -D - -H 'Content-Type: application/json' --data-binary "$body" "$@" "${B}${path}"
-  } > "${OUT}/${name}"
-  echo "wrote ${OUT}/${name} ($(wc -c < "${OUT}/${name}") bytes)"
-}
+source "$(dirname "${BASH_SOURCE[0]}")/capture-post.sh"
 msg='"messages":[{"role":"user","content":"What is the weather in Paris?"}]'
 tools='"tools":[{"type":"function","function":{"name":"get_weather","description":"Current weather","parameters":{"type":"object","properties":{"location":{"type":"string"},"unit":{"type":"string","enum":["celsius","fahrenheit"]}},"required":["location"]}}}]'
 named='"tool_choice":{"type":"function","function":{"name":"get_weather"}}'

@@ -8,18 +8,7 @@ OUT="${2:?usage: capture-extra.sh BASE_URL OUTDIR}"
 MODEL="${ENGINE_NAME:-tiny}"
 mkdir -p "$OUT"
 
-# post NAME PATH BODY [extra curl args]: writes OUT/NAME (response head, blank line, raw body)
-post() {
-  local name="$1" path="$2" body="$3"
-  shift 3
-  {
-    echo "### POST ${path}"
-    echo "### request body: ${body}"
-    echo "### ---- raw response (headers then body, unmodified) ----"
-    curl -sS -N -D - -H 'Content-Type: application/json' --data-binary "$body" "$@" "${B}${path}"
-  } > "${OUT}/${name}"
-  echo "wrote ${OUT}/${name} ($(wc -c < "${OUT}/${name}") bytes)"
-}
+source "$(dirname "${BASH_SOURCE[0]}")/capture-post.sh"
 msg='"messages":[{"role":"user","content":"Hello"}]'
 
 # n=2 without include_usage: which finish chunks carry system_fingerprint?
