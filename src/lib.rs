@@ -5,6 +5,7 @@
 pub mod admin;
 pub mod agent_metrics;
 pub mod app;
+pub mod auth;
 pub mod body;
 pub mod cli;
 pub mod compare;
@@ -16,6 +17,7 @@ pub mod limits;
 pub mod listener;
 pub mod logging;
 pub mod metrics;
+pub mod reload;
 pub mod report;
 pub mod sink;
 pub mod stack;

@@ -2,7 +2,8 @@
 //! request extension (`Arc<RequestContext>`). It holds what is known at arrival (id, `t0`,
 //! peer) and write-once cells for what inner layers learn on the way down (collect: the
 //! body's facts; usage injection: the strip report; the moment the request is forwarded).
-//! Readers: the access log, the measure layer, forwarding (the id), later auth and tenants.
+//! Readers: the access log, the measure layer, forwarding (the id), tenant limits (the tenant
+//! auth accepted).
 //!
 //! Outermost layer: `t0` must be taken before anything else spends time, and every response,
 //! including the proxy's own errors, must carry the id.
@@ -16,6 +17,7 @@ use tokio::time::Instant;
 use tower::{Layer, Service};
 
 use super::BoxFuture;
+use crate::auth::Tenant;
 use crate::body::strip::StripReport;
 use crate::listener::ConnInfo;
 use goodput_measure::agent::ToolSet;
@@ -47,6 +49,7 @@ pub struct RequestContext {
     facts: OnceLock<RequestFacts>,
     forwarded: OnceLock<Instant>,
     strip: OnceLock<Arc<StripReport>>,
+    tenant: OnceLock<Arc<Tenant>>,
 }
 
 impl RequestContext {
@@ -58,6 +61,7 @@ impl RequestContext {
             facts: OnceLock::new(),
             forwarded: OnceLock::new(),
             strip: OnceLock::new(),
+            tenant: OnceLock::new(),
         }
     }
 
@@ -89,6 +93,16 @@ impl RequestContext {
     /// Usage was injected and the response body is stripped: what the strip body reports.
     pub fn strip_report(&self) -> Option<&Arc<StripReport>> {
         self.strip.get()
+    }
+
+    /// The tenant whose key the request presented (auth on and the key valid).
+    pub fn tenant(&self) -> Option<&Arc<Tenant>> {
+        self.tenant.get()
+    }
+
+    /// Auth, once the key is accepted.
+    pub fn set_tenant(&self, tenant: Arc<Tenant>) {
+        let _ = self.tenant.set(tenant);
     }
 
     /// Usage injection, when it wraps the response body in a strip body.
