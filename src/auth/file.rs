@@ -143,7 +143,10 @@ mod tests {
             "{all}"
         );
         assert!(all.contains("tenants.b.keys[0]: a SHA-256 digest"), "{all}");
-        assert!(all.contains("tenants.none: a key of tenant `none` is listed for `b` too"), "{all}");
+        assert!(
+            all.contains("tenants.none: a key of tenant `none` is listed for `b` too"),
+            "{all}"
+        );
         assert_eq!(problems.len(), 3, "{all}");
         let e = parse("[tenants.a]\nkeys = []\nlimit = 1\n", &[]).unwrap_err();
         assert!(e[0].contains("unknown field `limit`"), "{e:?}");

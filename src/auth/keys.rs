@@ -4,8 +4,8 @@
 //! Lookup hashes the presented key once, then compares the digest with EVERY configured
 //! digest in constant time (`subtle`), selecting the match without a branch: how long it takes
 //! depends on the number of keys, not on which key matched or how many leading bytes agreed.
-//! At 32 bytes per comparison this is a few nanoseconds per key (measured figure in
-//! docs/auth.md); deployments with tens of thousands of keys would want a keyed index instead.
+//! The cost is one 32-byte comparison per configured key per request; deployments with tens
+//! of thousands of keys would want a keyed index instead.
 
 use std::sync::Arc;
 

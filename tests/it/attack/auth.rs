@@ -234,6 +234,7 @@ async fn the_401_arrives_while_the_client_is_still_uploading() {
         t.elapsed() < Duration::from_secs(5),
         "the answer waited for the body"
     );
+    eprintln!("401 while uploading after {:?}", t.elapsed());
     let text = String::from_utf8_lossy(&raw);
     assert!(text.contains("invalid_api_key"), "{text}");
     assert_eq!(sim.requests_started(), 0);
@@ -371,10 +372,12 @@ async fn sighup_reloads_the_keys_file_and_a_query_key_is_never_logged() {
         "only the 3 good keys"
     );
     // Its access line (written when the response body ended) proves its logging is done.
-    assert!(
-        wait_line(&bin, "query-key-probe", &mut seen),
-        "no access line"
-    );
+    let is_access = |l: &String| l.contains("query-key-probe") && l.contains("access");
+    let mut found = false;
+    while !found && wait_line(&bin, "query-key-probe", &mut seen) {
+        found = seen.last().is_some_and(is_access);
+    }
+    assert!(found, "no access line");
     let access = seen.last().unwrap();
     assert!(
         access.contains("status=401") && access.contains("/v1/keys-probe"),
@@ -433,12 +436,19 @@ async fn tenant_limits_answer_429_with_retry_after_and_spare_other_tenants() {
     // Another tenant is not affected.
     let (parts, _) = send(&c, stream(KEY_B, 3, 0)).await;
     assert_eq!(parts.status, 200);
+    // The permit goes with the stream (once the proxy sees the client gone: a few ms; the
+    // refusals meanwhile are counted).
     drop(held);
+    let mut a_refused = 1;
     let mut freed = false;
     for _ in 0..200 {
-        if send(&c, stream(KEY_A, 1, 0)).await.0.status == 200 {
-            freed = true;
-            break;
+        match send(&c, stream(KEY_A, 1, 0)).await.0.status.as_u16() {
+            200 => {
+                freed = true;
+                break;
+            }
+            429 => a_refused += 1,
+            other => panic!("status {other}"),
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -454,6 +464,7 @@ async fn tenant_limits_answer_429_with_retry_after_and_spare_other_tenants() {
         .load(std::sync::atomic::Ordering::SeqCst);
     let (parts, body) = send(&c, stream(KEY_B, 1, 0)).await;
     let retry = assert_429(&parts, &body, "tokens");
+    eprintln!("token limit: Retry-After {retry}");
     assert!((80..=84).contains(&retry), "Retry-After {retry}");
     assert_eq!(
         fake.stats
@@ -467,11 +478,11 @@ async fn tenant_limits_answer_429_with_retry_after_and_spare_other_tenants() {
     assert_eq!(parts.status, 200);
 
     let m = metrics(&proxy).await;
-    for t in ["team-a", "team-b"] {
+    for (t, n) in [("team-a", a_refused), ("team-b", 1)] {
         let labels = [("tenant", t), ("outcome", "rejected")];
         assert_eq!(
             metric(&m, "goodput_proxy_tenant_requests_total", &labels),
-            1.0,
+            n as f64,
             "{t}"
         );
     }
@@ -483,19 +494,25 @@ async fn tenant_limits_answer_429_with_retry_after_and_spare_other_tenants() {
             .filter(|l| l.contains("\"status\":429"))
             .count()
     };
-    assert!(eventually(SLOW, || refusals() == 2).await, "{}", read());
+    assert!(
+        eventually(SLOW, || refusals() == a_refused + 1).await,
+        "{}",
+        read()
+    );
     let lines: Vec<serde_json::Value> = read()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    let limited: Vec<(&str, u64)> = lines
+    let limited: Vec<&str> = lines
         .iter()
         .filter(|r| r["status"] == 429)
         .map(|r| {
             assert_eq!(r["outcome"], "rejected", "{r}");
-            (r["tenant"].as_str().unwrap(), 429)
+            r["tenant"].as_str().unwrap()
         })
         .collect();
-    assert_eq!(limited, [("team-a", 429), ("team-b", 429)]);
+    let mut want = vec!["team-a"; a_refused];
+    want.push("team-b");
+    assert_eq!(limited, want);
     let _ = std::fs::remove_dir_all(&dir);
 }
