@@ -9,10 +9,7 @@ use http::{header, HeaderValue, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 
 use crate::auth::tenant::Refusal;
-use crate::stack::ProxyBody;
-
-/// Boxed error used in body types.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use crate::body::{BoxError, ProxyBody};
 
 /// Why a request's API key was not accepted. The messages never include the key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,8 +15,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::{check_tenant_name, parse_digest, Digest, MAX_TENANTS};
-use crate::config::TenantConfig;
+use super::{check_tenant_name, parse_digest, Digest, TenantConfig, MAX_TENANTS};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -11,13 +11,49 @@ pub mod keys;
 pub mod tenant;
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 
 use tokio::time::Instant;
 
-use crate::config::{AuthConfig, TenantConfig};
 pub use keys::{digest_of, hex, parse_digest, Digest, KeySet};
 pub use tenant::{Tenant, TenantLimits, NO_TENANT};
+
+/// `[auth]`, checked: digests parsed, names valid, no key owned twice, the keys file read.
+#[derive(Debug, Clone, Default)]
+pub struct AuthConfig {
+    pub keys_file: Option<PathBuf>,
+    /// `[auth.tenants]`, in name order.
+    pub tenants: Vec<TenantConfig>,
+    /// What `keys_file` held when the config was loaded (re-read on SIGHUP).
+    pub file_tenants: Vec<TenantConfig>,
+}
+
+impl AuthConfig {
+    /// Keys are required as soon as a tenant or a keys file is configured.
+    pub fn enabled(&self) -> bool {
+        self.keys_file.is_some() || !self.tenants.is_empty()
+    }
+}
+
+/// One tenant: its name (the `tenant` label value), key digests and limits.
+#[derive(Clone, PartialEq, Eq)]
+pub struct TenantConfig {
+    pub name: String,
+    pub keys: Vec<Digest>,
+    pub limits: TenantLimits,
+}
+
+impl std::fmt::Debug for TenantConfig {
+    /// Digests are not secrets, but nobody needs them in a debug print either.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TenantConfig")
+            .field("name", &self.name)
+            .field("keys", &self.keys.len())
+            .field("limits", &self.limits)
+            .finish()
+    }
+}
 
 /// Most tenants (config and keys file together): each is a `tenant` label value.
 pub const MAX_TENANTS: usize = 256;

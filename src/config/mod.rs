@@ -23,6 +23,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use crate::auth::{AuthConfig, TenantConfig};
 pub use env::{ENV_CONFIG_FILE, ENV_PREFIX};
 pub use raw::{
     Limit, LogConfig, LogFormat, RawAuth, RawClickHouse, RawConfig, RawEngine, RawLimits,
@@ -95,42 +96,6 @@ pub struct UpstreamConfig {
     /// `upstream.api_key` as the header value sent (`Bearer <key>`, marked sensitive so it is
     /// never printed).
     pub authorization: Option<http::HeaderValue>,
-}
-
-/// `[auth]`, checked: digests parsed, names valid, no key owned twice, the keys file read.
-#[derive(Debug, Clone, Default)]
-pub struct AuthConfig {
-    pub keys_file: Option<PathBuf>,
-    /// `[auth.tenants]`, in name order.
-    pub tenants: Vec<TenantConfig>,
-    /// What `keys_file` held when the config was loaded (re-read on SIGHUP).
-    pub file_tenants: Vec<TenantConfig>,
-}
-
-impl AuthConfig {
-    /// Keys are required as soon as a tenant or a keys file is configured.
-    pub fn enabled(&self) -> bool {
-        self.keys_file.is_some() || !self.tenants.is_empty()
-    }
-}
-
-/// One tenant: its name (the `tenant` label value), key digests and limits.
-#[derive(Clone, PartialEq, Eq)]
-pub struct TenantConfig {
-    pub name: String,
-    pub keys: Vec<crate::auth::Digest>,
-    pub limits: crate::auth::TenantLimits,
-}
-
-impl std::fmt::Debug for TenantConfig {
-    /// Digests are not secrets, but nobody needs them in a debug print either.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TenantConfig")
-            .field("name", &self.name)
-            .field("keys", &self.keys.len())
-            .field("limits", &self.limits)
-            .finish()
-    }
 }
 
 #[derive(Debug, Clone)]

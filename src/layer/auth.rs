@@ -18,11 +18,11 @@ use http::header::{HeaderMap, HeaderName, AUTHORIZATION};
 use http::{Request, Response, Uri};
 use tower::{Layer, Service};
 
-use super::context::RequestContext;
 use super::{reject, Around, ResponseFuture, Wrapped};
 use crate::auth::Auth;
+use crate::body::ProxyBody;
+use crate::context::RequestContext;
 use crate::error::{AuthFailure, ProxyError};
-use crate::stack::ProxyBody;
 
 pub const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 

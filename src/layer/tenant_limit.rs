@@ -10,12 +10,12 @@ use http_body_util::BodyExt;
 use tokio::time::Instant;
 use tower::{Layer, Service};
 
-use super::context::RequestContext;
 use super::hold::Hold;
 use super::{reject, Around, ResponseFuture, Wrapped};
 use crate::auth::tenant::Refusal;
+use crate::body::ProxyBody;
+use crate::context::RequestContext;
 use crate::error::ProxyError;
-use crate::stack::ProxyBody;
 
 #[derive(Debug, Clone)]
 pub struct TenantLimitLayer {
