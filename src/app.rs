@@ -69,7 +69,7 @@ impl App {
             None
         };
         let upstreams =
-            Upstreams::new(&config.upstream).map_err(|e| anyhow::anyhow!("upstream.urls: {e}"))?;
+            Upstreams::new(&config.upstream).map_err(|e| anyhow::anyhow!("upstream: {e}"))?;
         let tls = match &config.server.tls {
             Some(t) => Some(Arc::new(ReloadableTls::load(&t.cert, &t.key)?)),
             None => None,

@@ -191,6 +191,47 @@ impl Checker<'_> {
             health_path: self.path("upstream.health_path", &u.health_path),
             health_interval: self.positive_ms("upstream.health_interval_ms", u.health_interval_ms),
             authorization: u.api_key.as_deref().and_then(|k| self.upstream_key(k)),
+            tls: self.upstream_tls(u),
+        }
+    }
+
+    fn upstream_tls(&mut self, u: &RawUpstream) -> Option<super::UpstreamTls> {
+        let client = match (&u.tls_client_cert, &u.tls_client_key) {
+            (Some(c), Some(k)) => Some((c.clone(), k.clone())),
+            (None, None) => None,
+            (Some(_), None) => {
+                self.bad(
+                    "upstream.tls_client_cert",
+                    "set without upstream.tls_client_key",
+                );
+                None
+            }
+            (None, Some(_)) => {
+                self.bad(
+                    "upstream.tls_client_key",
+                    "set without upstream.tls_client_cert",
+                );
+                None
+            }
+        };
+        let https = u.urls.iter().any(|url| url.starts_with("https://"));
+        match &u.tls_ca {
+            Some(ca) => Some(super::UpstreamTls {
+                ca: ca.clone(),
+                client,
+            }),
+            None => {
+                if https {
+                    self.bad(
+                        "upstream.tls_ca",
+                        "https:// replicas need the CA bundle to verify them",
+                    );
+                }
+                if client.is_some() {
+                    self.bad("upstream.tls_client_cert", "needs upstream.tls_ca");
+                }
+                None
+            }
         }
     }
 
@@ -346,7 +387,12 @@ impl Checker<'_> {
                 "must be at least retry_initial_ms",
             );
         }
-        let url = self.base_url("sink.clickhouse.url", &ch.url);
+        if ch.url.starts_with("https://") {
+            self.bad("sink.clickhouse.url", "http:// only (the sink has no TLS)");
+        }
+        let url = self
+            .base_url("sink.clickhouse.url", &ch.url)
+            .filter(|u| !u.as_str().starts_with("https://"));
         // Fields are evaluated in the order written: `url?` last, after every check ran.
         Some(ClickHouseConfig {
             database: ch.database.clone(),

@@ -93,9 +93,19 @@ pub struct UpstreamConfig {
     pub pool_max_idle_per_host: usize,
     pub health_path: String,
     pub health_interval: Duration,
+    /// `upstream.tls_ca` and the optional client certificate, for `https://` replicas.
+    pub tls: Option<UpstreamTls>,
     /// `upstream.api_key` as the header value sent (`Bearer <key>`, marked sensitive so it is
     /// never printed).
     pub authorization: Option<http::HeaderValue>,
+}
+
+/// Upstream TLS files (`upstream.tls_ca`, `tls_client_cert` + `tls_client_key`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamTls {
+    pub ca: PathBuf,
+    /// Client certificate chain and key (mTLS), set together.
+    pub client: Option<(PathBuf, PathBuf)>,
 }
 
 #[derive(Debug, Clone)]

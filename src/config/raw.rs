@@ -164,7 +164,7 @@ impl RawLimits {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawUpstream {
-    /// Base URLs of the engine replicas (`http://host:port`). Empty (and no `discover`): `serve`
+    /// Base URLs of the engine replicas (`http://host:port`, or `https://` with `tls_ca`). Empty (and no `discover`): `serve`
     /// starts the built-in simulated engine on a loopback port (demo mode).
     pub urls: Vec<String>,
     /// Replicas found by DNS: `dns://NAME:PORT` (e.g. a Kubernetes headless Service); every
@@ -197,6 +197,14 @@ pub struct RawUpstream {
     /// `Authorization` is removed and nothing replaces it; with auth off it is forwarded).
     /// Prefer the environment (`GOODPUT_PROXY_UPSTREAM_API_KEY`) to the file.
     pub api_key: Option<String>,
+    /// PEM CA bundle that `https://` replicas are verified against (required for them; there
+    /// is no built-in root store). Default: none.
+    pub tls_ca: Option<PathBuf>,
+    /// PEM client certificate chain presented to `https://` replicas (mTLS), with
+    /// `tls_client_key`. Default: none.
+    pub tls_client_cert: Option<PathBuf>,
+    /// PEM private key of `tls_client_cert`.
+    pub tls_client_key: Option<PathBuf>,
 }
 
 impl Default for RawUpstream {
@@ -214,6 +222,9 @@ impl Default for RawUpstream {
             health_path: "/health".into(),
             health_interval_ms: 2_000,
             api_key: None,
+            tls_ca: None,
+            tls_client_cert: None,
+            tls_client_key: None,
         }
     }
 }

@@ -4,15 +4,13 @@
 use http::uri::Scheme;
 use http::Uri;
 
-/// Checks an upstream base URL: `http://host:port` with an optional path prefix, no query.
+/// Checks an upstream base URL: `http://host:port` (or `https://`) with an optional path
+/// prefix, no query.
 pub fn parse_base_url(url: &str) -> Result<Uri, String> {
     let uri: Uri = url.parse().map_err(|e| format!("not a URL: {e}"))?;
     match uri.scheme() {
-        Some(s) if *s == Scheme::HTTP => {}
-        Some(s) if *s == Scheme::HTTPS => {
-            return Err("https upstreams are not supported yet; use http://".into())
-        }
-        _ => return Err("scheme must be http://".into()),
+        Some(s) if *s == Scheme::HTTP || *s == Scheme::HTTPS => {}
+        _ => return Err("scheme must be http:// or https://".into()),
     }
     if uri.authority().is_none() {
         return Err("missing host".into());
@@ -93,7 +91,8 @@ mod tests {
             ("http://127.0.0.1:8000", true),
             ("http://engine:8000/", true),
             ("http://engine/prefix", true),
-            ("https://engine", false),
+            ("https://engine", true),
+            ("ftp://engine", false),
             ("engine:8000", false),
             ("http://e/?a=b", false),
         ] {

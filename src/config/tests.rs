@@ -462,3 +462,25 @@ fn auth_is_off_by_default_and_the_keys_file_comes_from_the_environment() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn upstream_tls_problems_name_their_field() {
+    let p = problems(
+        "[upstream]\nurls = [\"https://e:1\"]\ntls_client_cert = \"c.pem\"\n",
+        &[],
+    );
+    let fields: Vec<&str> = p.iter().map(|p| p.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        ["upstream.tls_client_cert", "upstream.tls_ca"],
+        "{p:?}"
+    );
+    let c = Config::from_toml(
+        "[upstream]\nurls = [\"https://e:1\"]\ntls_ca = \"ca.pem\"\n",
+        "f.toml",
+    )
+    .unwrap();
+    let tls = c.upstream.tls.unwrap();
+    assert_eq!(tls.ca, Path::new("ca.pem"));
+    assert_eq!(tls.client, None);
+}

@@ -230,7 +230,11 @@ mod tests {
                 if n <= refuse {
                     return Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into());
                 }
-                inner.oneshot(uri).await.map_err(Into::into)
+                inner
+                    .oneshot(uri)
+                    .await
+                    .map(crate::upstream::tls::plain)
+                    .map_err(Into::into)
             }
         }))
     }

@@ -5,6 +5,7 @@ pub mod deadline;
 pub mod forward;
 pub mod headers;
 pub mod health;
+pub mod tls;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
@@ -16,9 +17,7 @@ use http_body_util::Full;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::net::TcpStream;
 use tower::util::BoxCloneSyncService;
-use tower::ServiceExt;
 
 use crate::config::UpstreamConfig;
 
@@ -30,8 +29,11 @@ pub type UpstreamClient = Client<UpstreamConnector, Full<Bytes>>;
 /// How the pooled client opens a connection: hyper-util's `HttpConnector` (see
 /// [`http_connector`]), boxed so that a test can wrap it ([`Upstreams::with_connector`]), e.g.
 /// to refuse one connect. One allocation per new connection; pooled requests never touch it.
-pub type UpstreamConnector =
-    BoxCloneSyncService<Uri, TokioIo<TcpStream>, Box<dyn std::error::Error + Send + Sync>>;
+pub type UpstreamConnector = BoxCloneSyncService<
+    Uri,
+    TokioIo<tls::UpstreamStream>,
+    Box<dyn std::error::Error + Send + Sync>,
+>;
 
 pub use crate::config::parse_base_url;
 
@@ -41,6 +43,8 @@ pub struct Replica {
     /// The configured URL, as written (used in logs and as the `upstream` label).
     pub url: Arc<str>,
     authority: Authority,
+    /// `http` or `https`, as configured.
+    scheme: Scheme,
     /// Path prefix of the base URL without the trailing `/` ("" for none).
     prefix: String,
     in_flight: AtomicUsize,
@@ -57,6 +61,7 @@ impl Replica {
         let prefix = uri.path().trim_end_matches('/').to_string();
         Ok(Replica {
             url: Arc::from(url.trim_end_matches('/')),
+            scheme: uri.scheme().cloned().unwrap_or(Scheme::HTTP),
             authority,
             prefix,
             in_flight: AtomicUsize::new(0),
@@ -68,7 +73,7 @@ impl Replica {
     /// The upstream URI for a client request's path and query.
     pub fn uri_for(&self, path_and_query: &str) -> Result<Uri, http::Error> {
         Uri::builder()
-            .scheme(Scheme::HTTP)
+            .scheme(self.scheme.clone())
             .authority(self.authority.clone())
             .path_and_query(format!("{}{}", self.prefix, path_and_query))
             .build()
@@ -152,7 +157,11 @@ impl SetChange {
 impl Upstreams {
     /// Builds replicas from `config.urls` (already validated) and the pooled client.
     pub fn new(config: &UpstreamConfig) -> Result<Upstreams, String> {
-        let connector = http_connector(config).map_err(Into::into);
+        let tls = match &config.tls {
+            Some(t) => Some(tls::client_config(t)?),
+            None => None,
+        };
+        let connector = tls::Connector::new(http_connector(config), tls, config.connect_timeout);
         Self::with_connector(config, BoxCloneSyncService::new(connector))
     }
 
