@@ -47,6 +47,9 @@ impl ChHttp {
     /// `url`: `http://host:port[/prefix]`. The password never appears in logs or `Debug`.
     pub fn new(url: &str, user: &str, password: &str, timeout: Duration) -> Result<Self, String> {
         let uri = crate::upstream::parse_base_url(url)?;
+        if uri.scheme() != Some(&http::uri::Scheme::HTTP) {
+            return Err("http:// only (the ClickHouse sink has no TLS)".into());
+        }
         let header = |v: &str, what: &str| {
             let mut h =
                 HeaderValue::from_str(v).map_err(|_| format!("{what}: not a header value"))?;
