@@ -21,6 +21,9 @@ use crate::listener::ConnInfo;
 use goodput_measure::agent::ToolSet;
 
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+/// The client asks the proxy for a token-level trace of its stream (`1`); addressed to the
+/// proxy alone: forwarding drops it.
+pub const X_GOODPUT_TRACE: HeaderName = HeaderName::from_static("x-goodput-trace");
 
 /// What collect reads from the request body (see `measure::request`).
 #[derive(Debug, Clone, PartialEq)]
