@@ -270,6 +270,24 @@ pub fn body(plan: &RequestPlan) -> Vec<u8> {
 mod tests {
     use super::*;
 
+    /// Every example scenario's dataset loads and has a few prompts.
+    #[test]
+    fn example_datasets_load() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+        let mut datasets = 0;
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "toml") {
+                let sc = Scenario::load(&p).unwrap();
+                if let Some(ds) = &sc.mix.dataset {
+                    assert!(load_dataset(ds).unwrap().len() >= 4, "{}", ds.display());
+                    datasets += 1;
+                }
+            }
+        }
+        assert!(datasets >= 1, "no example scenario has a dataset");
+    }
+
     fn scenario(extra: &str) -> Scenario {
         Scenario::parse(&format!(
             "models=['a','b']\n[mix]\nprompt_tokens={{uniform=[5,9]}}\nmax_tokens={{fixed=7}}\nstream_share=0.5\n{extra}\n[[phases]]\nname='p'\nrequests=1\narrivals={{constant={{rate=1}}}}"

@@ -711,10 +711,7 @@ mod tests {
         for e in std::fs::read_dir(&dir).unwrap() {
             let p = e.unwrap().path();
             if p.extension().is_some_and(|x| x == "toml") {
-                let sc = Scenario::load(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-                if let Some(ds) = &sc.mix.dataset {
-                    assert!(crate::request::load_dataset(ds).unwrap().len() >= 4);
-                }
+                Scenario::load(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
                 n += 1;
             }
         }

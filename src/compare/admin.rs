@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::Uri;
-use http_body_util::{BodyExt, Empty};
+use http::{Request, Uri};
+use http_body_util::Empty;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
@@ -18,6 +18,9 @@ use crate::engine::parse::{self, Family};
 
 /// How long one admin request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest admin page read (the proxy's `/metrics` carries every replica's engine families:
+/// a few hundred KiB each).
+const MAX_PAGE_BYTES: usize = 64 << 20;
 /// Interval of the extra scrapes during the window (engine gauge maxima).
 const GAUGE_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -69,30 +72,19 @@ impl Admin {
             reason,
         };
         let uri: Uri = url.parse().map_err(|_| AdminError::BadUrl(url.clone()))?;
-        let fetch = async {
-            let resp = self
-                .client
-                .get(uri)
-                .await
-                .map_err(|e| unreachable(error_chain(&e)))?;
-            let status = resp.status().as_u16();
-            let body = resp
-                .into_body()
-                .collect()
-                .await
-                .map_err(|e| unreachable(e.to_string()))?
-                .to_bytes();
-            if status != 200 {
-                return Err(AdminError::Status {
-                    url: url.clone(),
-                    status,
-                });
-            }
-            Ok(String::from_utf8_lossy(&body).into_owned())
-        };
-        tokio::time::timeout(REQUEST_TIMEOUT, fetch)
+        let req = Request::get(uri)
+            .body(Empty::new())
+            .map_err(|_| AdminError::BadUrl(url.clone()))?;
+        let page = goodput_net::fetch(&self.client, req, REQUEST_TIMEOUT, MAX_PAGE_BYTES)
             .await
-            .map_err(|_| unreachable(format!("no answer within {REQUEST_TIMEOUT:?}")))?
+            .map_err(|e| unreachable(e.to_string()))?;
+        if page.status != 200 {
+            return Err(AdminError::Status {
+                url: url.clone(),
+                status: page.status.as_u16(),
+            });
+        }
+        Ok(String::from_utf8_lossy(&page.body).into_owned())
     }
 
     async fn metrics(&self) -> Result<Vec<Family>, AdminError> {
@@ -186,17 +178,6 @@ fn encode(s: &str) -> String {
         }
     }
     out
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(c) = src {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        src = c.source();
-    }
-    s
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{CONTENT_ENCODING, CONTENT_TYPE};
 use http::{HeaderValue, Request, Uri};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -118,47 +118,19 @@ impl ChHttp {
     }
 
     async fn call(&self, req: Request<Full<Bytes>>) -> Result<Bytes, ChError> {
-        let call = async {
-            let resp = self
-                .client
-                .request(req)
-                .await
-                .map_err(|e| ChError::Unreachable(error_chain(&e)))?;
-            let status = resp.status();
-            let body = Limited::new(resp.into_body(), MAX_ANSWER)
-                .collect()
-                .await
-                .map_err(|e| ChError::Unreachable(format!("reading the answer: {e}")))?
-                .to_bytes();
-            if status.is_success() {
-                Ok(body)
-            } else {
-                let message = String::from_utf8_lossy(&body[..body.len().min(2048)]);
-                Err(ChError::Refused {
-                    status: status.as_u16(),
-                    message: message.trim().to_string(),
-                })
-            }
-        };
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(r) => r,
-            Err(_) => Err(ChError::Unreachable(format!(
-                "no answer within {:?}",
-                self.timeout
-            ))),
+        let page = goodput_net::fetch(&self.client, req, self.timeout, MAX_ANSWER)
+            .await
+            .map_err(|e| ChError::Unreachable(e.to_string()))?;
+        if page.status.is_success() {
+            Ok(page.body)
+        } else {
+            let body = &page.body[..page.body.len().min(2048)];
+            Err(ChError::Refused {
+                status: page.status.as_u16(),
+                message: String::from_utf8_lossy(body).trim().to_string(),
+            })
         }
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(inner) = src {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        src = inner.source();
-    }
-    s
 }
 
 /// Percent-encodes everything but unreserved characters (for a query-string value).

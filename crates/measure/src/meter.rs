@@ -535,6 +535,9 @@ fn div_duration(d: Duration, n: u64) -> Duration {
 }
 
 #[cfg(test)]
+mod trace_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::fixtures::capture;

@@ -273,4 +273,15 @@ impl LogprobAcc {
 }
 
 #[cfg(test)]
-mod tests;
+mod tests {
+    use super::*;
+
+    #[test]
+    fn texts_are_bounded_at_a_character_boundary() {
+        let long = "é".repeat(100);
+        assert_eq!(bounded(long).len(), MAX_TEXT_BYTES);
+        let odd = format!("a{}", "é".repeat(100));
+        let b = bounded(odd);
+        assert!(b.len() <= MAX_TEXT_BYTES && b.len() >= MAX_TEXT_BYTES - 1);
+    }
+}

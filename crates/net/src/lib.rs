@@ -3,6 +3,9 @@
 //! before the proxy sees it, so every listener here sets its backlog explicitly.
 #![forbid(unsafe_code)]
 
+pub mod fetch;
+pub use fetch::{error_chain, fetch, FetchError, Fetched};
+
 use std::io;
 use std::net::SocketAddr;
 

@@ -1,13 +1,15 @@
+//! The token-level trace and the logprob summary (`crate::trace`) as the meter builds them.
+
 use std::time::Duration;
 
 use proptest::prelude::*;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use super::*;
+use super::{Measurement, StreamMeter};
 use crate::fixtures::capture;
-use crate::meter::{Measurement, StreamMeter};
 use crate::outcome::{Ending, Outcome};
+use crate::trace::*;
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -194,15 +196,6 @@ fn bounds_are_enforced_and_counted() {
     );
     let m = traced(body, &[], TraceBounds { max_tokens: 0 });
     assert!(m.trace.unwrap().events.is_empty());
-}
-
-#[test]
-fn texts_are_bounded_at_a_character_boundary() {
-    let long = "é".repeat(100);
-    assert_eq!(bounded(long).len(), MAX_TEXT_BYTES);
-    let odd = format!("a{}", "é".repeat(100));
-    let b = bounded(odd);
-    assert!(b.len() <= MAX_TEXT_BYTES && b.len() >= MAX_TEXT_BYTES - 1);
 }
 
 /// A chat stream with the given logprobs, one token per event.
