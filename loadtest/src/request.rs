@@ -273,19 +273,14 @@ mod tests {
     /// Every example scenario's dataset loads and has a few prompts.
     #[test]
     fn example_datasets_load() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
-        let mut datasets = 0;
-        for e in std::fs::read_dir(&dir).unwrap() {
-            let p = e.unwrap().path();
-            if p.extension().is_some_and(|x| x == "toml") {
-                let sc = Scenario::load(&p).unwrap();
-                if let Some(ds) = &sc.mix.dataset {
-                    assert!(load_dataset(ds).unwrap().len() >= 4, "{}", ds.display());
-                    datasets += 1;
-                }
-            }
+        let datasets: Vec<_> = crate::scenario::examples()
+            .into_iter()
+            .filter_map(|sc| sc.mix.dataset)
+            .collect();
+        assert!(!datasets.is_empty(), "no example scenario has a dataset");
+        for ds in datasets {
+            assert!(load_dataset(&ds).unwrap().len() >= 4, "{}", ds.display());
         }
-        assert!(datasets >= 1, "no example scenario has a dataset");
     }
 
     fn scenario(extra: &str) -> Scenario {

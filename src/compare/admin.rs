@@ -130,9 +130,12 @@ impl Admin {
         key: &GroupKey,
         seconds: f64,
     ) -> Result<BTreeMap<&'static str, Exact>, AdminError> {
-        let mut q = format!("/stats?window={seconds:.3}&model={}", encode(&key.model));
+        let mut q = format!(
+            "/stats?window={seconds:.3}&model={}",
+            goodput_net::query_value(&key.model)
+        );
         if let Some(u) = &key.upstream {
-            q.push_str(&format!("&upstream={}", encode(u)));
+            q.push_str(&format!("&upstream={}", goodput_net::query_value(u)));
         }
         let body = self.get(&q).await?;
         let url = format!("{}{q}", self.base);
@@ -167,28 +170,9 @@ pub fn exact_from_stats(doc: &Value) -> Result<BTreeMap<&'static str, Exact>, St
     Ok(out)
 }
 
-/// Percent-encodes a query value (model names and upstream URLs carry `:`, `/`, `#`).
-fn encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn query_values_are_encoded() {
-        assert_eq!(encode("http://e:1/x#2"), "http%3A%2F%2Fe%3A1%2Fx%232");
-        assert_eq!(encode("llama-3.1_8b"), "llama-3.1_8b");
-    }
 
     #[test]
     fn stats_documents_are_read_and_checked() {

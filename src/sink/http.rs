@@ -84,7 +84,7 @@ impl ChHttp {
         let uri = format!(
             "{}/?input_format_skip_unknown_fields=1&query={}",
             self.base,
-            percent_encode(&query)
+            goodput_net::query_value(&query)
         );
         let mut req = self.request(&uri, body)?;
         if gzip {
@@ -133,29 +133,12 @@ impl ChHttp {
     }
 }
 
-/// Percent-encodes everything but unreserved characters (for a query-string value).
-fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() * 3);
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn encodes_the_query_and_hides_the_password() {
-        assert_eq!(
-            percent_encode("INSERT INTO a.b FORMAT JSONEachRow"),
-            "INSERT%20INTO%20a.b%20FORMAT%20JSONEachRow"
-        );
+    fn hides_the_password() {
         let c = ChHttp::new("http://h:8123/", "u", "secret", Duration::from_secs(1)).unwrap();
         assert_eq!(c.base, "http://h:8123");
         assert!(!format!("{c:?}").contains("secret"));

@@ -94,6 +94,19 @@ pub fn error_chain(e: &dyn StdError) -> String {
     s
 }
 
+/// Everything but RFC 3986's unreserved characters is escaped in a query value.
+const QUERY_VALUE: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// Percent-encodes a query-string value (model names and upstream URLs carry `:`, `/`, `#`;
+/// SQL carries spaces).
+pub fn query_value(s: &str) -> String {
+    percent_encoding::utf8_percent_encode(s, QUERY_VALUE).to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use std::convert::Infallible;
@@ -141,6 +154,17 @@ mod tests {
         Request::get(format!("http://{addr}{path}"))
             .body(Full::new(Bytes::new()))
             .unwrap()
+    }
+
+    #[test]
+    fn query_values_keep_only_unreserved_characters() {
+        assert_eq!(query_value("http://e:1/x#2"), "http%3A%2F%2Fe%3A1%2Fx%232");
+        assert_eq!(
+            query_value("INSERT INTO a.b FORMAT JSONEachRow"),
+            "INSERT%20INTO%20a.b%20FORMAT%20JSONEachRow"
+        );
+        assert_eq!(query_value("A-z_0.9~"), "A-z_0.9~");
+        assert_eq!(query_value("é&="), "%C3%A9%26%3D");
     }
 
     #[tokio::test]

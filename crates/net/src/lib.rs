@@ -4,7 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod fetch;
-pub use fetch::{error_chain, fetch, FetchError, Fetched};
+pub use fetch::{error_chain, fetch, query_value, FetchError, Fetched};
 
 use std::io;
 use std::net::SocketAddr;
