@@ -81,15 +81,7 @@ fn client_tokens(body: &[u8]) -> Vec<(String, f64, usize)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_traced_logprobs_stream_has_every_token_with_offset_and_logprob() {
     let sim = start_sim(SimConfig::with_timing(5.0, 1.0)).await;
-    let dir = std::env::temp_dir().join(format!(
-        "goodput-trace-{}-{:x}",
-        std::process::id(),
-        rand::random::<u32>()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("records.jsonl");
-    let mut config = meter_config(&sim.base_url());
-    config.measure.sink_path = Some(path.clone());
+    let (config, path) = meter_config_with_sink(&sim.base_url(), "trace");
     let proxy = start_proxy(config).await;
     let c = client();
 
@@ -171,7 +163,9 @@ async fn a_traced_logprobs_stream_has_every_token_with_offset_and_logprob() {
     let t = line.trace.expect("the trace in the sink");
     assert_eq!(t.tokens().count(), want.len());
     assert_eq!(line.logprobs.map(|s| s.min), Some(min));
-    std::fs::remove_dir_all(&dir).unwrap();
+    if let Some(dir) = path.parent() {
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 }
 
 #[tokio::test]
