@@ -403,7 +403,11 @@ fn read_choice(c: &mut Cursor<'_>, log: &mut Option<&mut TokenLog>) -> Scan<Choi
             Some(3) => finish = nullable(c, read_finish)?,
             Some(4) => {
                 logprobs = match (log.as_deref_mut(), mark) {
-                    (Some(l), Some(m)) => nullable(c, |c| l.read_logprobs(c, m))?,
+                    // A repeated key replaces what an earlier one logged (also with `null`).
+                    (Some(l), Some(m)) => {
+                        l.truncate(m);
+                        nullable(c, |c| l.read_logprobs(c, m))?
+                    }
                     _ => nullable(c, read_logprobs)?,
                 }
             }

@@ -208,7 +208,7 @@ impl TokenLog {
         }
     }
 
-    fn truncate(&mut self, m: Mark) {
+    pub(super) fn truncate(&mut self, m: Mark) {
         self.tokens.truncate(m.tokens);
         self.alternatives.truncate(m.alts);
     }
