@@ -30,4 +30,5 @@ mod sim_faults;
 mod sim_fidelity;
 mod sim_pack;
 mod sim_stream;
+mod trace;
 mod upstream_tls;
