@@ -10,6 +10,7 @@ use anyhow::Context as _;
 use tokio::net::TcpListener;
 
 use crate::config::{BaseUrl, Config, UsageInjection};
+use crate::discover::{Discovery, Resolver, SystemResolver};
 use crate::engine::{self, Engines};
 use crate::layer::measure::Meter;
 use crate::listener::{self, ReloadableTls, ServeOptions};
@@ -18,24 +19,11 @@ use crate::sink::clickhouse::{ClickHouseSink, SinkCounters};
 use crate::sink::jsonl::{RecordSink, SinkConfig};
 use crate::sink::Sinks;
 use crate::stack;
-use crate::upstream::discover::{Discovery, Resolver, SystemResolver};
+use crate::state::AppState;
 use crate::upstream::headers::Forwarded;
 use crate::upstream::{health, Upstreams};
 use goodput_net::{bind_listener, LISTEN_BACKLOG};
 use goodput_sim::{SimConfig, SimHandle, SimServer};
-
-/// What the admin routes and the meter share with the running proxy.
-pub struct AppState {
-    /// The proxy's own metrics; `metrics.rs` registers the goodput_proxy_* families here.
-    pub registry: prometheus::Registry,
-    /// Metric handles, SLOs and the record ring behind `/stats`.
-    pub meter: Arc<Meter>,
-    /// Set at SIGTERM/SIGINT: `/readyz` answers 503 from then on.
-    pub draining: AtomicBool,
-    pub upstreams: Arc<Upstreams>,
-    /// Each replica's latest engine `/metrics` and the gauges derived from it.
-    pub engines: Arc<Engines>,
-}
 
 /// A bound, not yet running proxy: both sockets are open, so callers can read the addresses
 /// (port 0 in tests) before `run`.
@@ -399,7 +387,7 @@ async fn learn_once(upstreams: &Upstreams, meter: &Meter) {
 
 /// The `data[].id` of one replica's `/v1/models`; empty on any failure (tried again later).
 async fn list_models(up: &Upstreams, replica: &crate::upstream::Replica) -> Vec<String> {
-    use http_body_util::{BodyExt, Full, Limited};
+    use http_body_util::Full;
     #[derive(serde::Deserialize)]
     struct Model {
         id: String,
@@ -415,20 +403,11 @@ async fn list_models(up: &Upstreams, replica: &crate::upstream::Replica) -> Vec<
         return Vec::new();
     };
     let limit = up.config.connect_timeout + Duration::from_secs(5);
-    let fetch = async {
-        let resp = up.client.request(req).await.ok()?;
-        if !resp.status().is_success() {
-            return None;
-        }
-        // A model list is small; bound what a misbehaving upstream can make us buffer.
-        let body = Limited::new(resp.into_body(), 1 << 20)
-            .collect()
-            .await
-            .ok()?;
-        serde_json::from_slice::<List>(&body.to_bytes()).ok()
-    };
-    match tokio::time::timeout(limit, fetch).await {
-        Ok(Some(list)) => list.data.into_iter().map(|m| m.id).collect(),
+    // A model list is small; bound what a misbehaving upstream can make us buffer.
+    match goodput_net::fetch(&up.client, req, limit, 1 << 20).await {
+        Ok(page) if page.status.is_success() => serde_json::from_slice::<List>(&page.body)
+            .map(|list| list.data.into_iter().map(|m| m.id).collect())
+            .unwrap_or_default(),
         _ => Vec::new(),
     }
 }

@@ -8,10 +8,7 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 
-use crate::stack::ProxyBody;
-
-/// Boxed error used in body types.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use crate::body::{BoxError, ProxyBody};
 
 /// Why the proxy answered a request itself. The variant says which side failed.
 #[derive(Debug, thiserror::Error)]

@@ -3,12 +3,13 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
-pub mod agent_metrics;
 pub mod app;
 pub mod body;
 pub mod cli;
 pub mod compare;
 pub mod config;
+pub mod context;
+pub mod discover;
 pub mod engine;
 pub mod error;
 pub mod layer;
@@ -19,4 +20,5 @@ pub mod metrics;
 pub mod report;
 pub mod sink;
 pub mod stack;
+pub mod state;
 pub mod upstream;

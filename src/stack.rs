@@ -7,12 +7,12 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{Request, Response};
-use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
 use tower::{Service, ServiceBuilder};
 
+use crate::body::ProxyBody;
 use crate::config::Config;
-use crate::error::{BoxError, ProxyError};
+use crate::error::ProxyError;
 use crate::layer::access_log::AccessLogLayer;
 use crate::layer::collect::CollectLayer;
 use crate::layer::context::ContextLayer;
@@ -25,9 +25,6 @@ use crate::layer::BoxFuture;
 use crate::limits::Limits;
 use crate::upstream::headers::Forwarded;
 use crate::upstream::{Forward, Upstreams};
-
-/// Every response body the proxy returns: boxed so a wrapper (the meter) can be slotted in.
-pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// The assembled stack as the listener sees it.
 pub type ProxyService = Boxed<Incoming, Infallible>;

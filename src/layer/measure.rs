@@ -27,13 +27,14 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tower::{Layer, Service};
 
-use super::context::RequestContext;
 use super::ResponseFuture;
 use crate::body::metered::{MeteredBody, OnFinish};
-use crate::error::{BoxError, ProxyError};
+use crate::body::BoxError;
+use crate::body::ProxyBody;
+use crate::context::RequestContext;
+use crate::error::ProxyError;
 use crate::metrics::{Metrics, RequestMetrics, OTHER_MODEL};
 use crate::sink::Sinks;
-use crate::stack::ProxyBody;
 use crate::upstream::deadline::DeadlineError;
 use crate::upstream::forward::ServedBy;
 use goodput_measure::meter::{Measurement, StreamMeter};
@@ -416,7 +417,7 @@ impl Open {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layer::context::RequestFacts;
+    use crate::context::RequestFacts;
     use crate::metrics::ModelLabels;
     use bytes::Bytes;
     use futures_util::stream;

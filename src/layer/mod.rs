@@ -10,8 +10,8 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower::Service;
 
+use crate::body::ProxyBody;
 use crate::error::ProxyError;
-use crate::stack::ProxyBody;
 
 pub mod access_log;
 pub mod collect;

@@ -19,10 +19,9 @@ use super::balance::{self, Load};
 use super::deadline::DeadlineBody;
 use super::headers::{strip_hop_by_hop, Forwarded, Hop};
 use super::Upstreams;
+use crate::body::ProxyBody;
+use crate::context::{ConnInfo, RequestContext, X_REQUEST_ID};
 use crate::error::ProxyError;
-use crate::layer::context::{RequestContext, X_REQUEST_ID};
-use crate::listener::ConnInfo;
-use crate::stack::ProxyBody;
 
 /// Which replica served a response (a response extension, read by the access log and meter).
 #[derive(Debug, Clone)]

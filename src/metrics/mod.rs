@@ -15,11 +15,13 @@ use prometheus::{
 };
 use tokio::time::Instant;
 
-use crate::agent_metrics::AgentMetrics;
 use goodput_measure::meter::Measurement;
 use goodput_measure::outcome::{rejected_by_client, Outcome, NO_FINISH_REASON};
 use goodput_measure::slo::SloVerdict;
 use goodput_measure::window::RatioWindow;
+
+mod agent;
+pub use agent::AgentMetrics;
 
 pub const TTFT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
