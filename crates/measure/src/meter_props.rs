@@ -59,11 +59,18 @@ mod tests {
 
     /// Response bodies of the vLLM 0.32 captures (streams and JSON).
     fn captures() -> Vec<(bool, Vec<u8>)> {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/vllm-0.32");
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/vllm-0.32"
+        );
         let mut out = Vec::new();
         for e in std::fs::read_dir(dir).expect("the captures") {
             let path = e.expect("a capture").path();
-            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("").to_owned();
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or("")
+                .to_owned();
             let stream = name.starts_with("stream-");
             if !(stream || name.starts_with("nonstream-")) {
                 continue;
