@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use tokio::net::TcpListener;
 
+use crate::auth::Auth;
 use crate::config::{BaseUrl, Config, UsageInjection};
 use crate::discover::{Discovery, Resolver, SystemResolver};
 use crate::engine::{self, Engines};
@@ -98,7 +99,18 @@ impl App {
             draining: AtomicBool::new(false),
             upstreams: Arc::new(upstreams),
             engines: Arc::new(engines),
+            auth: Auth::new(&config.auth),
         });
+        if let Some(auth) = &state.auth {
+            // Every configured tenant's series exists from the start (a zero is a signal too).
+            for name in auth.tenant_names() {
+                state
+                    .meter
+                    .metrics()
+                    .tenant_tokens
+                    .with_label_values(&[&name]);
+            }
+        }
         let discovery = if config.upstream.discover.is_empty() {
             None
         } else {
@@ -185,6 +197,7 @@ impl App {
             forwarded,
             state.upstreams.clone(),
             state.meter.clone(),
+            state.auth.clone(),
         );
         let health = tokio::spawn(health::run(state.upstreams.clone()));
         let interval = config.upstream.discover_interval;
@@ -195,7 +208,19 @@ impl App {
                 state.engines.clone(),
             ))
         });
-        let reloader = tls.clone().map(|tls| tokio::spawn(reload_on_sighup(tls)));
+        let mut reloadable: Vec<Arc<dyn crate::reload::Reload>> = Vec::new();
+        if let Some(tls) = &tls {
+            reloadable.push(tls.clone());
+        }
+        if let Some(auth) = state
+            .auth
+            .as_ref()
+            .filter(|_| config.auth.keys_file.is_some())
+        {
+            reloadable.push(auth.clone());
+        }
+        let reloader =
+            (!reloadable.is_empty()).then(|| tokio::spawn(crate::reload::on_sighup(reloadable)));
         // Learn the served models before the first request is taken (connections wait in the
         // backlog meanwhile), so its `model` label is right; bounded, so a replica that is slow
         // to answer delays startup by at most STARTUP_LEARNING.
@@ -277,31 +302,6 @@ impl App {
 /// How long admin requests (a scrape, a probe) get to finish once the public port has drained.
 const ADMIN_GRACE: Duration = Duration::from_secs(1);
 
-/// Reloads the listener's certificate and key on every SIGHUP; a failed reload keeps the
-/// certificate in use and says why.
-async fn reload_on_sighup(tls: Arc<ReloadableTls>) {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        let Ok(mut hup) = signal(SignalKind::hangup()) else {
-            tracing::warn!("cannot listen for SIGHUP; TLS certificates will not be reloaded");
-            return;
-        };
-        while hup.recv().await.is_some() {
-            match tls.reload() {
-                Ok(()) => tracing::info!("SIGHUP: TLS certificate and key reloaded"),
-                Err(e) => {
-                    tracing::error!(error = %e, "SIGHUP: TLS reload failed; keeping the previous certificate")
-                }
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tls;
-    }
-}
-
 /// Registers the goodput_proxy_* families and builds the meter (ring, SLOs, sinks).
 fn build_meter(config: &Config, registry: &prometheus::Registry) -> anyhow::Result<Meter> {
     let m = &config.measure;
@@ -346,7 +346,12 @@ fn build_meter(config: &Config, registry: &prometheus::Registry) -> anyhow::Resu
         sinks,
         m.usage_injection == UsageInjection::Auto,
     )
-    .with_instance(&config.server.instance);
+    .with_instance(&config.server.instance)
+    .with_trace(
+        config.trace.sample_rate,
+        config.trace.bounds,
+        config.trace.max_traces,
+    );
     Ok(if m.enabled { meter } else { meter.disabled() })
 }
 

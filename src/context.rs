@@ -2,7 +2,8 @@
 //! request extension (`Arc<RequestContext>`). It holds what is known at arrival (id, `t0`,
 //! peer) and write-once cells for what inner layers learn on the way down (collect: the
 //! body's facts; usage injection: the strip report; the moment the request is forwarded).
-//! Readers: the access log, the measure layer, forwarding (the id), later auth and tenants.
+//! Readers: the access log, the measure layer, forwarding (the id), tenant limits (the tenant
+//! auth accepted).
 //!
 //! The layer that creates it is `layer::context` (outermost: `t0` is taken before anything
 //! else spends time, and every response, including the proxy's own errors, carries the id).
@@ -14,10 +15,14 @@ use http::header::HeaderName;
 use http::Extensions;
 use tokio::time::Instant;
 
+use crate::auth::Tenant;
 use crate::body::strip::StripReport;
 use goodput_measure::agent::ToolSet;
 
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+/// The client asks the proxy for a token-level trace of its stream (`1`); addressed to the
+/// proxy alone: forwarding drops it.
+pub const X_GOODPUT_TRACE: HeaderName = HeaderName::from_static("x-goodput-trace");
 
 /// The client connection a request came on (the listener inserts it as an extension).
 #[derive(Debug, Clone, Copy)]
@@ -51,6 +56,7 @@ pub struct RequestContext {
     facts: OnceLock<RequestFacts>,
     forwarded: OnceLock<Instant>,
     strip: OnceLock<Arc<StripReport>>,
+    tenant: OnceLock<Arc<Tenant>>,
 }
 
 impl RequestContext {
@@ -62,6 +68,7 @@ impl RequestContext {
             facts: OnceLock::new(),
             forwarded: OnceLock::new(),
             strip: OnceLock::new(),
+            tenant: OnceLock::new(),
         }
     }
 
@@ -93,6 +100,16 @@ impl RequestContext {
     /// Usage was injected and the response body is stripped: what the strip body reports.
     pub fn strip_report(&self) -> Option<&Arc<StripReport>> {
         self.strip.get()
+    }
+
+    /// The tenant whose key the request presented (auth on and the key valid).
+    pub fn tenant(&self) -> Option<&Arc<Tenant>> {
+        self.tenant.get()
+    }
+
+    /// Auth, once the key is accepted.
+    pub fn set_tenant(&self, tenant: Arc<Tenant>) {
+        let _ = self.tenant.set(tenant);
     }
 
     /// Usage injection, when it wraps the response body in a strip body.

@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod app;
+pub mod auth;
 pub mod body;
 pub mod cli;
 pub mod compare;
@@ -17,6 +18,7 @@ pub mod limits;
 pub mod listener;
 pub mod logging;
 pub mod metrics;
+pub mod reload;
 pub mod report;
 pub mod sink;
 pub mod stack;

@@ -4,6 +4,7 @@
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
+use crate::auth::Auth;
 use crate::engine::Engines;
 use crate::layer::measure::Meter;
 use crate::upstream::Upstreams;
@@ -19,4 +20,6 @@ pub struct AppState {
     pub upstreams: Arc<Upstreams>,
     /// Each replica's latest engine `/metrics` and the gauges derived from it.
     pub engines: Arc<Engines>,
+    /// API keys and tenants, when `[auth]` is on (reloaded on SIGHUP).
+    pub auth: Option<Arc<Auth>>,
 }

@@ -28,10 +28,11 @@ use tokio::time::Instant;
 use tower::{Layer, Service};
 
 use super::ResponseFuture;
+use crate::auth::{Tenant, NO_TENANT};
 use crate::body::metered::{MeteredBody, OnFinish};
 use crate::body::BoxError;
 use crate::body::ProxyBody;
-use crate::context::RequestContext;
+use crate::context::{RequestContext, X_GOODPUT_TRACE};
 use crate::error::ProxyError;
 use crate::metrics::{Metrics, RequestMetrics, OTHER_MODEL};
 use crate::sink::Sinks;
@@ -41,6 +42,7 @@ use goodput_measure::meter::{Measurement, StreamMeter};
 use goodput_measure::outcome::{Ending, Outcome};
 use goodput_measure::record::{RecordRing, RequestRecord, DEFAULT_GAP_CAPACITY};
 use goodput_measure::slo::{judge, Slo, SloTable};
+use goodput_measure::trace::TraceBounds;
 
 /// ITL gaps kept per request for exact `/stats` percentiles (beyond, the histogram still
 /// counts every gap).
@@ -60,6 +62,9 @@ pub struct Meter {
     /// Woken when a request names a model that has no label yet: the model learner re-reads
     /// the upstreams' `/v1/models` (see `app.rs`).
     unknown_model: Notify,
+    /// `[trace] sample_rate` and `max_tokens`.
+    trace_rate: f64,
+    trace_bounds: TraceBounds,
 }
 
 impl Meter {
@@ -81,7 +86,23 @@ impl Meter {
             usage_injection,
             enabled: true,
             unknown_model: Notify::new(),
+            trace_rate: 0.0,
+            trace_bounds: TraceBounds::default(),
         }
+    }
+
+    /// `[trace]`: trace this share of streams besides those that ask (`x-goodput-trace`),
+    /// each within `bounds`, and keep at most `max_traces` traces in the ring.
+    pub fn with_trace(mut self, sample_rate: f64, bounds: TraceBounds, max_traces: usize) -> Self {
+        self.trace_rate = sample_rate;
+        self.trace_bounds = bounds;
+        self.ring = self.ring.with_trace_capacity(max_traces);
+        self
+    }
+
+    /// Whether a stream is traced: asked for, or sampled.
+    fn traced(&self, asked: bool) -> bool {
+        asked || (self.trace_rate > 0.0 && rand::random::<f64>() < self.trace_rate)
     }
 
     /// Names this replica in every record (`server.instance`).
@@ -119,8 +140,15 @@ impl Meter {
         &self.ring
     }
 
-    /// Starts one request's record: handles resolved once, counted in flight.
-    fn begin(self: &Arc<Self>, id: Arc<str>, model: Option<&str>, t0: Instant) -> Pending {
+    /// Starts one request's record: handles resolved once, counted in flight. `tenant`: the
+    /// one auth accepted (read when the record starts, after auth ran).
+    fn begin(
+        self: &Arc<Self>,
+        id: Arc<str>,
+        model: Option<&str>,
+        t0: Instant,
+        tenant: Option<Arc<Tenant>>,
+    ) -> Pending {
         let rm = self.metrics.for_request(model.unwrap_or(""));
         if model.is_some_and(|m| !m.is_empty()) && &**rm.model() == OTHER_MODEL {
             self.unknown_model.notify_one();
@@ -132,6 +160,7 @@ impl Meter {
             id,
             start_unix_ms: unix_ms_at(t0),
             slo,
+            tenant,
         }
     }
 }
@@ -151,11 +180,23 @@ struct Pending {
     id: Arc<str>,
     start_unix_ms: u64,
     slo: Slo,
+    tenant: Option<Arc<Tenant>>,
 }
 
 impl Pending {
     fn record(self, m: Measurement, upstream: Option<&Arc<str>>) {
         let v = judge(&m, &self.slo);
+        let tenant = self.tenant.as_ref().map(|t| t.name.clone());
+        let tokens = m.prompt_tokens.unwrap_or(0) + m.completion_tokens.unwrap_or(0);
+        if let Some(t) = &self.tenant {
+            // The token budget is charged with what the request used (see auth::tenant).
+            t.charge(tokens, Instant::now());
+        }
+        self.meter.metrics.tenant_finished(
+            tenant.as_deref().unwrap_or(NO_TENANT),
+            m.outcome,
+            tokens,
+        );
         let rec = Arc::new(
             RequestRecord::new(
                 self.id.clone(),
@@ -166,11 +207,25 @@ impl Pending {
                 &m,
                 v,
             )
-            .with_instance(self.meter.instance.clone()),
+            .with_instance(self.meter.instance.clone())
+            .with_tenant(tenant),
         );
         self.rm.finish(&m, &v);
-        self.meter.sinks.send(&rec);
-        self.meter.ring.push(rec, m.itl_gaps);
+        match m.trace {
+            // A traced request: the sinks get the record with its trace, the ring keeps the
+            // trace beside the record under its own bound.
+            Some(trace) => {
+                let trace = Arc::new(trace);
+                let mut full = (*rec).clone();
+                full.trace = Some(trace.clone());
+                self.meter.sinks.send(&Arc::new(full));
+                self.meter.ring.push_traced(rec, m.itl_gaps, Some(trace));
+            }
+            None => {
+                self.meter.sinks.send(&rec);
+                self.meter.ring.push(rec, m.itl_gaps);
+            }
+        }
     }
 }
 
@@ -182,6 +237,8 @@ fn error_outcome(e: &ProxyError) -> Outcome {
         // The request body could not be read: the client went away (or broke its upload).
         ProxyError::ClientBody(_) => Outcome::ClientAbort,
         ProxyError::NotFound { .. }
+        | ProxyError::Unauthorized(_)
+        | ProxyError::RateLimited { .. }
         | ProxyError::BodyTooLarge { .. }
         // A stalled upload is the client's doing, answered by the proxy (408).
         | ProxyError::BodyTimeout { .. }
@@ -203,6 +260,17 @@ fn body_error_ending(e: &BoxError) -> Ending {
 /// no tokens to time and would only dilute the statistics.
 pub fn is_generation(path: &str) -> bool {
     path.ends_with("/completions")
+}
+
+/// `x-goodput-trace` asks for a trace: `1`, `true`, `yes` or `on` (any case), as the engine
+/// reads a boolean. Forwarding never sends the header upstream (`upstream/forward.rs`).
+fn trace_asked(headers: &http::HeaderMap) -> bool {
+    headers.get(X_GOODPUT_TRACE).is_some_and(|v| {
+        let v = v.as_bytes().trim_ascii();
+        ["1", "true", "yes", "on"]
+            .iter()
+            .any(|t| v.eq_ignore_ascii_case(t.as_bytes()))
+    })
 }
 
 /// A request the proxy answered itself (as opposed to an error from forwarding it).
@@ -269,6 +337,7 @@ where
         let open = Open {
             meter: self.meter.clone(),
             generation: is_generation(req.uri().path()),
+            trace_asked: trace_asked(req.headers()),
             ctx,
             pending: None,
         };
@@ -337,6 +406,8 @@ struct Open {
     generation: bool,
     /// Started once collect has read the model (see [`Open::begin_once_forwarded`]).
     pending: Option<Pending>,
+    /// The client sent `x-goodput-trace: 1`.
+    trace_asked: bool,
 }
 
 impl Open {
@@ -356,7 +427,9 @@ impl Open {
                 .metrics
                 .observe_overhead(at.saturating_duration_since(self.ctx.t0));
         }
-        self.meter.begin(self.ctx.id.clone(), model, self.ctx.t0)
+        let tenant = self.ctx.tenant().cloned();
+        self.meter
+            .begin(self.ctx.id.clone(), model, self.ctx.t0, tenant)
     }
 
     fn take_pending(&mut self) -> Pending {
@@ -396,6 +469,10 @@ impl Open {
         let mut sm = StreamMeter::new(ctx.t0, stream)
             .keep_gaps(GAPS_KEPT_PER_REQUEST)
             .with_tools(tools);
+        // Only streams have events to trace (a JSON body is one moment).
+        if stream && self.meter.traced(self.trace_asked) {
+            sm = sm.trace(self.meter.trace_bounds);
+        }
         sm.on_head(Instant::now(), parts.status.as_u16());
         let upstream = parts.extensions.get::<ServedBy>().map(|s| s.0.clone());
         if let Some(u) = &upstream {
@@ -645,6 +722,18 @@ mod tests {
                 Outcome::Rejected,
             ),
             (ProxyError::ClientBody("gone".into()), Outcome::ClientAbort),
+            (
+                ProxyError::Unauthorized(crate::error::AuthFailure::Missing),
+                Outcome::Rejected,
+            ),
+            (
+                ProxyError::RateLimited {
+                    tenant: "a".into(),
+                    refusal: crate::auth::tenant::Refusal::InFlight { limit: 1 },
+                    retry_after_s: 1,
+                },
+                Outcome::Rejected,
+            ),
             (
                 ProxyError::UpstreamConnect {
                     source: "refused".into(),

@@ -14,6 +14,7 @@ use crate::body::ProxyBody;
 use crate::error::ProxyError;
 
 pub mod access_log;
+pub mod auth;
 pub mod collect;
 pub mod context;
 pub mod error_response;
@@ -21,6 +22,7 @@ pub mod hold;
 pub mod limit;
 pub mod measure;
 pub mod route;
+pub mod tenant_limit;
 pub mod usage;
 
 /// The boxed future every layer here returns: layers are small and the box keeps their types

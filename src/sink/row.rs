@@ -21,7 +21,9 @@ use goodput_measure::record::RequestRecord;
 pub fn write_row(rec: &RequestRecord, uid: &str, out: &mut Vec<u8>) {
     let mut row = Map::new();
     row.insert("uid".into(), Value::String(uid.into()));
-    if let Ok(Value::Object(fields)) = serde_json::to_value(rec) {
+    if let Ok(Value::Object(mut fields)) = serde_json::to_value(rec) {
+        // A trace is a list of events, not columns: it goes to the JSONL sink only.
+        fields.remove("trace");
         flatten("", fields, &mut row);
     }
     // A map of plain values always serializes.
@@ -111,6 +113,7 @@ mod tests {
             v,
         )
         .with_instance("proxy-a")
+        .with_tenant(Some("team-a".into()))
     }
 
     fn row_of(rec: &RequestRecord) -> Map<String, Value> {
@@ -126,6 +129,7 @@ mod tests {
         let r = row_of(&full_record());
         assert_eq!(r["uid"], "u-1");
         assert_eq!(r["instance"], "proxy-a");
+        assert_eq!(r["tenant"], "team-a");
         assert_eq!(r["ttft_ns"], 250_000_001u64);
         assert_eq!(r["e2e_ns"], 1_234_567_891u64);
         assert_eq!(r["tpot_ns"], 20_000_003u64);

@@ -20,7 +20,7 @@ use super::deadline::DeadlineBody;
 use super::headers::{strip_hop_by_hop, Forwarded, Hop};
 use super::Upstreams;
 use crate::body::ProxyBody;
-use crate::context::{ConnInfo, RequestContext, X_REQUEST_ID};
+use crate::context::{ConnInfo, RequestContext, X_GOODPUT_TRACE, X_REQUEST_ID};
 use crate::error::ProxyError;
 
 /// Which replica served a response (a response extension, read by the access log and meter).
@@ -63,7 +63,11 @@ async fn forward(
     req: Request<Bytes>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let (parts, body) = req.into_parts();
-    let headers = upstream_headers(&parts, forwarded);
+    let mut headers = upstream_headers(&parts, forwarded);
+    if let Some(key) = &up.config.authorization {
+        // `upstream.api_key` replaces whatever credential the client sent.
+        headers.insert(header::AUTHORIZATION, key.clone());
+    }
     let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
     let first_byte = up.config.first_byte_timeout;
 
@@ -140,7 +144,9 @@ const CONNECT_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_milli
 /// The headers sent upstream: the client's, minus hop-by-hop and `Host` (the client sets the
 /// replica's: the request goes to a configured replica whatever the client's Host or
 /// absolute-form URI named), minus `Content-Length` (recomputed from the collected body, which
-/// shaping may change) and `Expect`, plus `X-Forwarded-*` and the request id.
+/// shaping may change) and `Expect`, plus `X-Forwarded-*` and the request id. (With `[auth]` on
+/// the client's key is already gone: the auth layer removes it; `upstream.api_key` is set by
+/// the caller.)
 fn upstream_headers(parts: &http::request::Parts, forwarded: Forwarded) -> http::HeaderMap {
     let mut h = parts.headers.clone();
     strip_hop_by_hop(&mut h);
@@ -149,6 +155,8 @@ fn upstream_headers(parts: &http::request::Parts, forwarded: Forwarded) -> http:
         .and_then(|v| v.to_str().ok().map(str::to_string))
         .or_else(|| parts.uri.authority().map(|a| a.to_string()));
     h.remove(header::CONTENT_LENGTH);
+    // The proxy's own request header (a trace of this stream): the engine never sees it.
+    h.remove(X_GOODPUT_TRACE);
     // The body is already read: a 100-continue handshake has nothing left to gate.
     h.remove(header::EXPECT);
     let conn = parts.extensions.get::<ConnInfo>();
