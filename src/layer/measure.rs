@@ -400,11 +400,11 @@ impl Open {
         if let Some(u) = &upstream {
             pending.rm.set_upstream(u);
         }
-        let itl = pending.rm.itl_histogram();
+        let mut itl = pending.rm.itl_buffer();
         let on_finish: OnFinish =
             Box::new(move |m: Measurement| pending.record(m, upstream.as_ref()));
         let mut body = MeteredBody::new(body, sm, on_finish)
-            .with_gap_observer(Box::new(move |g: Duration| itl.observe(g.as_secs_f64())))
+            .with_gap_observer(Box::new(move |g: Duration| itl.observe(g)))
             .with_error_ending(body_error_ending);
         if let Some(report) = ctx.strip_report() {
             body = body.with_strip_report(report.clone());
@@ -492,6 +492,7 @@ mod tests {
                 ctx.set_facts(RequestFacts {
                     model: Some("tiny".into()),
                     stream: true,
+                    n: 1,
                     tools: None,
                 });
                 ctx.mark_forwarded(Instant::now());

@@ -9,6 +9,9 @@ use serde::Deserialize;
 use crate::outcome::FinishReason;
 use crate::scan::{Cursor, Malformed, Scan, Str};
 
+mod repeat;
+pub use repeat::{RepeatCache, Seen, Template};
+
 /// Choices kept per chunk. vLLM and OpenAI send one choice per streamed chunk; a chunk with
 /// more keeps the first ones here and counts all of them in [`ChunkInfo::choice_count`].
 pub const MAX_CHOICES_PER_CHUNK: usize = 16;

@@ -9,7 +9,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::agent::{inspect_response_agent, AgentMeter, AgentSummary, ToolSet};
-use crate::inspect::{inspect_chunk, inspect_response, ChunkInfo, ChunkKind, Usage};
+use crate::inspect::{inspect_response, ChunkInfo, ChunkKind, RepeatCache, Seen, Usage};
 use crate::outcome::{Ending, FinishReason, Outcome};
 use crate::sse::{SseEvent, SseParser};
 
@@ -162,6 +162,14 @@ struct Timeline {
     gaps: Vec<f32>,
     gap_cap: usize,
     agent: AgentMeter,
+    /// Events that repeat the last scanned one but for their text are not scanned again.
+    repeat: RepeatCache,
+    /// The agent meter passed the repeat cache's template by without looking inside.
+    agent_quiet_template: bool,
+    /// Tests: every event scanned and shown to the agent meter (the reference the cached
+    /// path is held against, `meter/repeat_differential.rs`).
+    #[cfg(test)]
+    repeat_off: bool,
 }
 
 impl Timeline {
@@ -186,6 +194,10 @@ impl Timeline {
             more: Vec::new(),
             gaps: Vec::new(),
             gap_cap: 0,
+            repeat: RepeatCache::new(),
+            agent_quiet_template: false,
+            #[cfg(test)]
+            repeat_off: false,
         }
     }
 
@@ -211,15 +223,47 @@ impl Timeline {
             self.inband_error = true;
             return;
         }
-        let info = inspect_chunk(ev.data);
+        #[cfg(test)]
+        if self.repeat_off {
+            let info = crate::inspect::inspect_chunk(ev.data);
+            match info.kind {
+                ChunkKind::Done => self.done = true,
+                ChunkKind::Error => self.inband_error = true,
+                ChunkKind::Unknown => {}
+                ChunkKind::Chunk => {
+                    self.on_chunk(t, &info, on_gap);
+                    self.agent.on_event(t, ev.data, info.output);
+                }
+            }
+            return;
+        }
+        let (info, seen) = self.repeat.inspect(ev.data);
         match info.kind {
             ChunkKind::Done => self.done = true,
             ChunkKind::Error => self.inband_error = true,
             ChunkKind::Unknown => {}
             ChunkKind::Chunk => {
                 self.on_chunk(t, &info, on_gap);
-                self.agent.on_event(t, ev.data, info.output);
+                self.on_agent(t, ev.data, info.output, seen);
             }
+        }
+    }
+
+    /// The agent meter's look at a chunk. An event that repeats a template the agent meter
+    /// passed by (its substring prefilter found nothing) passes by too, unless its new text
+    /// starts one of the prefilter's needles: a needle starts with a quote, and every quote of
+    /// the event but the text's opening one is where the template has it.
+    fn on_agent(&mut self, t: Instant, data: &[u8], output: bool, seen: Seen) {
+        if let Seen::Repeat(text) = &seen {
+            let text = &data[text.clone()];
+            if self.agent_quiet_template && !AgentMeter::may_start_a_needle(text) {
+                self.agent.on_plain(t, output);
+                return;
+            }
+        }
+        let looked = self.agent.on_event(t, data, output);
+        if seen == Seen::Learned {
+            self.agent_quiet_template = !looked;
         }
     }
 
@@ -488,6 +532,9 @@ impl StreamMeter {
 fn div_duration(d: Duration, n: u64) -> Duration {
     Duration::from_nanos((d.as_nanos() / u128::from(n.max(1))).min(u128::from(u64::MAX)) as u64)
 }
+
+#[cfg(test)]
+mod repeat_differential;
 
 #[cfg(test)]
 mod tests {

@@ -17,7 +17,7 @@ use bytes::{Bytes, BytesMut};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::inspect::{scan_event, ChunkKind, Usage};
+use crate::inspect::{scan_event, ChunkKind, Template, Usage};
 use crate::request::{lax_bool, some_raw, Lax};
 use crate::sse::{SseParser, MAX_LINE_BYTES};
 
@@ -264,6 +264,9 @@ pub struct UsageStripper {
     gave_up: bool,
     /// The usage of the last chunk removed, until [`UsageStripper::take_removed_usage`].
     removed: Option<Usage>,
+    /// The last event classified [`Class::Other`]: an event that repeats it but for its text
+    /// is `Other` too (see `inspect::repeat`), without the prefilter's passes.
+    other: Template,
 }
 
 impl UsageStripper {
@@ -394,10 +397,18 @@ impl UsageStripper {
     }
 
     fn classify(&mut self, event: &[u8]) -> Class {
-        if surely_other(event) {
+        if self.other.repeats(event).is_some() {
             return Class::Other;
         }
-        self.classify_scanned(event)
+        let class = if surely_other(event) {
+            Class::Other
+        } else {
+            self.classify_scanned(event)
+        };
+        if matches!(class, Class::Other) && one_data_line(event) {
+            self.other.learn(event);
+        }
+        class
     }
 
     /// Classifies by one scan of the event's data (no prefilter).
@@ -425,6 +436,13 @@ impl UsageStripper {
         self.parser.finish(|ev| on_data(ev.data));
         class
     }
+}
+
+/// `event` is one `data:` line and its line ends: no byte outside its JSON holds a quote, so
+/// it can be a [`Template`].
+fn one_data_line(event: &[u8]) -> bool {
+    let body = event.trim_ascii_end();
+    body.starts_with(b"data:") && memchr::memchr2(b'\n', b'\r', body).is_none()
 }
 
 /// Cheap and conservative: true only when `event` surely classifies as [`Class::Other`], so
@@ -839,6 +857,46 @@ mod tests {
             r#""object":"chat.completion.chunk""#,
         ]);
         prop::collection::vec(member, 0..5).prop_map(|m| format!("data: {{{}}}\n\n", m.join(",")))
+    }
+
+    /// The stripper's template: an event that repeats an `Other` one but for its text (or one
+    /// edited anywhere else, which must not repeat it) classifies as a scan classifies it.
+    #[test]
+    fn an_event_that_repeats_an_other_template_is_other() {
+        let (hits, checked) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+        let edit = (
+            any::<bool>(),
+            0usize..400,
+            0usize..4,
+            "[a-z \"\\\\:{}\u{1}]{0,4}",
+        );
+        let token = "[a-z ]{1,6}".prop_map(|t| {
+            format!("data: {{\"id\":\"c\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{t}\"}},\"finish_reason\":null}}]}}\n\n")
+        });
+        let templates = prop_oneof![member_chunks(), token];
+        proptest!(ProptestConfig::with_cases(2000), |(template in templates, (inside, at, cut, insert) in edit)| {
+            let mut s = UsageStripper::new();
+            let t = template.as_bytes();
+            if !matches!(s.classify(t), Class::Other) {
+                return Ok(());
+            }
+            let mut e = t.to_vec();
+            let at = match s.other.repeats(t) {
+                Some(text) if inside => text.start + at % (text.len() + 1),
+                _ => at % (e.len() + 1),
+            };
+            let cut = cut.min(e.len() - at);
+            e.splice(at..at + cut, insert.bytes());
+            checked.set(checked.get() + 1);
+            if s.other.repeats(&e).is_some() {
+                hits.set(hits.get() + 1);
+                prop_assert!(is_other(&mut UsageStripper::new(), &e), "{}", String::from_utf8_lossy(&e));
+            }
+        });
+        assert!(
+            hits.get() > 50 && checked.get() > hits.get(),
+            "{hits:?} of {checked:?}"
+        );
     }
 
     fn splits() -> impl Strategy<Value = (usize, Vec<usize>)> {
