@@ -12,8 +12,8 @@ use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 
-use crate::app::AppState;
 use crate::stack::ProxyService;
+use crate::state::AppState;
 use goodput_measure::record::{parse_stats_query, StatsQueryError};
 use tokio::time::Instant;
 

@@ -9,7 +9,9 @@ use std::time::Duration;
 use anyhow::Context as _;
 use tokio::net::TcpListener;
 
+use crate::auth::Auth;
 use crate::config::{BaseUrl, Config, UsageInjection};
+use crate::discover::{Discovery, Resolver, SystemResolver};
 use crate::engine::{self, Engines};
 use crate::layer::measure::Meter;
 use crate::listener::{self, ReloadableTls, ServeOptions};
@@ -18,24 +20,11 @@ use crate::sink::clickhouse::{ClickHouseSink, SinkCounters};
 use crate::sink::jsonl::{RecordSink, SinkConfig};
 use crate::sink::Sinks;
 use crate::stack;
-use crate::upstream::discover::{Discovery, Resolver, SystemResolver};
+use crate::state::AppState;
 use crate::upstream::headers::Forwarded;
 use crate::upstream::{health, Upstreams};
 use goodput_net::{bind_listener, LISTEN_BACKLOG};
 use goodput_sim::{SimConfig, SimHandle, SimServer};
-
-/// What the admin routes and the meter share with the running proxy.
-pub struct AppState {
-    /// The proxy's own metrics; `metrics.rs` registers the goodput_proxy_* families here.
-    pub registry: prometheus::Registry,
-    /// Metric handles, SLOs and the record ring behind `/stats`.
-    pub meter: Arc<Meter>,
-    /// Set at SIGTERM/SIGINT: `/readyz` answers 503 from then on.
-    pub draining: AtomicBool,
-    pub upstreams: Arc<Upstreams>,
-    /// Each replica's latest engine `/metrics` and the gauges derived from it.
-    pub engines: Arc<Engines>,
-}
 
 /// A bound, not yet running proxy: both sockets are open, so callers can read the addresses
 /// (port 0 in tests) before `run`.
@@ -110,7 +99,18 @@ impl App {
             draining: AtomicBool::new(false),
             upstreams: Arc::new(upstreams),
             engines: Arc::new(engines),
+            auth: Auth::new(&config.auth),
         });
+        if let Some(auth) = &state.auth {
+            // Every configured tenant's series exists from the start (a zero is a signal too).
+            for name in auth.tenant_names() {
+                state
+                    .meter
+                    .metrics()
+                    .tenant_tokens
+                    .with_label_values(&[&name]);
+            }
+        }
         let discovery = if config.upstream.discover.is_empty() {
             None
         } else {
@@ -197,6 +197,7 @@ impl App {
             forwarded,
             state.upstreams.clone(),
             state.meter.clone(),
+            state.auth.clone(),
         );
         let health = tokio::spawn(health::run(state.upstreams.clone()));
         let interval = config.upstream.discover_interval;
@@ -207,7 +208,19 @@ impl App {
                 state.engines.clone(),
             ))
         });
-        let reloader = tls.clone().map(|tls| tokio::spawn(reload_on_sighup(tls)));
+        let mut reloadable: Vec<Arc<dyn crate::reload::Reload>> = Vec::new();
+        if let Some(tls) = &tls {
+            reloadable.push(tls.clone());
+        }
+        if let Some(auth) = state
+            .auth
+            .as_ref()
+            .filter(|_| config.auth.keys_file.is_some())
+        {
+            reloadable.push(auth.clone());
+        }
+        let reloader =
+            (!reloadable.is_empty()).then(|| tokio::spawn(crate::reload::on_sighup(reloadable)));
         // Learn the served models before the first request is taken (connections wait in the
         // backlog meanwhile), so its `model` label is right; bounded, so a replica that is slow
         // to answer delays startup by at most STARTUP_LEARNING.
@@ -288,31 +301,6 @@ impl App {
 
 /// How long admin requests (a scrape, a probe) get to finish once the public port has drained.
 const ADMIN_GRACE: Duration = Duration::from_secs(1);
-
-/// Reloads the listener's certificate and key on every SIGHUP; a failed reload keeps the
-/// certificate in use and says why.
-async fn reload_on_sighup(tls: Arc<ReloadableTls>) {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        let Ok(mut hup) = signal(SignalKind::hangup()) else {
-            tracing::warn!("cannot listen for SIGHUP; TLS certificates will not be reloaded");
-            return;
-        };
-        while hup.recv().await.is_some() {
-            match tls.reload() {
-                Ok(()) => tracing::info!("SIGHUP: TLS certificate and key reloaded"),
-                Err(e) => {
-                    tracing::error!(error = %e, "SIGHUP: TLS reload failed; keeping the previous certificate")
-                }
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tls;
-    }
-}
 
 /// Registers the goodput_proxy_* families and builds the meter (ring, SLOs, sinks).
 fn build_meter(config: &Config, registry: &prometheus::Registry) -> anyhow::Result<Meter> {
@@ -399,7 +387,7 @@ async fn learn_once(upstreams: &Upstreams, meter: &Meter) {
 
 /// The `data[].id` of one replica's `/v1/models`; empty on any failure (tried again later).
 async fn list_models(up: &Upstreams, replica: &crate::upstream::Replica) -> Vec<String> {
-    use http_body_util::{BodyExt, Full, Limited};
+    use http_body_util::Full;
     #[derive(serde::Deserialize)]
     struct Model {
         id: String,
@@ -415,20 +403,11 @@ async fn list_models(up: &Upstreams, replica: &crate::upstream::Replica) -> Vec<
         return Vec::new();
     };
     let limit = up.config.connect_timeout + Duration::from_secs(5);
-    let fetch = async {
-        let resp = up.client.request(req).await.ok()?;
-        if !resp.status().is_success() {
-            return None;
-        }
-        // A model list is small; bound what a misbehaving upstream can make us buffer.
-        let body = Limited::new(resp.into_body(), 1 << 20)
-            .collect()
-            .await
-            .ok()?;
-        serde_json::from_slice::<List>(&body.to_bytes()).ok()
-    };
-    match tokio::time::timeout(limit, fetch).await {
-        Ok(Some(list)) => list.data.into_iter().map(|m| m.id).collect(),
+    // A model list is small; bound what a misbehaving upstream can make us buffer.
+    match goodput_net::fetch(&up.client, req, limit, 1 << 20).await {
+        Ok(page) if page.status.is_success() => serde_json::from_slice::<List>(&page.body)
+            .map(|list| list.data.into_iter().map(|m| m.id).collect())
+            .unwrap_or_default(),
         _ => Vec::new(),
     }
 }

@@ -1,4 +1,5 @@
-//! Command-line interface: `serve` (the default), `sim`, `check-config`, `compare`, `report`.
+//! Command-line interface: `serve` (the default), `sim`, `check-config`, `compare`, `report`,
+//! `hash-key`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -36,6 +37,15 @@ pub enum Command {
     /// The fleet's exact percentiles, goodput and outcomes over a window, from the records
     /// every replica shipped to ClickHouse (`[sink.clickhouse]`).
     Report(crate::report::ReportArgs),
+    /// Print the SHA-256 digest of an API key, as `[auth.tenants.NAME] keys` takes it. The key
+    /// is read from stdin (one line; not an argument, so it stays out of shell history and
+    /// `ps`): `printf %s "$KEY" | goodput-proxy hash-key`.
+    HashKey {
+        /// Make a new random key instead (256 bits): the key on the first line of stdout, its
+        /// digest on the second.
+        #[arg(long)]
+        generate: bool,
+    },
     /// Exact vs proxy-histogram vs engine-histogram TTFT / TPOT / E2E percentiles of a running
     /// proxy over one window, with the engines' counters over it.
     Compare(CompareArgs),
@@ -132,6 +142,11 @@ mod tests {
         }
         let cli = Cli::try_parse_from(["goodput-proxy", "check-config", "x.toml"]).unwrap();
         assert!(matches!(cli.command, Some(Command::CheckConfig { .. })));
+        let cli = Cli::try_parse_from(["goodput-proxy", "hash-key", "--generate"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Some(Command::HashKey { generate: true })
+        ));
     }
 
     #[test]

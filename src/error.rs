@@ -8,10 +8,50 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 
-use crate::stack::ProxyBody;
+use crate::auth::tenant::Refusal;
+use crate::body::{BoxError, ProxyBody};
 
-/// Boxed error used in body types.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// Why a request's API key was not accepted. The messages never include the key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthFailure {
+    /// Neither `Authorization` nor `x-api-key`.
+    Missing,
+    /// `Authorization` without the Bearer scheme, or sent twice.
+    Malformed,
+    /// A key that is not configured.
+    Invalid,
+    /// A key-like query parameter: refused whatever the headers say (URLs end up in logs).
+    InQuery,
+}
+
+impl AuthFailure {
+    pub fn message(self) -> &'static str {
+        match self {
+            AuthFailure::Missing => {
+                "You didn't provide an API key. Send it in an Authorization header using \
+                 Bearer auth (Authorization: Bearer YOUR_KEY) or in an x-api-key header."
+            }
+            AuthFailure::Malformed => {
+                "The Authorization header must be Bearer auth (Authorization: Bearer YOUR_KEY)."
+            }
+            AuthFailure::Invalid => "Incorrect API key provided.",
+            AuthFailure::InQuery => {
+                "API keys are not accepted in the query string; send the key in an \
+                 Authorization header using Bearer auth."
+            }
+        }
+    }
+
+    /// For logs and the `reason` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuthFailure::Missing => "missing",
+            AuthFailure::Malformed => "malformed",
+            AuthFailure::Invalid => "invalid",
+            AuthFailure::InQuery => "in_query",
+        }
+    }
+}
 
 /// Why the proxy answered a request itself. The variant says which side failed.
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +68,16 @@ pub enum ProxyError {
     /// The client's body could not be read (it went away or sent garbage).
     #[error("reading the request body failed: {0}")]
     ClientBody(#[source] BoxError),
+    /// No valid API key while `[auth]` is on; answered before the body is read.
+    #[error("{}", .0.message())]
+    Unauthorized(AuthFailure),
+    /// Over one of the tenant's limits (`[auth.tenants.NAME]`).
+    #[error("{}", rate_limit_message(tenant, refusal, *retry_after_s))]
+    RateLimited {
+        tenant: std::sync::Arc<str>,
+        refusal: Refusal,
+        retry_after_s: u64,
+    },
     /// Over `server.max_in_flight`.
     #[error("too many requests in flight (limit {limit})")]
     Overloaded { limit: usize, retry_after_s: u64 },
@@ -55,6 +105,8 @@ impl ProxyError {
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ProxyError::ClientBody(_) => StatusCode::BAD_REQUEST,
+            ProxyError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ProxyError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::UpstreamConnect { .. } | ProxyError::Upstream { .. } => {
                 StatusCode::BAD_GATEWAY
@@ -63,9 +115,16 @@ impl ProxyError {
         }
     }
 
-    /// The OpenAI error `type` string, following the names vLLM uses.
+    /// The OpenAI error `type` string: vLLM's names, except for 401 and 429, which take
+    /// OpenAI's own (`invalid_request_error`; `requests` / `tokens`), as OpenAI clients match
+    /// on them.
     fn error_type(&self) -> &'static str {
         match self {
+            ProxyError::Unauthorized(_) => "invalid_request_error",
+            ProxyError::RateLimited { refusal, .. } => match refusal {
+                Refusal::InFlight { .. } => "requests",
+                Refusal::Tokens { .. } => "tokens",
+            },
             ProxyError::NotFound { .. } => "NotFoundError",
             ProxyError::BodyTooLarge { .. }
             | ProxyError::BodyTimeout { .. }
@@ -73,6 +132,16 @@ impl ProxyError {
             ProxyError::Overloaded { .. } => "ServiceUnavailableError",
             ProxyError::UpstreamConnect { .. } | ProxyError::Upstream { .. } => "BadGatewayError",
             ProxyError::FirstByteTimeout { .. } => "GatewayTimeoutError",
+        }
+    }
+
+    /// The OpenAI error `code`: the status, as vLLM sends it, except OpenAI's own codes for
+    /// 401 (`invalid_api_key`) and 429 (`rate_limit_exceeded`).
+    fn error_code(&self) -> serde_json::Value {
+        match self {
+            ProxyError::Unauthorized(_) => "invalid_api_key".into(),
+            ProxyError::RateLimited { .. } => "rate_limit_exceeded".into(),
+            _ => self.status().as_u16().into(),
         }
     }
 
@@ -84,7 +153,7 @@ impl ProxyError {
                 "message": self.to_string(),
                 "type": self.error_type(),
                 "param": serde_json::Value::Null,
-                "code": status.as_u16(),
+                "code": self.error_code(),
             }
         });
         let bytes = Bytes::from(body.to_string());
@@ -100,8 +169,15 @@ impl ProxyError {
             HeaderValue::from_static("application/json"),
         );
         match self {
-            ProxyError::Overloaded { retry_after_s, .. } => {
+            ProxyError::Overloaded { retry_after_s, .. }
+            | ProxyError::RateLimited { retry_after_s, .. } => {
                 h.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_s));
+            }
+            // Answered before the body was read: the rest of the upload cannot be taken as the
+            // next request, so the connection closes (HTTP/1.1; HTTP/2 ends the stream).
+            ProxyError::Unauthorized(_) => {
+                h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+                h.insert(header::CONNECTION, HeaderValue::from_static("close"));
             }
             // The rest of the upload may still arrive: the connection cannot be reused.
             // (HTTP/2 drops connection headers; the stream ends with the response there.)
@@ -111,6 +187,19 @@ impl ProxyError {
             _ => {}
         }
         resp
+    }
+}
+
+fn rate_limit_message(tenant: &str, refusal: &Refusal, retry_after_s: u64) -> String {
+    match refusal {
+        Refusal::InFlight { limit } => format!(
+            "Rate limit reached for tenant {tenant} on requests in flight: Limit {limit}. \
+             Please try again in {retry_after_s}s."
+        ),
+        Refusal::Tokens { limit, .. } => format!(
+            "Rate limit reached for tenant {tenant} on tokens per min: Limit {limit} / min. \
+             Please try again in {retry_after_s}s."
+        ),
     }
 }
 
@@ -155,6 +244,36 @@ mod tests {
             assert!(e["param"].is_null());
             assert_eq!(e["code"], code);
         }
+    }
+
+    #[tokio::test]
+    async fn auth_and_rate_limit_errors_take_openai_codes() {
+        let resp = ProxyError::Unauthorized(AuthFailure::Invalid).into_response();
+        assert_eq!(resp.status(), 401);
+        assert_eq!(resp.headers()[header::WWW_AUTHENTICATE], "Bearer");
+        let v = body_json(resp).await;
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert_eq!(v["error"]["code"], "invalid_api_key");
+        assert_eq!(v["error"]["message"], "Incorrect API key provided.");
+        let resp = ProxyError::RateLimited {
+            tenant: "team-a".into(),
+            refusal: Refusal::Tokens {
+                limit: 600,
+                retry_after_s: 7,
+            },
+            retry_after_s: 7,
+        }
+        .into_response();
+        assert_eq!(resp.status(), 429);
+        assert_eq!(resp.headers()[header::RETRY_AFTER], "7");
+        let v = body_json(resp).await;
+        assert_eq!(v["error"]["type"], "tokens");
+        assert_eq!(v["error"]["code"], "rate_limit_exceeded");
+        let m = v["error"]["message"].as_str().unwrap();
+        assert!(
+            m.contains("team-a") && m.contains("600 / min") && m.contains("7s"),
+            "{m}"
+        );
     }
 
     #[test]

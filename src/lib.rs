@@ -3,12 +3,14 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
-pub mod agent_metrics;
 pub mod app;
+pub mod auth;
 pub mod body;
 pub mod cli;
 pub mod compare;
 pub mod config;
+pub mod context;
+pub mod discover;
 pub mod engine;
 pub mod error;
 pub mod layer;
@@ -16,7 +18,9 @@ pub mod limits;
 pub mod listener;
 pub mod logging;
 pub mod metrics;
+pub mod reload;
 pub mod report;
 pub mod sink;
 pub mod stack;
+pub mod state;
 pub mod upstream;

@@ -21,15 +21,9 @@ use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
 
+use crate::context::ConnInfo;
 use crate::limits::Limits;
 use crate::stack::ProxyService;
-
-/// Facts about the client connection (a request extension).
-#[derive(Debug, Clone, Copy)]
-pub struct ConnInfo {
-    pub remote: SocketAddr,
-    pub tls: bool,
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {

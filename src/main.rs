@@ -24,6 +24,7 @@ fn main() -> ExitCode {
         None => serve(cli.serve),
         Some(Command::Serve(args)) => serve(args),
         Some(Command::CheckConfig { file }) => check_config(&file),
+        Some(Command::HashKey { generate }) => hash_key(generate),
         Some(Command::Sim(args)) => sim(args),
         Some(Command::Report(args)) => report(args),
         Some(Command::Compare(args)) => compare(&args),
@@ -107,6 +108,23 @@ fn compare(args: &goodput_proxy::cli::CompareArgs) -> anyhow::Result<()> {
     } else {
         print!("{}", render::text(&table));
     }
+    Ok(())
+}
+
+fn hash_key(generate: bool) -> anyhow::Result<()> {
+    use goodput_proxy::auth;
+    if generate {
+        let key = auth::generate_key();
+        let digest = auth::hash_key_input(&key).map_err(anyhow::Error::msg)?;
+        println!("{key}\n{digest}");
+        return Ok(());
+    }
+    let mut input = String::new();
+    std::io::Read::read_to_string(&mut std::io::stdin(), &mut input)?;
+    println!(
+        "{}",
+        auth::hash_key_input(&input).map_err(anyhow::Error::msg)?
+    );
     Ok(())
 }
 

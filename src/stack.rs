@@ -7,27 +7,27 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{Request, Response};
-use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
 use tower::{Service, ServiceBuilder};
 
+use crate::auth::Auth;
+use crate::body::ProxyBody;
 use crate::config::Config;
-use crate::error::{BoxError, ProxyError};
+use crate::error::ProxyError;
 use crate::layer::access_log::AccessLogLayer;
+use crate::layer::auth::AuthLayer;
 use crate::layer::collect::CollectLayer;
 use crate::layer::context::ContextLayer;
 use crate::layer::error_response::ErrorResponseLayer;
 use crate::layer::limit::InFlightLimitLayer;
 use crate::layer::measure::{MeasureLayer, Meter};
 use crate::layer::route::RouteLayer;
+use crate::layer::tenant_limit::TenantLimitLayer;
 use crate::layer::usage::UsageLayer;
 use crate::layer::BoxFuture;
 use crate::limits::Limits;
 use crate::upstream::headers::Forwarded;
 use crate::upstream::{Forward, Upstreams};
-
-/// Every response body the proxy returns: boxed so a wrapper (the meter) can be slotted in.
-pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// The assembled stack as the listener sees it.
 pub type ProxyService = Boxed<Incoming, Infallible>;
@@ -111,13 +111,15 @@ where
 /// Builds the public stack for `config`, forwarding to `upstreams`, measured by `meter`.
 /// Inner first (each stage boxes the one below, see [`Stage`]); read the comments bottom-up for
 /// the order a request travels, outermost first. With `[measure] enabled = false` the measure
-/// and usage stages are left out: the proxy forwards without metering.
+/// and usage stages are left out: the proxy forwards without metering. `auth`: the live keys
+/// and tenants, `None` when `[auth]` is off (the auth and tenant stages are left out).
 pub fn build(
     config: &Config,
     limits: &Limits,
     forwarded: Forwarded,
     upstreams: Arc<Upstreams>,
     meter: Arc<Meter>,
+    auth: Option<Arc<Auth>>,
 ) -> ProxyService {
     use tower::Layer;
     let s = &config.server;
@@ -138,11 +140,19 @@ pub fn build(
     // Unknown paths get 404 before the body is read or the upstream touched.
     let inner: Stage<Incoming> = stage(RouteLayer::new(&s.paths).layer(inner));
     // Shed before reading the body; the permit lives until the response body ends.
-    // TENANTS: per-tenant limits go here, beside the in-flight cap (they need auth's tenant).
     let inner: Stage<Incoming> =
         stage(InFlightLimitLayer::new(s.max_in_flight, s.retry_after.as_secs()).layer(inner));
-    // AUTH: an auth layer goes here: inside measure (a 401 is recorded `rejected` from its
-    // typed error), before any work is spent on the request.
+    // Per-tenant limits (429), beside the in-flight cap and outside it (a tenant's refused
+    // request takes no global permit); they need auth's tenant, so they sit inside auth.
+    // Auth: inside measure (a 401 is recorded `rejected` from its typed error, tenant
+    // `none`), before any other work is spent on the request: no permit, no route, no body.
+    let inner: Stage<Incoming> = match auth {
+        Some(auth) => {
+            let limited = stage(TenantLimitLayer::new(s.retry_after.as_secs()).layer(inner));
+            stage(AuthLayer::new(auth).layer(limited))
+        }
+        None => inner,
+    };
     // The one place that records: inside the error mapping so it sees every typed error
     // (rejections of the layers below, forwarding errors), outside everything that can answer
     // on its own; it wraps the response body to finish the record at its end or drop.

@@ -23,6 +23,9 @@ CREATE TABLE IF NOT EXISTS goodput.records
 (
     uid String,
     instance String,
+    -- The API key's tenant ([auth]); NULL with auth off or for a request auth refused (401).
+    -- On a table made before it: ALTER TABLE goodput.records ADD COLUMN tenant Nullable(String)
+    tenant Nullable(String),
     id String,
     model String,
     upstream String,

@@ -6,6 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use goodput_measure::sse::SseParser;
 use goodput_measure::{Ending, Measurement, Outcome, StreamMeter};
+use goodput_net::error_chain;
 use http::{header, Method, Request, Uri};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -142,38 +143,18 @@ pub async fn send(client: &HttpClient, out: Outgoing<'_>) -> Sent {
     }
 }
 
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(inner) = src {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        src = inner.source();
-    }
-    s
-}
-
 /// GET a URL and return its body as text (admin `/metrics`, `/stats`, engine `/metrics`).
 pub async fn get_text(client: &HttpClient, url: &str, timeout: Duration) -> Result<String, String> {
     let uri: Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
     let req = Request::get(uri)
         .body(Full::new(Bytes::new()))
         .map_err(|e| e.to_string())?;
-    let fut = async {
-        let resp = client.request(req).await.map_err(|e| error_chain(&e))?;
-        let status = resp.status();
-        let body = resp
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| error_chain(&e))?
-            .to_bytes();
-        if !status.is_success() {
-            return Err(format!("{url}: HTTP {status}"));
-        }
-        String::from_utf8(body.to_vec()).map_err(|e| e.to_string())
-    };
-    tokio::time::timeout(timeout, fut)
+    // Admin and engine pages: a few MiB at the most, bounded all the same.
+    let page = goodput_net::fetch(client, req, timeout, 64 << 20)
         .await
-        .map_err(|_| format!("{url}: timed out"))?
+        .map_err(|e| format!("{url}: {e}"))?;
+    if !page.status.is_success() {
+        return Err(format!("{url}: HTTP {}", page.status));
+    }
+    page.text().map_err(|e| format!("{url}: {e}"))
 }

@@ -6,7 +6,6 @@
 pub mod bench;
 pub mod cli;
 pub mod client;
-pub mod compare;
 pub mod metrics;
 pub mod progress;
 pub mod record;

@@ -102,3 +102,48 @@ impl RequestRecord {
             && matches!(self.status, Some(s) if (400..500).contains(&s) && s != 429))
     }
 }
+
+#[cfg(test)]
+/// A finished record of `phase` for tests (the report's and the comparison's).
+pub(crate) fn sample(
+    phase: &str,
+    start: f64,
+    e2e: f64,
+    ttft: Option<f64>,
+    outcome: &str,
+) -> RequestRecord {
+    RequestRecord {
+        request_id: format!("{phase}-{start}"),
+        phase: phase.into(),
+        model: "m".into(),
+        api: "chat".into(),
+        stream: true,
+        max_tokens: 16,
+        n: 1,
+        logprobs: None,
+        usage: "final".into(),
+        ignore_eos: false,
+        hangup: None,
+        hung_up: false,
+        tag: None,
+        scheduled_s: start,
+        start_s: start,
+        held_back: false,
+        status: Some(200),
+        outcome: outcome.into(),
+        finish_reason: Some("stop".into()),
+        ttft_seconds: ttft,
+        ttfc_seconds: ttft,
+        tpot_seconds: None,
+        choice_tpot_seconds: None,
+        e2e_seconds: e2e,
+        itl_count: 0,
+        itl_max_seconds: None,
+        prompt_tokens: Some(10),
+        completion_tokens: Some(5),
+        tokens_exact: true,
+        good: outcome == "success",
+        error: None,
+        itl_seconds: vec![],
+    }
+}

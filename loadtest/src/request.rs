@@ -270,6 +270,19 @@ pub fn body(plan: &RequestPlan) -> Vec<u8> {
 mod tests {
     use super::*;
 
+    /// Every example scenario's dataset loads and has a few prompts.
+    #[test]
+    fn example_datasets_load() {
+        let datasets: Vec<_> = crate::scenario::examples()
+            .into_iter()
+            .filter_map(|sc| sc.mix.dataset)
+            .collect();
+        assert!(!datasets.is_empty(), "no example scenario has a dataset");
+        for ds in datasets {
+            assert!(load_dataset(&ds).unwrap().len() >= 4, "{}", ds.display());
+        }
+    }
+
     fn scenario(extra: &str) -> Scenario {
         Scenario::parse(&format!(
             "models=['a','b']\n[mix]\nprompt_tokens={{uniform=[5,9]}}\nmax_tokens={{fixed=7}}\nstream_share=0.5\n{extra}\n[[phases]]\nname='p'\nrequests=1\narrivals={{constant={{rate=1}}}}"

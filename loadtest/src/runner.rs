@@ -15,10 +15,10 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::client::{self, HttpClient, Outgoing};
-use crate::compare::{self, PhaseSnapshots, Snapshot};
 use crate::metrics::LoadMetrics;
 use crate::progress::{Progress, Tick};
 use crate::record::RequestRecord;
+use crate::report::compare::{self, PhaseSnapshots, Snapshot};
 use crate::report::summary::{self, PhaseWindow, Summary};
 use crate::request::{self, Mixer};
 use crate::scenario::{Api, Mix, Phase, Scenario};

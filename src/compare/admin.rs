@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::Uri;
-use http_body_util::{BodyExt, Empty};
+use http::{Request, Uri};
+use http_body_util::Empty;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
@@ -18,6 +18,9 @@ use crate::engine::parse::{self, Family};
 
 /// How long one admin request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest admin page read (the proxy's `/metrics` carries every replica's engine families:
+/// a few hundred KiB each).
+const MAX_PAGE_BYTES: usize = 64 << 20;
 /// Interval of the extra scrapes during the window (engine gauge maxima).
 const GAUGE_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -69,30 +72,19 @@ impl Admin {
             reason,
         };
         let uri: Uri = url.parse().map_err(|_| AdminError::BadUrl(url.clone()))?;
-        let fetch = async {
-            let resp = self
-                .client
-                .get(uri)
-                .await
-                .map_err(|e| unreachable(error_chain(&e)))?;
-            let status = resp.status().as_u16();
-            let body = resp
-                .into_body()
-                .collect()
-                .await
-                .map_err(|e| unreachable(e.to_string()))?
-                .to_bytes();
-            if status != 200 {
-                return Err(AdminError::Status {
-                    url: url.clone(),
-                    status,
-                });
-            }
-            Ok(String::from_utf8_lossy(&body).into_owned())
-        };
-        tokio::time::timeout(REQUEST_TIMEOUT, fetch)
+        let req = Request::get(uri)
+            .body(Empty::new())
+            .map_err(|_| AdminError::BadUrl(url.clone()))?;
+        let page = goodput_net::fetch(&self.client, req, REQUEST_TIMEOUT, MAX_PAGE_BYTES)
             .await
-            .map_err(|_| unreachable(format!("no answer within {REQUEST_TIMEOUT:?}")))?
+            .map_err(|e| unreachable(e.to_string()))?;
+        if page.status != 200 {
+            return Err(AdminError::Status {
+                url: url.clone(),
+                status: page.status.as_u16(),
+            });
+        }
+        Ok(String::from_utf8_lossy(&page.body).into_owned())
     }
 
     async fn metrics(&self) -> Result<Vec<Family>, AdminError> {
@@ -138,9 +130,12 @@ impl Admin {
         key: &GroupKey,
         seconds: f64,
     ) -> Result<BTreeMap<&'static str, Exact>, AdminError> {
-        let mut q = format!("/stats?window={seconds:.3}&model={}", encode(&key.model));
+        let mut q = format!(
+            "/stats?window={seconds:.3}&model={}",
+            goodput_net::query_value(&key.model)
+        );
         if let Some(u) = &key.upstream {
-            q.push_str(&format!("&upstream={}", encode(u)));
+            q.push_str(&format!("&upstream={}", goodput_net::query_value(u)));
         }
         let body = self.get(&q).await?;
         let url = format!("{}{q}", self.base);
@@ -175,39 +170,9 @@ pub fn exact_from_stats(doc: &Value) -> Result<BTreeMap<&'static str, Exact>, St
     Ok(out)
 }
 
-/// Percent-encodes a query value (model names and upstream URLs carry `:`, `/`, `#`).
-fn encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(c) = src {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        src = c.source();
-    }
-    s
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn query_values_are_encoded() {
-        assert_eq!(encode("http://e:1/x#2"), "http%3A%2F%2Fe%3A1%2Fx%232");
-        assert_eq!(encode("llama-3.1_8b"), "llama-3.1_8b");
-    }
 
     #[test]
     fn stats_documents_are_read_and_checked() {

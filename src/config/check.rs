@@ -4,11 +4,11 @@
 use std::time::Duration;
 
 use super::raw::{
-    Limit, RawClickHouse, RawConfig, RawLimits, RawMeasure, RawServer, RawSlo, RawUpstream,
+    Limit, RawAuth, RawClickHouse, RawConfig, RawLimits, RawMeasure, RawServer, RawSlo, RawUpstream,
 };
 use super::{
-    BaseUrl, ClickHouseConfig, Config, DnsTarget, EngineConfig, JsonlSink, MeasureConfig, Origin,
-    Problem, ServerConfig, TlsFiles, UpstreamConfig,
+    AuthConfig, BaseUrl, ClickHouseConfig, Config, DnsTarget, EngineConfig, JsonlSink,
+    MeasureConfig, Origin, Problem, ServerConfig, TenantConfig, TlsFiles, UpstreamConfig,
 };
 use goodput_measure::slo::{Slo, SloTable};
 
@@ -23,6 +23,7 @@ pub fn check(raw: &RawConfig, origin: &dyn Fn(&str) -> Origin) -> Result<Config,
         server: c.server(&raw.server),
         limits: c.limits(&raw.limits),
         upstream: c.upstream(&raw.upstream),
+        auth: c.auth(&raw.auth, raw.measure.enabled),
         log: raw.log.clone(),
         measure: c.measure(&raw.measure),
         slo: c.slo(&raw.slo),
@@ -189,6 +190,94 @@ impl Checker<'_> {
             pool_max_idle_per_host: u.pool_max_idle_per_host,
             health_path: self.path("upstream.health_path", &u.health_path),
             health_interval: self.positive_ms("upstream.health_interval_ms", u.health_interval_ms),
+            authorization: u.api_key.as_deref().and_then(|k| self.upstream_key(k)),
+        }
+    }
+
+    /// `upstream.api_key` as a header value; never echoed in a problem.
+    fn upstream_key(&mut self, key: &str) -> Option<http::HeaderValue> {
+        let visible = !key.is_empty() && key.bytes().all(|b| b.is_ascii_graphic());
+        let value = visible
+            .then(|| http::HeaderValue::from_str(&format!("Bearer {key}")).ok())
+            .flatten();
+        match value {
+            Some(mut v) => {
+                v.set_sensitive(true);
+                Some(v)
+            }
+            None => {
+                self.bad(
+                    "upstream.api_key",
+                    "must be visible ASCII without spaces (the value is not shown)",
+                );
+                None
+            }
+        }
+    }
+
+    fn auth(&mut self, a: &RawAuth, measured: bool) -> AuthConfig {
+        let mut tenants = Vec::new();
+        for (name, t) in &a.tenants {
+            let field = format!("auth.tenants.{name}");
+            if let Err(m) = crate::auth::check_tenant_name(name) {
+                self.bad(&field, &m);
+            }
+            let mut keys = Vec::new();
+            for k in &t.keys {
+                match crate::auth::parse_digest(k) {
+                    Ok(d) => keys.push(d),
+                    Err(m) => self.bad(&format!("{field}.keys"), &m),
+                }
+            }
+            if t.keys.is_empty() && a.keys_file.is_none() {
+                self.bad(
+                    &format!("{field}.keys"),
+                    "a tenant needs a key (here or in auth.keys_file)",
+                );
+            }
+            if t.max_in_flight == Some(0) {
+                self.bad(&format!("{field}.max_in_flight"), "must be positive");
+            }
+            if t.tokens_per_minute == Some(0) {
+                self.bad(&format!("{field}.tokens_per_minute"), "must be positive");
+            }
+            if t.tokens_per_minute.is_some() && !measured {
+                self.bad(
+                    &format!("{field}.tokens_per_minute"),
+                    "needs measure.enabled (requests are charged with the usage their record counts)",
+                );
+            }
+            tenants.push(TenantConfig {
+                name: name.clone(),
+                keys,
+                limits: crate::auth::TenantLimits {
+                    max_in_flight: t.max_in_flight,
+                    tokens_per_minute: t.tokens_per_minute,
+                },
+            });
+        }
+        let file_tenants = match &a.keys_file {
+            Some(path) => match crate::auth::file::load(path, &tenants) {
+                Ok(t) => t,
+                Err(problems) => {
+                    for p in problems {
+                        self.bad("auth.keys_file", &p);
+                    }
+                    Vec::new()
+                }
+            },
+            None => {
+                let all: Vec<&TenantConfig> = tenants.iter().collect();
+                for p in crate::auth::file::conflicts(&all) {
+                    self.bad("auth.tenants", &p);
+                }
+                Vec::new()
+            }
+        };
+        AuthConfig {
+            keys_file: a.keys_file.clone(),
+            tenants,
+            file_tenants,
         }
     }
 

@@ -23,10 +23,12 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use crate::auth::{AuthConfig, TenantConfig};
 pub use env::{ENV_CONFIG_FILE, ENV_PREFIX};
 pub use raw::{
-    Limit, LogConfig, LogFormat, RawClickHouse, RawConfig, RawEngine, RawLimits, RawMeasure,
-    RawServer, RawSink, RawSlo, RawUpstream, SloOverride, UpstreamLabel, UsageInjection,
+    Limit, LogConfig, LogFormat, RawAuth, RawClickHouse, RawConfig, RawEngine, RawLimits,
+    RawMeasure, RawServer, RawSink, RawSlo, RawTenant, RawUpstream, SloOverride, UpstreamLabel,
+    UsageInjection,
 };
 pub use target::{parse_base_url, BaseUrl, DnsTarget};
 
@@ -39,6 +41,8 @@ pub struct Config {
     /// `[limits]`: the listeners' connection, head and body-read limits.
     pub limits: crate::limits::Limits,
     pub upstream: UpstreamConfig,
+    /// `[auth]`: keys and tenants (off when it has neither a tenant nor a keys file).
+    pub auth: AuthConfig,
     pub log: LogConfig,
     pub measure: MeasureConfig,
     /// The SLOs every request is judged by (per model where configured).
@@ -89,6 +93,9 @@ pub struct UpstreamConfig {
     pub pool_max_idle_per_host: usize,
     pub health_path: String,
     pub health_interval: Duration,
+    /// `upstream.api_key` as the header value sent (`Bearer <key>`, marked sensitive so it is
+    /// never printed).
+    pub authorization: Option<http::HeaderValue>,
 }
 
 #[derive(Debug, Clone)]

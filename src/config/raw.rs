@@ -16,6 +16,8 @@ pub struct RawConfig {
     /// Connection, head and body-read limits of the listeners (`[limits]`).
     pub limits: RawLimits,
     pub upstream: RawUpstream,
+    /// API keys and tenants (`[auth]`); off unless a tenant or a keys file is configured.
+    pub auth: RawAuth,
     pub log: LogConfig,
     pub measure: RawMeasure,
     pub slo: RawSlo,
@@ -190,6 +192,11 @@ pub struct RawUpstream {
     pub health_path: String,
     /// Interval between readiness probes, ms.
     pub health_interval_ms: u64,
+    /// Sent to every replica as `Authorization: Bearer <api_key>` (vLLM's `--api-key`),
+    /// replacing whatever the client sent. Default: none (with `[auth]` on, the client's
+    /// `Authorization` is removed and nothing replaces it; with auth off it is forwarded).
+    /// Prefer the environment (`GOODPUT_PROXY_UPSTREAM_API_KEY`) to the file.
+    pub api_key: Option<String>,
 }
 
 impl Default for RawUpstream {
@@ -206,8 +213,39 @@ impl Default for RawUpstream {
             pool_max_idle_per_host: 256,
             health_path: "/health".into(),
             health_interval_ms: 2_000,
+            api_key: None,
         }
     }
+}
+
+/// `[auth]`: API keys, each owned by a tenant. On as soon as a tenant or `keys_file` is
+/// configured: then every request on the public port needs a key (`Authorization: Bearer
+/// <key>` or `x-api-key: <key>`, never in the query string), else 401 before its body is read.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawAuth {
+    /// A TOML file of more tenants' key digests (`[tenants.NAME] keys = ["<sha256 hex>"]`),
+    /// read at startup and again on SIGHUP (a file with a problem is not used: the keys in use
+    /// stay). Default: none.
+    pub keys_file: Option<PathBuf>,
+    /// `[auth.tenants.NAME]`: a tenant's keys and limits. NAME is the `tenant` label value.
+    pub tenants: BTreeMap<String, RawTenant>,
+}
+
+/// One tenant of `[auth.tenants]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawTenant {
+    /// SHA-256 digests (64 hex digits, optionally `sha256:` first) of the tenant's keys; make
+    /// one with `goodput-proxy hash-key`. The keys themselves are never stored.
+    pub keys: Vec<String>,
+    /// The tenant's requests in flight (until their response body ends) beyond which new ones
+    /// get 429. Default: no limit (the global `server.max_in_flight` still applies).
+    pub max_in_flight: Option<usize>,
+    /// Token budget per minute (prompt + completion tokens, as the records count them): a
+    /// request is admitted while the budget is not used up and charged after it finished; in
+    /// debt, 429 with `Retry-After`. Default: no limit. Needs `measure.enabled`.
+    pub tokens_per_minute: Option<u64>,
 }
 
 /// What the meter does besides watching: usage injection, the model label set, the record

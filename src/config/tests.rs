@@ -395,3 +395,70 @@ fn limits_and_trusted_proxies_from_file_and_env_each_bad_one_named() {
         "{p:?}"
     );
 }
+
+#[test]
+fn auth_problems_each_name_their_field() {
+    let good = crate::auth::hex(&crate::auth::digest_of(b"k"));
+    let toml = format!(
+        "[measure]\nenabled = false\n\
+         [auth.tenants.none]\nkeys = [\"{good}\"]\n\
+         [auth.tenants.b]\nkeys = [\"abc\"]\nmax_in_flight = 0\ntokens_per_minute = 10\n\
+         [auth.tenants.c]\nkeys = []\n\
+         [auth.tenants.d]\nkeys = [\"{good}\"]\n\
+         [upstream]\napi_key = \"has space\"\n"
+    );
+    let p = problems(&toml, &[]);
+    let got: Vec<(String, &str)> = p
+        .iter()
+        .map(|p| (p.field.clone(), p.message.as_str()))
+        .collect();
+    let has = |field: &str, words: &str| got.iter().any(|(f, m)| f == field && m.contains(words));
+    assert!(has("auth.tenants.none", "reserved"), "{got:?}");
+    assert!(has("auth.tenants.b.keys", "64 hex digits"), "{got:?}");
+    assert!(has("auth.tenants.b.max_in_flight", "positive"), "{got:?}");
+    assert!(
+        has("auth.tenants.b.tokens_per_minute", "measure.enabled"),
+        "{got:?}"
+    );
+    assert!(has("auth.tenants.c.keys", "needs a key"), "{got:?}");
+    assert!(has("auth.tenants", "listed for `d` too"), "{got:?}");
+    assert!(has("upstream.api_key", "not shown"), "{got:?}");
+    assert_eq!(got.len(), 7, "{got:?}");
+    assert!(
+        p.iter().all(|p| !p.message.contains("has space")),
+        "the key is echoed"
+    );
+}
+
+#[test]
+fn auth_is_off_by_default_and_the_keys_file_comes_from_the_environment() {
+    assert!(!Config::default().auth.enabled());
+    let dir = std::env::temp_dir().join(format!("goodput-auth-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("keys.toml");
+    let digest = crate::auth::hex(&crate::auth::digest_of(b"k"));
+    std::fs::write(&file, format!("[tenants.f]\nkeys = [\"{digest}\"]\n")).unwrap();
+    let var = file.display().to_string();
+    let c = Config::load(
+        None,
+        env(&[("GOODPUT_PROXY_AUTH_KEYS_FILE", &var)]),
+        Vec::new(),
+    )
+    .unwrap();
+    assert!(c.auth.enabled());
+    assert_eq!(c.auth.file_tenants.len(), 1);
+    assert_eq!(c.auth.file_tenants[0].name, "f");
+    std::fs::write(&file, "[tenants.f]\nkeys = [\"nope\"]\n").unwrap();
+    let e = Config::load(
+        None,
+        env(&[("GOODPUT_PROXY_AUTH_KEYS_FILE", &var)]),
+        Vec::new(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("field `auth.keys_file`") && e.contains("tenants.f.keys[0]"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use goodput_net::FetchError;
 use http::{header, Request};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use tokio::time::Instant;
 
 use super::parse::{self, ParseError};
@@ -19,16 +20,10 @@ use crate::upstream::{Replica, UpstreamClient, Upstreams};
 pub enum ScrapeError {
     #[error("bad scrape URI: {0}")]
     Uri(#[from] http::Error),
-    #[error("request failed: {0}")]
-    Request(#[from] hyper_util::client::legacy::Error),
+    #[error(transparent)]
+    Fetch(#[from] FetchError),
     #[error("status {0}")]
     Status(u16),
-    #[error("body failed or larger than {max} bytes")]
-    Body { max: usize },
-    #[error("no answer within {0:?}")]
-    Timeout(Duration),
-    #[error("body is not UTF-8")]
-    NotUtf8,
     #[error("not Prometheus text: {0}")]
     Parse(#[from] ParseError),
     #[error("parsing was cancelled")]
@@ -112,19 +107,9 @@ pub async fn fetch(
         // The classic text format (not OpenMetrics), which the parser reads.
         .header(header::ACCEPT, "text/plain;version=0.0.4;q=1,*/*;q=0.1")
         .body(Full::new(Bytes::new()))?;
-    let get = async {
-        let resp = client.request(req).await?;
-        if !resp.status().is_success() {
-            return Err(ScrapeError::Status(resp.status().as_u16()));
-        }
-        let body = Limited::new(resp.into_body(), max_bytes)
-            .collect()
-            .await
-            .map_err(|_| ScrapeError::Body { max: max_bytes })?
-            .to_bytes();
-        String::from_utf8(body.to_vec()).map_err(|_| ScrapeError::NotUtf8)
-    };
-    tokio::time::timeout(timeout, get)
-        .await
-        .map_err(|_| ScrapeError::Timeout(timeout))?
+    let page = goodput_net::fetch(client, req, timeout, max_bytes).await?;
+    if !page.status.is_success() {
+        return Err(ScrapeError::Status(page.status.as_u16()));
+    }
+    Ok(page.text()?)
 }

@@ -12,10 +12,10 @@ use http_body_util::BodyExt;
 use tokio::time::Instant;
 use tower::{Layer, Service};
 
-use super::context::RequestContext;
 use super::hold::Hold;
 use super::BoxFuture;
-use crate::stack::ProxyBody;
+use crate::body::ProxyBody;
+use crate::context::RequestContext;
 use crate::upstream::forward::ServedBy;
 
 #[derive(Debug, Clone, Copy, Default)]

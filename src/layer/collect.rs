@@ -14,10 +14,11 @@ use http_body::Body;
 use http_body_util::BodyExt;
 use tower::{Layer, Service};
 
-use super::context::{RequestContext, RequestFacts};
 use super::{Around, ResponseFuture, Wrapped};
-use crate::error::{BoxError, ProxyError};
-use crate::stack::ProxyBody;
+use crate::body::BoxError;
+use crate::body::ProxyBody;
+use crate::context::{RequestContext, RequestFacts};
+use crate::error::ProxyError;
 use goodput_measure::agent::ToolSet;
 use goodput_measure::request::{peek_request, RequestPeek};
 

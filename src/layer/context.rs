@@ -1,103 +1,16 @@
-//! The request context: one per request, created by the outermost layer and carried as ONE
-//! request extension (`Arc<RequestContext>`). It holds what is known at arrival (id, `t0`,
-//! peer) and write-once cells for what inner layers learn on the way down (collect: the
-//! body's facts; usage injection: the strip report; the moment the request is forwarded).
-//! Readers: the access log, the measure layer, forwarding (the id), later auth and tenants.
-//!
-//! Outermost layer: `t0` must be taken before anything else spends time, and every response,
+//! The outermost layer: creates the request's [`RequestContext`] (see `crate::context`).
+//! Outermost because `t0` must be taken before anything else spends time, and every response,
 //! including the proxy's own errors, must carry the id.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::header::HeaderName;
-use http::{Extensions, HeaderValue, Request, Response};
+use http::{HeaderValue, Request, Response};
 use tokio::time::Instant;
 use tower::{Layer, Service};
 
 use super::BoxFuture;
-use crate::body::strip::StripReport;
-use crate::listener::ConnInfo;
-use goodput_measure::agent::ToolSet;
-
-pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
-
-/// What collect reads from the request body (see `measure::request`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct RequestFacts {
-    /// The body's `model`, when the body is JSON and has one.
-    pub model: Option<String>,
-    /// The body's `stream` flag as the engine reads it (lax boolean; `false` when absent, not
-    /// JSON, or not a boolean to the engine).
-    pub stream: bool,
-    /// Choices asked for (`n` as the engine reads it; 1 when absent).
-    pub n: u32,
-    /// The functions the body offers (`tools`), to judge tool calls by; `None` without.
-    pub tools: Option<Arc<ToolSet>>,
-}
-
-/// One request's context. Fields known at arrival are plain; the rest are set once by the
-/// layer that learns them and read by the layers outside it after their inner call.
-#[derive(Debug)]
-pub struct RequestContext {
-    /// `x-request-id`: the client's when it sent a sane one, else generated.
-    pub id: Arc<str>,
-    /// When hyper handed the request over (DESIGN.md `t0`).
-    pub t0: Instant,
-    /// The client connection (absent when a test calls the stack without a listener).
-    pub peer: Option<ConnInfo>,
-    facts: OnceLock<RequestFacts>,
-    forwarded: OnceLock<Instant>,
-    strip: OnceLock<Arc<StripReport>>,
-}
-
-impl RequestContext {
-    pub fn new(id: Arc<str>, t0: Instant, peer: Option<ConnInfo>) -> Self {
-        Self {
-            id,
-            t0,
-            peer,
-            facts: OnceLock::new(),
-            forwarded: OnceLock::new(),
-            strip: OnceLock::new(),
-        }
-    }
-
-    /// The context of a request (the one extension every layer reads).
-    pub fn of(ext: &Extensions) -> Option<&Arc<RequestContext>> {
-        ext.get::<Arc<RequestContext>>()
-    }
-
-    /// The body's facts, once collect has read it.
-    pub fn facts(&self) -> Option<&RequestFacts> {
-        self.facts.get()
-    }
-
-    /// Collect: the body was read (a second call is ignored: the first reader wins).
-    pub fn set_facts(&self, facts: RequestFacts) {
-        let _ = self.facts.set(facts);
-    }
-
-    /// When the request was handed to forwarding (the proxy's own overhead ends here).
-    pub fn forwarded_at(&self) -> Option<Instant> {
-        self.forwarded.get().copied()
-    }
-
-    /// The innermost layer, just before it calls forwarding.
-    pub fn mark_forwarded(&self, at: Instant) {
-        let _ = self.forwarded.set(at);
-    }
-
-    /// Usage was injected and the response body is stripped: what the strip body reports.
-    pub fn strip_report(&self) -> Option<&Arc<StripReport>> {
-        self.strip.get()
-    }
-
-    /// Usage injection, when it wraps the response body in a strip body.
-    pub fn set_strip_report(&self, report: Arc<StripReport>) {
-        let _ = self.strip.set(report);
-    }
-}
+use crate::context::{ConnInfo, RequestContext, X_REQUEST_ID};
 
 /// Accepts a client id of 1..=128 visible ASCII characters; anything else is replaced.
 fn client_id(value: Option<&HeaderValue>) -> Option<&str> {
@@ -192,25 +105,5 @@ mod tests {
         for bits in [0, 1, 0xfedc_ba98_7654_3210_0123_4567_89ab_cdef, u128::MAX] {
             assert_eq!(&*hex_id(bits), format!("{bits:032x}"));
         }
-    }
-
-    #[test]
-    fn cells_are_write_once() {
-        let ctx = RequestContext::new(Arc::from("id"), Instant::now(), None);
-        assert_eq!(ctx.facts(), None);
-        let facts = RequestFacts {
-            model: Some("m".into()),
-            stream: true,
-            n: 1,
-            tools: None,
-        };
-        ctx.set_facts(facts.clone());
-        ctx.set_facts(RequestFacts {
-            model: None,
-            stream: false,
-            n: 2,
-            tools: None,
-        });
-        assert_eq!(ctx.facts(), Some(&facts), "the first write wins");
     }
 }

@@ -7,10 +7,10 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower::{Layer, Service};
 
-use super::context::RequestContext;
 use super::BoxFuture;
+use crate::body::ProxyBody;
+use crate::context::RequestContext;
 use crate::error::ProxyError;
-use crate::stack::ProxyBody;
 
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ErrorResponseLayer;

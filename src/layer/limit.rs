@@ -12,8 +12,8 @@ use tower::{Layer, Service};
 
 use super::hold::Hold;
 use super::{reject, Around, ResponseFuture, Wrapped};
+use crate::body::ProxyBody;
 use crate::error::ProxyError;
-use crate::stack::ProxyBody;
 
 #[derive(Debug, Clone)]
 pub struct InFlightLimitLayer {

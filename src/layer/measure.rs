@@ -27,13 +27,15 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tower::{Layer, Service};
 
-use super::context::RequestContext;
 use super::ResponseFuture;
+use crate::auth::{Tenant, NO_TENANT};
 use crate::body::metered::{MeteredBody, OnFinish};
-use crate::error::{BoxError, ProxyError};
+use crate::body::BoxError;
+use crate::body::ProxyBody;
+use crate::context::RequestContext;
+use crate::error::ProxyError;
 use crate::metrics::{Metrics, RequestMetrics, OTHER_MODEL};
 use crate::sink::Sinks;
-use crate::stack::ProxyBody;
 use crate::upstream::deadline::DeadlineError;
 use crate::upstream::forward::ServedBy;
 use goodput_measure::meter::{Measurement, StreamMeter};
@@ -118,8 +120,15 @@ impl Meter {
         &self.ring
     }
 
-    /// Starts one request's record: handles resolved once, counted in flight.
-    fn begin(self: &Arc<Self>, id: Arc<str>, model: Option<&str>, t0: Instant) -> Pending {
+    /// Starts one request's record: handles resolved once, counted in flight. `tenant`: the
+    /// one auth accepted (read when the record starts, after auth ran).
+    fn begin(
+        self: &Arc<Self>,
+        id: Arc<str>,
+        model: Option<&str>,
+        t0: Instant,
+        tenant: Option<Arc<Tenant>>,
+    ) -> Pending {
         let rm = self.metrics.for_request(model.unwrap_or(""));
         if model.is_some_and(|m| !m.is_empty()) && &**rm.model() == OTHER_MODEL {
             self.unknown_model.notify_one();
@@ -131,6 +140,7 @@ impl Meter {
             id,
             start_unix_ms: unix_ms_at(t0),
             slo,
+            tenant,
         }
     }
 }
@@ -150,11 +160,23 @@ struct Pending {
     id: Arc<str>,
     start_unix_ms: u64,
     slo: Slo,
+    tenant: Option<Arc<Tenant>>,
 }
 
 impl Pending {
     fn record(self, m: Measurement, upstream: Option<&Arc<str>>) {
         let v = judge(&m, &self.slo);
+        let tenant = self.tenant.as_ref().map(|t| t.name.clone());
+        let tokens = m.prompt_tokens.unwrap_or(0) + m.completion_tokens.unwrap_or(0);
+        if let Some(t) = &self.tenant {
+            // The token budget is charged with what the request used (see auth::tenant).
+            t.charge(tokens, Instant::now());
+        }
+        self.meter.metrics.tenant_finished(
+            tenant.as_deref().unwrap_or(NO_TENANT),
+            m.outcome,
+            tokens,
+        );
         let rec = Arc::new(
             RequestRecord::new(
                 self.id.clone(),
@@ -165,7 +187,8 @@ impl Pending {
                 &m,
                 v,
             )
-            .with_instance(self.meter.instance.clone()),
+            .with_instance(self.meter.instance.clone())
+            .with_tenant(tenant),
         );
         self.rm.finish(&m, &v);
         self.meter.sinks.send(&rec);
@@ -181,6 +204,8 @@ fn error_outcome(e: &ProxyError) -> Outcome {
         // The request body could not be read: the client went away (or broke its upload).
         ProxyError::ClientBody(_) => Outcome::ClientAbort,
         ProxyError::NotFound { .. }
+        | ProxyError::Unauthorized(_)
+        | ProxyError::RateLimited { .. }
         | ProxyError::BodyTooLarge { .. }
         // A stalled upload is the client's doing, answered by the proxy (408).
         | ProxyError::BodyTimeout { .. }
@@ -355,7 +380,9 @@ impl Open {
                 .metrics
                 .observe_overhead(at.saturating_duration_since(self.ctx.t0));
         }
-        self.meter.begin(self.ctx.id.clone(), model, self.ctx.t0)
+        let tenant = self.ctx.tenant().cloned();
+        self.meter
+            .begin(self.ctx.id.clone(), model, self.ctx.t0, tenant)
     }
 
     fn take_pending(&mut self) -> Pending {
@@ -416,7 +443,7 @@ impl Open {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layer::context::RequestFacts;
+    use crate::context::RequestFacts;
     use crate::metrics::ModelLabels;
     use bytes::Bytes;
     use futures_util::stream;
@@ -645,6 +672,18 @@ mod tests {
                 Outcome::Rejected,
             ),
             (ProxyError::ClientBody("gone".into()), Outcome::ClientAbort),
+            (
+                ProxyError::Unauthorized(crate::error::AuthFailure::Missing),
+                Outcome::Rejected,
+            ),
+            (
+                ProxyError::RateLimited {
+                    tenant: "a".into(),
+                    refusal: crate::auth::tenant::Refusal::InFlight { limit: 1 },
+                    retry_after_s: 1,
+                },
+                Outcome::Rejected,
+            ),
             (
                 ProxyError::UpstreamConnect {
                     source: "refused".into(),

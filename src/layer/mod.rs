@@ -10,10 +10,11 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower::Service;
 
+use crate::body::ProxyBody;
 use crate::error::ProxyError;
-use crate::stack::ProxyBody;
 
 pub mod access_log;
+pub mod auth;
 pub mod collect;
 pub mod context;
 pub mod error_response;
@@ -21,6 +22,7 @@ pub mod hold;
 pub mod limit;
 pub mod measure;
 pub mod route;
+pub mod tenant_limit;
 pub mod usage;
 
 /// The boxed future every layer here returns: layers are small and the box keeps their types

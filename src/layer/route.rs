@@ -7,8 +7,8 @@ use http::{Request, Response};
 use tower::{Layer, Service};
 
 use super::{reject, Around, ResponseFuture, Wrapped};
+use crate::body::ProxyBody;
 use crate::error::ProxyError;
-use crate::stack::ProxyBody;
 
 /// Configured path rules: an entry ending in `/` matches by prefix, others exactly.
 #[derive(Debug, Clone)]

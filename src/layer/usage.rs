@@ -16,12 +16,12 @@ use http_body_util::BodyExt;
 use tokio::time::Instant;
 use tower::{Layer, Service};
 
-use super::context::RequestContext;
 use super::measure::is_generation;
 use super::{Around, ResponseFuture, Wrapped};
 use crate::body::strip::{StripBody, StripReport};
+use crate::body::ProxyBody;
+use crate::context::RequestContext;
 use crate::error::ProxyError;
-use crate::stack::ProxyBody;
 use goodput_measure::usage::inject_include_usage;
 
 #[derive(Debug, Clone, Copy)]

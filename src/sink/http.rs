@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{CONTENT_ENCODING, CONTENT_TYPE};
 use http::{HeaderValue, Request, Uri};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -84,7 +84,7 @@ impl ChHttp {
         let uri = format!(
             "{}/?input_format_skip_unknown_fields=1&query={}",
             self.base,
-            percent_encode(&query)
+            goodput_net::query_value(&query)
         );
         let mut req = self.request(&uri, body)?;
         if gzip {
@@ -118,60 +118,19 @@ impl ChHttp {
     }
 
     async fn call(&self, req: Request<Full<Bytes>>) -> Result<Bytes, ChError> {
-        let call = async {
-            let resp = self
-                .client
-                .request(req)
-                .await
-                .map_err(|e| ChError::Unreachable(error_chain(&e)))?;
-            let status = resp.status();
-            let body = Limited::new(resp.into_body(), MAX_ANSWER)
-                .collect()
-                .await
-                .map_err(|e| ChError::Unreachable(format!("reading the answer: {e}")))?
-                .to_bytes();
-            if status.is_success() {
-                Ok(body)
-            } else {
-                let message = String::from_utf8_lossy(&body[..body.len().min(2048)]);
-                Err(ChError::Refused {
-                    status: status.as_u16(),
-                    message: message.trim().to_string(),
-                })
-            }
-        };
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(r) => r,
-            Err(_) => Err(ChError::Unreachable(format!(
-                "no answer within {:?}",
-                self.timeout
-            ))),
-        }
-    }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(inner) = src {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        src = inner.source();
-    }
-    s
-}
-
-/// Percent-encodes everything but unreserved characters (for a query-string value).
-fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() * 3);
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
+        let page = goodput_net::fetch(&self.client, req, self.timeout, MAX_ANSWER)
+            .await
+            .map_err(|e| ChError::Unreachable(e.to_string()))?;
+        if page.status.is_success() {
+            Ok(page.body)
         } else {
-            out.push_str(&format!("%{b:02X}"));
+            let body = &page.body[..page.body.len().min(2048)];
+            Err(ChError::Refused {
+                status: page.status.as_u16(),
+                message: String::from_utf8_lossy(body).trim().to_string(),
+            })
         }
     }
-    out
 }
 
 #[cfg(test)]
@@ -179,11 +138,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn encodes_the_query_and_hides_the_password() {
-        assert_eq!(
-            percent_encode("INSERT INTO a.b FORMAT JSONEachRow"),
-            "INSERT%20INTO%20a.b%20FORMAT%20JSONEachRow"
-        );
+    fn hides_the_password() {
         let c = ChHttp::new("http://h:8123/", "u", "secret", Duration::from_secs(1)).unwrap();
         assert_eq!(c.base, "http://h:8123");
         assert!(!format!("{c:?}").contains("secret"));

@@ -111,6 +111,7 @@ mod tests {
             v,
         )
         .with_instance("proxy-a")
+        .with_tenant(Some("team-a".into()))
     }
 
     fn row_of(rec: &RequestRecord) -> Map<String, Value> {
@@ -126,6 +127,7 @@ mod tests {
         let r = row_of(&full_record());
         assert_eq!(r["uid"], "u-1");
         assert_eq!(r["instance"], "proxy-a");
+        assert_eq!(r["tenant"], "team-a");
         assert_eq!(r["ttft_ns"], 250_000_001u64);
         assert_eq!(r["e2e_ns"], 1_234_567_891u64);
         assert_eq!(r["tpot_ns"], 20_000_003u64);

@@ -16,7 +16,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 
-use crate::error::BoxError;
+use crate::body::BoxError;
 
 /// Why the proxy cut a response body. The meter can downcast the body error to this to
 /// classify the outcome as `timeout`.

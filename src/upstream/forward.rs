@@ -19,10 +19,9 @@ use super::balance::{self, Load};
 use super::deadline::DeadlineBody;
 use super::headers::{strip_hop_by_hop, Forwarded, Hop};
 use super::Upstreams;
+use crate::body::ProxyBody;
+use crate::context::{ConnInfo, RequestContext, X_REQUEST_ID};
 use crate::error::ProxyError;
-use crate::layer::context::{RequestContext, X_REQUEST_ID};
-use crate::listener::ConnInfo;
-use crate::stack::ProxyBody;
 
 /// Which replica served a response (a response extension, read by the access log and meter).
 #[derive(Debug, Clone)]
@@ -64,7 +63,11 @@ async fn forward(
     req: Request<Bytes>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let (parts, body) = req.into_parts();
-    let headers = upstream_headers(&parts, forwarded);
+    let mut headers = upstream_headers(&parts, forwarded);
+    if let Some(key) = &up.config.authorization {
+        // `upstream.api_key` replaces whatever credential the client sent.
+        headers.insert(header::AUTHORIZATION, key.clone());
+    }
     let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
     let first_byte = up.config.first_byte_timeout;
 
@@ -141,7 +144,9 @@ const CONNECT_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_milli
 /// The headers sent upstream: the client's, minus hop-by-hop and `Host` (the client sets the
 /// replica's: the request goes to a configured replica whatever the client's Host or
 /// absolute-form URI named), minus `Content-Length` (recomputed from the collected body, which
-/// shaping may change) and `Expect`, plus `X-Forwarded-*` and the request id.
+/// shaping may change) and `Expect`, plus `X-Forwarded-*` and the request id. (With `[auth]` on
+/// the client's key is already gone: the auth layer removes it; `upstream.api_key` is set by
+/// the caller.)
 fn upstream_headers(parts: &http::request::Parts, forwarded: Forwarded) -> http::HeaderMap {
     let mut h = parts.headers.clone();
     strip_hop_by_hop(&mut h);

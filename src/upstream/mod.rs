@@ -2,7 +2,6 @@
 
 pub mod balance;
 pub mod deadline;
-pub mod discover;
 pub mod forward;
 pub mod headers;
 pub mod health;

@@ -11,7 +11,7 @@ use crate::support::meter::*;
 use crate::support::prom::*;
 use crate::support::proxy::*;
 use goodput_proxy::app::App;
-use goodput_proxy::upstream::discover::{Resolved, Resolver};
+use goodput_proxy::discover::{Resolved, Resolver};
 use goodput_sim::{SimConfig, SimHandle};
 
 const INTERVAL_MS: u64 = 200;
@@ -169,7 +169,7 @@ async fn a_real_name_from_etc_hosts() {
     let port = addr(&sim).port();
     let proxy = start(
         discover_config(&format!("dns://localhost:{port}")),
-        Arc::new(goodput_proxy::upstream::discover::SystemResolver),
+        Arc::new(goodput_proxy::discover::SystemResolver),
     )
     .await;
     let client = client();

@@ -13,15 +13,7 @@ const TOOLS: &str = r#","tools":[{"type":"function","function":{"name":"get_weat
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tool_calls_and_reasoning_are_judged_and_timed() {
     let sim = start_sim(SimConfig::with_timing(5.0, 1.0)).await;
-    let dir = std::env::temp_dir().join(format!(
-        "goodput-meter-agent-{}-{:x}",
-        std::process::id(),
-        rand::random::<u32>()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("records.jsonl");
-    let mut config = meter_config(&sim.base_url());
-    config.measure.sink_path = Some(path.clone());
+    let (config, path) = meter_config_with_sink(&sim.base_url(), "meter-agent");
     let proxy = start_proxy(config).await;
     let c = client();
     let cases = [
@@ -109,6 +101,6 @@ async fn tool_calls_and_reasoning_are_judged_and_timed() {
         &[("model", "tiny"), ("slo", "tool_calls")],
     );
     assert_eq!(n, 2.0);
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
     sim.shutdown().await;
 }

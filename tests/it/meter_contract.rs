@@ -25,14 +25,8 @@ struct Rig {
 impl Rig {
     async fn start() -> Rig {
         let sim = start_sim(SimConfig::with_timing(20.0, SIM_TPOT_MS)).await;
-        let dir = std::env::temp_dir().join(format!(
-            "goodput-meter-contract-{}-{:x}",
-            std::process::id(),
-            rand::random::<u32>()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut config = meter_config(&sim.base_url());
-        config.measure.sink_path = Some(dir.join("records.jsonl"));
+        let (config, sink) = meter_config_with_sink(&sim.base_url(), "meter-contract");
+        let dir = sink.parent().unwrap().to_path_buf();
         let proxy = start_proxy(config).await;
         Rig {
             sim,

@@ -25,7 +25,7 @@ async fn random_model_names_share_one_other_series() {
     // CPU-heavy: not alongside the timing-sensitive tests.
     let _serial = crate::support::serial().await;
     // 2,048 names through HTTP (8x the learned-model cap, 1.5 ms each on 2 cores); the
-    // 10,000-name case of the label set itself is the unit test in src/metrics.rs.
+    // 10,000-name case of the label set itself is the unit test in src/metrics/mod.rs.
     const REQUESTS: usize = 2_048;
     const TASKS: usize = 64;
     let sim = start_sim(SimConfig::fast()).await;

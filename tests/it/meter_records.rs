@@ -10,15 +10,7 @@ use goodput_sim::SimConfig;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_reach_the_jsonl_sink_with_id_and_upstream() {
     let sim = start_sim(SimConfig::with_timing(5.0, 1.0)).await;
-    let dir = std::env::temp_dir().join(format!(
-        "goodput-meter-records-{}-{:x}",
-        std::process::id(),
-        rand::random::<u32>()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("records.jsonl");
-    let mut config = meter_config(&sim.base_url());
-    config.measure.sink_path = Some(path.clone());
+    let (config, path) = meter_config_with_sink(&sim.base_url(), "meter-records");
     let proxy = start_proxy(config).await;
     let c = client();
     for i in 0..3 {
@@ -54,7 +46,7 @@ async fn records_reach_the_jsonl_sink_with_id_and_upstream() {
     }
     assert_eq!(lines[3]["outcome"], "rejected");
     assert_eq!(lines[3]["status"], 404);
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
     sim.shutdown().await;
 }
 

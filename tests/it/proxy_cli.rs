@@ -28,8 +28,7 @@ fn check_config_accepts_the_shipped_config() {
 
 #[test]
 fn check_config_errors_name_field_and_file() {
-    let dir = std::env::temp_dir().join(format!("goodput-proxy-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = crate::support::temp_dir("proxy-cli");
     let cases = [
         (
             "unknown.toml",
@@ -71,8 +70,7 @@ fn check_config_errors_name_field_and_file() {
 
 #[test]
 fn check_config_lists_every_problem_each_with_its_field_and_source() {
-    let dir = std::env::temp_dir().join(format!("goodput-proxy-cli3-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = crate::support::temp_dir("proxy-cli3");
     let path = dir.join("three.toml");
     // Three mistakes in the file (an unknown key, a wrong type, a value out of range) and one
     // in the environment.

@@ -1,36 +1,16 @@
 //! TLS on the public listener: rustls with ALPN (h2 and http/1.1), X-Forwarded-Proto https.
 
-use std::path::PathBuf;
-use std::sync::Arc;
-
 use crate::support::proxy::*;
+use crate::support::tls::fixture;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, ServerName};
+use rustls_pki_types::ServerName;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/tls")
-        .join(name)
-}
-
 fn connector(alpn: &[u8]) -> TlsConnector {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_file_iter(fixture("cert.pem")).unwrap() {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    config.alpn_protocols = vec![alpn.to_vec()];
-    TlsConnector::from(Arc::new(config))
+    crate::support::tls::connector(&["cert.pem"], &[alpn])
 }
 
 /// Sends one echo request over TLS with the given ALPN; returns (negotiated ALPN, echo JSON).

@@ -65,6 +65,10 @@ pub struct RequestRecord {
     pub slo: SloVerdict,
     /// The proxy replica that measured it (`server.instance`, default the hostname).
     pub instance: Arc<str>,
+    /// The tenant whose API key the request presented (`[auth]`); `null` with auth off or
+    /// when auth refused the request. Only configured tenant names.
+    #[serde(default)]
+    pub tenant: Option<Arc<str>>,
     /// Monotonic end instant, for `/stats` windows (not serialized).
     #[serde(skip, default = "Instant::now")]
     pub end: Instant,
@@ -140,6 +144,7 @@ impl RequestRecord {
             agent: m.agent.as_ref().map(AgentRecord::new),
             slo,
             instance: Arc::from(""),
+            tenant: None,
             end,
         }
     }
@@ -147,6 +152,12 @@ impl RequestRecord {
     /// The same record, naming the replica that measured it.
     pub fn with_instance(mut self, instance: impl Into<Arc<str>>) -> Self {
         self.instance = instance.into();
+        self
+    }
+
+    /// The same record, naming the tenant that sent it.
+    pub fn with_tenant(mut self, tenant: Option<Arc<str>>) -> Self {
+        self.tenant = tenant;
         self
     }
 
@@ -568,6 +579,7 @@ mod tests {
             "usage_stripped",
             "slo",
             "instance",
+            "tenant",
         ] {
             assert!(v.get(key).is_some(), "{key}");
         }

@@ -3,6 +3,9 @@
 //! before the proxy sees it, so every listener here sets its backlog explicitly.
 #![forbid(unsafe_code)]
 
+pub mod fetch;
+pub use fetch::{error_chain, fetch, query_value, FetchError, Fetched};
+
 use std::io;
 use std::net::SocketAddr;
 

@@ -358,7 +358,7 @@ pub fn in_flight_line(steps: &[(f64, u64)]) -> Vec<(f64, f64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::summary::tests::rec;
+    use crate::record::sample as rec;
 
     #[test]
     fn throughput_counts_every_request_once_at_its_rate() {

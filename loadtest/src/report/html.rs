@@ -193,7 +193,7 @@ pub fn render(summary: &Summary, windows: &[PhaseWindow], records: &[RequestReco
     }
     if let Some(c) = &summary.comparison {
         h.push_str("<h2>Client vs proxy vs engine</h2>");
-        h.push_str(&crate::compare::render_html(c));
+        h.push_str(&crate::report::compare::render_html(c));
     }
     h.push_str("<p class=meta>Percentiles are exact (linear interpolation between closest ranks, as numpy and vllm bench serve compute them, over raw per-request values); histogram figures in the comparison are bucket estimates.</p></body></html>\n");
     h
@@ -209,7 +209,8 @@ td:first-child,th:first-child{text-align:left}th{background:#f6f6f6}";
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::summary::{build, tests::rec};
+    use crate::record::sample as rec;
+    use crate::report::summary::build;
 
     /// Three phases of synthetic records with a spread of latencies and outcomes.
     pub(crate) fn sample() -> (Summary, Vec<PhaseWindow>, Vec<RequestRecord>) {

@@ -1,6 +1,8 @@
-//! Outputs of a run: `requests.jsonl`, `summary.json`, `report.html`, the terminal table.
+//! Outputs of a run: `requests.jsonl`, `summary.json`, `report.html`, the terminal table, and
+//! their comparison section (`compare`: the client's view against the proxy's and the engines').
 
 pub mod charts;
+pub mod compare;
 pub mod html;
 pub mod summary;
 pub mod table;

@@ -90,7 +90,7 @@ pub struct Summary {
     pub overall: PhaseSummary,
     /// Client vs proxy vs engine tables (only with `--proxy-admin` / `--engine-metrics`).
     #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub comparison: Option<crate::compare::Comparison>,
+    pub comparison: Option<crate::report::compare::Comparison>,
 }
 
 /// Summarize the records of one window. `all` is every record of the run (for in-flight).
@@ -283,49 +283,7 @@ pub fn build(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-
-    pub(crate) fn rec(
-        phase: &str,
-        start: f64,
-        e2e: f64,
-        ttft: Option<f64>,
-        outcome: &str,
-    ) -> RequestRecord {
-        RequestRecord {
-            request_id: format!("{phase}-{start}"),
-            phase: phase.into(),
-            model: "m".into(),
-            api: "chat".into(),
-            stream: true,
-            max_tokens: 16,
-            n: 1,
-            logprobs: None,
-            usage: "final".into(),
-            ignore_eos: false,
-            hangup: None,
-            hung_up: false,
-            tag: None,
-            scheduled_s: start,
-            start_s: start,
-            held_back: false,
-            status: Some(200),
-            outcome: outcome.into(),
-            finish_reason: Some("stop".into()),
-            ttft_seconds: ttft,
-            ttfc_seconds: ttft,
-            tpot_seconds: None,
-            choice_tpot_seconds: None,
-            e2e_seconds: e2e,
-            itl_count: 0,
-            itl_max_seconds: None,
-            prompt_tokens: Some(10),
-            completion_tokens: Some(5),
-            tokens_exact: true,
-            good: outcome == "success",
-            error: None,
-            itl_seconds: vec![],
-        }
-    }
+    use crate::record::sample as rec;
 
     /// numpy's linear interpolation, by hand with integer arithmetic for the rank: for
     /// q = q_milli / 1000, h = (n - 1) * q splits exactly into floor and fraction.

@@ -113,7 +113,7 @@ pub fn render(s: &Summary) -> String {
         }
     }
     if let Some(c) = &s.comparison {
-        out.push_str(&crate::compare::render_text(c));
+        out.push_str(&crate::report::compare::render_text(c));
     }
     out
 }

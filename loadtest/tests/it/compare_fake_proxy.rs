@@ -251,7 +251,7 @@ async fn without_records_the_proxy_exact_row_comes_from_stats() {
         .expect("a /stats row");
     assert_eq!(stats.count, Some(20.0));
     assert!(stats.diff_p50.unwrap().abs() < 0.005, "{stats:?}");
-    let text = goodput_loadtest::compare::render_text(c);
+    let text = goodput_loadtest::report::compare::render_text(c);
     assert!(text.contains("proxy exact (/stats)") && text.contains("proxy histogram"));
     let _ = std::fs::remove_file(&fake.sink);
 }

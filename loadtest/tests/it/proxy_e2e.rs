@@ -9,8 +9,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use goodput_loadtest::compare::Comparison;
 use goodput_loadtest::record::RequestRecord;
+use goodput_loadtest::report::compare::Comparison;
 use goodput_loadtest::runner::{self, CompareTargets, RunConfig, RunResult};
 use goodput_loadtest::scenario::Scenario;
 use goodput_proxy::app::App;
@@ -165,7 +165,7 @@ fn row<'a>(
     phase: &str,
     metric: &str,
     source: &str,
-) -> &'a goodput_loadtest::compare::Row {
+) -> &'a goodput_loadtest::report::compare::Row {
     c.rows
         .iter()
         .find(|r| r.phase == phase && r.metric == metric && r.source == source)

@@ -14,7 +14,7 @@
 
 use std::time::Duration;
 
-use goodput_loadtest::compare::Comparison;
+use goodput_loadtest::report::compare::Comparison;
 use goodput_loadtest::runner::{self, CompareTargets, RunConfig};
 use goodput_loadtest::scenario::Scenario;
 use goodput_proxy::app::App;

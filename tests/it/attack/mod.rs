@@ -2,6 +2,7 @@
 //! do to the proxy, each test with a pass criterion it checks. docs/RELIABILITY.md lists them
 //! with their measured results; the long parts are `#[ignore]` with their command there.
 
+mod auth;
 mod cardinality;
 mod disconnect;
 mod h2flood;

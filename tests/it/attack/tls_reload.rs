@@ -3,8 +3,7 @@
 //! stream that was running over the old one finishes to `[DONE]`, and a reload from a broken
 //! file keeps the certificate in use.
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -19,12 +18,7 @@ use tokio_rustls::TlsConnector;
 use super::*;
 use crate::support::binary;
 use crate::support::proxy::*;
-
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/tls")
-        .join(name)
-}
+use crate::support::tls::fixture;
 
 fn der(path: &Path) -> Vec<u8> {
     CertificateDer::pem_file_iter(path)
@@ -37,20 +31,7 @@ fn der(path: &Path) -> Vec<u8> {
 
 /// A client trusting both test certificates, h2 only.
 fn connector() -> TlsConnector {
-    let mut roots = rustls::RootCertStore::empty();
-    for name in ["cert.pem", "cert-b.pem"] {
-        for cert in CertificateDer::pem_file_iter(fixture(name)).unwrap() {
-            roots.add(cert.unwrap()).unwrap();
-        }
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    TlsConnector::from(Arc::new(config))
+    crate::support::tls::connector(&["cert.pem", "cert-b.pem"], &[b"h2"])
 }
 
 async fn connect(addr: SocketAddr) -> TlsStream<TcpStream> {
@@ -81,8 +62,7 @@ fn wait_line(bin: &binary::Binary, what: &str) -> bool {
 #[tokio::test]
 async fn sighup_reloads_the_certificate_without_dropping_live_streams() {
     let fake = start_fake().await;
-    let dir = std::env::temp_dir().join(format!("goodput-tls-reload-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = crate::support::temp_dir("tls-reload");
     let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
     std::fs::copy(fixture("cert.pem"), &cert).unwrap();
     std::fs::copy(fixture("key.pem"), &key).unwrap();

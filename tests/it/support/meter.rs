@@ -3,6 +3,7 @@
 //! own timeline with the same definitions (`StreamMeter`) the proxy uses.
 #![allow(dead_code)]
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -31,6 +32,15 @@ pub fn meter_config(upstream: &str) -> RawConfig {
     let mut c = test_config(&[upstream.to_string()]);
     c.measure.models = vec!["tiny".into()];
     c
+}
+
+/// `meter_config` whose records also go to the JSONL sink, a `records.jsonl` in a fresh
+/// temporary directory (returned).
+pub fn meter_config_with_sink(upstream: &str, tag: &str) -> (RawConfig, PathBuf) {
+    let path = super::temp_dir(tag).join("records.jsonl");
+    let mut c = meter_config(upstream);
+    c.measure.sink_path = Some(path.clone());
+    (c, path)
 }
 
 pub fn chat_body(max_tokens: u32, extra: &str) -> String {

@@ -4,8 +4,10 @@
 //! - `meter`: the simulator as upstream, `/stats` and `/metrics` readers, a measuring client.
 //! - `raw_http`: raw HTTP/1.1 over a TcpStream, for byte-exact checks of the simulator.
 //! - `raw_h2`: raw HTTP/2 frames (h2c), for floods and resets no client library sends.
+//! - `tls`: the fixture certificates and a rustls client trusting them.
 //! - `prom`: metric lookups in Prometheus text that fail when the series is missing.
 //! - `serial()`: a lock for timing-sensitive and CPU-heavy tests (see there).
+//! - `temp_dir(tag)`: a fresh directory of this test run.
 #![allow(dead_code)]
 
 pub mod binary;
@@ -14,6 +16,7 @@ pub mod prom;
 pub mod proxy;
 pub mod raw_h2;
 pub mod raw_http;
+pub mod tls;
 
 /// Held by the tests whose figures depend on the machine's timing (client and proxy within a
 /// few ms of each other) and by the CPU-heavy tests that would disturb them, so that no two of
@@ -22,4 +25,16 @@ pub mod raw_http;
 pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
     static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     SERIAL.lock().await
+}
+
+/// A fresh, empty directory under the system's temporary directory, unique to this process and
+/// call (`tag` names the test in the path, for whoever finds it left over).
+pub fn temp_dir(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "goodput-{tag}-{}-{:x}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }

@@ -15,12 +15,15 @@ use prometheus::{
 };
 use tokio::time::Instant;
 
-use crate::agent_metrics::AgentMetrics;
+use goodput_measure::outcome::Outcome;
 use goodput_measure::window::RatioWindow;
 use request::HandleCache;
 pub use request::{ItlBuffer, RequestMetrics, ITL_FLUSH_GAPS};
 
 mod request;
+
+mod agent;
+pub use agent::AgentMetrics;
 
 pub const TTFT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -262,6 +265,11 @@ pub struct Metrics {
     pub upstreams: UpstreamLabels,
     /// Reasoning and tool-call phases and outcomes (issue 13).
     pub agent: AgentMetrics,
+    /// By `tenant` (configured names, `none`) and `outcome`: a family of its own rather than a
+    /// label on `requests_total`, whose series would multiply by the tenant count.
+    pub tenant_requests: IntCounterVec,
+    /// By `tenant`: prompt + completion tokens (what token limits charge).
+    pub tenant_tokens: IntCounterVec,
     shared: Arc<Shared>,
 }
 
@@ -404,6 +412,20 @@ impl Metrics {
             models,
             upstreams: upstreams.clone(),
             agent: agent.clone(),
+            tenant_requests: IntCounterVec::new(
+                Opts::new(
+                    "goodput_proxy_tenant_requests_total",
+                    "Finished requests by tenant (`none`: auth off or refused) and outcome.",
+                ),
+                &["tenant", "outcome"],
+            )?,
+            tenant_tokens: IntCounterVec::new(
+                Opts::new(
+                    "goodput_proxy_tenant_tokens_total",
+                    "Prompt + completion tokens of finished requests, by tenant.",
+                ),
+                &["tenant"],
+            )?,
             shared: Arc::new(Shared {
                 ttft,
                 ttfc,
@@ -448,7 +470,20 @@ impl Metrics {
         m.sink_errors.with_label_values(&["clickhouse"]);
         registry.register(Box::new(m.goodput_ratio.clone()))?;
         registry.register(Box::new(m.goodput_ratio_overall.clone()))?;
+        registry.register(Box::new(m.tenant_requests.clone()))?;
+        registry.register(Box::new(m.tenant_tokens.clone()))?;
         Ok(m)
+    }
+
+    /// A finished request of `tenant` (a configured name or `none`, never a raw user value).
+    pub fn tenant_finished(&self, tenant: &str, outcome: Outcome, tokens: u64) {
+        self.tenant_requests
+            .with_label_values(&[tenant, outcome.as_str()])
+            .inc();
+        let t = self.tenant_tokens.with_label_values(&[tenant]);
+        if tokens > 0 {
+            t.inc_by(tokens);
+        }
     }
 
     /// Sets the sliding window of `goodput_proxy_goodput_ratio` (before the first request;
@@ -539,6 +574,7 @@ mod tests {
         rm.finish(&meas, &judge(&meas, &Slo::default()));
         m.observe_overhead(Duration::from_micros(30));
         m.refresh_goodput_ratio(Instant::now());
+        m.tenant_finished("team-a", Outcome::Success, 5);
         let fams = r.gather();
         let mut names: Vec<&str> = fams.iter().map(|f| f.name()).collect();
         names.sort_unstable();
@@ -559,6 +595,8 @@ mod tests {
                 "goodput_proxy_requests_total",
                 "goodput_proxy_sink_errors_total",
                 "goodput_proxy_sse_discarded_total",
+                "goodput_proxy_tenant_requests_total",
+                "goodput_proxy_tenant_tokens_total",
                 "goodput_proxy_time_per_output_token_seconds",
                 "goodput_proxy_time_to_first_chunk_seconds",
                 "goodput_proxy_time_to_first_token_seconds",

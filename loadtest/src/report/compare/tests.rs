@@ -110,9 +110,9 @@ fn counters_and_token_check_per_phase_and_overall() {
             settled: Some(snap(3.0, 125, 225, 0)),
         },
     ];
-    let mut r1 = crate::report::summary::tests::rec("a", 0.1, 0.5, Some(0.1), "success");
+    let mut r1 = crate::record::sample("a", 0.1, 0.5, Some(0.1), "success");
     r1.completion_tokens = Some(10);
-    let mut r2 = crate::report::summary::tests::rec("b", 1.1, 0.5, Some(0.1), "success");
+    let mut r2 = crate::record::sample("b", 1.1, 0.5, Some(0.1), "success");
     r2.completion_tokens = Some(15);
     r2.tokens_exact = false;
     let c = build(
@@ -235,9 +235,9 @@ fn proxy_line(
 #[test]
 fn join_by_request_id() {
     use goodput_measure::Outcome;
-    let mut a = crate::report::summary::tests::rec("p", 0.0, 1.0, Some(0.100), "success");
+    let mut a = crate::record::sample("p", 0.0, 1.0, Some(0.100), "success");
     a.request_id = "r1".into();
-    let mut b = crate::report::summary::tests::rec("p", 0.0, 2.0, Some(0.200), "truncated");
+    let mut b = crate::record::sample("p", 0.0, 2.0, Some(0.200), "truncated");
     b.request_id = "r2".into();
     let sink = format!(
         "{}\n{}\nnot json\n{{\"id\":\"r4\",\"ttft_seconds\":1}}\n",
@@ -254,7 +254,7 @@ fn join_by_request_id() {
         held_back: 0,
         hold_max_seconds: 0.0,
     };
-    let mut lost = crate::report::summary::tests::rec("p", 1.0, 1.0, None, "success");
+    let mut lost = crate::record::sample("p", 1.0, 1.0, None, "success");
     lost.request_id = "r3".into();
     let c = build(&[w], &[a, b, lost], &[], Some(&proxy));
     assert_eq!(c.joins.len(), 2, "the phase and overall");

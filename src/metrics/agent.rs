@@ -7,7 +7,7 @@
 use goodput_measure::agent::AgentSummary;
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
 
-use crate::metrics::TTFT_BUCKETS;
+use super::TTFT_BUCKETS;
 
 #[derive(Clone)]
 pub struct AgentMetrics {

@@ -12,9 +12,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{health, Upstreams};
 use crate::engine::Engines;
 use crate::metrics::UpstreamLabels;
+use crate::upstream::{health, Upstreams};
 
 pub use crate::config::DnsTarget;
 

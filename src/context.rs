@@ -1,0 +1,143 @@
+//! The request context: one per request, created by the outermost layer and carried as ONE
+//! request extension (`Arc<RequestContext>`). It holds what is known at arrival (id, `t0`,
+//! peer) and write-once cells for what inner layers learn on the way down (collect: the
+//! body's facts; usage injection: the strip report; the moment the request is forwarded).
+//! Readers: the access log, the measure layer, forwarding (the id), tenant limits (the tenant
+//! auth accepted).
+//!
+//! The layer that creates it is `layer::context` (outermost: `t0` is taken before anything
+//! else spends time, and every response, including the proxy's own errors, carries the id).
+
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+
+use http::header::HeaderName;
+use http::Extensions;
+use tokio::time::Instant;
+
+use crate::auth::Tenant;
+use crate::body::strip::StripReport;
+use goodput_measure::agent::ToolSet;
+
+pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// The client connection a request came on (the listener inserts it as an extension).
+#[derive(Debug, Clone, Copy)]
+pub struct ConnInfo {
+    pub remote: SocketAddr,
+    pub tls: bool,
+}
+
+/// What collect reads from the request body (see `measure::request`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestFacts {
+    /// The body's `model`, when the body is JSON and has one.
+    pub model: Option<String>,
+    /// The body's `stream` flag as the engine reads it (lax boolean; `false` when absent, not
+    /// JSON, or not a boolean to the engine).
+    pub stream: bool,
+    /// Choices asked for (`n` as the engine reads it; 1 when absent).
+    pub n: u32,
+    /// The functions the body offers (`tools`), to judge tool calls by; `None` without.
+    pub tools: Option<Arc<ToolSet>>,
+}
+
+/// One request's context. Fields known at arrival are plain; the rest are set once by the
+/// layer that learns them and read by the layers outside it after their inner call.
+#[derive(Debug)]
+pub struct RequestContext {
+    /// `x-request-id`: the client's when it sent a sane one, else generated.
+    pub id: Arc<str>,
+    /// When hyper handed the request over (DESIGN.md `t0`).
+    pub t0: Instant,
+    /// The client connection (absent when a test calls the stack without a listener).
+    pub peer: Option<ConnInfo>,
+    facts: OnceLock<RequestFacts>,
+    forwarded: OnceLock<Instant>,
+    strip: OnceLock<Arc<StripReport>>,
+    tenant: OnceLock<Arc<Tenant>>,
+}
+
+impl RequestContext {
+    pub fn new(id: Arc<str>, t0: Instant, peer: Option<ConnInfo>) -> Self {
+        Self {
+            id,
+            t0,
+            peer,
+            facts: OnceLock::new(),
+            forwarded: OnceLock::new(),
+            strip: OnceLock::new(),
+            tenant: OnceLock::new(),
+        }
+    }
+
+    /// The context of a request (the one extension every layer reads).
+    pub fn of(ext: &Extensions) -> Option<&Arc<RequestContext>> {
+        ext.get::<Arc<RequestContext>>()
+    }
+
+    /// The body's facts, once collect has read it.
+    pub fn facts(&self) -> Option<&RequestFacts> {
+        self.facts.get()
+    }
+
+    /// Collect: the body was read (a second call is ignored: the first reader wins).
+    pub fn set_facts(&self, facts: RequestFacts) {
+        let _ = self.facts.set(facts);
+    }
+
+    /// When the request was handed to forwarding (the proxy's own overhead ends here).
+    pub fn forwarded_at(&self) -> Option<Instant> {
+        self.forwarded.get().copied()
+    }
+
+    /// The innermost layer, just before it calls forwarding.
+    pub fn mark_forwarded(&self, at: Instant) {
+        let _ = self.forwarded.set(at);
+    }
+
+    /// Usage was injected and the response body is stripped: what the strip body reports.
+    pub fn strip_report(&self) -> Option<&Arc<StripReport>> {
+        self.strip.get()
+    }
+
+    /// The tenant whose key the request presented (auth on and the key valid).
+    pub fn tenant(&self) -> Option<&Arc<Tenant>> {
+        self.tenant.get()
+    }
+
+    /// Auth, once the key is accepted.
+    pub fn set_tenant(&self, tenant: Arc<Tenant>) {
+        let _ = self.tenant.set(tenant);
+    }
+
+    /// Usage injection, when it wraps the response body in a strip body.
+    pub fn set_strip_report(&self, report: Arc<StripReport>) {
+        let _ = self.strip.set(report);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cells_are_write_once() {
+        let ctx = RequestContext::new(Arc::from("id"), Instant::now(), None);
+        assert_eq!(ctx.facts(), None);
+        let facts = RequestFacts {
+            model: Some("m".into()),
+            stream: true,
+            n: 1,
+            tools: None,
+        };
+        ctx.set_facts(facts.clone());
+        ctx.set_facts(RequestFacts {
+            model: None,
+            stream: false,
+            n: 2,
+            tools: None,
+        });
+        assert_eq!(ctx.facts(), Some(&facts), "the first write wins");
+    }
+}
