@@ -20,12 +20,12 @@ use super::strip::StripReport;
 use goodput_measure::meter::{Measurement, StreamMeter};
 use goodput_measure::outcome::Ending;
 
-/// Called once with the request's measurement (the proxy: metrics + record).
-pub type OnFinish = Box<dyn FnOnce(Measurement) + Send + 'static>;
+/// Called once with the request's measurement (the proxy: metrics + record). `Sync` so that
+/// the body stays `Sync` (e.g. for `http_body_util::combinators::BoxBody`).
+pub type OnFinish = Box<dyn FnOnce(Measurement) + Send + Sync + 'static>;
 /// Called for every ITL gap as it closes (the proxy: the ITL histogram, buffered per request).
 /// Dropped right before `on_finish` runs, so a buffering observer flushes before the record.
-/// Not `Sync`: a per-request buffer needs no lock (the proxy's bodies are unsync-boxed).
-pub type OnGap = Box<dyn FnMut(Duration) + Send + 'static>;
+pub type OnGap = Box<dyn FnMut(Duration) + Send + Sync + 'static>;
 
 struct Active {
     meter: StreamMeter,

@@ -71,9 +71,9 @@ fn run(mode: &str, frames: &[Bytes]) -> u64 {
             let mut c = RepeatCache::new();
             let mut tokens = 0u64;
             for f in frames {
-                p.feed(f, |e| tokens += u64::from(c.inspect(e.data).tokens));
+                p.feed(f, |e| tokens += u64::from(c.inspect(e.data).0.tokens));
             }
-            p.finish(|e| tokens += u64::from(c.inspect(e.data).tokens));
+            p.finish(|e| tokens += u64::from(c.inspect(e.data).0.tokens));
             tokens
         }
         "meter" => {

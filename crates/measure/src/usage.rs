@@ -13,6 +13,8 @@
 //! Pure: request bytes in, request bytes out; frames in, frames out. Frames holding only whole
 //! events that pass are returned as the same `Bytes` (no copy).
 
+use std::collections::VecDeque;
+
 use bytes::{Bytes, BytesMut};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -193,11 +195,14 @@ enum Fate {
     Dropped,
 }
 
-/// The output of one `push`: one slice of the frame when possible, else a new buffer.
+/// The output of one `push`: one slice of the frame when possible, else a list of pieces
+/// (slices of the frame and the few bytes the stripper itself holds or rewrites). Never a copy
+/// of the frame: when the engine packs a whole stream into one frame, the part before a held
+/// finish chunk stays a slice of it (copying it made the stripper the proxy's biggest `memcpy`).
 enum Out {
     Empty,
     Range(usize, usize),
-    Buf(BytesMut),
+    Pieces(Vec<Bytes>),
 }
 
 impl Out {
@@ -208,29 +213,24 @@ impl Out {
         match self {
             Out::Empty => *self = Out::Range(a, b),
             Out::Range(x, y) if *y == a => *self = Out::Range(*x, b),
-            _ => self.bytes(frame, &frame[a..b]),
+            _ => self.piece(frame, frame.slice(a..b)),
         }
     }
-    fn bytes(&mut self, frame: &Bytes, bytes: &[u8]) {
-        if bytes.is_empty() {
+    fn piece(&mut self, frame: &Bytes, piece: Bytes) {
+        if piece.is_empty() {
             return;
         }
         match self {
-            Out::Empty => *self = Out::Buf(BytesMut::from(bytes)),
-            Out::Range(x, y) => {
-                let mut b = BytesMut::with_capacity(*y - *x + bytes.len());
-                b.extend_from_slice(&frame[*x..*y]);
-                b.extend_from_slice(bytes);
-                *self = Out::Buf(b);
-            }
-            Out::Buf(b) => b.extend_from_slice(bytes),
+            Out::Empty => *self = Out::Pieces(vec![piece]),
+            Out::Range(x, y) => *self = Out::Pieces(vec![frame.slice(*x..*y), piece]),
+            Out::Pieces(v) => v.push(piece),
         }
     }
-    fn into_bytes(self, frame: &Bytes) -> Bytes {
+    fn into_pieces(self, frame: &Bytes, out: &mut VecDeque<Bytes>) {
         match self {
-            Out::Empty => Bytes::new(),
-            Out::Range(a, b) => frame.slice(a..b),
-            Out::Buf(b) => b.freeze(),
+            Out::Empty => {}
+            Out::Range(a, b) => out.push_back(frame.slice(a..b)),
+            Out::Pieces(v) => out.extend(v),
         }
     }
 }
@@ -291,8 +291,29 @@ impl UsageStripper {
     /// [`MAX_LINE_BYTES`] (the SSE parser's own limit), both are released unchanged and the
     /// stripper passes every later frame through as it is.
     pub fn push(&mut self, frame: Bytes) -> Bytes {
+        let mut pieces = VecDeque::new();
+        self.push_into(frame, &mut pieces);
+        match pieces.len() {
+            0 => Bytes::new(),
+            1 => pieces.pop_front().unwrap_or_default(),
+            _ => {
+                let mut all = BytesMut::new();
+                pieces.iter().for_each(|p| all.extend_from_slice(p));
+                all.freeze()
+            }
+        }
+    }
+
+    /// [`UsageStripper::push`] without joining what goes out: the pieces, in order, appended
+    /// to `out` (slices of `frame` where the bytes pass unchanged; the proxy's strip body sends
+    /// each as a frame).
+    pub fn push_into(&mut self, frame: Bytes, pieces: &mut VecDeque<Bytes>) {
         if self.gave_up || frame.is_empty() {
-            return frame; // keeps `trailing_cr` for the `\n` that may open the next frame
+            // Keeps `trailing_cr` for the `\n` that may open the next frame.
+            if !frame.is_empty() {
+                pieces.push_back(frame);
+            }
+            return;
         }
         let mut out = Out::Empty;
         let mut start = 0;
@@ -328,10 +349,10 @@ impl UsageStripper {
             self.gave_up = true;
             self.release_held(&frame, &mut out);
             let partial = self.partial.split();
-            out.bytes(&frame, &partial);
+            out.piece(&frame, partial.freeze());
             self.partial = BytesMut::new();
         }
-        out.into_bytes(&frame)
+        out.into_pieces(&frame, pieces);
     }
 
     /// End of stream: whatever is held or incomplete goes out unchanged.
@@ -355,7 +376,7 @@ impl UsageStripper {
 
     fn release_held(&mut self, frame: &Bytes, out: &mut Out) {
         if let Some(h) = self.held.take() {
-            out.bytes(frame, &h);
+            out.piece(frame, h);
         }
     }
 
@@ -373,8 +394,8 @@ impl UsageStripper {
                 }
                 if let Some(h) = self.held.take() {
                     match fingerprint.filter(|_| !self.held_has_fingerprint) {
-                        Some(fp) => out.bytes(frame, &insert_fingerprint(&h, &fp)),
-                        None => out.bytes(frame, &h),
+                        Some(fp) => out.piece(frame, Bytes::from(insert_fingerprint(&h, &fp))),
+                        None => out.piece(frame, h),
                     }
                 }
                 Fate::Dropped
@@ -389,7 +410,7 @@ impl UsageStripper {
                 self.release_held(frame, out);
                 match range {
                     Some((a, b)) => out.range(frame, a, b),
-                    None => out.bytes(frame, &event),
+                    None => out.piece(frame, event),
                 }
                 Fate::Passed
             }

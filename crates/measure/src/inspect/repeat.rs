@@ -11,7 +11,7 @@
 //! character: then it tokenizes as the template does, with one string's text changed, and the
 //! scan would return the template's answer. Anything else (other text, a new key, a
 //! `finish_reason`, an escape) is a miss: a full scan, which becomes the new template when it is a
-//! valid chunk. `tests` below and the differential test hold the cache equal to
+//! valid chunk with output text to vary (else the old template stays). `tests` below and the differential test hold the cache equal to
 //! [`inspect_chunk`] on every event.
 
 use super::{inspect_chunk, ChunkInfo, ChunkKind};
@@ -36,18 +36,22 @@ pub struct Template {
 
 impl Template {
     /// Keeps `bytes` as the template when it has an output span (and is not too long); else
-    /// forgets the old one. `bytes` must be a valid JSON text, or one whose only bytes outside
-    /// it hold no quote (an SSE `data:` line and its line end).
+    /// keeps the old one (a template stays true: an event with an escape in its text must not
+    /// make the plain ones after it miss). `bytes` must be a valid JSON text, or one whose only
+    /// bytes outside it hold no quote (an SSE `data:` line and its line end).
     pub fn learn(&mut self, bytes: &[u8]) -> bool {
-        self.n_spans = 0;
-        if bytes.len() <= MAX_TEMPLATE {
-            self.n_spans = output_spans(bytes, &mut self.spans);
+        if bytes.len() > MAX_TEMPLATE {
+            return false;
         }
-        if self.n_spans > 0 {
+        let mut spans = [(0, 0); MAX_SPANS];
+        let n = output_spans(bytes, &mut spans);
+        if n > 0 {
+            self.spans = spans;
+            self.n_spans = n;
             self.bytes.clear();
             self.bytes.extend_from_slice(bytes);
         }
-        self.n_spans > 0
+        n > 0
     }
 
     /// `bytes` is the template with other non-empty plain text in one output span: the range
@@ -73,7 +77,7 @@ pub enum Seen {
     Repeat(std::ops::Range<usize>),
     /// Scanned, and kept as the new template.
     Learned,
-    /// Scanned, not kept (no valid chunk, or no output text to vary).
+    /// Scanned, not kept (no valid chunk, or no output text to vary): the template stays.
     Scanned,
 }
 
@@ -108,7 +112,6 @@ impl RepeatCache {
             self.info = info;
             return (info, Seen::Learned);
         }
-        self.template.n_spans = 0;
         (info, Seen::Scanned)
     }
 }
