@@ -5,6 +5,8 @@
 # upstream; each proxy binary runs under callgrind. Per binary and body kind: wrk warms the
 # connection for 2 s, the counters are zeroed, wrk runs SECS seconds (2 connections), the
 # counters are dumped: instructions / requests, malloc+calloc+realloc+posix_memalign / requests.
+# `net_of_idle` takes off what the process does in SECS seconds without requests (measured
+# first, once per binary): the figure to compare between runs on a busy machine.
 # Streaming (64 tokens, usage injected and stripped) and non-streaming, metering on (MEASURE=false:
 # off). Each dump is kept as /tmp/goodput-instructions/KIND.BIN.PID.cg (callgrind_annotate FILE).
 #   scripts/bench-instructions.sh [BIN...]     # default: target/release/goodput-proxy
@@ -48,6 +50,15 @@ for bin in "${bins[@]}"; do
         valgrind --tool=callgrind --compress-strings=no --callgrind-out-file="$W/cg.%p" "$bin" serve >"$W/proxy.log" 2>&1 & pid=$!
     pids+=($pid)
     ready 18511
+    # What the process does with no request in SECS seconds (engine scraper, timers): taken
+    # off each kind's count, so that the per-request figure does not grow when a loaded
+    # machine serves fewer requests in the same time.
+    callgrind_control -z "$pid" >/dev/null
+    sleep "$SECS"
+    rm -f "$W"/cg."$pid".*
+    callgrind_control -d "$pid" >/dev/null
+    sleep 1
+    idle=$(awk '/^(summary|totals):/ {print $2; exit}' "$(ls -t "$W"/cg."$pid".* | head -1)")
     for kind in stream json; do
         stream=0; [[ $kind == stream ]] && stream=1
         BENCH_STREAM=$stream wrk -t1 -c2 -d2s -s scripts/bench/wrk.lua http://127.0.0.1:18511/v1/chat/completions >/dev/null
@@ -61,8 +72,8 @@ for bin in "${bins[@]}"; do
         ir=$(awk '/^(summary|totals):/ {print $2; exit}' "$dump")
         a=$(allocs "$dump")
         cp "$dump" "$W/$kind.$(basename "$bin").$pid.cg"  # for callgrind_annotate
-        printf '%-40s %-6s requests=%-6s instructions_per_req=%-9s allocs_per_req=%s %s\n' "$bin" "$kind" "$n" \
-            "$((ir / n))" "$(awk -v a="$a" -v n="$n" 'BEGIN { printf "%.1f", a / n }')" \
+        printf '%-28s %-6s requests=%-6s instructions_per_req=%-9s net_of_idle=%-9s allocs_per_req=%s %s\n' "$bin" "$kind" "$n" \
+            "$((ir / n))" "$(((ir - idle) / n))" "$(awk -v a="$a" -v n="$n" 'BEGIN { printf "%.1f", a / n }')" \
             "$(grep -E 'Non-2xx|Socket errors' <<<"$out" | tr '\n' ' ')"
     done
     kill "$pid"; wait "$pid" 2>/dev/null || true

@@ -17,7 +17,7 @@
 #   held   `goodput-loadtest bench burst` of STREAMS streams held open ~HOLD_S s each: the
 #          forwarder's RSS before, at the peak (per open stream) and 2 s after they ended
 #   burst  STREAMS zero-cost streams started at once on new connections: errors counted
-# Env: SECS=4 ROUNDS=2 CONNS="1 64 512" PACED="64 512" STREAMS=10000 HOLD_S=20 OUT=out/bench
+# Env: SECS=4 ROUNDS=2 CONNS="1 64 512" PACED="64 512" STREAMS=10000 HOLD_S=12 OUT=out/bench
 #      LITELLM=auto|off (auto: use `import litellm` from python3 or LITELLM_VENV, else try
 #      `pip install 'litellm[proxy]' prometheus_client` once into LITELLM_VENV=/tmp/goodput-bench-litellm)
 #      PROXY_BIN=path (skip the build and bench that binary) BASE_PORT=18500
@@ -33,7 +33,7 @@ ROUNDS="${ROUNDS:-2}"
 CONNS="${CONNS:-1 64 512}"
 PACED="${PACED:-64 512}"
 STREAMS="${STREAMS:-10000}"
-HOLD_S="${HOLD_S:-20}"
+HOLD_S="${HOLD_S:-12}"
 OUT="${OUT:-out/bench}"
 PARTS="${PARTS:-wrk paced held burst}"
 LITELLM="${LITELLM:-auto}"

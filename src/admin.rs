@@ -1,7 +1,8 @@
 //! Admin listener routes, on their own port: `/healthz` (alive), `/readyz` (an upstream answers
 //! and the process is not draining), `/metrics` (Prometheus text: the proxy's families, then
 //! every engine's relabelled `upstream`), `/stats` (exact statistics
-//! over the recent request records).
+//! over the recent request records), `/trace/<request-id>` (a traced request's token-level
+//! trace while it is kept).
 
 use std::collections::HashSet;
 use std::convert::Infallible;
@@ -44,6 +45,7 @@ pub async fn handle<B>(
         "/readyz" => readyz(&state),
         "/metrics" => metrics(&state),
         "/stats" => stats(&state, req.uri().query()),
+        p if p.starts_with("/trace/") => trace(&state, &p["/trace/".len()..]),
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     })
 }
@@ -119,6 +121,53 @@ fn stats(state: &AppState, query: Option<&str>) -> Response<Full<Bytes>> {
             json(StatusCode::BAD_REQUEST, &doc)
         }
     }
+}
+
+/// `GET /trace/<request-id>` (the id percent-decoded): `{"id", "record", "trace"}` while the
+/// traced request's record and trace are kept in the ring (`[trace] max_traces`), else a 404
+/// in the OpenAI error shape.
+fn trace(state: &AppState, raw_id: &str) -> Response<Full<Bytes>> {
+    let id = percent_decode(raw_id);
+    match state.meter.ring().trace(&id) {
+        Some((record, trace)) => {
+            let doc = serde_json::json!({ "id": id, "record": record, "trace": trace });
+            json(StatusCode::OK, &doc)
+        }
+        None => {
+            let doc = serde_json::json!({ "error": {
+                "message": format!("no trace of request {id:?}: it was not traced, or its trace is no longer kept"),
+                "type": "not_found",
+                "param": "request_id",
+                "code": 404,
+            }});
+            json(StatusCode::NOT_FOUND, &doc)
+        }
+    }
+}
+
+/// `%XX` decoded (a path segment: `+` stays itself); invalid UTF-8 replaced.
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| char::from(c).to_digit(16);
+        match (
+            b[i],
+            b.get(i + 1).copied().and_then(hex),
+            b.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn json(status: StatusCode, doc: &serde_json::Value) -> Response<Full<Bytes>> {

@@ -346,7 +346,12 @@ fn build_meter(config: &Config, registry: &prometheus::Registry) -> anyhow::Resu
         sinks,
         m.usage_injection == UsageInjection::Auto,
     )
-    .with_instance(&config.server.instance);
+    .with_instance(&config.server.instance)
+    .with_trace(
+        config.trace.sample_rate,
+        config.trace.bounds,
+        config.trace.max_traces,
+    );
     Ok(if m.enabled { meter } else { meter.disabled() })
 }
 

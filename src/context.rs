@@ -20,6 +20,9 @@ use crate::body::strip::StripReport;
 use goodput_measure::agent::ToolSet;
 
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+/// The client asks the proxy for a token-level trace of its stream (`1`); addressed to the
+/// proxy alone: forwarding drops it.
+pub const X_GOODPUT_TRACE: HeaderName = HeaderName::from_static("x-goodput-trace");
 
 /// The client connection a request came on (the listener inserts it as an extension).
 #[derive(Debug, Clone, Copy)]

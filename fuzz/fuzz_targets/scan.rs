@@ -6,8 +6,8 @@
 
 use bytes::Bytes;
 use goodput_measure::inspect::{
-    inspect_response, scan_event, ChoiceInfo, ChunkKind, ResponseInfo, Usage,
-    MAX_CHOICES_PER_CHUNK,
+    inspect_response, scan_event, scan_event_logged, ChoiceInfo, ChunkKind, Phases,
+    ResponseInfo, TokenLog, Usage, MAX_CHOICES_PER_CHUNK,
 };
 use goodput_measure::usage::UsageStripper;
 use goodput_measure::FinishReason;

@@ -4,11 +4,13 @@
 use std::time::Duration;
 
 use super::raw::{
-    Limit, RawAuth, RawClickHouse, RawConfig, RawLimits, RawMeasure, RawServer, RawSlo, RawUpstream,
+    Limit, RawAuth, RawClickHouse, RawConfig, RawLimits, RawMeasure, RawServer, RawSlo, RawTrace,
+    RawUpstream,
 };
 use super::{
     AuthConfig, BaseUrl, ClickHouseConfig, Config, DnsTarget, EngineConfig, JsonlSink,
-    MeasureConfig, Origin, Problem, ServerConfig, TenantConfig, TlsFiles, UpstreamConfig,
+    MeasureConfig, Origin, Problem, ServerConfig, TenantConfig, TlsFiles, TraceConfig,
+    UpstreamConfig,
 };
 use goodput_measure::slo::{Slo, SloTable};
 
@@ -26,6 +28,7 @@ pub fn check(raw: &RawConfig, origin: &dyn Fn(&str) -> Origin) -> Result<Config,
         auth: c.auth(&raw.auth, raw.measure.enabled),
         log: raw.log.clone(),
         measure: c.measure(&raw.measure),
+        trace: c.trace(&raw.trace),
         slo: c.slo(&raw.slo),
         engine: EngineConfig {
             scrape: e.scrape,
@@ -298,6 +301,19 @@ impl Checker<'_> {
             goodput_window: Duration::from_secs(
                 self.positive("measure.goodput_window_s", m.goodput_window_s),
             ),
+        }
+    }
+
+    fn trace(&mut self, t: &RawTrace) -> TraceConfig {
+        if !(0.0..=1.0).contains(&t.sample_rate) {
+            self.bad("trace.sample_rate", "must be between 0 and 1");
+        }
+        TraceConfig {
+            sample_rate: t.sample_rate,
+            bounds: goodput_measure::trace::TraceBounds {
+                max_tokens: self.positive("trace.max_tokens", t.max_tokens),
+            },
+            max_traces: t.max_traces,
         }
     }
 

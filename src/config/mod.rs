@@ -45,6 +45,8 @@ pub struct Config {
     pub auth: AuthConfig,
     pub log: LogConfig,
     pub measure: MeasureConfig,
+    /// `[trace]`: which requests get a token-level trace, and its bounds.
+    pub trace: TraceConfig,
     /// The SLOs every request is judged by (per model where configured).
     pub slo: SloTable,
     pub engine: EngineConfig,
@@ -108,6 +110,16 @@ pub struct MeasureConfig {
     /// `measure.sink_path` and its rotation, when set.
     pub jsonl: Option<JsonlSink>,
     pub goodput_window: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TraceConfig {
+    /// Share of generation requests traced without asking (0..=1).
+    pub sample_rate: f64,
+    /// Each trace's bounds (`max_tokens`).
+    pub bounds: goodput_measure::trace::TraceBounds,
+    /// Traces kept in the ring (0: none).
+    pub max_traces: usize,
 }
 
 #[derive(Debug, Clone)]

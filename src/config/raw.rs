@@ -20,6 +20,8 @@ pub struct RawConfig {
     pub auth: RawAuth,
     pub log: LogConfig,
     pub measure: RawMeasure,
+    /// Token-level traces (`[trace]`): which requests are traced, and how much is kept.
+    pub trace: RawTrace,
     pub slo: RawSlo,
     pub engine: RawEngine,
     /// Record sinks besides the JSONL file of `[measure]`: `[sink.clickhouse]`.
@@ -292,6 +294,33 @@ impl Default for RawMeasure {
             sink_keep: 3,
             sink_queue: 65_536,
             goodput_window_s: 60,
+        }
+    }
+}
+
+/// `[trace]`: token-level traces of streams (issue 13). A request is traced when it sends
+/// `x-goodput-trace: 1` (the header is the proxy's: it is not forwarded) or when it is
+/// sampled; its trace is kept beside its record in the `/stats` ring (admin
+/// `GET /trace/<request-id>`) and written with its record to the JSONL sink.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawTrace {
+    /// Share of generation requests traced without asking, 0 to 1. Default 0.
+    pub sample_rate: f64,
+    /// Tokens kept per trace (an output event without logprobs counts as one); the rest are
+    /// counted, not kept.
+    pub max_tokens: usize,
+    /// Traces kept in memory for `GET /trace/<id>` (the oldest goes first); 0 keeps none
+    /// (the JSONL sink still gets them).
+    pub max_traces: usize,
+}
+
+impl Default for RawTrace {
+    fn default() -> Self {
+        Self {
+            sample_rate: 0.0,
+            max_tokens: goodput_measure::trace::DEFAULT_MAX_TOKENS,
+            max_traces: goodput_measure::record::DEFAULT_TRACE_CAPACITY,
         }
     }
 }

@@ -397,6 +397,52 @@ fn limits_and_trusted_proxies_from_file_and_env_each_bad_one_named() {
 }
 
 #[test]
+fn trace_settings_are_checked_by_field_and_overridable_from_the_environment() {
+    let c = Config::from_toml("", "d.toml").unwrap();
+    assert_eq!(c.trace.sample_rate, 0.0, "off unless asked");
+    assert_eq!(c.trace.bounds.max_tokens, 4096);
+    assert_eq!(c.trace.max_traces, 64);
+    for (toml, field) in [
+        ("[trace]\nsample_rate = 1.5\n", "trace.sample_rate"),
+        ("[trace]\nsample_rate = -0.1\n", "trace.sample_rate"),
+        ("[trace]\nsample_rate = nan\n", "trace.sample_rate"),
+        ("[trace]\nmax_tokens = 0\n", "trace.max_tokens"),
+        ("[trace]\nmax_trace = 1\n", "trace.max_trace"),
+    ] {
+        let p = problems(toml, &[]);
+        assert_eq!(p.len(), 1, "{toml}: {p:?}");
+        assert_eq!(p[0].field, field, "{toml}");
+    }
+    let p = problems("", &[("GOODPUT_PROXY_TRACE_SAMPLE_RATE", "2")]);
+    assert_eq!(
+        (p.len(), p[0].field.as_str(), &p[0].origin),
+        (
+            1,
+            "trace.sample_rate",
+            &Origin::Env("GOODPUT_PROXY_TRACE_SAMPLE_RATE".into())
+        )
+    );
+    let c = Config::load(
+        None,
+        env(&[
+            ("GOODPUT_PROXY_TRACE_SAMPLE_RATE", "0.25"),
+            ("GOODPUT_PROXY_TRACE_MAX_TOKENS", "10"),
+            ("GOODPUT_PROXY_TRACE_MAX_TRACES", "0"),
+        ]),
+        vec![],
+    )
+    .unwrap();
+    assert_eq!(
+        (
+            c.trace.sample_rate,
+            c.trace.bounds.max_tokens,
+            c.trace.max_traces
+        ),
+        (0.25, 10, 0)
+    );
+}
+
+#[test]
 fn auth_problems_each_name_their_field() {
     let good = crate::auth::hex(&crate::auth::digest_of(b"k"));
     let toml = format!(

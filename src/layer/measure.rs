@@ -32,7 +32,7 @@ use crate::auth::{Tenant, NO_TENANT};
 use crate::body::metered::{MeteredBody, OnFinish};
 use crate::body::BoxError;
 use crate::body::ProxyBody;
-use crate::context::RequestContext;
+use crate::context::{RequestContext, X_GOODPUT_TRACE};
 use crate::error::ProxyError;
 use crate::metrics::{Metrics, RequestMetrics, OTHER_MODEL};
 use crate::sink::Sinks;
@@ -42,6 +42,7 @@ use goodput_measure::meter::{Measurement, StreamMeter};
 use goodput_measure::outcome::{Ending, Outcome};
 use goodput_measure::record::{RecordRing, RequestRecord, DEFAULT_GAP_CAPACITY};
 use goodput_measure::slo::{judge, Slo, SloTable};
+use goodput_measure::trace::TraceBounds;
 
 /// ITL gaps kept per request for exact `/stats` percentiles (beyond, the histogram still
 /// counts every gap).
@@ -61,6 +62,9 @@ pub struct Meter {
     /// Woken when a request names a model that has no label yet: the model learner re-reads
     /// the upstreams' `/v1/models` (see `app.rs`).
     unknown_model: Notify,
+    /// `[trace] sample_rate` and `max_tokens`.
+    trace_rate: f64,
+    trace_bounds: TraceBounds,
 }
 
 impl Meter {
@@ -82,7 +86,23 @@ impl Meter {
             usage_injection,
             enabled: true,
             unknown_model: Notify::new(),
+            trace_rate: 0.0,
+            trace_bounds: TraceBounds::default(),
         }
+    }
+
+    /// `[trace]`: trace this share of streams besides those that ask (`x-goodput-trace`),
+    /// each within `bounds`, and keep at most `max_traces` traces in the ring.
+    pub fn with_trace(mut self, sample_rate: f64, bounds: TraceBounds, max_traces: usize) -> Self {
+        self.trace_rate = sample_rate;
+        self.trace_bounds = bounds;
+        self.ring = self.ring.with_trace_capacity(max_traces);
+        self
+    }
+
+    /// Whether a stream is traced: asked for, or sampled.
+    fn traced(&self, asked: bool) -> bool {
+        asked || (self.trace_rate > 0.0 && rand::random::<f64>() < self.trace_rate)
     }
 
     /// Names this replica in every record (`server.instance`).
@@ -191,8 +211,21 @@ impl Pending {
             .with_tenant(tenant),
         );
         self.rm.finish(&m, &v);
-        self.meter.sinks.send(&rec);
-        self.meter.ring.push(rec, m.itl_gaps);
+        match m.trace {
+            // A traced request: the sinks get the record with its trace, the ring keeps the
+            // trace beside the record under its own bound.
+            Some(trace) => {
+                let trace = Arc::new(trace);
+                let mut full = (*rec).clone();
+                full.trace = Some(trace.clone());
+                self.meter.sinks.send(&Arc::new(full));
+                self.meter.ring.push_traced(rec, m.itl_gaps, Some(trace));
+            }
+            None => {
+                self.meter.sinks.send(&rec);
+                self.meter.ring.push(rec, m.itl_gaps);
+            }
+        }
     }
 }
 
@@ -227,6 +260,17 @@ fn body_error_ending(e: &BoxError) -> Ending {
 /// no tokens to time and would only dilute the statistics.
 pub fn is_generation(path: &str) -> bool {
     path.ends_with("/completions")
+}
+
+/// `x-goodput-trace` asks for a trace: `1`, `true`, `yes` or `on` (any case), as the engine
+/// reads a boolean. Forwarding never sends the header upstream (`upstream/forward.rs`).
+fn trace_asked(headers: &http::HeaderMap) -> bool {
+    headers.get(X_GOODPUT_TRACE).is_some_and(|v| {
+        let v = v.as_bytes().trim_ascii();
+        ["1", "true", "yes", "on"]
+            .iter()
+            .any(|t| v.eq_ignore_ascii_case(t.as_bytes()))
+    })
 }
 
 /// A request the proxy answered itself (as opposed to an error from forwarding it).
@@ -293,6 +337,7 @@ where
         let open = Open {
             meter: self.meter.clone(),
             generation: is_generation(req.uri().path()),
+            trace_asked: trace_asked(req.headers()),
             ctx,
             pending: None,
         };
@@ -361,6 +406,8 @@ struct Open {
     generation: bool,
     /// Started once collect has read the model (see [`Open::begin_once_forwarded`]).
     pending: Option<Pending>,
+    /// The client sent `x-goodput-trace: 1`.
+    trace_asked: bool,
 }
 
 impl Open {
@@ -422,6 +469,10 @@ impl Open {
         let mut sm = StreamMeter::new(ctx.t0, stream)
             .keep_gaps(GAPS_KEPT_PER_REQUEST)
             .with_tools(tools);
+        // Only streams have events to trace (a JSON body is one moment).
+        if stream && self.meter.traced(self.trace_asked) {
+            sm = sm.trace(self.meter.trace_bounds);
+        }
         sm.on_head(Instant::now(), parts.status.as_u16());
         let upstream = parts.extensions.get::<ServedBy>().map(|s| s.0.clone());
         if let Some(u) = &upstream {

@@ -21,7 +21,9 @@ use goodput_measure::record::RequestRecord;
 pub fn write_row(rec: &RequestRecord, uid: &str, out: &mut Vec<u8>) {
     let mut row = Map::new();
     row.insert("uid".into(), Value::String(uid.into()));
-    if let Ok(Value::Object(fields)) = serde_json::to_value(rec) {
+    if let Ok(Value::Object(mut fields)) = serde_json::to_value(rec) {
+        // A trace is a list of events, not columns: it goes to the JSONL sink only.
+        fields.remove("trace");
         flatten("", fields, &mut row);
     }
     // A map of plain values always serializes.

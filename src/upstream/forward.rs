@@ -20,7 +20,7 @@ use super::deadline::DeadlineBody;
 use super::headers::{strip_hop_by_hop, Forwarded, Hop};
 use super::Upstreams;
 use crate::body::ProxyBody;
-use crate::context::{ConnInfo, RequestContext, X_REQUEST_ID};
+use crate::context::{ConnInfo, RequestContext, X_GOODPUT_TRACE, X_REQUEST_ID};
 use crate::error::ProxyError;
 
 /// Which replica served a response (a response extension, read by the access log and meter).
@@ -155,6 +155,8 @@ fn upstream_headers(parts: &http::request::Parts, forwarded: Forwarded) -> http:
         .and_then(|v| v.to_str().ok().map(str::to_string))
         .or_else(|| parts.uri.authority().map(|a| a.to_string()));
     h.remove(header::CONTENT_LENGTH);
+    // The proxy's own request header (a trace of this stream): the engine never sees it.
+    h.remove(X_GOODPUT_TRACE);
     // The body is already read: a 100-continue handshake has nothing left to gate.
     h.remove(header::EXPECT);
     let conn = parts.extensions.get::<ConnInfo>();

@@ -30,3 +30,4 @@ mod sim_faults;
 mod sim_fidelity;
 mod sim_pack;
 mod sim_stream;
+mod trace;

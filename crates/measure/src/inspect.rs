@@ -11,6 +11,8 @@ use crate::scan::{Cursor, Malformed, Scan, Str};
 
 mod repeat;
 pub use repeat::{RepeatCache, Seen, Template};
+mod tokens;
+pub use tokens::{LoggedAlt, LoggedChoice, LoggedToken, Phases, Span, TokenLog};
 
 /// Choices kept per chunk. vLLM and OpenAI send one choice per streamed chunk; a chunk with
 /// more keeps the first ones here and counts all of them in [`ChunkInfo::choice_count`].
@@ -27,6 +29,8 @@ pub struct ChoiceInfo {
     /// present, else 1 when it carries output.
     pub tokens: u32,
     pub finish: Option<FinishReason>,
+    /// Which kinds of output its delta carried (reasoning, answer, tool call).
+    pub phases: Phases,
 }
 
 /// What kind of payload an SSE data event was.
@@ -145,7 +149,20 @@ pub fn inspect_chunk(data: &[u8]) -> ChunkInfo {
 /// [`ChunkKind::Unknown`]; output is a `text` / `delta` field that is not `null`, `""`, `[]` or
 /// `{}`.
 pub fn scan_event(data: &[u8]) -> EventScan {
+    scan_event_into(data, None)
+}
+
+/// [`scan_event`], noting each token's logprob (and, for a traced request, texts and
+/// alternatives) in `log` in the same pass (see [`TokenLog`]). The caller clears the log.
+pub fn scan_event_logged(data: &[u8], log: &mut TokenLog) -> EventScan {
+    scan_event_into(data, Some(log))
+}
+
+fn scan_event_into(data: &[u8], mut log: Option<&mut TokenLog>) -> EventScan {
     let lead = data.len() - data.trim_ascii_start().len();
+    if let Some(l) = log.as_deref_mut() {
+        l.lead = lead;
+    }
     let data = data.trim_ascii();
     let mut scan = EventScan {
         info: ChunkInfo::of_kind(ChunkKind::Unknown),
@@ -155,7 +172,7 @@ pub fn scan_event(data: &[u8]) -> EventScan {
         scan.info.kind = ChunkKind::Done;
         return scan;
     }
-    match read_body(data, &mut scan.info) {
+    match read_body(data, &mut scan.info, log) {
         Ok(body) => {
             scan.info.kind = if body.is_error() {
                 ChunkKind::Error
@@ -176,6 +193,18 @@ pub fn scan_event(data: &[u8]) -> EventScan {
 
 /// Inspect a whole non-streaming JSON response body (read as [`scan_event`] reads a chunk).
 pub fn inspect_response(body: &[u8]) -> ResponseInfo {
+    inspect_response_into(body, None)
+}
+
+/// [`inspect_response`], noting the choices' logprobs in `log` (see [`scan_event_logged`]).
+pub fn inspect_response_logged(body: &[u8], log: &mut TokenLog) -> ResponseInfo {
+    inspect_response_into(body, Some(log))
+}
+
+fn inspect_response_into(body: &[u8], mut log: Option<&mut TokenLog>) -> ResponseInfo {
+    if let Some(l) = log.as_deref_mut() {
+        l.lead = body.len() - body.trim_ascii_start().len();
+    }
     let mut info = ResponseInfo {
         parsed: false,
         error: false,
@@ -186,7 +215,7 @@ pub fn inspect_response(body: &[u8]) -> ResponseInfo {
         usage: None,
     };
     let mut chunk = ChunkInfo::of_kind(ChunkKind::Unknown);
-    let Ok(raw) = read_body(body.trim_ascii(), &mut chunk) else {
+    let Ok(raw) = read_body(body.trim_ascii(), &mut chunk, log) else {
         return info;
     };
     info.parsed = true;
@@ -252,7 +281,7 @@ const BODY_KEYS: &[&[u8]] = &[
 
 /// Reads the top level; the choices and usage go straight into `out` (no copy of the choice
 /// array per event), the rest is returned.
-fn read_body(data: &[u8], out: &mut ChunkInfo) -> Scan<Body> {
+fn read_body(data: &[u8], out: &mut ChunkInfo, mut log: Option<&mut TokenLog>) -> Scan<Body> {
     let mut c = Cursor::new(data);
     let mut body = Body::default();
     let (mut choices, mut usage) = (Ok(()), Ok(None));
@@ -260,9 +289,12 @@ fn read_body(data: &[u8], out: &mut ChunkInfo) -> Scan<Body> {
         match key.one_of(BODY_KEYS) {
             Some(0) => {
                 clear_choices(out, &mut body);
+                if let Some(l) = log.as_deref_mut() {
+                    l.restart();
+                }
                 body.choices = !c.null();
                 choices = if body.choices {
-                    c.read_or_skip(|c| read_choices(c, out, &mut body.failed))?
+                    c.read_or_skip(|c| read_choices(c, out, &mut body.failed, &mut log))?
                 } else {
                     Ok(())
                 };
@@ -328,9 +360,14 @@ fn read_usage(c: &mut Cursor<'_>) -> Scan<Usage> {
     })
 }
 
-fn read_choices(c: &mut Cursor<'_>, out: &mut ChunkInfo, failed: &mut u32) -> Scan<()> {
+fn read_choices(
+    c: &mut Cursor<'_>,
+    out: &mut ChunkInfo,
+    failed: &mut u32,
+    log: &mut Option<&mut TokenLog>,
+) -> Scan<()> {
     c.array(|c| {
-        let s = read_choice(c)?;
+        let s = read_choice(c, log)?;
         out.choice_count = out.choice_count.saturating_add(1);
         out.finished_count += u32::from(s.finish.is_some());
         *failed += u32::from(s.finish.is_some_and(FinishReason::engine_gave_up));
@@ -354,23 +391,37 @@ fn read_finish(c: &mut Cursor<'_>) -> Scan<FinishReason> {
     c.string().map(finish_reason)
 }
 
-fn read_choice(c: &mut Cursor<'_>) -> Scan<ChoiceInfo> {
+fn read_choice(c: &mut Cursor<'_>, log: &mut Option<&mut TokenLog>) -> Scan<ChoiceInfo> {
     let (mut index, mut delta, mut finish, mut logprobs) = (Ok(0), Ok(None), Ok(None), Ok(None));
-    let mut text = false;
+    let mut text = (false, 0);
+    let mark = log.as_deref().map(TokenLog::mark);
+    let detail = log.as_deref().is_some_and(|l| l.detail);
     c.object(|c, key| {
         match key.one_of(CHOICE_KEYS) {
             Some(0) => index = c.read_or_skip(read_index)?,
-            Some(1) => delta = nullable(c, read_delta)?,
-            Some(2) => text = c.non_empty()?,
+            Some(1) => delta = nullable(c, |c| read_delta(c, detail))?,
+            Some(2) if detail => text = tokens::text_field(c)?,
+            Some(2) => text = (c.non_empty()?, 0),
             Some(3) => finish = nullable(c, read_finish)?,
-            Some(4) => logprobs = nullable(c, read_logprobs)?,
+            Some(4) => {
+                logprobs = match (log.as_deref_mut(), mark) {
+                    // A repeated key replaces what an earlier one logged (also with `null`).
+                    (Some(l), Some(m)) => {
+                        l.truncate(m);
+                        nullable(c, |c| l.read_logprobs(c, m))?
+                    }
+                    _ => nullable(c, read_logprobs)?,
+                }
+            }
             _ => c.skip()?,
         }
         Ok(())
     })?;
-    let output = text || delta? == Some(true);
+    let (phases, delta_len) = delta?.unwrap_or_default();
+    let phases = phases.with(Phases::ANSWER, text.0);
+    let output = !phases.is_empty();
     let logprobs = logprobs?.unwrap_or(0);
-    Ok(ChoiceInfo {
+    let info = ChoiceInfo {
         index: index?,
         output,
         tokens: if logprobs > 0 {
@@ -379,7 +430,12 @@ fn read_choice(c: &mut Cursor<'_>) -> Scan<ChoiceInfo> {
             u32::from(output)
         },
         finish: finish?,
-    })
+        phases,
+    };
+    if let (Some(l), Some(m)) = (log.as_deref_mut(), mark) {
+        l.end_choice(m, info.index, phases, delta_len.saturating_add(text.1));
+    }
+    Ok(info)
 }
 
 const DELTA_KEYS: &[&[u8]] = &[
@@ -389,17 +445,25 @@ const DELTA_KEYS: &[&[u8]] = &[
     b"tool_calls",
 ];
 
-/// Whether a `delta` carries output.
-fn read_delta(c: &mut Cursor<'_>) -> Scan<bool> {
-    let mut fields = [false; 4];
+/// Which kinds of output a `delta` carries; `detail` (a traced request): and the decoded
+/// length of its texts (tool calls: their name and argument fragments).
+fn read_delta(c: &mut Cursor<'_>, detail: bool) -> Scan<(Phases, u32)> {
+    let mut fields = [(false, 0u32); 4];
     c.object(|c, key| {
         match key.one_of(DELTA_KEYS) {
-            Some(k) => fields[k] = c.non_empty()?,
+            Some(3) if detail => fields[3] = tokens::tool_text(c)?,
+            Some(k) if detail => fields[k] = tokens::text_field(c)?,
+            Some(k) => fields[k] = (c.non_empty()?, 0),
             None => c.skip()?,
         }
         Ok(())
     })?;
-    Ok(fields.contains(&true))
+    let phases = Phases::default()
+        .with(Phases::ANSWER, fields[0].0)
+        .with(Phases::REASONING, fields[1].0 || fields[2].0)
+        .with(Phases::TOOL_CALL, fields[3].0);
+    let len = fields.iter().fold(0u32, |n, f| n.saturating_add(f.1));
+    Ok((phases, len))
 }
 
 /// Tokens counted by `logprobs`: `content` (chat) entries when present, else legacy `tokens`.

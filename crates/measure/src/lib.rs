@@ -15,12 +15,13 @@ pub mod scan;
 pub mod slo;
 pub mod sse;
 pub mod stats;
+pub mod trace;
 pub mod usage;
 pub mod window;
 
 pub use inspect::{
-    inspect_chunk, inspect_response, scan_event, ChoiceInfo, ChunkInfo, ChunkKind, EventScan,
-    ResponseInfo, Usage,
+    inspect_chunk, inspect_response, scan_event, scan_event_logged, ChoiceInfo, ChunkInfo,
+    ChunkKind, EventScan, Phases, ResponseInfo, TokenLog, Usage,
 };
 pub use meter::{Measurement, StreamMeter};
 pub use outcome::{Ending, FinishReason, Outcome};

@@ -9,9 +9,13 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::agent::{inspect_response_agent, AgentMeter, AgentSummary, ToolSet};
-use crate::inspect::{inspect_response, ChunkInfo, ChunkKind, RepeatCache, Seen, Usage};
+use crate::inspect::{
+    inspect_response_logged, scan_event_logged, ChunkInfo, ChunkKind, RepeatCache, Seen, TokenLog,
+    Usage,
+};
 use crate::outcome::{Ending, FinishReason, Outcome};
 use crate::sse::{SseEvent, SseParser};
+use crate::trace::{LogprobAcc, LogprobSummary, Trace, TraceBounds, TraceBuilder};
 
 /// Largest non-streaming JSON body the meter buffers to judge it. A bigger body is passed
 /// through untouched and judged by its ending alone (complete => success), without tokens.
@@ -71,6 +75,10 @@ pub struct Measurement {
     /// Reasoning and tool-call phases and validity (issue 13), when the response carried
     /// reasoning or a tool call.
     pub agent: Option<AgentSummary>,
+    /// The logprob summary, when the response carried logprobs.
+    pub logprobs: Option<LogprobSummary>,
+    /// The token-level trace of a traced stream ([`StreamMeter::trace`]).
+    pub trace: Option<Trace>,
 }
 
 impl Measurement {
@@ -100,6 +108,8 @@ impl Measurement {
             usage_stripped: false,
             itl_gaps: Vec::new(),
             agent: None,
+            logprobs: None,
+            trace: None,
         }
     }
 
@@ -162,7 +172,12 @@ struct Timeline {
     gaps: Vec<f32>,
     gap_cap: usize,
     agent: AgentMeter,
-    /// Events that repeat the last scanned one but for their text are not scanned again.
+    /// What the scanner notes per token (reused: no allocation per event once warm).
+    log: TokenLog,
+    logprobs: LogprobAcc,
+    trace: Option<TraceBuilder>,
+    /// Events that repeat the last scanned one but for their text are not scanned again
+    /// (untraced requests: a trace notes each event's text).
     repeat: RepeatCache,
     /// The agent meter passed the repeat cache's template by without looking inside.
     agent_quiet_template: bool,
@@ -194,6 +209,9 @@ impl Timeline {
             more: Vec::new(),
             gaps: Vec::new(),
             gap_cap: 0,
+            log: TokenLog::default(),
+            logprobs: LogprobAcc::default(),
+            trace: None,
             repeat: RepeatCache::new(),
             agent_quiet_template: false,
             #[cfg(test)]
@@ -223,21 +241,20 @@ impl Timeline {
             self.inband_error = true;
             return;
         }
-        #[cfg(test)]
-        if self.repeat_off {
-            let info = crate::inspect::inspect_chunk(ev.data);
-            match info.kind {
-                ChunkKind::Done => self.done = true,
-                ChunkKind::Error => self.inband_error = true,
-                ChunkKind::Unknown => {}
-                ChunkKind::Chunk => {
-                    self.on_chunk(t, &info, on_gap);
-                    self.agent.on_event(t, ev.data, info.output);
-                }
+        let (info, seen) = match self.repeated(ev.data) {
+            Some(hit) => hit,
+            None => {
+                let info = scan_event_logged(ev.data, &mut self.log).info;
+                // A template must log nothing (no logprobs): its repeats skip the log.
+                let tokenless = self.log.tokens.is_empty() && self.log.alternatives.is_empty();
+                let seen = if tokenless && self.cacheable() {
+                    self.repeat.learn(ev.data, &info)
+                } else {
+                    Seen::Scanned
+                };
+                (info, seen)
             }
-            return;
-        }
-        let (info, seen) = self.repeat.inspect(ev.data);
+        };
         match info.kind {
             ChunkKind::Done => self.done = true,
             ChunkKind::Error => self.inband_error = true,
@@ -245,8 +262,40 @@ impl Timeline {
             ChunkKind::Chunk => {
                 self.on_chunk(t, &info, on_gap);
                 self.on_agent(t, ev.data, info.output, seen);
+                if !self.log.choices.is_empty() {
+                    self.on_tokens(t, ev.data);
+                }
             }
         }
+        if !self.log.choices.is_empty() || !self.log.tokens.is_empty() {
+            self.log.clear();
+        }
+    }
+
+    /// The tokens (logprobs) and, traced, the output choices the scanner noted in one event.
+    fn on_tokens(&mut self, t: Instant, data: &[u8]) {
+        self.logprobs.add(&self.log);
+        if let Some(trace) = &mut self.trace {
+            trace.add(t.saturating_duration_since(self.t0), &self.log, data);
+        }
+    }
+
+    /// The repeat cache's answer, when it may answer (see [`RepeatCache`]): not for a traced
+    /// request, whose log notes every event's text.
+    fn repeated(&self, data: &[u8]) -> Option<(ChunkInfo, Seen)> {
+        if self.cacheable() {
+            self.repeat.repeats(data)
+        } else {
+            None
+        }
+    }
+
+    fn cacheable(&self) -> bool {
+        #[cfg(test)]
+        if self.repeat_off {
+            return false;
+        }
+        !self.log.detail
     }
 
     /// The agent meter's look at a chunk. An event that repeats a template the agent meter
@@ -403,6 +452,13 @@ impl StreamMeter {
         self
     }
 
+    /// Keep a token-level trace of this stream within `bounds` ([`Measurement::trace`]).
+    pub fn trace(mut self, bounds: TraceBounds) -> Self {
+        self.tl.trace = Some(TraceBuilder::new(bounds));
+        self.tl.log.detail = true;
+        self
+    }
+
     /// The response head arrived at `t` with `status`.
     pub fn on_head(&mut self, t: Instant, status: u16) {
         self.status = Some(status);
@@ -469,6 +525,8 @@ impl StreamMeter {
             m.itl_max = tl.itl_max;
             m.output_events = tl.output_events;
             m.itl_gaps = std::mem::take(&mut tl.gaps);
+            m.logprobs = tl.logprobs.finish();
+            m.trace = tl.trace.take().map(TraceBuilder::finish);
             let a = tl.agent.finish(self.tools.as_deref());
             if a.tool_calls > 0 || a.reasoning_tokens.is_some() {
                 m.agent = Some(a);
@@ -508,7 +566,13 @@ impl StreamMeter {
         if self.body_overflow {
             return Outcome::Success;
         }
-        let info = inspect_response(&self.body);
+        let mut log = TokenLog::default();
+        let info = inspect_response_logged(&self.body, &mut log);
+        if info.parsed {
+            let mut logprobs = LogprobAcc::default();
+            logprobs.add(&log);
+            m.logprobs = logprobs.finish();
+        }
         m.agent = inspect_response_agent(&self.body, self.tools.as_deref());
         self.body = Vec::new();
         m.finish_reason = info.finish_reason;
@@ -535,6 +599,8 @@ fn div_duration(d: Duration, n: u64) -> Duration {
 
 #[cfg(test)]
 mod repeat_differential;
+#[cfg(test)]
+mod trace_tests;
 
 #[cfg(test)]
 mod tests {

@@ -17,11 +17,14 @@ use crate::meter::Measurement;
 use crate::outcome::{FinishReason, Outcome};
 use crate::slo::SloVerdict;
 use crate::stats::summarize;
+use crate::trace::{LogprobSummary, Trace};
 
 /// Records the ring keeps by default.
 pub const DEFAULT_RING_CAPACITY: usize = 100_000;
 /// ITL gaps the ring keeps in total by default (4 bytes each: 16 MiB).
 pub const DEFAULT_GAP_CAPACITY: usize = 4 << 20;
+/// Traces the ring keeps by default (`[trace] max_traces`).
+pub const DEFAULT_TRACE_CAPACITY: usize = 64;
 
 /// One finished request. Durations are in seconds. Deserializable: the load generator reads
 /// the JSONL sink back into this type (its `end` instant is not on disk: read back as now).
@@ -61,6 +64,15 @@ pub struct RequestRecord {
     /// neither reasoning nor a tool call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<AgentRecord>,
+    /// What the tokens' logprobs say (min, mean, largest drop, minimum inside tool-call
+    /// arguments); absent when the response carried no logprobs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<LogprobSummary>,
+    /// The token-level trace of a traced request, on the record the sinks get (the JSONL
+    /// line carries it); the `/stats` ring keeps it beside the record instead
+    /// ([`RecordRing::push_traced`]), under its own bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<Arc<Trace>>,
     /// Which SLOs held (`null`: not applicable), and whether the request was good.
     pub slo: SloVerdict,
     /// The proxy replica that measured it (`server.instance`, default the hostname).
@@ -142,6 +154,8 @@ impl RequestRecord {
             usage_injected: m.usage_injected,
             usage_stripped: m.usage_stripped,
             agent: m.agent.as_ref().map(AgentRecord::new),
+            logprobs: m.logprobs.clone(),
+            trace: None,
             slo,
             instance: Arc::from(""),
             tenant: None,
@@ -192,6 +206,9 @@ struct Ring {
     gaps_total: usize,
     /// Index in `entries` below which gaps have been shed.
     gaps_shed_upto: usize,
+    /// The traces of traced records still in `entries`, oldest first, at most
+    /// `trace_capacity` (the oldest trace goes first, its record stays).
+    traces: VecDeque<(Arc<RequestRecord>, Arc<Trace>)>,
 }
 
 /// The bounded in-memory ring of recent records.
@@ -199,6 +216,7 @@ struct Ring {
 pub struct RecordRing {
     capacity: usize,
     gap_capacity: usize,
+    trace_capacity: usize,
     started: Instant,
     inner: Mutex<Ring>,
 }
@@ -208,13 +226,21 @@ impl RecordRing {
         Self {
             capacity: capacity.max(1),
             gap_capacity,
+            trace_capacity: DEFAULT_TRACE_CAPACITY,
             started,
             inner: Mutex::new(Ring {
                 entries: VecDeque::with_capacity(capacity.clamp(1, 1 << 16)),
                 gaps_total: 0,
                 gaps_shed_upto: 0,
+                traces: VecDeque::new(),
             }),
         }
+    }
+
+    /// Keep at most `traces` traces (`[trace] max_traces`); 0 keeps none.
+    pub fn with_trace_capacity(mut self, traces: usize) -> Self {
+        self.trace_capacity = traces;
+        self
     }
 
     /// When the ring started (the proxy's start): `/stats` rates use the shorter of the
@@ -225,15 +251,42 @@ impl RecordRing {
 
     /// Add a record with its gaps; the oldest is dropped when full.
     pub fn push(&self, record: Arc<RequestRecord>, gaps: Vec<f32>) {
+        self.push_traced(record, gaps, None);
+    }
+
+    /// [`RecordRing::push`], with the request's trace kept beside its record (retrievable by
+    /// [`RecordRing::trace`] while both are kept).
+    pub fn push_traced(
+        &self,
+        record: Arc<RequestRecord>,
+        gaps: Vec<f32>,
+        trace: Option<Arc<Trace>>,
+    ) {
         let gaps: Option<Arc<[f32]>> = (!gaps.is_empty()).then(|| gaps.into());
+        let trace = trace
+            .filter(|_| self.trace_capacity > 0)
+            .map(|t| (record.clone(), t));
         let Ok(mut r) = self.inner.lock() else {
             return;
         };
         r.gaps_total += gaps.as_ref().map_or(0, |g| g.len());
         r.entries.push_back(Entry { record, gaps });
+        if let Some(t) = trace {
+            r.traces.push_back(t);
+            if r.traces.len() > self.trace_capacity {
+                r.traces.pop_front();
+            }
+        }
         if r.entries.len() > self.capacity {
             if let Some(old) = r.entries.pop_front() {
                 r.gaps_total -= old.gaps.map_or(0, |g| g.len());
+                // Traces are pushed in record order: the oldest one may be the leaver's.
+                if r.traces
+                    .front()
+                    .is_some_and(|(rec, _)| Arc::ptr_eq(rec, &old.record))
+                {
+                    r.traces.pop_front();
+                }
             }
             r.gaps_shed_upto = r.gaps_shed_upto.saturating_sub(1);
         }
@@ -243,6 +296,21 @@ impl RecordRing {
             r.gaps_total -= freed;
             r.gaps_shed_upto += 1;
         }
+    }
+
+    /// The newest kept record with this id that has a trace, and the trace.
+    pub fn trace(&self, id: &str) -> Option<(Arc<RequestRecord>, Arc<Trace>)> {
+        let r = self.inner.lock().ok()?;
+        r.traces
+            .iter()
+            .rev()
+            .find(|(rec, _)| &*rec.id == id)
+            .cloned()
+    }
+
+    /// Traces kept.
+    pub fn traces(&self) -> usize {
+        self.inner.lock().map(|r| r.traces.len()).unwrap_or(0)
     }
 
     pub fn len(&self) -> usize {
@@ -591,6 +659,69 @@ mod tests {
             v.get("choice_tpot_s").is_none(),
             "only with several choices"
         );
+    }
+
+    fn traced(id: &str, now: Instant) -> (Arc<RequestRecord>, Trace) {
+        let m = Measurement::without_body(Outcome::Success, Some(200), secs(1.0));
+        let r = RequestRecord::new(id.into(), "m".into(), None, 0, now, &m, Default::default());
+        let t = Trace {
+            kept_tokens: 1,
+            ..Trace::default()
+        };
+        (Arc::new(r), t)
+    }
+
+    #[test]
+    fn traces_are_kept_beside_their_records_within_both_bounds() {
+        let now = Instant::now();
+        let ring = RecordRing::new(4, 10, now).with_trace_capacity(2);
+        for id in ["a", "b", "c"] {
+            let (r, t) = traced(id, now);
+            ring.push_traced(r, vec![], Some(Arc::new(t)));
+        }
+        assert_eq!(ring.traces(), 2, "max traces");
+        assert!(ring.trace("a").is_none(), "the oldest trace went first");
+        assert_eq!(ring.len(), 3, "its record stays");
+        let (rec, t) = ring.trace("c").expect("kept");
+        assert_eq!((&*rec.id, t.kept_tokens), ("c", 1));
+        // Records leaving the ring take their traces along.
+        for _ in 0..3 {
+            ring.push(rec_now(now), vec![]);
+        }
+        assert!(ring.trace("b").is_none(), "b's record left the ring");
+        assert!(ring.trace("c").is_some());
+        ring.push(rec_now(now), vec![]);
+        assert_eq!((ring.trace("c"), ring.traces()), (None, 0));
+        let none = RecordRing::new(4, 10, now).with_trace_capacity(0);
+        let (r, t) = traced("x", now);
+        none.push_traced(r, vec![], Some(Arc::new(t)));
+        assert_eq!((none.traces(), none.len()), (0, 1));
+    }
+
+    fn rec_now(now: Instant) -> Arc<RequestRecord> {
+        rec("m", Outcome::Success, 200, Some(0.1), 1.0, now)
+    }
+
+    #[test]
+    fn a_record_with_logprobs_and_a_trace_reads_back() {
+        let now = Instant::now();
+        let (r, t) = traced("t", now);
+        let mut r = (*r).clone();
+        r.logprobs = Some(LogprobSummary {
+            tokens: 2,
+            mean: -1.5,
+            min: -2.0,
+            min_at: 1,
+            largest_drop: Some(1.0),
+            largest_drop_at: Some(1),
+            tool_call_min: None,
+        });
+        r.trace = Some(Arc::new(t));
+        let line = serde_json::to_string(&r).unwrap();
+        let back: RequestRecord = serde_json::from_str(&line).unwrap();
+        assert_eq!((back.logprobs, back.trace), (r.logprobs, r.trace));
+        let plain = serde_json::to_value(&*rec_now(now)).unwrap();
+        assert!(plain.get("trace").is_none() && plain.get("logprobs").is_none());
     }
 
     #[test]

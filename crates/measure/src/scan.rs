@@ -38,6 +38,11 @@ impl<'a> Str<'a> {
         self.raw
     }
 
+    /// It holds an escape (its raw bytes are not its value).
+    pub fn escaped(&self) -> bool {
+        self.escaped
+    }
+
     /// `""`.
     pub fn is_empty(&self) -> bool {
         self.raw.is_empty()
@@ -170,6 +175,12 @@ impl<'a> Cursor<'a> {
     pub fn next_offset(&mut self) -> usize {
         self.ws();
         self.i
+    }
+
+    /// The byte range of `s` (read by this cursor) in the cursor's input.
+    pub fn span(&self, s: Str<'a>) -> std::ops::Range<usize> {
+        let start = (s.raw.as_ptr() as usize).saturating_sub(self.b.as_ptr() as usize);
+        start..start + s.raw.len()
     }
 
     /// Byte offset just after what was read last.
@@ -367,6 +378,17 @@ impl<'a> Cursor<'a> {
             }
         }
         Ok(())
+    }
+
+    /// A number, as the nearest `f64` (`1e400` is infinite).
+    pub fn float(&mut self) -> Scan<f64> {
+        self.ws();
+        let start = self.i;
+        self.number()?;
+        std::str::from_utf8(&self.b[start..self.i])
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or(Malformed)
     }
 
     /// An integer field as `serde_json` reads one into a `u64`: digits only (no sign, fraction

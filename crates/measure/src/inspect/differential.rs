@@ -71,6 +71,10 @@ struct Seen {
     usage: usize,
     fingerprint: usize,
     logprob_tokens: usize,
+    /// Logged tokens with a logprob, with alternatives; logged choices with a text length.
+    logprob_values: usize,
+    alternatives: usize,
+    text_lengths: usize,
 }
 
 impl Seen {
@@ -85,6 +89,11 @@ impl Seen {
         self.usage += usize::from(s.info.usage.is_some());
         self.fingerprint += usize::from(s.fingerprint.is_some());
         self.logprob_tokens += usize::from(s.info.choices().iter().any(|c| c.tokens > 1));
+        let e = oracle(data);
+        let tokens = || e.log.iter().flat_map(|c| c.3.iter());
+        self.logprob_values += tokens().filter(|t| t.0.is_some()).count();
+        self.alternatives += tokens().filter(|t| !t.2.is_empty()).count();
+        self.text_lengths += e.log.iter().filter(|c| c.2 > 0).count();
         Ok(())
     }
 
@@ -95,6 +104,10 @@ impl Seen {
         assert!(
             self.output > 0 && self.finish > 0 && self.usage > 0 && self.fingerprint > 0,
             "{self:?}"
+        );
+        assert!(
+            self.logprob_values > 0 && self.alternatives > 0 && self.text_lengths > 0,
+            "the token log: {self:?}"
         );
     }
 }
@@ -395,24 +408,91 @@ impl Gen {
         J::Obj(m)
     }
 
-    fn logprobs(&mut self) -> J {
-        let entries = |g: &mut Self| {
-            J::Arr(
-                (0..g.below(4))
-                    .map(|_| J::Obj(vec![("token".into(), J::Str(g.text()))]))
-                    .collect(),
-            )
+    /// A logprob: usually a number, sometimes anything.
+    fn logprob(&mut self) -> J {
+        if self.chance(85) {
+            J::Num(self.pick(&[
+                "-7.624619960784912",
+                "0.0",
+                "-9999.0",
+                "-0.5",
+                "-1e-3",
+                "-2",
+                "1e400",
+            ]))
+        } else {
+            self.junk(1)
+        }
+    }
+
+    /// Chat entries `{"token", "logprob", "bytes", "top_logprobs": [...]}`.
+    fn chat_entries(&mut self) -> J {
+        let alt = |g: &mut Self| {
+            let mut m = vec![
+                ("token".to_string(), J::Str(g.text())),
+                ("logprob".to_string(), g.logprob()),
+            ];
+            g.duplicate(&mut m);
+            if g.chance(5) {
+                g.junk(1)
+            } else {
+                J::Obj(m)
+            }
         };
+        let entry = |g: &mut Self| {
+            let mut m = vec![("token".to_string(), J::Str(g.text()))];
+            if g.chance(85) {
+                m.push(("logprob".into(), g.logprob()));
+            }
+            m.push(("bytes".into(), J::Arr(vec![J::Num("83"), J::Num("69")])));
+            if g.chance(60) {
+                let v = g.field(|g| J::Arr((0..g.below(4)).map(|_| alt(g)).collect()));
+                m.push(("top_logprobs".into(), v));
+            }
+            g.duplicate(&mut m);
+            if g.chance(5) {
+                g.junk(1)
+            } else {
+                J::Obj(m)
+            }
+        };
+        J::Arr((0..self.below(4)).map(|_| entry(self)).collect())
+    }
+
+    /// Completions arrays: `tokens`, `token_logprobs`, `top_logprobs` ({token: logprob}).
+    fn legacy(&mut self, m: &mut Vec<(String, J)>) {
+        let n = self.below(4);
+        let v = self.field(|g| J::Arr((0..n).map(|_| J::Str(g.text())).collect()));
+        m.push(("tokens".into(), v));
+        if self.chance(80) {
+            let v = self.field(|g| J::Arr((0..n).map(|_| g.logprob()).collect()));
+            m.push(("token_logprobs".into(), v));
+        }
+        if self.chance(60) {
+            let v = self.field(|g| {
+                J::Arr(
+                    (0..n)
+                        .map(|_| {
+                            let k = g.below(3);
+                            J::Obj((0..k).map(|_| (g.text(), g.logprob())).collect())
+                        })
+                        .collect(),
+                )
+            });
+            m.push(("top_logprobs".into(), v));
+        }
+    }
+
+    fn logprobs(&mut self) -> J {
         let mut m = Vec::new();
         if self.chance(50) {
-            let v = self.field(entries);
+            let v = self.field(Self::chat_entries);
             m.push(("content".to_string(), v));
         }
         if self.chance(50) {
-            let v = self.field(entries);
-            m.push(("tokens".to_string(), v));
+            self.legacy(&mut m);
         }
-        if self.chance(30) {
+        if self.chance(10) {
             m.push(("top_logprobs".into(), self.junk(2)));
         }
         self.duplicate(&mut m);

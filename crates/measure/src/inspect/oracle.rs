@@ -8,11 +8,13 @@
 //! accepts it too, changing nothing the rules look at; the differential test pins that `lax`
 //! only ever turns a text that `serde_json` skips as valid (`IgnoredAny`) into one it parses.
 
+use std::collections::BTreeMap;
+
 use serde_json::{Map, Value};
 
 use super::{
-    inspect_response, scan_event, ChoiceInfo, ChunkKind, FinishReason, ResponseInfo, Usage,
-    MAX_CHOICES_PER_CHUNK,
+    inspect_response, scan_event, scan_event_logged, ChoiceInfo, ChunkKind, FinishReason, Phases,
+    ResponseInfo, TokenLog, Usage, MAX_CHOICES_PER_CHUNK,
 };
 
 /// What the scanner does not check, made acceptable to `serde_json::Value`: invalid UTF-8
@@ -108,14 +110,20 @@ fn oracle_choice(v: &Value) -> Option<ChoiceInfo> {
         None => 0,
         Some(v) => u32::try_from(v.as_u64()?).ok()?,
     };
-    let delta = match c.get("delta") {
-        None | Some(Value::Null) => false,
-        Some(Value::Object(d)) => ["content", "reasoning_content", "reasoning", "tool_calls"]
-            .iter()
-            .any(|k| non_empty(d.get(*k))),
+    let mut phases = Phases::default();
+    match c.get("delta") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(d)) => {
+            let any = |keys: &[&str]| keys.iter().any(|k| non_empty(d.get(*k)));
+            phases = phases
+                .with(Phases::ANSWER, any(&["content"]))
+                .with(Phases::REASONING, any(&["reasoning_content", "reasoning"]))
+                .with(Phases::TOOL_CALL, any(&["tool_calls"]));
+        }
         Some(_) => return None,
-    };
-    let output = delta || non_empty(c.get("text"));
+    }
+    let phases = phases.with(Phases::ANSWER, non_empty(c.get("text")));
+    let output = !phases.is_empty();
     let finish = match c.get("finish_reason") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(FinishReason::parse(s.as_bytes())),
@@ -139,6 +147,7 @@ fn oracle_choice(v: &Value) -> Option<ChoiceInfo> {
             u32::from(output)
         },
         finish,
+        phases,
     })
 }
 
@@ -177,6 +186,139 @@ pub struct Expected {
     pub choices: Vec<ChoiceInfo>,
     /// The value of `system_fingerprint`, when the payload is a JSON object with one not null.
     pub fingerprint: Option<Value>,
+    /// What a traced scan logs (chunks only): every choice with tokens or output.
+    pub log: Vec<LogChoice>,
+}
+
+/// A token in plain terms: logprob, text, alternatives (by text, the last of a repeated one).
+pub type LogToken = (Option<f64>, Option<String>, BTreeMap<String, Option<f64>>);
+/// A logged choice: index, phases, text length, tokens.
+pub type LogChoice = (u32, Phases, u32, Vec<LogToken>);
+
+/// Where [`lax`] changed the payload, the oracle's strings and numbers are not the payload's:
+/// only their presence is compared.
+fn blur(log: &mut [LogChoice]) {
+    for (_, _, len, tokens) in log {
+        *len = 0;
+        for (lp, text, alts) in tokens.iter_mut() {
+            *lp = lp.map(|_| 0.0);
+            *text = text.as_ref().map(|_| String::new());
+            *alts = if alts.is_empty() {
+                BTreeMap::new()
+            } else {
+                BTreeMap::from([(String::new(), None)])
+            };
+        }
+    }
+}
+
+/// The scanner's token log of `data`, in plain terms.
+fn scanned_log(data: &[u8]) -> (ChunkKind, Vec<LogChoice>) {
+    let mut log = TokenLog::new(true);
+    let kind = scan_event_logged(data, &mut log).info.kind;
+    if kind != ChunkKind::Chunk {
+        return (kind, Vec::new());
+    }
+    let out = log
+        .choices
+        .iter()
+        .map(|c| {
+            let tokens = (c.tokens.start..c.tokens.end)
+                .map(|i| {
+                    let t = log.tokens[i as usize];
+                    let alts = log
+                        .alternatives
+                        .iter()
+                        .filter(|a| a.token == i)
+                        .map(|a| (a.text.decode(data), a.logprob))
+                        .collect();
+                    (t.logprob, t.text.map(|s| s.decode(data)), alts)
+                })
+                .collect();
+            (c.index, c.phases, c.text_len, tokens)
+        })
+        .collect();
+    (kind, out)
+}
+
+fn text_len(v: Option<&Value>) -> u32 {
+    v.and_then(Value::as_str).map_or(0, |s| s.len() as u32)
+}
+
+fn oracle_log_choice(c: &Map<String, Value>, info: &ChoiceInfo) -> Option<LogChoice> {
+    let mut len = text_len(c.get("text"));
+    if let Some(Value::Object(d)) = c.get("delta") {
+        for k in ["content", "reasoning_content", "reasoning"] {
+            len += text_len(d.get(k));
+        }
+        for call in d
+            .get("tool_calls")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            if let Some(Value::Object(f)) = call.get("function") {
+                len += text_len(f.get("name")) + text_len(f.get("arguments"));
+            }
+        }
+    }
+    let mut tokens: Vec<LogToken> = Vec::new();
+    if let Some(Value::Object(l)) = c.get("logprobs") {
+        match l.get("content") {
+            Some(Value::Array(entries)) => {
+                for e in entries {
+                    let alts = e
+                        .get("top_logprobs")
+                        .and_then(Value::as_array)
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|a| {
+                            let t = a.get("token")?.as_str()?.to_string();
+                            Some((t, a.get("logprob").and_then(Value::as_f64)))
+                        })
+                        .collect();
+                    let lp = e.get("logprob").and_then(Value::as_f64);
+                    let text = e.get("token").and_then(Value::as_str).map(String::from);
+                    tokens.push((lp, text, alts));
+                }
+            }
+            _ => {
+                let texts = l.get("tokens").and_then(Value::as_array);
+                for (j, t) in texts.into_iter().flatten().enumerate() {
+                    let lp = l
+                        .get("token_logprobs")
+                        .and_then(|v| v.as_array()?.get(j)?.as_f64());
+                    let alts = l
+                        .get("top_logprobs")
+                        .and_then(|v| v.as_array()?.get(j)?.as_object())
+                        .into_iter()
+                        .flatten()
+                        .map(|(k, v)| (k.clone(), v.as_f64()))
+                        .collect();
+                    tokens.push((lp, t.as_str().map(String::from), alts));
+                }
+            }
+        }
+    }
+    (!tokens.is_empty() || !info.phases.is_empty()).then_some((
+        info.index,
+        info.phases,
+        len,
+        tokens,
+    ))
+}
+
+fn oracle_log(m: &Map<String, Value>) -> Vec<LogChoice> {
+    let Some(Value::Array(choices)) = m.get("choices") else {
+        return Vec::new();
+    };
+    choices
+        .iter()
+        .filter_map(|c| {
+            let info = oracle_choice(c)?;
+            oracle_log_choice(c.as_object()?, &info)
+        })
+        .collect()
 }
 
 impl Expected {
@@ -190,12 +332,18 @@ impl Expected {
             usage: None,
             choices: Vec::new(),
             fingerprint,
+            log: Vec::new(),
         }
     }
 
     /// The scanner's answer for `data` in the same terms (the fingerprint's range parsed).
     pub fn scanned(data: &[u8]) -> Self {
         let s = scan_event(data);
+        let (kind, mut log) = scanned_log(data);
+        assert_eq!(kind, s.info.kind, "a traced scan reads as an untraced one");
+        if lax(data) != data {
+            blur(&mut log);
+        }
         Expected {
             kind: s.info.kind,
             choice_count: s.info.choice_count,
@@ -207,6 +355,7 @@ impl Expected {
             fingerprint: s
                 .fingerprint
                 .map(|r| serde_json::from_slice::<Value>(&lax(&data[r])).unwrap_or(Value::Null)),
+            log,
         }
     }
 }
@@ -234,6 +383,10 @@ pub fn oracle(data: &[u8]) -> Expected {
         return Expected::of_kind(ChunkKind::Unknown, fingerprint);
     }
     let mut e = Expected::of_kind(ChunkKind::Chunk, fingerprint);
+    e.log = oracle_log(&m);
+    if lax(data) != data {
+        blur(&mut e.log);
+    }
     e.usage = usage;
     for c in choices.iter().flatten() {
         e.choice_count += 1;

@@ -104,15 +104,28 @@ impl RepeatCache {
 
     /// What [`inspect_chunk`] says about `data`, from the template when `data` repeats it.
     pub fn inspect(&mut self, data: &[u8]) -> (ChunkInfo, Seen) {
-        if let Some(text) = self.template.repeats(data) {
-            return (self.info, Seen::Repeat(text));
+        if let Some(hit) = self.repeats(data) {
+            return hit;
         }
         let info = inspect_chunk(data);
+        let seen = self.learn(data, &info);
+        (info, seen)
+    }
+
+    /// The template's answer when `data` repeats it.
+    pub fn repeats(&self, data: &[u8]) -> Option<(ChunkInfo, Seen)> {
+        let text = self.template.repeats(data)?;
+        Some((self.info, Seen::Repeat(text)))
+    }
+
+    /// `data` was scanned to `info`: keeps it as the template when it can be one.
+    pub fn learn(&mut self, data: &[u8], info: &ChunkInfo) -> Seen {
         if info.kind == ChunkKind::Chunk && self.template.learn(data) {
-            self.info = info;
-            return (info, Seen::Learned);
+            self.info = *info;
+            Seen::Learned
+        } else {
+            Seen::Scanned
         }
-        (info, Seen::Scanned)
     }
 }
 
