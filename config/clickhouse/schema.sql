@@ -49,7 +49,29 @@ CREATE TABLE IF NOT EXISTS goodput.records
     slo_ttft_ok Nullable(UInt8),
     slo_tpot_ok Nullable(UInt8),
     slo_e2e_ok Nullable(UInt8),
+    slo_tool_calls_ok Nullable(UInt8),
     slo_good UInt8,
+    -- Agent traffic (issue 13; NULL without reasoning or tool calls): phase times, reasoning
+    -- tokens, tool calls and the worst call's outcome (valid, invalid_json, schema_violation,
+    -- unknown_function) with its first violation. On a table made before them:
+    -- ALTER TABLE goodput.records ADD COLUMN <name> <type> for each agent_*, logprobs_* and
+    -- slo_tool_calls_ok column (and the agent_*_s aliases).
+    agent_ttf_reasoning_ns Nullable(UInt64),
+    agent_ttf_answer_ns Nullable(UInt64),
+    agent_ttf_tool_call_ns Nullable(UInt64),
+    agent_tool_call_ns Nullable(UInt64),
+    agent_reasoning_tokens Nullable(UInt64),
+    agent_tool_calls Nullable(UInt32),
+    agent_tool_call_outcome Nullable(String),
+    agent_tool_call_violation Nullable(String),
+    -- The logprob summary (NULL without logprobs); traces are not stored here (JSONL only).
+    logprobs_tokens Nullable(UInt64),
+    logprobs_mean Nullable(Float64),
+    logprobs_min Nullable(Float64),
+    logprobs_min_at Nullable(UInt64),
+    logprobs_largest_drop Nullable(Float64),
+    logprobs_largest_drop_at Nullable(UInt64),
+    logprobs_tool_call_min Nullable(Float64),
     time DateTime MATERIALIZED toDateTime(intDiv(start_unix_ms, 1000)),
     ttft_s ALIAS ttft_ns / 1e9,
     ttfc_s ALIAS ttfc_ns / 1e9,
@@ -60,6 +82,10 @@ CREATE TABLE IF NOT EXISTS goodput.records
     tpot_values_s ALIAS arrayMap(v -> v / 1e9, if(empty(choice_tpot_ns), if(isNull(tpot_ns), emptyArrayUInt64(), [assumeNotNull(tpot_ns)]), choice_tpot_ns)),
     e2e_s ALIAS e2e_ns / 1e9,
     itl_max_s ALIAS itl_max_ns / 1e9,
+    agent_ttf_reasoning_s ALIAS agent_ttf_reasoning_ns / 1e9,
+    agent_ttf_answer_s ALIAS agent_ttf_answer_ns / 1e9,
+    agent_ttf_tool_call_s ALIAS agent_ttf_tool_call_ns / 1e9,
+    agent_tool_call_s ALIAS agent_tool_call_ns / 1e9,
     rejected_by_client ALIAS outcome = 'rejected' AND ifNull(status, 0) >= 400 AND ifNull(status, 0) < 500 AND ifNull(status, 0) != 429
 )
 ENGINE = ReplacingMergeTree

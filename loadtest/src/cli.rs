@@ -33,6 +33,10 @@ pub enum Command {
     /// The loads of scripts/bench.sh that wrk cannot make: paced streams (client TTFT) and a
     /// burst of streams started at once (errors, peak open); one JSON object on stdout.
     Bench(crate::bench::BenchArgs),
+    /// The proxy binary in front of simulators with a mixed fault share for a bounded time:
+    /// every request in exactly one outcome on both sides, RSS and fds flat; PASS/FAIL, exit 2
+    /// on FAIL (docs/RELIABILITY.md).
+    Soak(crate::soak::SoakArgs),
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

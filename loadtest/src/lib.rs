@@ -14,3 +14,4 @@ pub mod request;
 pub mod runner;
 pub mod scenario;
 pub mod schedule;
+pub mod soak;

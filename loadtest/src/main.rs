@@ -20,6 +20,23 @@ async fn main() {
             println!("{}", serde_json::to_string(&r)?);
             Ok(())
         }),
+        Command::Soak(args) => {
+            let json = args.json;
+            match goodput_loadtest::soak::run(args).await {
+                Ok(r) => {
+                    if json {
+                        println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
+                    } else {
+                        print!("{}", goodput_loadtest::soak::render(&r));
+                    }
+                    if !r.pass {
+                        std::process::exit(2);
+                    }
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            }
+        }
     };
     if let Err(e) = res {
         eprintln!("goodput-loadtest: {e:#}");

@@ -186,7 +186,10 @@ pub struct RawUpstream {
     pub stream_idle_timeout_ms: u64,
     /// Total deadline for a response body, ms, or `"none"` (the default: streams may be long).
     pub total_timeout_ms: Limit,
-    /// Idle pooled upstream connections are closed after this long, ms.
+    /// Idle pooled upstream connections are closed after this long, ms. Keep it below the
+    /// engine's keep-alive timeout (vLLM/uvicorn: 5 s) minus a network delay: a connection the
+    /// engine closes just as a request goes out on it is a 502 (docs/RELIABILITY.md,
+    /// keep-alive race).
     pub pool_idle_timeout_ms: u64,
     /// Most idle pooled connections kept per replica.
     pub pool_max_idle_per_host: usize,
@@ -211,7 +214,7 @@ impl Default for RawUpstream {
             first_byte_timeout_ms: 300_000,
             stream_idle_timeout_ms: 120_000,
             total_timeout_ms: Limit::None,
-            pool_idle_timeout_ms: 90_000,
+            pool_idle_timeout_ms: 4_000,
             pool_max_idle_per_host: 256,
             health_path: "/health".into(),
             health_interval_ms: 2_000,

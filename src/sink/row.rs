@@ -78,9 +78,11 @@ pub fn stored_seconds(s: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use goodput_measure::agent::{AgentSummary, ToolCallOutcome};
     use goodput_measure::meter::Measurement;
     use goodput_measure::outcome::{FinishReason, Outcome};
     use goodput_measure::slo::{judge, Slo};
+    use goodput_measure::trace::{LogprobSummary, Trace};
     use std::collections::BTreeSet;
     use std::time::Duration;
 
@@ -101,6 +103,25 @@ mod tests {
         m.choice_tpots = vec![d(10_000_001), d(20_000_003)];
         m.usage_injected = true;
         m.usage_stripped = true;
+        m.agent = Some(AgentSummary {
+            ttf_reasoning: Some(d(100_000_001)),
+            ttf_answer: Some(d(300_000_000)),
+            ttf_tool_call: Some(d(200_000_002)),
+            tool_call_duration: Some(d(50_000_003)),
+            reasoning_tokens: Some(4),
+            tool_calls: 1,
+            tool_call_outcome: Some(ToolCallOutcome::SchemaViolation),
+            tool_call_violation: Some("/unit: not one of".into()),
+        });
+        m.logprobs = Some(LogprobSummary {
+            tokens: 10,
+            mean: -1.25,
+            min: -4.5,
+            min_at: 3,
+            largest_drop: Some(3.0),
+            largest_drop_at: Some(3),
+            tool_call_min: Some(-2.0),
+        });
         let v = judge(&m, &Slo::default());
         let end = tokio::time::Instant::now();
         RequestRecord::new(
@@ -133,9 +154,21 @@ mod tests {
         assert_eq!(r["ttft_ns"], 250_000_001u64);
         assert_eq!(r["e2e_ns"], 1_234_567_891u64);
         assert_eq!(r["tpot_ns"], 20_000_003u64);
-        assert_eq!(r["slo_good"], true);
+        // The record's tool call broke its schema: not good ([slo] valid_tool_calls).
+        assert_eq!(
+            (&r["slo_good"], &r["slo_tool_calls_ok"]),
+            (&false.into(), &false.into())
+        );
+        assert_eq!(r["slo_ttft_ok"], true);
         assert_eq!(r["outcome"], "success");
         assert!(!r.contains_key("ttft_s") && !r.contains_key("slo"));
+        assert_eq!(r["agent_ttf_tool_call_ns"], 200_000_002u64);
+        assert_eq!(r["agent_tool_call_outcome"], "schema_violation");
+        assert_eq!(r["logprobs_min"], -4.5);
+        // A trace is not columns: left out of the row.
+        let mut traced = full_record();
+        traced.trace = Some(std::sync::Arc::new(Trace::default()));
+        assert_eq!(row_of(&traced), r);
 
         let m = Measurement::without_body(Outcome::UpstreamError, None, Duration::from_millis(3));
         let end = tokio::time::Instant::now();

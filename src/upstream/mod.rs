@@ -244,8 +244,13 @@ fn build_client(config: &UpstreamConfig, connector: UpstreamConnector) -> Upstre
     Client::builder(TokioExecutor::new())
         .pool_timer(TokioTimer::new())
         .timer(TokioTimer::new())
+        // Below the engine's keep-alive (see `pool_idle_timeout_ms`): the pool lets an idle
+        // connection go before the engine closes it under a request.
         .pool_idle_timeout(config.pool_idle_timeout)
         .pool_max_idle_per_host(config.pool_max_idle_per_host)
+        // A request the pool handed to a connection that turned out closed before anything
+        // was written is sent again on another (hyper-util's default, relied on: explicit).
+        .retry_canceled_requests(true)
         .build(connector)
 }
 

@@ -101,6 +101,36 @@ async fn tool_calls_and_reasoning_are_judged_and_timed() {
         &[("model", "tiny"), ("slo", "tool_calls")],
     );
     assert_eq!(n, 2.0);
+    // /stats: exact phase percentiles and the requests per tool-call outcome.
+    let s = stats(&proxy, "window=600").await;
+    let calls = &s["tool_calls"];
+    for (k, n) in [
+        ("valid", 1),
+        ("invalid_json", 1),
+        ("schema_violation", 1),
+        ("unknown_function", 0),
+    ] {
+        assert_eq!(calls[k], n, "{k}: {s}");
+    }
+    let count = |k: &str| s[k]["count"].as_u64();
+    assert_eq!(
+        count("time_to_first_tool_call_token_seconds"),
+        Some(3),
+        "{s}"
+    );
+    assert_eq!(count("tool_call_duration_seconds"), Some(3), "{s}");
+    assert_eq!(
+        count("time_to_first_reasoning_token_seconds"),
+        Some(1),
+        "{s}"
+    );
+    let tr = s["time_to_first_reasoning_token_seconds"]["p50"]
+        .as_f64()
+        .unwrap();
+    let ta = s["time_to_first_answer_token_seconds"]["max"]
+        .as_f64()
+        .unwrap();
+    assert!(tr > 0.0 && ta >= tr, "{s}");
     let _ = std::fs::remove_dir_all(path.parent().unwrap());
     sim.shutdown().await;
 }

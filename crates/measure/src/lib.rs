@@ -30,3 +30,7 @@ pub use stats::{percentile, summarize, Summary};
 
 #[cfg(test)]
 pub(crate) mod fixtures;
+
+/// The meter's framing property, shared with the fuzz target `meter`.
+#[cfg(test)]
+mod meter_props;

@@ -406,6 +406,10 @@ pub fn sum(families: &[Family], name: &str, want: &[(&str, &str)]) -> Result<f64
     })
 }
 
+/// The parser's properties, shared with the fuzz target `prom`.
+#[cfg(test)]
+mod props;
+
 #[cfg(test)]
 mod tests {
     use super::*;

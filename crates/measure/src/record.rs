@@ -470,6 +470,10 @@ pub fn compute_stats(
     let (mut requests, mut good, mut client_rejected) = (0u64, 0u64, 0u64);
     let (mut ttft, mut ttfc, mut tpot, mut e2e, mut itl) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    // Agent phases (first reasoning / answer / tool-call token, tool-call streaming time) and
+    // the requests per worst tool-call outcome.
+    let mut phases: [Vec<f64>; 4] = Default::default();
+    let mut tool_calls = [0u64; ToolCallOutcome::ALL.len()];
     for e in in_window {
         let r = &e.record;
         requests += 1;
@@ -488,7 +492,30 @@ pub fn compute_stats(
         if let Some(g) = &e.gaps {
             itl.extend(g.iter().map(|v| f64::from(*v)));
         }
+        if let Some(a) = &r.agent {
+            let values = [
+                a.ttf_reasoning_s,
+                a.ttf_answer_s,
+                a.ttf_tool_call_s,
+                a.tool_call_s,
+            ];
+            for (into, v) in phases.iter_mut().zip(values) {
+                into.extend(v);
+            }
+            if let Some(i) = a
+                .tool_call_outcome
+                .and_then(|o| ToolCallOutcome::ALL.iter().position(|x| *x == o))
+            {
+                tool_calls[i] += 1;
+            }
+        }
     }
+    let mut tool_call_map = Map::new();
+    for (o, n) in ToolCallOutcome::ALL.iter().zip(tool_calls) {
+        let key = o.as_str().trim_start_matches("tool_call_");
+        tool_call_map.insert(key.to_owned(), json!(n));
+    }
+    let [mut ttf_reasoning, mut ttf_answer, mut ttf_tool_call, mut tool_call] = phases;
     let mut outcome_map = Map::new();
     for (o, n) in Outcome::ALL.iter().zip(outcomes) {
         outcome_map.insert(o.as_str().to_owned(), json!(n));
@@ -508,6 +535,11 @@ pub fn compute_stats(
         "tpot_seconds": summary_json(&mut tpot),
         "itl_seconds": summary_json(&mut itl),
         "e2e_seconds": summary_json(&mut e2e),
+        "time_to_first_reasoning_token_seconds": summary_json(&mut ttf_reasoning),
+        "time_to_first_answer_token_seconds": summary_json(&mut ttf_answer),
+        "time_to_first_tool_call_token_seconds": summary_json(&mut ttf_tool_call),
+        "tool_call_duration_seconds": summary_json(&mut tool_call),
+        "tool_calls": tool_call_map,
     })
 }
 
@@ -722,6 +754,46 @@ mod tests {
         assert_eq!((back.logprobs, back.trace), (r.logprobs, r.trace));
         let plain = serde_json::to_value(&*rec_now(now)).unwrap();
         assert!(plain.get("trace").is_none() && plain.get("logprobs").is_none());
+    }
+
+    #[test]
+    fn stats_have_agent_phase_percentiles_and_tool_call_outcomes() {
+        let now = Instant::now();
+        let ring = RecordRing::new(10, 10, now);
+        let agent = |ttf_tool: Option<f64>, outcome: Option<ToolCallOutcome>| AgentRecord {
+            ttf_reasoning_s: Some(0.1),
+            ttf_answer_s: None,
+            ttf_tool_call_s: ttf_tool,
+            tool_call_s: ttf_tool.map(|t| t / 10.0),
+            reasoning_tokens: Some(3),
+            tool_calls: u32::from(outcome.is_some()),
+            tool_call_outcome: outcome,
+            tool_call_violation: None,
+        };
+        for a in [
+            agent(Some(0.2), Some(ToolCallOutcome::Valid)),
+            agent(Some(0.4), Some(ToolCallOutcome::SchemaViolation)),
+            agent(Some(0.6), Some(ToolCallOutcome::Valid)),
+            agent(None, None),
+        ] {
+            let mut r = (*rec("m", Outcome::Success, 200, Some(0.1), 1.0, now)).clone();
+            r.agent = Some(a);
+            ring.push(Arc::new(r), vec![]);
+        }
+        ring.push(rec("m", Outcome::Success, 200, Some(0.1), 1.0, now), vec![]);
+        let s = ring.stats(now, secs(60.0), None);
+        let t = &s["time_to_first_tool_call_token_seconds"];
+        assert_eq!(
+            (t["count"].clone(), t["p50"].clone()),
+            (json!(3), json!(0.4))
+        );
+        assert_eq!(s["tool_call_duration_seconds"]["max"], 0.06);
+        assert_eq!(s["time_to_first_reasoning_token_seconds"]["count"], 4);
+        assert_eq!(s["time_to_first_answer_token_seconds"]["count"], 0);
+        assert_eq!(
+            s["tool_calls"],
+            json!({"valid": 2, "invalid_json": 0, "schema_violation": 1, "unknown_function": 0})
+        );
     }
 
     #[test]

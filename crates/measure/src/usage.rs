@@ -20,6 +20,8 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use crate::inspect::{scan_event, ChunkKind, Template, Usage};
+#[cfg(test)]
+use crate::request::peek_request;
 use crate::request::{lax_bool, some_raw, Lax};
 use crate::sse::{SseParser, MAX_LINE_BYTES};
 
@@ -89,9 +91,13 @@ fn splice(body: &[u8], at: usize, remove: usize, insert: &[&[u8]]) -> Vec<u8> {
 /// - `n` above 1: every finish chunk would lose its `system_fingerprint` to the usage chunk,
 ///   and one that came long before could only be restored by holding it back;
 /// - anything the engine would refuse (a `stream_options` or flag that is not a boolean to
-///   pydantic, a body that is not a JSON object): the engine answers it, unchanged.
+///   pydantic, a body that is not a JSON object, invalid UTF-8): the engine answers it,
+///   unchanged.
 pub fn inject_include_usage(body: &[u8]) -> Option<Vec<u8>> {
-    let peek: RequestPeek<'_> = serde_json::from_slice(body).ok()?;
+    // Invalid UTF-8 is no JSON to the engine (a 400); serde_json skips ignored strings
+    // without checking it, so it is checked here (found by the rewriter's proptest).
+    let text = std::str::from_utf8(body).ok()?;
+    let peek: RequestPeek<'_> = serde_json::from_str(text).ok()?;
     if !lax_bool(peek.stream).is_true() || !single_choice(peek.n) {
         return None;
     }
@@ -510,6 +516,10 @@ fn insert_fingerprint(event: &[u8], fp: &[u8]) -> Vec<u8> {
         None => event.to_vec(),
     }
 }
+
+/// The rewriter's properties, shared with the fuzz target `rewrite`.
+#[cfg(test)]
+mod props;
 
 #[cfg(test)]
 mod tests {

@@ -196,21 +196,8 @@ impl Templates {
             Api::Chat => &CHAT_DELTA,
             Api::Completions => &COMPLETION_CHUNK,
         };
-        buf.extend_from_slice(&self.head);
-        push_choice(
-            buf,
-            shape,
-            index as u64,
-            |buf| push_toks(buf, texts),
-            logprobs,
-            finish,
-        );
-        buf.extend_from_slice(b"]");
-        self.push_continuous_usage(buf, completion);
-        if finish.is_some() && !self.include_usage {
-            push_fingerprint(buf);
-        }
-        buf.extend_from_slice(b"}\n\n");
+        let delta = |buf: &mut BytesMut| push_toks(buf, texts);
+        self.choice_chunk(buf, shape, index, delta, logprobs, finish, completion);
     }
 
     /// One chat event of choice `index` shaped by its agent plan (see `agent.rs`): reasoning
@@ -225,15 +212,33 @@ impl Templates {
         finish: Option<&Finish>,
         completion: u64,
     ) {
-        buf.extend_from_slice(&self.head);
-        push_choice(
+        let push = |buf: &mut BytesMut| delta.push(buf);
+        self.choice_chunk(
             buf,
             &CHAT_AGENT_DELTA,
-            index as u64,
-            |buf| delta.push(buf),
+            index,
+            push,
             logprobs,
             finish,
+            completion,
         );
+    }
+
+    /// An event of one choice: the head, the choice of `shape` with the delta `push` writes,
+    /// the continuous usage, and the fingerprint on a finish without a usage chunk to come.
+    #[allow(clippy::too_many_arguments)]
+    fn choice_chunk(
+        &self,
+        buf: &mut BytesMut,
+        shape: &ChoiceShape,
+        index: u32,
+        push: impl FnOnce(&mut BytesMut),
+        logprobs: Option<&[TokenLogprobs]>,
+        finish: Option<&Finish>,
+        completion: u64,
+    ) {
+        buf.extend_from_slice(&self.head);
+        push_choice(buf, shape, index as u64, push, logprobs, finish);
         buf.extend_from_slice(b"]");
         self.push_continuous_usage(buf, completion);
         if finish.is_some() && !self.include_usage {
@@ -242,25 +247,19 @@ impl Templates {
         buf.extend_from_slice(b"}\n\n");
     }
 
-    /// The final `"choices":[]` usage chunk (only with `include_usage`).
-    pub fn usage_chunk(&self, buf: &mut BytesMut, completion: u64) {
+    /// The final `"choices":[]` usage chunk (only with `include_usage`); with `reasoning`,
+    /// `"completion_tokens_details":{"reasoning_tokens":R}` as vLLM 0.32 sends it with a
+    /// reasoning parser (capture `stream-chat-reasoning.txt`).
+    pub fn usage_chunk(&self, buf: &mut BytesMut, completion: u64, reasoning: Option<u64>) {
         buf.extend_from_slice(&self.head);
         buf.extend_from_slice(b"],\"usage\":{");
         push_usage_counts(buf, self.prompt_tokens, completion);
+        if let Some(r) = reasoning {
+            buf.extend_from_slice(b",\"completion_tokens_details\":{\"reasoning_tokens\":");
+            push_u64(buf, r);
+            buf.extend_from_slice(b"}");
+        }
         buf.extend_from_slice(b"}");
-        push_fingerprint(buf);
-        buf.extend_from_slice(b"}\n\n");
-    }
-
-    /// The usage chunk with `"completion_tokens_details":{"reasoning_tokens":R}` (vLLM 0.32 with
-    /// a reasoning parser, capture `stream-chat-reasoning.txt`).
-    pub fn usage_chunk_with_reasoning(&self, buf: &mut BytesMut, completion: u64, reasoning: u64) {
-        buf.extend_from_slice(&self.head);
-        buf.extend_from_slice(b"],\"usage\":{");
-        push_usage_counts(buf, self.prompt_tokens, completion);
-        buf.extend_from_slice(b",\"completion_tokens_details\":{\"reasoning_tokens\":");
-        push_u64(buf, reasoning);
-        buf.extend_from_slice(b"}}");
         push_fingerprint(buf);
         buf.extend_from_slice(b"}\n\n");
     }
@@ -598,7 +597,7 @@ mod tests {
         );
         assert_eq!(piece_chunk(&t, "ow", None, Some(&Finish::Length), 16), "data: {\"id\":\"chatcmpl-ba42e38baeaee861\",\"object\":\"chat.completion.chunk\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"ow\"},\"logprobs\":null,\"finish_reason\":\"length\",\"stop_reason\":null,\"token_ids\":null}]}\n\n");
         let mut b = BytesMut::new();
-        t.usage_chunk(&mut b, 16);
+        t.usage_chunk(&mut b, 16, None);
         assert_eq!(line(&b), "data: {\"id\":\"chatcmpl-ba42e38baeaee861\",\"object\":\"chat.completion.chunk\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[],\"usage\":{\"prompt_tokens\":32,\"total_tokens\":48,\"completion_tokens\":16},\"system_fingerprint\":\"vllm-0.32.0-f1283a03\"}\n\n");
     }
 
@@ -854,7 +853,7 @@ mod tests {
         // The fingerprint of that engine differs (its config had a reasoning parser): compare
         // up to it.
         b.clear();
-        t.usage_chunk_with_reasoning(&mut b, 12, 0);
+        t.usage_chunk(&mut b, 12, Some(0));
         let cut = |s: &str| s[..s.find("\"system_fingerprint\"").unwrap()].to_string();
         assert_eq!(cut(&line(&b)), cut(&want[want.len() - 2]));
     }
@@ -878,7 +877,7 @@ mod tests {
         );
         assert_eq!(line(&b), "data: {\"id\":\"chatcmpl-93fdfd0f0fb21559\",\"object\":\"chat.completion.chunk\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"yp\"},\"logprobs\":null,\"finish_reason\":\"stop\",\"stop_reason\":\"e\",\"token_ids\":null}]}\n\n");
         b.clear();
-        t.usage_chunk(&mut b, 1);
+        t.usage_chunk(&mut b, 1, None);
         assert_eq!(line(&b), "data: {\"id\":\"chatcmpl-93fdfd0f0fb21559\",\"object\":\"chat.completion.chunk\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[],\"usage\":{\"prompt_tokens\":15,\"total_tokens\":16,\"completion_tokens\":1},\"system_fingerprint\":\"vllm-0.32.0-f1283a03\"}\n\n");
     }
 

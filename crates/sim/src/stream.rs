@@ -324,13 +324,8 @@ impl Body for SseBody {
                     this.run.finish(false);
                     if this.include_usage {
                         let total = this.run.gen.total_tokens();
-                        match this.reasoning_tokens() {
-                            Some(r) => {
-                                this.tmpl
-                                    .usage_chunk_with_reasoning(&mut this.buf, total, r)
-                            }
-                            None => this.tmpl.usage_chunk(&mut this.buf, total),
-                        }
+                        let reasoning = this.reasoning_tokens();
+                        this.tmpl.usage_chunk(&mut this.buf, total, reasoning);
                     }
                     if !this.faults.no_done {
                         this.buf.extend_from_slice(DONE);

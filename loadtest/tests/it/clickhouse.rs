@@ -23,14 +23,14 @@ use std::time::{Duration, Instant};
 use goodput_loadtest::runner::{self, CompareTargets, RunConfig, RunResult};
 use goodput_loadtest::scenario::Scenario;
 use goodput_measure::stats::percentile;
-use goodput_proxy::app::App;
-use goodput_proxy::config::{RawClickHouse, RawConfig};
+use goodput_proxy::config::RawClickHouse;
 use goodput_proxy::report::{self, FleetRow, ReportArgs};
 use goodput_proxy::sink::http::ChHttp;
 use goodput_proxy::sink::row::stored_seconds;
 use goodput_sim::config::Jitter;
 use goodput_sim::{SimConfig, SimHandle, SimServer};
-use tokio::sync::oneshot;
+
+use crate::support::{start_proxy, Proxy};
 
 fn ch_url() -> String {
     std::env::var("GOODPUT_CLICKHOUSE_URL").expect(
@@ -98,55 +98,26 @@ async fn start_sim(seed: u64, jitter: Jitter) -> SimHandle {
         .spawn()
 }
 
-struct Proxy {
-    target: String,
-    admin: String,
+/// A proxy of the fleet and the JSONL file its records also go to.
+struct Replica {
+    proxy: Proxy,
     sink: PathBuf,
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
 
-impl Proxy {
-    async fn stop(mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        let _ = tokio::time::timeout(Duration::from_secs(10), &mut self.task).await;
-    }
-}
-
-async fn start_proxy(upstreams: Vec<String>, instance: &str, ch: RawClickHouse) -> Proxy {
+async fn start_replica(upstreams: Vec<String>, instance: &str, ch: RawClickHouse) -> Replica {
     let sink = std::env::temp_dir().join(format!(
         "goodput-ch-{instance}-{}.jsonl",
         std::process::id()
     ));
     let _ = std::fs::remove_file(&sink);
-    let mut c = RawConfig::default();
-    c.server.listen = "127.0.0.1:0".parse().unwrap();
-    c.server.admin_listen = "127.0.0.1:0".parse().unwrap();
-    c.server.drain_delay_ms = 0;
-    c.server.grace_period_ms = 5_000;
-    c.server.instance = Some(instance.into());
-    c.upstream.urls = upstreams;
-    c.upstream.health_interval_ms = 200;
-    c.measure.models = vec!["tiny".into()];
-    c.measure.sink_path = Some(sink.clone());
-    c.sink.clickhouse = Some(ch);
-    let app = App::bind(c.check().expect("a valid test config"))
-        .await
-        .expect("bind proxy");
-    let (addr, admin) = (app.local_addr(), app.admin_addr());
-    let (tx, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(app.run(async move {
-        let _ = rx.await;
-    }));
-    Proxy {
-        target: format!("http://{addr}"),
-        admin: format!("http://{admin}"),
-        sink,
-        stop: Some(tx),
-        task,
-    }
+    let path = sink.clone();
+    let proxy = start_proxy(upstreams, |c| {
+        c.server.instance = Some(instance.into());
+        c.measure.sink_path = Some(path);
+        c.sink.clickhouse = Some(ch);
+    })
+    .await;
+    Replica { proxy, sink }
 }
 
 fn ch_config(db: &str) -> RawClickHouse {
@@ -290,11 +261,12 @@ async fn fleet_percentiles_counts_and_goodput_from_clickhouse_equal_the_replicas
     let upstreams: Vec<String> = sims.iter().map(|s| s.base_url()).collect();
     let mut proxies = Vec::new();
     for i in 0..3 {
-        proxies.push(start_proxy(upstreams.clone(), &format!("replica-{i}"), ch_config(&db)).await);
+        proxies
+            .push(start_replica(upstreams.clone(), &format!("replica-{i}"), ch_config(&db)).await);
     }
     let runs = futures_util::future::join_all(proxies.iter().enumerate().map(|(i, p)| {
         let scenario = format!("seed = {}\n{FLEET}", 100 + i);
-        async move { load(&p.target, &scenario).await }
+        async move { load(&p.proxy.target, &scenario).await }
     }))
     .await;
     let sent: u64 = runs.iter().map(|r| r.records.len() as u64).sum();
@@ -303,9 +275,9 @@ async fn fleet_percentiles_counts_and_goodput_from_clickhouse_equal_the_replicas
     let in_ch = wait_for(&db, sent, "1").await;
     let mut good_counter = 0.0;
     for p in &proxies {
-        good_counter += metric(&p.admin, "goodput_proxy_goodput_requests_total", "").await;
+        good_counter += metric(&p.proxy.admin, "goodput_proxy_goodput_requests_total", "").await;
         assert_eq!(
-            metric(&p.admin, "goodput_proxy_records_dropped_total", "").await,
+            metric(&p.proxy.admin, "goodput_proxy_records_dropped_total", "").await,
             0.0
         );
     }
@@ -377,7 +349,7 @@ async fn fleet_percentiles_counts_and_goodput_from_clickhouse_equal_the_replicas
 
     for p in proxies {
         let sink = p.sink.clone();
-        p.stop().await;
+        p.proxy.stop().await;
         let _ = std::fs::remove_file(sink);
     }
     for s in sims {
@@ -485,7 +457,7 @@ async fn a_ten_second_outage_slows_no_request_and_drops_exactly_what_it_counts()
         batch_size: BATCH,
         ..ch_config(&db)
     };
-    let proxy = start_proxy(vec![sim.base_url()], "outage", cfg).await;
+    let Replica { proxy, sink } = start_replica(vec![sim.base_url()], "outage", cfg).await;
     let t0 = Instant::now();
     let outage = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_secs(4)).await;
@@ -608,7 +580,6 @@ async fn a_ten_second_outage_slows_no_request_and_drops_exactly_what_it_counts()
         "p99 during the outage {pi} vs {po}"
     );
 
-    let sink = proxy.sink.clone();
     proxy.stop().await;
     let _ = std::fs::remove_file(sink);
     sim.shutdown().await;

@@ -13,10 +13,9 @@ use goodput_loadtest::record::RequestRecord;
 use goodput_loadtest::report::compare::Comparison;
 use goodput_loadtest::runner::{self, CompareTargets, RunConfig, RunResult};
 use goodput_loadtest::scenario::Scenario;
-use goodput_proxy::app::App;
-use goodput_proxy::config::RawConfig;
 use goodput_sim::{SimConfig, SimHandle, SimServer};
-use tokio::sync::oneshot;
+
+use crate::support::start_proxy;
 
 const TTFT_MS: f64 = 80.0;
 const TPOT_MS: f64 = 5.0;
@@ -64,13 +63,6 @@ hangup_share = 0.3
 hangup_after_events = { fixed = 4 }
 "#;
 
-struct Proxy {
-    target: String,
-    admin: String,
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<anyhow::Result<()>>,
-}
-
 async fn start_sim() -> SimHandle {
     let cfg = SimConfig {
         max_num_seqs: 1024,
@@ -82,32 +74,6 @@ async fn start_sim() -> SimHandle {
         .spawn()
 }
 
-async fn start_proxy(upstream: String, sink: PathBuf) -> Proxy {
-    let mut c = RawConfig::default();
-    c.server.listen = "127.0.0.1:0".parse().unwrap();
-    c.server.admin_listen = "127.0.0.1:0".parse().unwrap();
-    c.server.drain_delay_ms = 0;
-    c.server.grace_period_ms = 5_000;
-    c.upstream.urls = vec![upstream];
-    c.upstream.health_interval_ms = 200;
-    c.measure.models = vec!["tiny".into()];
-    c.measure.sink_path = Some(sink);
-    let app = App::bind(c.check().expect("a valid test config"))
-        .await
-        .expect("bind proxy");
-    let (addr, admin) = (app.local_addr(), app.admin_addr());
-    let (tx, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(app.run(async move {
-        let _ = rx.await;
-    }));
-    Proxy {
-        target: format!("http://{addr}"),
-        admin: format!("http://{admin}"),
-        stop: Some(tx),
-        task,
-    }
-}
-
 fn temp_path(name: &str) -> PathBuf {
     let p = std::env::temp_dir().join(format!("goodput-lt-{name}-{}", std::process::id()));
     let _ = std::fs::remove_file(&p);
@@ -117,7 +83,8 @@ fn temp_path(name: &str) -> PathBuf {
 async fn run_through_proxy() -> (RunResult, PathBuf) {
     let sim = start_sim().await;
     let sink = temp_path("sink.jsonl");
-    let mut proxy = start_proxy(sim.base_url(), sink.clone()).await;
+    let path = sink.clone();
+    let proxy = start_proxy(vec![sim.base_url()], |c| c.measure.sink_path = Some(path)).await;
     let res = tokio::time::timeout(
         Duration::from_secs(90),
         runner::run(RunConfig {
@@ -148,10 +115,7 @@ async fn run_through_proxy() -> (RunResult, PathBuf) {
         .filter(|r| r.hung_up || r.tag.as_deref() == Some("truncate-after=3"))
         .count() as u64;
     assert_eq!(sim.requests_aborted(), cut, "each cut request aborted once");
-    if let Some(stop) = proxy.stop.take() {
-        let _ = stop.send(());
-    }
-    let _ = tokio::time::timeout(Duration::from_secs(10), &mut proxy.task).await;
+    proxy.stop().await;
     sim.shutdown().await;
     (res, sink)
 }

@@ -7,6 +7,7 @@ mod cardinality;
 mod disconnect;
 mod h2flood;
 mod identity;
+mod keepalive;
 mod limits;
 mod slow;
 mod smuggling;

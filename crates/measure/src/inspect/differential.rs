@@ -196,7 +196,7 @@ fn the_simulators_output() {
                 }
             }
             if req.include_usage {
-                t.usage_chunk(&mut buf, g.total_tokens());
+                t.usage_chunk(&mut buf, g.total_tokens(), None);
             }
             t.malformed_chunk(&mut buf);
             buf.extend_from_slice(stream_error_event("boom \"x\"\n").as_bytes());
