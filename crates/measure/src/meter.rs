@@ -426,11 +426,16 @@ pub struct StreamMeter {
 
 impl StreamMeter {
     pub fn new(t0: Instant, streaming: bool) -> Self {
+        let mut tl = Timeline::new(t0);
+        if streaming {
+            // Taken here, not at the first template: the event path allocates nothing.
+            tl.repeat = RepeatCache::with_capacity(TEMPLATE_ROOM);
+        }
         Self {
             streaming,
             status: None,
             parser: SseParser::new(),
-            tl: Timeline::new(t0),
+            tl,
             body: Vec::new(),
             body_overflow: false,
             last_frame: None,

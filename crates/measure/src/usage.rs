@@ -19,7 +19,7 @@ use bytes::{Bytes, BytesMut};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::inspect::{scan_event, ChunkKind, Template, Usage};
+use crate::inspect::{scan_event, ChunkKind, Template, Usage, TEMPLATE_ROOM};
 #[cfg(test)]
 use crate::request::peek_request;
 use crate::request::{lax_bool, some_raw, Lax};
@@ -277,7 +277,10 @@ pub struct UsageStripper {
 
 impl UsageStripper {
     pub fn new() -> Self {
-        Self::default()
+        Self {
+            other: Template::with_capacity(TEMPLATE_ROOM),
+            ..Self::default()
+        }
     }
 
     /// The stripper stopped stripping because the bytes it held passed the SSE parser's line

@@ -35,6 +35,15 @@ pub struct Template {
 }
 
 impl Template {
+    /// Room for a template of `bytes` (taken up front, so that learning one of that size
+    /// allocates nothing on the event path).
+    pub fn with_capacity(bytes: usize) -> Self {
+        Self {
+            bytes: Vec::with_capacity(bytes),
+            ..Self::default()
+        }
+    }
+
     /// Keeps `bytes` as the template when it has an output span (and is not too long); else
     /// keeps the old one (a template stays true: an event with an escape in its text must not
     /// make the plain ones after it miss). `bytes` must be a valid JSON text, or one whose only
@@ -94,11 +103,22 @@ impl Default for RepeatCache {
     }
 }
 
+/// Room a stream's template takes up front: a vLLM chunk is 200-300 bytes.
+pub const TEMPLATE_ROOM: usize = 512;
+
 impl RepeatCache {
     pub fn new() -> Self {
         Self {
             template: Template::default(),
             info: ChunkInfo::of_kind(ChunkKind::Unknown),
+        }
+    }
+
+    /// A cache with room for a template of `bytes` (see [`Template::with_capacity`]).
+    pub fn with_capacity(bytes: usize) -> Self {
+        Self {
+            template: Template::with_capacity(bytes),
+            ..Self::new()
         }
     }
 
