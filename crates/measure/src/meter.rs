@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use crate::agent::{inspect_response_agent, AgentMeter, AgentSummary, ToolSet};
 use crate::inspect::{
     inspect_response_logged, scan_event_logged, ChunkInfo, ChunkKind, RepeatCache, Seen, TokenLog,
-    Usage,
+    Usage, TEMPLATE_ROOM,
 };
 use crate::outcome::{Ending, FinishReason, Outcome};
 use crate::sse::{SseEvent, SseParser};
