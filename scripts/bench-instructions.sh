@@ -5,7 +5,10 @@
 # upstream; each proxy binary runs under callgrind. Per binary and body kind: wrk warms the
 # connection for 2 s, the counters are zeroed, wrk runs SECS seconds (2 connections), the
 # counters are dumped: instructions / requests, malloc+calloc+realloc+posix_memalign / requests.
-# Streaming (64 tokens, usage injected and stripped) and non-streaming, metering on.
+# `net_of_idle` takes off what the process does in SECS seconds without requests (measured
+# first, once per binary): the figure to compare between runs on a busy machine.
+# Streaming (64 tokens, usage injected and stripped) and non-streaming, metering on (MEASURE=false:
+# off). Each dump is kept as /tmp/goodput-instructions/KIND.BIN.PID.cg (callgrind_annotate FILE).
 #   scripts/bench-instructions.sh [BIN...]     # default: target/release/goodput-proxy
 # Needs valgrind and wrk (Debian: apt-get install valgrind wrk). Loopback ports 18510-18512,
 # bounded (about 40 s per binary), stops what it started.
@@ -27,13 +30,12 @@ allocs() {
 import re, sys
 names, cur, total = {}, None, 0
 alloc = {"malloc", "calloc", "realloc", "posix_memalign", "aligned_alloc", "memalign"}
+alloc |= {"_rjem_" + a for a in alloc | {"mallocx", "rallocx"}}  # jemalloc (the default)
 for line in open(sys.argv[1], errors="replace"):
-    # A name is given once, at its first `fn=` or `cfn=`; later lines use only the `(id)`.
-    m = re.match(r"(c?)fn=\((\d+)\)(?: (.*))?", line)
+    # Names uncompressed (--compress-strings=no): `fn=NAME` / `cfn=NAME`.
+    m = re.match(r"(c?)fn=(.*)", line)
     if m:
-        if m.group(3):
-            names[m.group(2)] = m.group(3).strip()
-        cur = names.get(m.group(2), "") if m.group(1) else None
+        cur = m.group(2).strip() if m.group(1) else None
         continue
     if line.startswith("calls=") and cur is not None:
         if cur.split("'")[0] in alloc:
@@ -44,14 +46,24 @@ EOF
 }
 for bin in "${bins[@]}"; do
     GOODPUT_PROXY_SERVER_LISTEN=127.0.0.1:18511 GOODPUT_PROXY_SERVER_ADMIN_LISTEN=127.0.0.1:18512 \
-    GOODPUT_PROXY_UPSTREAM_URLS=http://127.0.0.1:18510 \
-        valgrind --tool=callgrind --callgrind-out-file="$W/cg.%p" "$bin" serve >"$W/proxy.log" 2>&1 & pid=$!
+    GOODPUT_PROXY_UPSTREAM_URLS=http://127.0.0.1:18510 GOODPUT_PROXY_MEASURE_ENABLED="${MEASURE:-true}" \
+        valgrind --tool=callgrind --compress-strings=no --callgrind-out-file="$W/cg.%p" "$bin" serve >"$W/proxy.log" 2>&1 & pid=$!
     pids+=($pid)
     ready 18511
+    # What the process does with no request in SECS seconds (engine scraper, timers): taken
+    # off each kind's count, so that the per-request figure does not grow when a loaded
+    # machine serves fewer requests in the same time.
+    callgrind_control -z "$pid" >/dev/null
+    sleep "$SECS"
+    rm -f "$W"/cg."$pid".*
+    callgrind_control -d "$pid" >/dev/null
+    sleep 1
+    idle=$(awk '/^(summary|totals):/ {print $2; exit}' "$(ls -t "$W"/cg."$pid".* | head -1)")
     for kind in stream json; do
-        wrk -t1 -c2 -d2s -s "scripts/bench/$kind.lua" http://127.0.0.1:18511/v1/chat/completions >/dev/null
+        stream=0; [[ $kind == stream ]] && stream=1
+        BENCH_STREAM=$stream wrk -t1 -c2 -d2s -s scripts/bench/wrk.lua http://127.0.0.1:18511/v1/chat/completions >/dev/null
         callgrind_control -z "$pid" >/dev/null
-        out=$(wrk -t1 -c2 -d"${SECS}s" -s "scripts/bench/$kind.lua" http://127.0.0.1:18511/v1/chat/completions)
+        out=$(BENCH_STREAM=$stream wrk -t1 -c2 -d"${SECS}s" -s scripts/bench/wrk.lua http://127.0.0.1:18511/v1/chat/completions)
         rm -f "$W"/cg."$pid".*
         callgrind_control -d "$pid" >/dev/null
         sleep 1
@@ -59,8 +71,9 @@ for bin in "${bins[@]}"; do
         n=$(awk '/requests in/ {print $1}' <<<"$out")
         ir=$(awk '/^(summary|totals):/ {print $2; exit}' "$dump")
         a=$(allocs "$dump")
-        printf '%-40s %-6s requests=%-6s instructions_per_req=%-9s allocs_per_req=%s %s\n' "$bin" "$kind" "$n" \
-            "$((ir / n))" "$(awk -v a="$a" -v n="$n" 'BEGIN { printf "%.1f", a / n }')" \
+        cp "$dump" "$W/$kind.$(basename "$bin").$pid.cg"  # for callgrind_annotate
+        printf '%-28s %-6s requests=%-6s instructions_per_req=%-9s net_of_idle=%-9s allocs_per_req=%s %s\n' "$bin" "$kind" "$n" \
+            "$((ir / n))" "$(((ir - idle) / n))" "$(awk -v a="$a" -v n="$n" 'BEGIN { printf "%.1f", a / n }')" \
             "$(grep -E 'Non-2xx|Socket errors' <<<"$out" | tr '\n' ' ')"
     done
     kill "$pid"; wait "$pid" 2>/dev/null || true

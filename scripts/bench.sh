@@ -17,7 +17,7 @@
 #   held   `goodput-loadtest bench burst` of STREAMS streams held open ~HOLD_S s each: the
 #          forwarder's RSS before, at the peak (per open stream) and 2 s after they ended
 #   burst  STREAMS zero-cost streams started at once on new connections: errors counted
-# Env: SECS=4 ROUNDS=2 CONNS="1 64 512" PACED="64 512" STREAMS=10000 HOLD_S=20 OUT=out/bench
+# Env: SECS=4 ROUNDS=2 CONNS="1 64 512" PACED="64 512" STREAMS=10000 HOLD_S=12 OUT=out/bench
 #      LITELLM=auto|off (auto: use `import litellm` from python3 or LITELLM_VENV, else try
 #      `pip install 'litellm[proxy]' prometheus_client` once into LITELLM_VENV=/tmp/goodput-bench-litellm)
 #      PROXY_BIN=path (skip the build and bench that binary) BASE_PORT=18500
@@ -33,7 +33,7 @@ ROUNDS="${ROUNDS:-2}"
 CONNS="${CONNS:-1 64 512}"
 PACED="${PACED:-64 512}"
 STREAMS="${STREAMS:-10000}"
-HOLD_S="${HOLD_S:-20}"
+HOLD_S="${HOLD_S:-12}"
 OUT="${OUT:-out/bench}"
 PARTS="${PARTS:-wrk paced held burst}"
 LITELLM="${LITELLM:-auto}"
@@ -122,7 +122,7 @@ sed -e "s#@W@#$W#g" -e "s#@NOFILE@#$NOFILE#g" -e "s#@SIM@#$SIM#g" -e "s#@PORT@#$
 nginx -c "$NGINX_CONF"
 proxy() { # PORT ADMIN METERING
     GOODPUT_PROXY_SERVER_LISTEN=127.0.0.1:$1 GOODPUT_PROXY_SERVER_ADMIN_LISTEN=127.0.0.1:$2 \
-    GOODPUT_PROXY_MEASURE_ENABLED=$3 GOODPUT_PROXY_SERVER_MAX_IN_FLIGHT=100000 \
+    GOODPUT_PROXY_MEASURE_ENABLED=$3 GOODPUT_PROXY_SERVER_MAX_IN_FLIGHT=100000 GOODPUT_PROXY_LIMITS_MAX_CONNECTIONS=$NOFILE \
     GOODPUT_PROXY_UPSTREAM_URLS=http://127.0.0.1:$SIM LD_PRELOAD="${PROXY_PRELOAD:-}" \
         "$PROXY_BIN" serve >"$W/proxy-$3.log" 2>&1 &
     pids+=($!)

@@ -39,6 +39,8 @@ pub struct RequestFacts {
     /// The body's `stream` flag as the engine reads it (lax boolean; `false` when absent, not
     /// JSON, or not a boolean to the engine).
     pub stream: bool,
+    /// Choices asked for (`n` as the engine reads it; 1 when absent).
+    pub n: u32,
     /// The functions the body offers (`tools`), to judge tool calls by; `None` without.
     pub tools: Option<Arc<ToolSet>>,
 }
@@ -129,12 +131,14 @@ mod tests {
         let facts = RequestFacts {
             model: Some("m".into()),
             stream: true,
+            n: 1,
             tools: None,
         };
         ctx.set_facts(facts.clone());
         ctx.set_facts(RequestFacts {
             model: None,
             stream: false,
+            n: 2,
             tools: None,
         });
         assert_eq!(ctx.facts(), Some(&facts), "the first write wins");

@@ -23,11 +23,13 @@ use goodput_measure::outcome::Ending;
 /// Called once with the request's measurement (the proxy: metrics + record). `Sync` so that
 /// the body stays `Sync` (e.g. for `http_body_util::combinators::BoxBody`).
 pub type OnFinish = Box<dyn FnOnce(Measurement) + Send + Sync + 'static>;
-/// Called for every ITL gap as it closes (the proxy: the ITL histogram).
+/// Called for every ITL gap as it closes (the proxy: the ITL histogram, buffered per request).
+/// Dropped right before `on_finish` runs, so a buffering observer flushes before the record.
 pub type OnGap = Box<dyn FnMut(Duration) + Send + Sync + 'static>;
 
 struct Active {
     meter: StreamMeter,
+    on_gap: Option<OnGap>,
     on_finish: OnFinish,
 }
 
@@ -37,7 +39,6 @@ pin_project! {
         #[pin]
         inner: B,
         active: Option<Active>,
-        on_gap: Option<OnGap>,
         report: Option<Arc<StripReport>>,
         error_ending: fn(&B::Error) -> Ending,
     }
@@ -67,6 +68,7 @@ fn finish(mut a: Active, ending: Ending, report: Option<&StripReport>) {
     let mut m = a.meter.finish(t_end, ending);
     m.usage_injected = report.is_some();
     m.usage_stripped = report.is_some_and(|r| !r.gave_up());
+    drop(a.on_gap); // its buffered gaps reach the histogram before the record
     (a.on_finish)(m);
 }
 
@@ -79,8 +81,11 @@ impl<B: Body<Data = Bytes>> MeteredBody<B> {
     pub fn new(inner: B, meter: StreamMeter, on_finish: OnFinish) -> Self {
         Self {
             inner,
-            active: Some(Active { meter, on_finish }),
-            on_gap: None,
+            active: Some(Active {
+                meter,
+                on_gap: None,
+                on_finish,
+            }),
             report: None,
             error_ending: body_error::<B::Error>,
         }
@@ -88,7 +93,9 @@ impl<B: Body<Data = Bytes>> MeteredBody<B> {
 
     /// Observe each ITL gap as it closes.
     pub fn with_gap_observer(mut self, on_gap: OnGap) -> Self {
-        self.on_gap = Some(on_gap);
+        if let Some(a) = self.active.as_mut() {
+            a.on_gap = Some(on_gap);
+        }
         self
     }
 
@@ -124,7 +131,7 @@ impl<B: Body<Data = Bytes>> Body for MeteredBody<B> {
             Some(Ok(frame)) => {
                 if let Some(data) = frame.data_ref() {
                     let t = Instant::now();
-                    match this.on_gap.as_mut() {
+                    match a.on_gap.as_mut() {
                         Some(g) => a.meter.on_frame(t, data, g),
                         None => a.meter.on_frame(t, data, |_| {}),
                     }

@@ -3,6 +3,7 @@
 //! changes the bytes, so it sits inside the metered body, which then sees exactly what the
 //! client gets; the usage it removed reaches the meter through a [`StripReport`].
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -46,6 +47,9 @@ pin_project! {
         #[pin]
         inner: B,
         stripper: UsageStripper,
+        // What the stripper let out and the client has not polled yet, one frame each (slices
+        // of the upstream frame: the stripper never copies what passes unchanged).
+        out: VecDeque<Bytes>,
         report: std::sync::Arc<StripReport>,
         // An inner error waiting behind the bytes the stripper released at the error.
         error: Option<B::Error>,
@@ -60,6 +64,7 @@ impl<B: Body<Data = Bytes>> StripBody<B> {
         Self {
             inner,
             stripper: UsageStripper::new(),
+            out: VecDeque::new(),
             report,
             error: None,
             trailers: None,
@@ -88,6 +93,9 @@ impl<B: Body<Data = Bytes>> Body for StripBody<B> {
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let mut this = self.project();
         loop {
+            if let Some(piece) = this.out.pop_front() {
+                return Poll::Ready(Some(Ok(Frame::data(piece))));
+            }
             if let Some(e) = this.error.take() {
                 return Poll::Ready(Some(Err(e)));
             }
@@ -100,12 +108,9 @@ impl<B: Body<Data = Bytes>> Body for StripBody<B> {
             let held = match ready!(this.inner.as_mut().poll_frame(cx)) {
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) => {
-                        let out = this.stripper.push(data);
+                        this.stripper.push_into(data, this.out);
                         report(this.stripper, this.report);
-                        if out.is_empty() {
-                            continue; // all held back or stripped: wait for more
-                        }
-                        return Poll::Ready(Some(Ok(Frame::data(out))));
+                        continue; // what it let out goes first; none: wait for more
                     }
                     // Trailers end the body: what the stripper holds goes out first.
                     Err(trailers) => {
@@ -128,7 +133,7 @@ impl<B: Body<Data = Bytes>> Body for StripBody<B> {
 
     fn is_end_stream(&self) -> bool {
         // Held bytes are only known to be none once the inner body has said its last.
-        self.done && self.error.is_none() && self.trailers.is_none()
+        self.done && self.out.is_empty() && self.error.is_none() && self.trailers.is_none()
     }
 
     fn size_hint(&self) -> SizeHint {

@@ -72,12 +72,13 @@ where
                 return Err(ProxyError::BodyTooLarge { limit });
             }
             let bytes = read_body(body, limit, idle).await?;
-            let RequestPeek { model, stream } = peek_request(&bytes);
+            let RequestPeek { model, stream, n } = peek_request(&bytes);
             if let Some(ctx) = RequestContext::of(&parts.extensions) {
                 let tools = ToolSet::from_request(&bytes);
                 ctx.set_facts(RequestFacts {
                     model,
                     stream,
+                    n,
                     tools,
                 });
             }

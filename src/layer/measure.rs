@@ -478,11 +478,16 @@ impl Open {
         if let Some(u) = &upstream {
             pending.rm.set_upstream(u);
         }
-        let itl = pending.rm.itl_histogram();
+        // Locked by its one user only (the lock keeps the body `Sync`): never contended.
+        let itl = std::sync::Mutex::new(pending.rm.itl_buffer());
         let on_finish: OnFinish =
             Box::new(move |m: Measurement| pending.record(m, upstream.as_ref()));
         let mut body = MeteredBody::new(body, sm, on_finish)
-            .with_gap_observer(Box::new(move |g: Duration| itl.observe(g.as_secs_f64())))
+            .with_gap_observer(Box::new(move |g: Duration| {
+                if let Ok(mut b) = itl.lock() {
+                    b.observe(g);
+                }
+            }))
             .with_error_ending(body_error_ending);
         if let Some(report) = ctx.strip_report() {
             body = body.with_strip_report(report.clone());
@@ -570,6 +575,7 @@ mod tests {
                 ctx.set_facts(RequestFacts {
                     model: Some("tiny".into()),
                     stream: true,
+                    n: 1,
                     tools: None,
                 });
                 ctx.mark_forwarded(Instant::now());

@@ -10,15 +10,17 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use prometheus::{
-    GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry,
+    GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts,
+    Registry,
 };
 use tokio::time::Instant;
 
-use goodput_measure::meter::Measurement;
-use goodput_measure::outcome::{rejected_by_client, Outcome, NO_FINISH_REASON};
-use goodput_measure::slo::SloVerdict;
+use goodput_measure::outcome::Outcome;
 use goodput_measure::window::RatioWindow;
+use request::HandleCache;
+pub use request::{ItlBuffer, RequestMetrics, ITL_FLUSH_GAPS};
+
+mod request;
 
 mod agent;
 pub use agent::AgentMetrics;
@@ -217,8 +219,19 @@ struct Shared {
     itl: HistogramVec,
     e2e: HistogramVec,
     goodput: IntCounterVec,
+    requests: IntCounterVec,
+    slo_violations: IntCounterVec,
+    prompt_tokens: IntCounterVec,
+    generation_tokens: IntCounterVec,
+    in_flight: IntGaugeVec,
+    sse_discarded: IntCounter,
+    agent: AgentMetrics,
     upstreams: UpstreamLabels,
     window: Mutex<RatioWindow>,
+    /// Every request's handles, resolved once per label value (see `request::HandleCache`).
+    cache: HandleCache,
+    /// `upstream="none"`, allocated once.
+    none: Arc<str>,
 }
 
 /// Every family the proxy's measurement exports.
@@ -303,45 +316,55 @@ impl Metrics {
             &["model", "upstream"],
         )?;
         let upstreams = UpstreamLabels::default();
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "goodput_proxy_requests_total",
+                "Finished requests by outcome.",
+            ),
+            &["model", "upstream", "outcome", "finish_reason"],
+        )?;
+        let slo_violations = IntCounterVec::new(
+            Opts::new(
+                "goodput_proxy_slo_violations_total",
+                "Requests that missed an SLO.",
+            ),
+            &["model", "upstream", "slo"],
+        )?;
+        let prompt_tokens = IntCounterVec::new(
+            Opts::new(
+                "goodput_proxy_prompt_tokens_total",
+                "Prompt tokens (engine usage).",
+            ),
+            &["model"],
+        )?;
+        let generation_tokens = IntCounterVec::new(
+            Opts::new(
+                "goodput_proxy_generation_tokens_total",
+                "Generated tokens (usage when reported, else counted).",
+            ),
+            &["model"],
+        )?;
+        let in_flight = IntGaugeVec::new(
+            Opts::new("goodput_proxy_requests_in_flight", "Requests being served."),
+            &["model"],
+        )?;
+        let sse_discarded = IntCounter::new(
+            "goodput_proxy_sse_discarded_total",
+            "SSE lines or events from the engines that the parser dropped (over its 4 MiB line limit).",
+        )?;
+        let agent = AgentMetrics::register(registry)?;
         let m = Self {
-            requests: IntCounterVec::new(
-                Opts::new(
-                    "goodput_proxy_requests_total",
-                    "Finished requests by outcome.",
-                ),
-                &["model", "upstream", "outcome", "finish_reason"],
-            )?,
+            requests: requests.clone(),
             goodput: goodput.clone(),
-            slo_violations: IntCounterVec::new(
-                Opts::new(
-                    "goodput_proxy_slo_violations_total",
-                    "Requests that missed an SLO.",
-                ),
-                &["model", "upstream", "slo"],
-            )?,
+            slo_violations: slo_violations.clone(),
             ttft: ttft.clone(),
             ttfc: ttfc.clone(),
             tpot: tpot.clone(),
             itl: itl.clone(),
             e2e: e2e.clone(),
-            prompt_tokens: IntCounterVec::new(
-                Opts::new(
-                    "goodput_proxy_prompt_tokens_total",
-                    "Prompt tokens (engine usage).",
-                ),
-                &["model"],
-            )?,
-            generation_tokens: IntCounterVec::new(
-                Opts::new(
-                    "goodput_proxy_generation_tokens_total",
-                    "Generated tokens (usage when reported, else counted).",
-                ),
-                &["model"],
-            )?,
-            in_flight: IntGaugeVec::new(
-                Opts::new("goodput_proxy_requests_in_flight", "Requests being served."),
-                &["model"],
-            )?,
+            prompt_tokens: prompt_tokens.clone(),
+            generation_tokens: generation_tokens.clone(),
+            in_flight: in_flight.clone(),
             overhead: Histogram::with_opts(
                 HistogramOpts::new(
                     "goodput_proxy_overhead_seconds",
@@ -370,10 +393,7 @@ impl Metrics {
                 ),
                 &["sink"],
             )?,
-            sse_discarded: IntCounter::new(
-                "goodput_proxy_sse_discarded_total",
-                "SSE lines or events from the engines that the parser dropped (over its 4 MiB line limit).",
-            )?,
+            sse_discarded: sse_discarded.clone(),
             goodput_ratio: GaugeVec::new(
                 Opts::new(
                     "goodput_proxy_goodput_ratio",
@@ -391,7 +411,7 @@ impl Metrics {
             )?,
             models,
             upstreams: upstreams.clone(),
-            agent: AgentMetrics::register(registry)?,
+            agent: agent.clone(),
             tenant_requests: IntCounterVec::new(
                 Opts::new(
                     "goodput_proxy_tenant_requests_total",
@@ -413,8 +433,17 @@ impl Metrics {
                 itl,
                 e2e,
                 goodput,
+                requests,
+                slo_violations,
+                prompt_tokens,
+                generation_tokens,
+                in_flight,
+                sse_discarded,
+                agent,
                 upstreams,
                 window: Mutex::new(RatioWindow::new(DEFAULT_GOODPUT_WINDOW, Instant::now())),
+                cache: HandleCache::default(),
+                none: Arc::from(NO_UPSTREAM),
             }),
         };
         registry.register(Box::new(m.sse_discarded.clone()))?;
@@ -482,23 +511,7 @@ impl Metrics {
     /// flight. The per-upstream handles follow once the replica is known
     /// ([`RequestMetrics::set_upstream`]), or at the end (`upstream="none"`).
     pub fn for_request(&self, model: &str) -> RequestMetrics {
-        let model = self.models.resolve(model);
-        let l = [&*model];
-        let in_flight = self.in_flight.with_label_values(&l);
-        in_flight.inc();
-        RequestMetrics {
-            upstream: Arc::from(NO_UPSTREAM),
-            handles: None,
-            prompt_tokens: self.prompt_tokens.with_label_values(&l),
-            generation_tokens: self.generation_tokens.with_label_values(&l),
-            in_flight: Some(in_flight),
-            requests: self.requests.clone(),
-            slo_violations: self.slo_violations.clone(),
-            sse_discarded: self.sse_discarded.clone(),
-            agent: self.agent.clone(),
-            shared: self.shared.clone(),
-            model,
-        }
+        RequestMetrics::begin(self.models.resolve(model), self.shared.clone())
     }
 
     pub fn observe_overhead(&self, d: Duration) {
@@ -515,149 +528,12 @@ fn set_or_remove(g: &GaugeVec, labels: &[&str], v: Option<f64>) {
     }
 }
 
-/// A request's handles of the families labelled `model` and `upstream`.
-struct Handles {
-    ttft: Histogram,
-    ttfc: Histogram,
-    tpot: Histogram,
-    itl: Histogram,
-    e2e: Histogram,
-    goodput: IntCounter,
-}
-
-/// One request's metric handles, resolved once. Dropping it without [`RequestMetrics::finish`]
-/// still takes the request out of `requests_in_flight`.
-pub struct RequestMetrics {
-    model: Arc<str>,
-    upstream: Arc<str>,
-    /// Resolved by `set_upstream`, else at the end with `upstream="none"`.
-    handles: Option<Handles>,
-    shared: Arc<Shared>,
-    prompt_tokens: IntCounter,
-    generation_tokens: IntCounter,
-    in_flight: Option<IntGauge>,
-    requests: IntCounterVec,
-    slo_violations: IntCounterVec,
-    sse_discarded: IntCounter,
-    agent: AgentMetrics,
-}
-
-impl RequestMetrics {
-    /// The resolved `model` label value.
-    pub fn model(&self) -> &Arc<str> {
-        &self.model
-    }
-
-    /// The resolved `upstream` label value (`none` until [`RequestMetrics::set_upstream`]).
-    pub fn upstream(&self) -> &Arc<str> {
-        &self.upstream
-    }
-
-    /// The replica that answered (its URL, as in `ServedBy`): resolves the per-upstream
-    /// handles once, with the replica's bounded label.
-    pub fn set_upstream(&mut self, url: &str) {
-        self.upstream = self.shared.upstreams.resolve(url);
-        self.handles = None;
-        self.handles();
-    }
-
-    fn handles(&mut self) -> &Handles {
-        let (model, upstream, sh) = (&self.model, &self.upstream, &self.shared);
-        self.handles.get_or_insert_with(|| {
-            let l = [&**model, &**upstream];
-            Handles {
-                ttft: sh.ttft.with_label_values(&l),
-                ttfc: sh.ttfc.with_label_values(&l),
-                tpot: sh.tpot.with_label_values(&l),
-                itl: sh.itl.with_label_values(&l),
-                e2e: sh.e2e.with_label_values(&l),
-                goodput: sh.goodput.with_label_values(&l),
-            }
-        })
-    }
-
-    /// The ITL histogram handle, for a per-gap observer (`MeteredBody::with_gap_observer`).
-    pub fn itl_histogram(&mut self) -> Histogram {
-        self.handles().itl.clone()
-    }
-
-    pub fn observe_gap(&mut self, gap: Duration) {
-        self.handles().itl.observe(gap.as_secs_f64());
-    }
-
-    /// Record a finished request. Latency histograms: TTFT / TTFC / TPOT whenever defined (any
-    /// outcome, as vLLM does for TTFT); E2E for every outcome except `rejected`. ITL gaps are
-    /// observed as they happen (see [`RequestMetrics::itl_histogram`]).
-    pub fn finish(mut self, m: &Measurement, v: &SloVerdict) {
-        let finish = m.finish_reason.map_or(NO_FINISH_REASON, |f| f.as_str());
-        let (model, upstream) = (self.model.clone(), self.upstream.clone());
-        self.requests
-            .with_label_values(&[&*model, &*upstream, m.outcome.as_str(), finish])
-            .inc();
-        if let Some(a) = &m.agent {
-            self.agent.observe(&model, a);
-        }
-        for (slo, ok) in [
-            ("ttft", v.ttft_ok),
-            ("tpot", v.tpot_ok),
-            ("e2e", v.e2e_ok),
-            ("tool_calls", v.tool_calls_ok),
-        ] {
-            if ok == Some(false) {
-                self.slo_violations
-                    .with_label_values(&[&*model, &*upstream, slo])
-                    .inc();
-            }
-        }
-        if !rejected_by_client(m.outcome, m.status) {
-            if let Ok(mut w) = self.shared.window.lock() {
-                w.add(&model, v.good, Instant::now());
-            }
-        }
-        let h = self.handles();
-        if v.good {
-            h.goodput.inc();
-        }
-        if let Some(d) = m.ttft {
-            h.ttft.observe(d.as_secs_f64());
-        }
-        if let Some(d) = m.ttfc {
-            h.ttfc.observe(d.as_secs_f64());
-        }
-        // One observation per choice (vLLM records one per child request).
-        for d in m.tpot_observations() {
-            h.tpot.observe(d.as_secs_f64());
-        }
-        if m.outcome != Outcome::Rejected {
-            h.e2e.observe(m.e2e.as_secs_f64());
-        }
-        if let Some(n) = m.prompt_tokens {
-            self.prompt_tokens.inc_by(n);
-        }
-        if let Some(n) = m.completion_tokens {
-            self.generation_tokens.inc_by(n);
-        }
-        if m.sse_discarded > 0 {
-            self.sse_discarded.inc_by(m.sse_discarded);
-        }
-        if let Some(g) = self.in_flight.take() {
-            g.dec();
-        }
-    }
-}
-
-impl Drop for RequestMetrics {
-    fn drop(&mut self) {
-        if let Some(g) = self.in_flight.take() {
-            g.dec();
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use goodput_measure::meter::Measurement;
     use goodput_measure::outcome::FinishReason;
+    use goodput_measure::outcome::Outcome;
     use goodput_measure::slo::{judge, Slo};
     use prometheus::proto::MetricFamily;
 

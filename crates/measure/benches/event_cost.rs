@@ -3,6 +3,7 @@
 //! (role chunk, content chunks, finish chunk, usage chunk, `[DONE]`), one event per frame, fed
 //! to one of:
 //! - `inspect`: the SSE parser and `inspect_chunk` per event;
+//! - `repeat`: the SSE parser and `RepeatCache::inspect` (what the meter calls) per event;
 //! - `meter`: `StreamMeter::on_frame` (parser, inspection, timeline);
 //! - `strip`: `UsageStripper::push` (what runs when the proxy injected usage).
 //!
@@ -18,6 +19,7 @@ use std::hint::black_box;
 use std::time::Instant as WallClock;
 
 use bytes::Bytes;
+use goodput_measure::inspect::RepeatCache;
 use goodput_measure::sse::SseParser;
 use goodput_measure::usage::UsageStripper;
 use goodput_measure::{inspect_chunk, Ending, StreamMeter};
@@ -31,14 +33,17 @@ fn chat_stream(events: usize) -> Vec<Bytes> {
     let mut frames = vec![format!(
         "data: {head}\"delta\":{{\"role\":\"assistant\",\"content\":\"\"}},\"logprobs\":null,\"finish_reason\":null}}],\"prompt_token_ids\":null,\"prompt_text\":null}}\n\n"
     )];
+    // Real token texts differ from event to event (the repeat cache must compare, not match).
+    const WORDS: [&str; 8] = [" will", " the", "ing", ",", " model", " a", " stream", "."];
     for i in 0..events {
+        let word = WORDS[i % WORDS.len()];
         let finish = if i + 1 == events {
             r#""length","stop_reason":null"#
         } else {
             "null"
         };
         frames.push(format!(
-            "data: {head}\"delta\":{{\"content\":\" will\"}},\"logprobs\":null,\"finish_reason\":{finish},\"token_ids\":null}}]}}\n\n"
+            "data: {head}\"delta\":{{\"content\":\"{word}\"}},\"logprobs\":null,\"finish_reason\":{finish},\"token_ids\":null}}]}}\n\n"
         ));
     }
     frames.push(format!(
@@ -59,6 +64,16 @@ fn run(mode: &str, frames: &[Bytes]) -> u64 {
                 p.feed(f, |e| tokens += u64::from(inspect_chunk(e.data).tokens));
             }
             p.finish(|e| tokens += u64::from(inspect_chunk(e.data).tokens));
+            tokens
+        }
+        "repeat" => {
+            let mut p = SseParser::new();
+            let mut c = RepeatCache::new();
+            let mut tokens = 0u64;
+            for f in frames {
+                p.feed(f, |e| tokens += u64::from(c.inspect(e.data).0.tokens));
+            }
+            p.finish(|e| tokens += u64::from(c.inspect(e.data).0.tokens));
             tokens
         }
         "meter" => {
@@ -82,7 +97,7 @@ fn run(mode: &str, frames: &[Bytes]) -> u64 {
             bytes + s.finish().len() as u64
         }
         other => {
-            eprintln!("unknown mode {other}: inspect, meter or strip");
+            eprintln!("unknown mode {other}: inspect, repeat, meter or strip");
             std::process::exit(2);
         }
     }

@@ -229,6 +229,7 @@ struct CallBuf {
 struct Finders {
     reasoning: Finder<'static>,
     tool_calls: Finder<'static>,
+    reasoning_tokens: Finder<'static>,
 }
 
 fn finders() -> &'static Finders {
@@ -236,7 +237,23 @@ fn finders() -> &'static Finders {
     F.get_or_init(|| Finders {
         reasoning: Finder::new(b"\"reasoning"),
         tool_calls: Finder::new(b"\"tool_calls\""),
+        reasoning_tokens: Finder::new(b"\"reasoning_tokens\""),
     })
+}
+
+/// `rest` (what follows a key) is `: []` or `: null`, JSON whitespace allowed between.
+fn empty_value_follows(rest: &[u8]) -> bool {
+    let ws = |b: &[u8]| b.trim_ascii_start().len();
+    let rest = &rest[rest.len() - ws(rest)..];
+    let Some(rest) = rest.strip_prefix(b":") else {
+        return false;
+    };
+    let rest = &rest[rest.len() - ws(rest)..];
+    if rest.starts_with(b"null") {
+        return true;
+    }
+    rest.strip_prefix(b"[")
+        .is_some_and(|r| r.trim_ascii_start().starts_with(b"]"))
 }
 
 /// Follows one stream's agent phases and assembles its tool calls.
@@ -332,16 +349,34 @@ impl AgentMeter {
     }
 
     /// One SSE data payload at `t`; `output`: the event carried output (the inspection said
-    /// so). Events without output are looked at only for the usage's reasoning count.
-    pub fn on_event(&mut self, t: Instant, data: &[u8], output: bool) {
+    /// so). Events without output are looked at only for the usage's reasoning count. True
+    /// when the prefilter let the event in (it was parsed); false when it was passed by as
+    /// [`AgentMeter::on_plain`] does.
+    pub fn on_event(&mut self, t: Instant, data: &[u8], output: bool) -> bool {
         let f = finders();
         let maybe_reasoning = f.reasoning.find(data).is_some();
         if !maybe_reasoning && f.tool_calls.find(data).is_none() {
-            if output && self.first_answer.is_none() {
-                self.first_answer = Some(t);
-            }
-            return;
+            self.on_plain(t, output);
+            return false;
         }
+        self.on_parsed(t, data);
+        true
+    }
+
+    /// An event the prefilter passes by: it names no reasoning and no tool call.
+    pub fn on_plain(&mut self, t: Instant, output: bool) {
+        if output && self.first_answer.is_none() {
+            self.first_answer = Some(t);
+        }
+    }
+
+    /// `text` (a string's text, its opening quote right before it) could complete one of the
+    /// prefilter's needles with that quote.
+    pub fn may_start_a_needle(text: &[u8]) -> bool {
+        text.starts_with(b"reasoning") || text.starts_with(b"tool_calls")
+    }
+
+    fn on_parsed(&mut self, t: Instant, data: &[u8]) {
         let Ok(ev) = serde_json::from_slice::<EventPeek<'_>>(data.trim_ascii()) else {
             return;
         };
@@ -457,8 +492,17 @@ impl AgentMeter {
 /// The agent summary of a non-streaming JSON body (`message.tool_calls`, `message.reasoning`):
 /// no phase timings (nothing the client saw tells when a token came).
 pub fn inspect_response_agent(body: &[u8], tools: Option<&ToolSet>) -> Option<AgentSummary> {
+    // What is read below: non-empty `tool_calls`, `reasoning_tokens` (vLLM's JSON answers
+    // carry `"tool_calls":[]` and `"reasoning":null`, which say nothing: not parsed for them).
+    // A key can be written with `\u` escapes: a body with one is parsed.
     let f = finders();
-    if f.tool_calls.find(body).is_none() && f.reasoning.find(body).is_none() {
+    let key = b"\"tool_calls\"".len();
+    if f.reasoning_tokens.find(body).is_none()
+        && memchr::memmem::find(body, b"\\u").is_none()
+        && f.tool_calls
+            .find_iter(body)
+            .all(|at| empty_value_follows(&body[at + key..]))
+    {
         return None;
     }
     #[derive(Deserialize)]

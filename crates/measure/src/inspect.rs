@@ -9,6 +9,8 @@ use serde::Deserialize;
 use crate::outcome::FinishReason;
 use crate::scan::{Cursor, Malformed, Scan, Str};
 
+mod repeat;
+pub use repeat::{RepeatCache, Seen, Template, TEMPLATE_ROOM};
 mod tokens;
 pub use tokens::{LoggedAlt, LoggedChoice, LoggedToken, Phases, Span, TokenLog};
 

@@ -10,7 +10,8 @@ use tokio::time::Instant;
 
 use crate::agent::{inspect_response_agent, AgentMeter, AgentSummary, ToolSet};
 use crate::inspect::{
-    inspect_response_logged, scan_event_logged, ChunkInfo, ChunkKind, TokenLog, Usage,
+    inspect_response_logged, scan_event_logged, ChunkInfo, ChunkKind, RepeatCache, Seen, TokenLog,
+    Usage, TEMPLATE_ROOM,
 };
 use crate::outcome::{Ending, FinishReason, Outcome};
 use crate::sse::{SseEvent, SseParser};
@@ -175,6 +176,15 @@ struct Timeline {
     log: TokenLog,
     logprobs: LogprobAcc,
     trace: Option<TraceBuilder>,
+    /// Events that repeat the last scanned one but for their text are not scanned again
+    /// (untraced requests: a trace notes each event's text).
+    repeat: RepeatCache,
+    /// The agent meter passed the repeat cache's template by without looking inside.
+    agent_quiet_template: bool,
+    /// Tests: every event scanned and shown to the agent meter (the reference the cached
+    /// path is held against, `meter/repeat_differential.rs`).
+    #[cfg(test)]
+    repeat_off: bool,
 }
 
 impl Timeline {
@@ -202,6 +212,10 @@ impl Timeline {
             log: TokenLog::default(),
             logprobs: LogprobAcc::default(),
             trace: None,
+            repeat: RepeatCache::new(),
+            agent_quiet_template: false,
+            #[cfg(test)]
+            repeat_off: false,
         }
     }
 
@@ -227,14 +241,27 @@ impl Timeline {
             self.inband_error = true;
             return;
         }
-        let info = scan_event_logged(ev.data, &mut self.log).info;
+        let (info, seen) = match self.repeated(ev.data) {
+            Some(hit) => hit,
+            None => {
+                let info = scan_event_logged(ev.data, &mut self.log).info;
+                // A template must log nothing (no logprobs): its repeats skip the log.
+                let tokenless = self.log.tokens.is_empty() && self.log.alternatives.is_empty();
+                let seen = if tokenless && self.cacheable() {
+                    self.repeat.learn(ev.data, &info)
+                } else {
+                    Seen::Scanned
+                };
+                (info, seen)
+            }
+        };
         match info.kind {
             ChunkKind::Done => self.done = true,
             ChunkKind::Error => self.inband_error = true,
             ChunkKind::Unknown => {}
             ChunkKind::Chunk => {
                 self.on_chunk(t, &info, on_gap);
-                self.agent.on_event(t, ev.data, info.output);
+                self.on_agent(t, ev.data, info.output, seen);
                 if !self.log.choices.is_empty() {
                     self.on_tokens(t, ev.data);
                 }
@@ -250,6 +277,42 @@ impl Timeline {
         self.logprobs.add(&self.log);
         if let Some(trace) = &mut self.trace {
             trace.add(t.saturating_duration_since(self.t0), &self.log, data);
+        }
+    }
+
+    /// The repeat cache's answer, when it may answer (see [`RepeatCache`]): not for a traced
+    /// request, whose log notes every event's text.
+    fn repeated(&self, data: &[u8]) -> Option<(ChunkInfo, Seen)> {
+        if self.cacheable() {
+            self.repeat.repeats(data)
+        } else {
+            None
+        }
+    }
+
+    fn cacheable(&self) -> bool {
+        #[cfg(test)]
+        if self.repeat_off {
+            return false;
+        }
+        !self.log.detail
+    }
+
+    /// The agent meter's look at a chunk. An event that repeats a template the agent meter
+    /// passed by (its substring prefilter found nothing) passes by too, unless its new text
+    /// starts one of the prefilter's needles: a needle starts with a quote, and every quote of
+    /// the event but the text's opening one is where the template has it.
+    fn on_agent(&mut self, t: Instant, data: &[u8], output: bool, seen: Seen) {
+        if let Seen::Repeat(text) = &seen {
+            let text = &data[text.clone()];
+            if self.agent_quiet_template && !AgentMeter::may_start_a_needle(text) {
+                self.agent.on_plain(t, output);
+                return;
+            }
+        }
+        let looked = self.agent.on_event(t, data, output);
+        if seen == Seen::Learned {
+            self.agent_quiet_template = !looked;
         }
     }
 
@@ -363,11 +426,16 @@ pub struct StreamMeter {
 
 impl StreamMeter {
     pub fn new(t0: Instant, streaming: bool) -> Self {
+        let mut tl = Timeline::new(t0);
+        if streaming {
+            // Taken here, not at the first template: the event path allocates nothing.
+            tl.repeat = RepeatCache::with_capacity(TEMPLATE_ROOM);
+        }
         Self {
             streaming,
             status: None,
             parser: SseParser::new(),
-            tl: Timeline::new(t0),
+            tl,
             body: Vec::new(),
             body_overflow: false,
             last_frame: None,
@@ -534,6 +602,8 @@ fn div_duration(d: Duration, n: u64) -> Duration {
     Duration::from_nanos((d.as_nanos() / u128::from(n.max(1))).min(u128::from(u64::MAX)) as u64)
 }
 
+#[cfg(test)]
+mod repeat_differential;
 #[cfg(test)]
 mod trace_tests;
 

@@ -66,6 +66,8 @@ struct Peek<'a> {
     model: Option<&'a RawValue>,
     #[serde(default, borrow, deserialize_with = "some_raw")]
     stream: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "some_raw")]
+    n: Option<&'a RawValue>,
 }
 
 /// What the proxy needs of a request body before it goes upstream.
@@ -75,18 +77,38 @@ pub struct RequestPeek {
     pub model: Option<String>,
     /// The engine will stream the answer (`stream` lax-true).
     pub stream: bool,
+    /// Choices asked for (`n`; 1 when absent, `null`, or no count the engine would take).
+    pub n: u32,
 }
 
-/// Reads `model` and `stream` from an OpenAI request body; not a JSON object means neither.
+/// `n` as pydantic's lax int reads it: an integer, an integral float (`2.0`) or such a number
+/// in a string (`"2"`); absent or `null` is one choice. Anything else the engine refuses (400),
+/// so it counts as one here: the request never streams choices.
+pub fn lax_n(raw: Option<&RawValue>) -> u32 {
+    let Some(raw) = raw else { return 1 };
+    let text = raw.get().trim();
+    let text = text
+        .strip_prefix('"')
+        .and_then(|t| t.strip_suffix('"'))
+        .unwrap_or(text);
+    match text.parse::<f64>() {
+        Ok(v) if v.fract() == 0.0 && (1.0..=f64::from(u32::MAX)).contains(&v) => v as u32,
+        _ => 1,
+    }
+}
+
+/// Reads `model`, `stream` and `n` from an OpenAI request body; not a JSON object means none.
 pub fn peek_request(body: &[u8]) -> RequestPeek {
     match serde_json::from_slice::<Peek<'_>>(body) {
         Ok(p) => RequestPeek {
             model: p.model.and_then(|m| serde_json::from_str(m.get()).ok()),
             stream: lax_bool(p.stream).is_true(),
+            n: lax_n(p.n),
         },
         Err(_) => RequestPeek {
             model: None,
             stream: false,
+            n: 1,
         },
     }
 }
@@ -172,6 +194,26 @@ mod tests {
                 "{}",
                 String::from_utf8_lossy(body)
             );
+        }
+    }
+
+    #[test]
+    fn n_as_pydantic_reads_it() {
+        for (body, n) in [
+            (&br#"{"n":3}"#[..], 3),
+            (br#"{"n":2.0}"#, 2),
+            (br#"{"n":"4"}"#, 4),
+            (br#"{"n":1}"#, 1),
+            (br#"{"n":null}"#, 1),
+            (br#"{}"#, 1),
+            (br#"{"n":2.5}"#, 1),
+            (br#"{"n":0}"#, 1),
+            (br#"{"n":-2}"#, 1),
+            (br#"{"n":"x"}"#, 1),
+            (br#"{"n":[2]}"#, 1),
+            (b"not json", 1),
+        ] {
+            assert_eq!(peek_request(body).n, n, "{}", String::from_utf8_lossy(body));
         }
     }
 }

@@ -13,11 +13,13 @@
 //! Pure: request bytes in, request bytes out; frames in, frames out. Frames holding only whole
 //! events that pass are returned as the same `Bytes` (no copy).
 
+use std::collections::VecDeque;
+
 use bytes::{Bytes, BytesMut};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::inspect::{scan_event, ChunkKind, Usage};
+use crate::inspect::{scan_event, ChunkKind, Template, Usage, TEMPLATE_ROOM};
 #[cfg(test)]
 use crate::request::peek_request;
 use crate::request::{lax_bool, some_raw, Lax};
@@ -199,11 +201,14 @@ enum Fate {
     Dropped,
 }
 
-/// The output of one `push`: one slice of the frame when possible, else a new buffer.
+/// The output of one `push`: one slice of the frame when possible, else a list of pieces
+/// (slices of the frame and the few bytes the stripper itself holds or rewrites). Never a copy
+/// of the frame: when the engine packs a whole stream into one frame, the part before a held
+/// finish chunk stays a slice of it (copying it made the stripper the proxy's biggest `memcpy`).
 enum Out {
     Empty,
     Range(usize, usize),
-    Buf(BytesMut),
+    Pieces(Vec<Bytes>),
 }
 
 impl Out {
@@ -214,29 +219,24 @@ impl Out {
         match self {
             Out::Empty => *self = Out::Range(a, b),
             Out::Range(x, y) if *y == a => *self = Out::Range(*x, b),
-            _ => self.bytes(frame, &frame[a..b]),
+            _ => self.piece(frame, frame.slice(a..b)),
         }
     }
-    fn bytes(&mut self, frame: &Bytes, bytes: &[u8]) {
-        if bytes.is_empty() {
+    fn piece(&mut self, frame: &Bytes, piece: Bytes) {
+        if piece.is_empty() {
             return;
         }
         match self {
-            Out::Empty => *self = Out::Buf(BytesMut::from(bytes)),
-            Out::Range(x, y) => {
-                let mut b = BytesMut::with_capacity(*y - *x + bytes.len());
-                b.extend_from_slice(&frame[*x..*y]);
-                b.extend_from_slice(bytes);
-                *self = Out::Buf(b);
-            }
-            Out::Buf(b) => b.extend_from_slice(bytes),
+            Out::Empty => *self = Out::Pieces(vec![piece]),
+            Out::Range(x, y) => *self = Out::Pieces(vec![frame.slice(*x..*y), piece]),
+            Out::Pieces(v) => v.push(piece),
         }
     }
-    fn into_bytes(self, frame: &Bytes) -> Bytes {
+    fn into_pieces(self, frame: &Bytes, out: &mut VecDeque<Bytes>) {
         match self {
-            Out::Empty => Bytes::new(),
-            Out::Range(a, b) => frame.slice(a..b),
-            Out::Buf(b) => b.freeze(),
+            Out::Empty => {}
+            Out::Range(a, b) => out.push_back(frame.slice(a..b)),
+            Out::Pieces(v) => out.extend(v),
         }
     }
 }
@@ -270,11 +270,17 @@ pub struct UsageStripper {
     gave_up: bool,
     /// The usage of the last chunk removed, until [`UsageStripper::take_removed_usage`].
     removed: Option<Usage>,
+    /// The last event classified [`Class::Other`]: an event that repeats it but for its text
+    /// is `Other` too (see `inspect::repeat`), without the prefilter's passes.
+    other: Template,
 }
 
 impl UsageStripper {
     pub fn new() -> Self {
-        Self::default()
+        Self {
+            other: Template::with_capacity(TEMPLATE_ROOM),
+            ..Self::default()
+        }
     }
 
     /// The stripper stopped stripping because the bytes it held passed the SSE parser's line
@@ -294,8 +300,29 @@ impl UsageStripper {
     /// [`MAX_LINE_BYTES`] (the SSE parser's own limit), both are released unchanged and the
     /// stripper passes every later frame through as it is.
     pub fn push(&mut self, frame: Bytes) -> Bytes {
+        let mut pieces = VecDeque::new();
+        self.push_into(frame, &mut pieces);
+        match pieces.len() {
+            0 => Bytes::new(),
+            1 => pieces.pop_front().unwrap_or_default(),
+            _ => {
+                let mut all = BytesMut::new();
+                pieces.iter().for_each(|p| all.extend_from_slice(p));
+                all.freeze()
+            }
+        }
+    }
+
+    /// [`UsageStripper::push`] without joining what goes out: the pieces, in order, appended
+    /// to `out` (slices of `frame` where the bytes pass unchanged; the proxy's strip body sends
+    /// each as a frame).
+    pub fn push_into(&mut self, frame: Bytes, pieces: &mut VecDeque<Bytes>) {
         if self.gave_up || frame.is_empty() {
-            return frame; // keeps `trailing_cr` for the `\n` that may open the next frame
+            // Keeps `trailing_cr` for the `\n` that may open the next frame.
+            if !frame.is_empty() {
+                pieces.push_back(frame);
+            }
+            return;
         }
         let mut out = Out::Empty;
         let mut start = 0;
@@ -331,10 +358,10 @@ impl UsageStripper {
             self.gave_up = true;
             self.release_held(&frame, &mut out);
             let partial = self.partial.split();
-            out.bytes(&frame, &partial);
+            out.piece(&frame, partial.freeze());
             self.partial = BytesMut::new();
         }
-        out.into_bytes(&frame)
+        out.into_pieces(&frame, pieces);
     }
 
     /// End of stream: whatever is held or incomplete goes out unchanged.
@@ -358,7 +385,7 @@ impl UsageStripper {
 
     fn release_held(&mut self, frame: &Bytes, out: &mut Out) {
         if let Some(h) = self.held.take() {
-            out.bytes(frame, &h);
+            out.piece(frame, h);
         }
     }
 
@@ -376,8 +403,8 @@ impl UsageStripper {
                 }
                 if let Some(h) = self.held.take() {
                     match fingerprint.filter(|_| !self.held_has_fingerprint) {
-                        Some(fp) => out.bytes(frame, &insert_fingerprint(&h, &fp)),
-                        None => out.bytes(frame, &h),
+                        Some(fp) => out.piece(frame, Bytes::from(insert_fingerprint(&h, &fp))),
+                        None => out.piece(frame, h),
                     }
                 }
                 Fate::Dropped
@@ -392,7 +419,7 @@ impl UsageStripper {
                 self.release_held(frame, out);
                 match range {
                     Some((a, b)) => out.range(frame, a, b),
-                    None => out.bytes(frame, &event),
+                    None => out.piece(frame, event),
                 }
                 Fate::Passed
             }
@@ -400,10 +427,18 @@ impl UsageStripper {
     }
 
     fn classify(&mut self, event: &[u8]) -> Class {
-        if surely_other(event) {
+        if self.other.repeats(event).is_some() {
             return Class::Other;
         }
-        self.classify_scanned(event)
+        let class = if surely_other(event) {
+            Class::Other
+        } else {
+            self.classify_scanned(event)
+        };
+        if matches!(class, Class::Other) && one_data_line(event) {
+            self.other.learn(event);
+        }
+        class
     }
 
     /// Classifies by one scan of the event's data (no prefilter).
@@ -431,6 +466,13 @@ impl UsageStripper {
         self.parser.finish(|ev| on_data(ev.data));
         class
     }
+}
+
+/// `event` is one `data:` line and its line ends: no byte outside its JSON holds a quote, so
+/// it can be a [`Template`].
+fn one_data_line(event: &[u8]) -> bool {
+    let body = event.trim_ascii_end();
+    body.starts_with(b"data:") && memchr::memchr2(b'\n', b'\r', body).is_none()
 }
 
 /// Cheap and conservative: true only when `event` surely classifies as [`Class::Other`], so
@@ -849,6 +891,46 @@ mod tests {
             r#""object":"chat.completion.chunk""#,
         ]);
         prop::collection::vec(member, 0..5).prop_map(|m| format!("data: {{{}}}\n\n", m.join(",")))
+    }
+
+    /// The stripper's template: an event that repeats an `Other` one but for its text (or one
+    /// edited anywhere else, which must not repeat it) classifies as a scan classifies it.
+    #[test]
+    fn an_event_that_repeats_an_other_template_is_other() {
+        let (hits, checked) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+        let edit = (
+            any::<bool>(),
+            0usize..400,
+            0usize..4,
+            "[a-z \"\\\\:{}\u{1}]{0,4}",
+        );
+        let token = "[a-z ]{1,6}".prop_map(|t| {
+            format!("data: {{\"id\":\"c\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{t}\"}},\"finish_reason\":null}}]}}\n\n")
+        });
+        let templates = prop_oneof![member_chunks(), token];
+        proptest!(ProptestConfig::with_cases(2000), |(template in templates, (inside, at, cut, insert) in edit)| {
+            let mut s = UsageStripper::new();
+            let t = template.as_bytes();
+            if !matches!(s.classify(t), Class::Other) {
+                return Ok(());
+            }
+            let mut e = t.to_vec();
+            let at = match s.other.repeats(t) {
+                Some(text) if inside => text.start + at % (text.len() + 1),
+                _ => at % (e.len() + 1),
+            };
+            let cut = cut.min(e.len() - at);
+            e.splice(at..at + cut, insert.bytes());
+            checked.set(checked.get() + 1);
+            if s.other.repeats(&e).is_some() {
+                hits.set(hits.get() + 1);
+                prop_assert!(is_other(&mut UsageStripper::new(), &e), "{}", String::from_utf8_lossy(&e));
+            }
+        });
+        assert!(
+            hits.get() > 50 && checked.get() > hits.get(),
+            "{hits:?} of {checked:?}"
+        );
     }
 
     fn splits() -> impl Strategy<Value = (usize, Vec<usize>)> {

@@ -1,0 +1,281 @@
+//! The repeat cache: most events of a stream are the previous event with other output text
+//! (same id, model, `created`, keys, `finish_reason: null`; only `delta.content` differs). Such
+//! an event says exactly what the last fully scanned one said, so it gets that [`ChunkInfo`]
+//! after two `memcmp`s and a look at its new text instead of a scan.
+//!
+//! Why that is exact: the cache keeps one valid chunk (the template) and the spans of its
+//! output strings: the values of `content`, `reasoning_content`, `reasoning` and `text`, which
+//! inspection reads only as "empty or not" (and the scanner reads nowhere else as anything
+//! but skipped text). An event hits when it equals the template outside one such span, its
+//! text in there is non-empty, and the bytes it differs by hold no quote, backslash or control
+//! character: then it tokenizes as the template does, with one string's text changed, and the
+//! scan would return the template's answer. Anything else (other text, a new key, a
+//! `finish_reason`, an escape) is a miss: a full scan, which becomes the new template when it is a
+//! valid chunk with output text to vary (else the old template stays). `tests` below and the differential test hold the cache equal to
+//! [`inspect_chunk`] on every event.
+
+use super::{inspect_chunk, ChunkInfo, ChunkKind};
+
+/// Output spans kept per template (a chunk has one per choice; vLLM streams one choice).
+const MAX_SPANS: usize = 4;
+/// Longest event kept as a template: events past it (large logprobs) rarely repeat.
+const MAX_TEMPLATE: usize = 4096;
+
+/// Values read only as empty-or-not (see the module docs).
+const OUTPUT_KEYS: [&[u8]; 4] = [b"content", b"reasoning_content", b"reasoning", b"text"];
+
+/// A valid event and the text spans of its output strings: [`Template::repeats`] tells an event
+/// that differs from it only inside one of them (see the module docs).
+#[derive(Debug, Clone, Default)]
+pub struct Template {
+    bytes: Vec<u8>,
+    /// `(start, end)` of each output string's text in `bytes` (between its quotes).
+    spans: [(usize, usize); MAX_SPANS],
+    n_spans: usize,
+}
+
+impl Template {
+    /// Room for a template of `bytes` (taken up front, so that learning one of that size
+    /// allocates nothing on the event path).
+    pub fn with_capacity(bytes: usize) -> Self {
+        Self {
+            bytes: Vec::with_capacity(bytes),
+            ..Self::default()
+        }
+    }
+
+    /// Keeps `bytes` as the template when it has an output span (and is not too long); else
+    /// keeps the old one (a template stays true: an event with an escape in its text must not
+    /// make the plain ones after it miss). `bytes` must be a valid JSON text, or one whose only
+    /// bytes outside it hold no quote (an SSE `data:` line and its line end).
+    pub fn learn(&mut self, bytes: &[u8]) -> bool {
+        if bytes.len() > MAX_TEMPLATE {
+            return false;
+        }
+        let mut spans = [(0, 0); MAX_SPANS];
+        let n = output_spans(bytes, &mut spans);
+        if n > 0 {
+            self.spans = spans;
+            self.n_spans = n;
+            self.bytes.clear();
+            self.bytes.extend_from_slice(bytes);
+        }
+        n > 0
+    }
+
+    /// `bytes` is the template with other non-empty plain text in one output span: the range
+    /// of that text in `bytes`.
+    pub fn repeats(&self, bytes: &[u8]) -> Option<std::ops::Range<usize>> {
+        let t = self.bytes.as_slice();
+        self.spans[..self.n_spans].iter().find_map(|&(a, b)| {
+            let tail = t.len() - b;
+            let end = bytes.len().checked_sub(tail)?;
+            let hit = end > a
+                && bytes[..a] == t[..a]
+                && bytes[end..] == t[b..]
+                && bytes[a..end].iter().all(|&c| is_plain(c));
+            hit.then_some(a..end)
+        })
+    }
+}
+
+/// What [`RepeatCache::inspect`] did with an event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Seen {
+    /// It repeats the template; its output text is this range of the event.
+    Repeat(std::ops::Range<usize>),
+    /// Scanned, and kept as the new template.
+    Learned,
+    /// Scanned, not kept (no valid chunk, or no output text to vary): the template stays.
+    Scanned,
+}
+
+/// One stream's template and what inspection said about it. See the module docs.
+#[derive(Debug, Clone)]
+pub struct RepeatCache {
+    template: Template,
+    info: ChunkInfo,
+}
+
+impl Default for RepeatCache {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Room a stream's template takes up front: a vLLM chunk is 200-300 bytes.
+pub const TEMPLATE_ROOM: usize = 512;
+
+impl RepeatCache {
+    pub fn new() -> Self {
+        Self {
+            template: Template::default(),
+            info: ChunkInfo::of_kind(ChunkKind::Unknown),
+        }
+    }
+
+    /// A cache with room for a template of `bytes` (see [`Template::with_capacity`]).
+    pub fn with_capacity(bytes: usize) -> Self {
+        Self {
+            template: Template::with_capacity(bytes),
+            ..Self::new()
+        }
+    }
+
+    /// What [`inspect_chunk`] says about `data`, from the template when `data` repeats it.
+    pub fn inspect(&mut self, data: &[u8]) -> (ChunkInfo, Seen) {
+        if let Some(hit) = self.repeats(data) {
+            return hit;
+        }
+        let info = inspect_chunk(data);
+        let seen = self.learn(data, &info);
+        (info, seen)
+    }
+
+    /// The template's answer when `data` repeats it.
+    pub fn repeats(&self, data: &[u8]) -> Option<(ChunkInfo, Seen)> {
+        let text = self.template.repeats(data)?;
+        Some((self.info, Seen::Repeat(text)))
+    }
+
+    /// `data` was scanned to `info`: keeps it as the template when it can be one.
+    pub fn learn(&mut self, data: &[u8], info: &ChunkInfo) -> Seen {
+        if info.kind == ChunkKind::Chunk && self.template.learn(data) {
+            self.info = *info;
+            Seen::Learned
+        } else {
+            Seen::Scanned
+        }
+    }
+}
+
+/// A byte that can sit in a JSON string as itself without changing where the string ends.
+fn is_plain(c: u8) -> bool {
+    c >= 0x20 && c != b'"' && c != b'\\'
+}
+
+/// The text spans of the non-empty, escape-free string values of [`OUTPUT_KEYS`] in `data`, a
+/// valid JSON text; returns how many were written into `out`.
+fn output_spans(data: &[u8], out: &mut [(usize, usize); MAX_SPANS]) -> usize {
+    let mut n = 0;
+    let mut at = 0;
+    // The previous string: its text span and whether it held an escape.
+    let mut prev: Option<(usize, usize, bool)> = None;
+    while let Some(open) = data.get(at..).and_then(|r| memchr::memchr(b'"', r)) {
+        let start = at + open + 1;
+        let mut i = start;
+        let mut escaped = false;
+        let end = loop {
+            match data.get(i..).and_then(|r| memchr::memchr2(b'"', b'\\', r)) {
+                None => return n, // unterminated: not a valid text after all
+                Some(k) if data[i + k] == b'\\' => {
+                    escaped = true;
+                    i += k + 2;
+                }
+                Some(k) => break i + k,
+            }
+        };
+        // A value when a colon precedes it; its key is then the string right before the colon.
+        let before = data[..start - 1].trim_ascii_end();
+        if let (Some(b':'), Some((ka, kb, key_escaped))) = (before.last(), prev) {
+            let key_closes = before[..before.len() - 1].trim_ascii_end().len() == kb + 1;
+            let output = key_closes && !key_escaped && OUTPUT_KEYS.contains(&&data[ka..kb]);
+            if output && !escaped && end > start && n < MAX_SPANS {
+                out[n] = (start, end);
+                n += 1;
+            }
+        }
+        prev = Some((start, end, escaped));
+        at = end + 1;
+    }
+    n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const HEAD: &str = r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"tiny","choices":[{"index":0,"delta":{"content":""#;
+    const TAIL: &str = r#""},"logprobs":null,"finish_reason":null}]}"#;
+
+    fn tok(text: &str) -> Vec<u8> {
+        format!("{HEAD}{text}{TAIL}").into_bytes()
+    }
+
+    #[test]
+    fn spans_are_the_output_values_only() {
+        let data = br#"{"content":"a","x":{"text":"bc","reasoning":"","k":"content"},"reasoning_content":"d\"e","content" : "f"}"#;
+        let mut out = [(0, 0); MAX_SPANS];
+        let n = output_spans(data, &mut out);
+        let texts: Vec<&[u8]> = out[..n].iter().map(|&(a, b)| &data[a..b]).collect();
+        assert_eq!(texts, [&b"a"[..], b"bc", b"f"]);
+    }
+
+    #[test]
+    fn a_stream_hits_after_its_second_token_and_misses_on_the_finish() {
+        let mut c = RepeatCache::new();
+        let finish = format!("{HEAD}x\"}},\"logprobs\":null,\"finish_reason\":\"stop\"}}]}}");
+        let events = [
+            tok("Hello"),
+            tok(" wor"),
+            tok("ld"),
+            finish.into_bytes(),
+            tok(""),
+        ];
+        let mut hits = Vec::new();
+        for e in &events {
+            let (info, seen) = c.inspect(e);
+            hits.push(matches!(seen, Seen::Repeat(_)));
+            assert_eq!(info, inspect_chunk(e), "{}", String::from_utf8_lossy(e));
+        }
+        assert_eq!(hits, [false, true, true, false, false]);
+    }
+
+    /// Events built from a template by editing its bytes anywhere (inside or outside the text,
+    /// quotes, escapes, control bytes, emptying it): the cache answers as a scan does.
+    #[test]
+    fn the_cache_answers_as_a_scan_does() {
+        let base = [
+            tok("Hi"),
+            br#"{"choices":[{"index":0,"text":"ab","logprobs":null,"finish_reason":null}],"model":"m"}"#.to_vec(),
+            br#"{"choices":[{"index":1,"delta":{"reasoning":"r","content":"c"},"finish_reason":null}]}"#.to_vec(),
+            br#"{"choices":[{"index":0,"delta":{"content":"q"},"finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":4}}"#.to_vec(),
+        ];
+        let alphabet: &[u8] = b"ab \"\\:{}[],0nul\x01\xc3\xa9";
+        let edit = (
+            0usize..4,
+            any::<bool>(),
+            0usize..400,
+            0usize..4,
+            proptest::collection::vec(0usize..alphabet.len(), 0..4),
+        );
+        let (hits, misses) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+        proptest!(ProptestConfig::with_cases(3000), |(edits in proptest::collection::vec(edit, 1..6))| {
+            let mut c = RepeatCache::new();
+            for (which, inside, at, cut, insert) in edits {
+                let mut e = base[which].clone();
+                let mut t = Template::default();
+                t.learn(&e);
+                // Half of the edits inside the text the template may vary.
+                let at = match t.repeats(&e) {
+                    Some(text) if inside => text.start + at % (text.len() + 1),
+                    _ => at % (e.len() + 1),
+                };
+                let cut = cut.min(e.len() - at);
+                let ins: Vec<u8> = insert.iter().map(|&i| alphabet[i]).collect();
+                e.splice(at..at + cut, ins);
+                let (info, seen) = c.inspect(&e);
+                let counter = if matches!(seen, Seen::Repeat(_)) { &hits } else { &misses };
+                counter.set(counter.get() + 1);
+                prop_assert_eq!(info, inspect_chunk(&e), "{}", String::from_utf8_lossy(&e));
+                prop_assert_eq!(c.inspect(&base[which]).0, inspect_chunk(&base[which]));
+            }
+        });
+        // Not vacuous: edits inside the text hit, the others miss.
+        assert!(
+            hits.get() > 100 && misses.get() > 1000,
+            "{hits:?} hits, {misses:?} misses"
+        );
+    }
+}
