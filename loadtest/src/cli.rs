@@ -176,7 +176,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             proxy_records: args.proxy_records.clone(),
             settle_s: Some(args.settle_s),
         },
-        run_id: run_id(),
+        run_id: crate::request::run_id(),
     })
     .await?;
     crate::report::write_all(&args.out, &result.summary, &result.windows, &result.records)?;
@@ -186,14 +186,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         args.out.display()
     );
     Ok(())
-}
-
-/// A per-run id prefix from the wall clock (ids only need to be unique, not ordered).
-pub fn run_id() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!("lt{:x}", (nanos as u64) ^ u64::from(std::process::id()))
 }
 
 /// `goodput-loadtest report DIR`: the HTML and the table again, from the files of a run.

@@ -266,6 +266,14 @@ pub fn body(plan: &RequestPlan) -> Vec<u8> {
     serde_json::to_vec(&v).unwrap_or_default()
 }
 
+/// A per-run id prefix from the wall clock (ids only need to be unique, not ordered).
+pub fn run_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("lt{:x}", (nanos as u64) ^ u64::from(std::process::id()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -168,7 +168,7 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<SoakReport> {
     let driver = Arc::new(Driver::new(
         client.clone(),
         &format!("http://{}", proxy.addr),
-        crate::cli::run_id(),
+        crate::request::run_id(),
         args.seed,
     )?);
     let start = Instant::now();

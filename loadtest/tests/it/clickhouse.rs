@@ -142,7 +142,7 @@ async fn load(target: &str, scenario: &str) -> RunResult {
             show_progress: false,
             metrics: None,
             compare: CompareTargets::default(),
-            run_id: goodput_loadtest::cli::run_id(),
+            run_id: goodput_loadtest::request::run_id(),
         }),
     )
     .await

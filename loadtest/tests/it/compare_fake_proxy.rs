@@ -171,7 +171,7 @@ async fn run(target: &str, compare: CompareTargets) -> RunResult {
         show_progress: false,
         metrics: None,
         compare,
-        run_id: goodput_loadtest::cli::run_id(),
+        run_id: goodput_loadtest::request::run_id(),
     };
     tokio::time::timeout(Duration::from_secs(30), runner::run(cfg))
         .await

@@ -99,7 +99,7 @@ async fn run_through_proxy() -> (RunResult, PathBuf) {
                 proxy_records: Some(sink.clone()),
                 settle_s: Some(0.2),
             },
-            run_id: goodput_loadtest::cli::run_id(),
+            run_id: goodput_loadtest::request::run_id(),
         }),
     )
     .await

@@ -169,7 +169,7 @@ async fn one_run() -> Result<(), String> {
                 settle_s: Some(0.2),
                 ..CompareTargets::default()
             },
-            run_id: goodput_loadtest::cli::run_id(),
+            run_id: goodput_loadtest::request::run_id(),
         }),
     )
     .await

@@ -38,7 +38,7 @@ async fn run(
         show_progress: false,
         metrics,
         compare,
-        run_id: goodput_loadtest::cli::run_id(),
+        run_id: goodput_loadtest::request::run_id(),
     };
     tokio::time::timeout(Duration::from_secs(60), runner::run(cfg))
         .await
