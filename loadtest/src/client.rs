@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use goodput_measure::agent::ToolSet;
 use goodput_measure::sse::SseParser;
 use goodput_measure::{Ending, Measurement, Outcome, StreamMeter};
 use goodput_net::error_chain;
@@ -65,6 +66,8 @@ pub async fn send(client: &HttpClient, out: Outgoing<'_>) -> Sent {
     if let Some((k, v)) = out.extra_header {
         b = b.header(k, v);
     }
+    // Tool calls are judged against the request's own `tools`, as the proxy judges them.
+    let tools = ToolSet::from_request(&out.body);
     let t0 = Instant::now();
     let req = match b.body(Full::new(Bytes::from(out.body))) {
         Ok(r) => r,
@@ -78,7 +81,7 @@ pub async fn send(client: &HttpClient, out: Outgoing<'_>) -> Sent {
             }
         }
     };
-    let mut meter = StreamMeter::new(t0, out.stream);
+    let mut meter = StreamMeter::new(t0, out.stream).with_tools(tools);
     let mut itl = Vec::new();
     let mut error = None;
     let mut got_head = false;

@@ -34,6 +34,9 @@ pub struct RequestRecord {
     pub hangup: Option<u64>,
     #[serde(default)]
     pub hung_up: bool,
+    /// The request offered a function in `tools` (its tool calls were judged against it).
+    #[serde(default)]
+    pub tools: bool,
     /// Tag of the extra header this request carried (e.g. an injected fault), if any.
     pub tag: Option<String>,
     /// When the schedule wanted the request sent.
@@ -59,6 +62,11 @@ pub struct RequestRecord {
     pub prompt_tokens: Option<u64>,
     pub completion_tokens: Option<u64>,
     pub tokens_exact: bool,
+    /// Reasoning and tool calls as the client saw them (the proxy's definition and record
+    /// shape): phase timings, reasoning tokens, the worst tool call's outcome and violation.
+    /// Absent when the response carried neither.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<goodput_measure::record::AgentRecord>,
     /// Success and every applicable SLO held.
     pub good: bool,
     /// Transport error text, when the request failed before or while reading the response.
@@ -125,6 +133,7 @@ pub(crate) fn sample(
         ignore_eos: false,
         hangup: None,
         hung_up: false,
+        tools: false,
         tag: None,
         scheduled_s: start,
         start_s: start,
@@ -142,6 +151,7 @@ pub(crate) fn sample(
         prompt_tokens: Some(10),
         completion_tokens: Some(5),
         tokens_exact: true,
+        agent: None,
         good: outcome == "success",
         error: None,
         itl_seconds: vec![],

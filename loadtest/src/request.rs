@@ -61,7 +61,13 @@ pub struct RequestPlan {
     pub hangup_after: Option<u64>,
     /// The extra header this request carries, if any.
     pub header: Option<HeaderShare>,
+    /// The body offers [`TOOLS`] (chat only).
+    pub tools: bool,
 }
+
+/// The function a request with tools offers (as the dashboard check's load does): a required
+/// string and an `enum`, so a simulator's `schema-violation` has a value to break.
+pub const TOOLS: &str = r#"[{"type":"function","function":{"name":"get_weather","description":"Current weather at a place.","parameters":{"type":"object","properties":{"location":{"type":"string"},"unit":{"type":"string","enum":["celsius","fahrenheit"]}},"required":["location"]}}}]"#;
 
 /// Draws request plans from a phase's mix with one seeded generator for the run.
 pub struct Mixer {
@@ -180,6 +186,8 @@ impl Mixer {
         let ignore_eos = self.coin(mix.ignore_eos.share());
         let hangup = self.coin(mix.hangup_share);
         let k = self.draw(&mix.hangup_after_events);
+        // Drawn only when asked for, so scenarios without tools keep their request sequences.
+        let tools = api == Api::Chat && mix.tools_share > 0.0 && self.coin(mix.tools_share);
         let prompt = if self.dataset.is_empty() {
             synth_prompt(prompt_tokens, self.rng.random())
         } else {
@@ -198,6 +206,7 @@ impl Mixer {
             ignore_eos,
             hangup_after: (stream && hangup).then_some(k),
             header,
+            tools,
         }
     }
 }
@@ -262,6 +271,11 @@ pub fn body(plan: &RequestPlan) -> Vec<u8> {
     }
     if plan.ignore_eos {
         v["ignore_eos"] = true.into();
+    }
+    if plan.tools {
+        if let Ok(tools) = serde_json::from_str::<serde_json::Value>(TOOLS) {
+            v["tools"] = tools;
+        }
     }
     serde_json::to_vec(&v).unwrap_or_default()
 }
@@ -369,6 +383,7 @@ mod tests {
             ignore_eos: true,
             hangup_after: None,
             header: None,
+            tools: false,
         }
     }
 
@@ -430,6 +445,34 @@ mod tests {
             ..plan()
         });
         assert!(off.get("stream_options").is_none());
+        assert!(off.get("tools").is_none());
+        let tools = json(&RequestPlan {
+            tools: true,
+            ..plan()
+        });
+        assert_eq!(tools["tools"][0]["function"]["name"], "get_weather");
+        let set = goodput_measure::agent::ToolSet::from_request(&body(&RequestPlan {
+            tools: true,
+            ..plan()
+        }))
+        .expect("the client reads the tools it sent");
+        assert_eq!(
+            set.judge("get_weather", r#"{"location":"Paris","unit":"kelvin"}"#)
+                .0,
+            goodput_measure::agent::ToolCallOutcome::SchemaViolation
+        );
+    }
+
+    #[test]
+    fn tools_share_draws_chat_requests_only() {
+        let with = scenario("completions_share=0.5\ntools_share=0.5");
+        let mix = with.phase_mix(0).unwrap();
+        let mut m = Mixer::new(&with, 3).unwrap();
+        let plans: Vec<RequestPlan> = (0..2000).map(|_| m.next_plan(&mix)).collect();
+        assert!(plans.iter().all(|p| !p.tools || p.api == Api::Chat));
+        let chat = plans.iter().filter(|p| p.api == Api::Chat).count() as f64;
+        let share = plans.iter().filter(|p| p.tools).count() as f64 / chat;
+        assert!((share - 0.5).abs() < 0.05, "{share}");
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use goodput_measure::record::AgentRecord;
 use goodput_measure::{judge, Slo};
 use http::Uri;
 use tokio::sync::Semaphore;
@@ -141,8 +142,8 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, RunError> {
             ttft: sc.slo.ttft(),
             tpot: sc.slo.tpot(),
             e2e: sc.slo.e2e(),
-            // The client judges tool calls on their JSON only (it does not read the request's
-            // `tools` schemas, the proxy does).
+            // As the proxy's default: an invalid tool call (judged against the request's own
+            // `tools`, or on its JSON when it offered none) makes the request not good.
             valid_tool_calls: true,
         },
         run_id: cfg.run_id.clone().into(),
@@ -500,6 +501,7 @@ async fn one_request(
         ignore_eos: plan.ignore_eos,
         hangup: plan.hangup_after,
         hung_up: sent.hung_up,
+        tools: plan.tools,
         tag: plan.header.as_ref().map(|h| h.tag().to_owned()),
         scheduled_s: (due - sh.start).as_secs_f64(),
         start_s: (sent.t0 - sh.start).as_secs_f64(),
@@ -518,6 +520,7 @@ async fn one_request(
         prompt_tokens: m.prompt_tokens,
         completion_tokens: m.completion_tokens,
         tokens_exact: m.tokens_exact,
+        agent: m.agent.as_ref().map(AgentRecord::new),
         good: verdict.good,
         error: sent.error,
         itl_seconds: sent.itl,

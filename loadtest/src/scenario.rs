@@ -176,6 +176,10 @@ pub struct Mix {
     pub dataset: Option<PathBuf>,
     /// Extra headers on a share of requests; shares are disjoint and sum to <= 1.
     pub headers: Vec<HeaderShare>,
+    /// Share of chat requests that offer a function in `tools` (`get_weather`, see
+    /// `request::TOOLS`); the client then judges any tool call against its JSON Schema, and
+    /// the simulator answers `x-sim-fault: tool-call=...` only when tools were offered.
+    pub tools_share: f64,
 }
 
 impl Default for Mix {
@@ -197,6 +201,7 @@ impl Default for Mix {
             hangup_after_events: Dist::Fixed(4),
             dataset: None,
             headers: Vec::new(),
+            tools_share: 0.0,
         }
     }
 }
@@ -218,6 +223,7 @@ impl Mix {
             ("continuous_usage_share", self.continuous_usage_share),
             ("ignore_eos", self.ignore_eos.share()),
             ("hangup_share", self.hangup_share),
+            ("tools_share", self.tools_share),
         ];
         for (name, v) in shares {
             if !(0.0..=1.0).contains(&v) {

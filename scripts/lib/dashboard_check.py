@@ -4,11 +4,12 @@
 Starts two simulated engines (one with vLLM V1 metric names, one with v0 names), a goodput-proxy
 in front of both, and Debian's `prometheus` scraping the proxy's admin port (the one scrape
 target: it serves the engines' families relabelled `upstream`), with config/prometheus-rules.yml
-loaded. Sends a short streaming load, then evaluates every panel query and every template
-variable query through `/api/v1/query` with `$__rate_interval` and the variables substituted
-(All = `.*`, as Grafana sends it). A query fails when Prometheus answers an error, returns no
-series, returns only NaN, or, when its legend is per upstream, leaves out one of the upstreams
-(so both the V1 and the v0 names of every engine panel are exercised).
+loaded. Sends a short streaming load (a third of it tool calls), then evaluates every panel
+query and every template variable query through `/api/v1/query` with `$__rate_interval` and
+the variables substituted (All = `.*`, as Grafana sends it). A query fails when Prometheus
+answers an error, returns no series, returns only NaN, or, when its legend is per upstream,
+leaves out one of the upstreams (so both the V1 and the v0 names of every engine panel are
+exercised).
 
 Stdlib only. Everything listens on 127.0.0.1 and is stopped on exit.
 Usage: dashboard_check.py --proxy target/debug/goodput-proxy [--dashboard FILE] [--keep]
@@ -172,11 +173,25 @@ class Procs:
                 p.wait()
 
 
-def one_request(proxy: str, max_tokens: int) -> None:
-    body = json.dumps({"model": MODEL, "stream": True, "max_tokens": max_tokens,
-                       "messages": [{"role": "user", "content": "Hello there"}]}).encode()
-    req = urllib.request.Request(f"{proxy}/v1/chat/completions", data=body,
-                                 headers={"content-type": "application/json"})
+# A function offered in `tools` on the tool-call share of the load: the simulator answers with
+# a streamed call whose arguments fit its schema, lose their closing `}`, or break the `enum`.
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather",
+    "parameters": {"type": "object", "required": ["location"], "properties": {
+        "location": {"type": "string"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}}}}]
+TOOL_CALLS = ["valid", "invalid-json", "schema-violation"]
+
+
+def one_request(proxy: str, max_tokens: int, tool_call: str | None = None) -> None:
+    req_body = {"model": MODEL, "stream": True, "max_tokens": max_tokens,
+                "messages": [{"role": "user", "content": "Hello there"}]}
+    headers = {"content-type": "application/json"}
+    if tool_call:
+        req_body["tools"] = TOOLS
+        headers["x-sim-fault"] = f"tool-call={tool_call}"
+    req = urllib.request.Request(f"{proxy}/v1/chat/completions",
+                                 data=json.dumps(req_body).encode(), headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=10) as r:
             while r.read(4096):
@@ -192,7 +207,13 @@ def load(proxy: str, seconds: float, concurrency: int) -> int:
     def worker(i):
         n = 0
         while time.monotonic() < stop_at:
-            one_request(proxy, 8 + (n * 7 + i) % 24)
+            # Every third request asks for a tool call, the kinds in turn (max_tokens 32: room
+            # for the whole arguments, so each kind is judged as asked).
+            k = n * concurrency + i
+            if k % 3 == 0:
+                one_request(proxy, 32, TOOL_CALLS[(k // 3) % len(TOOL_CALLS)])
+            else:
+                one_request(proxy, 8 + (n * 7 + i) % 24)
             n += 1
         sent[i] = n
 

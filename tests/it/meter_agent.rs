@@ -134,3 +134,97 @@ async fn tool_calls_and_reasoning_are_judged_and_timed() {
     let _ = std::fs::remove_dir_all(path.parent().unwrap());
     sim.shutdown().await;
 }
+
+/// Non-streaming answers (item 4): the simulator puts the call into `message.tool_calls` (and
+/// reasoning into `message.reasoning`) as vLLM does; the proxy judges each call in the JSON body
+/// against the request's `tools`, with no phase timings (nothing the client saw tells when a
+/// token came), counts them, and an invalid call makes the request not good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_streaming_tool_calls_are_judged() {
+    let sim = start_sim(SimConfig::with_timing(5.0, 1.0)).await;
+    let (config, path) = meter_config_with_sink(&sim.base_url(), "meter-agent-json");
+    let proxy = start_proxy(config).await;
+    let c = client();
+    let cases = [
+        ("tool-call=valid", "valid", true),
+        ("tool-call=invalid-json", "invalid_json", false),
+        ("tool-call=schema-violation", "schema_violation", false),
+        ("reasoning=3,tool-call=valid", "valid", true),
+    ];
+    let mut bodies = Vec::new();
+    for (i, (fault, _, _)) in cases.iter().enumerate() {
+        let body = chat_body(200, TOOLS).replace(r#""stream":true"#, r#""stream":false"#);
+        let mut req = with_fault(post_json(&proxy.url(CHAT), &body), fault);
+        req.headers_mut()
+            .insert("x-request-id", format!("json-{i}").parse().unwrap());
+        let seen = observe(&c, req, false).await;
+        assert_eq!(seen.status, 200, "{fault}");
+        bodies.push(serde_json::from_slice::<serde_json::Value>(&seen.body).unwrap());
+    }
+    wait_requests(&proxy, cases.len() as u64).await;
+    let read = || std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        eventually(SLOW, || read().lines().count() == cases.len()).await,
+        "{}",
+        read()
+    );
+    let records: Vec<serde_json::Value> = read()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    for (i, (fault, outcome, good)) in cases.iter().enumerate() {
+        // What the client got: vLLM's message shape for a named tool_choice.
+        let msg = &bodies[i]["choices"][0]["message"];
+        assert_eq!(msg["content"], "", "{fault}: {msg}");
+        let call = &msg["tool_calls"][0];
+        assert_eq!(call["function"]["name"], "get_weather", "{msg}");
+        assert!(call["id"].as_str().unwrap().starts_with("chatcmpl-tool-"));
+        assert_eq!(bodies[i]["choices"][0]["finish_reason"], "stop");
+        let r = records
+            .iter()
+            .find(|r| r["id"] == format!("json-{i}"))
+            .unwrap();
+        let a = &r["agent"];
+        assert_eq!(r["outcome"], "success", "{fault}: {r}");
+        assert_eq!(r["slo"]["good"], *good, "{fault}: {r}");
+        assert_eq!(a["tool_calls"], 1, "{fault}: {r}");
+        assert_eq!(a["tool_call_outcome"], *outcome, "{fault}: {r}");
+        assert!(
+            a["ttf_tool_call_s"].is_null() && a["tool_call_s"].is_null(),
+            "{r}"
+        );
+        if fault.starts_with("reasoning=") {
+            assert_eq!(
+                msg["reasoning"].as_str().map(str::is_empty),
+                Some(false),
+                "{msg}"
+            );
+            assert_eq!(a["reasoning_tokens"], 3, "{r}");
+        } else {
+            assert!(msg["reasoning"].is_null(), "{msg}");
+        }
+        if *outcome == "schema_violation" {
+            let why = a["tool_call_violation"].as_str().unwrap();
+            assert!(why.starts_with("/unit: "), "{why}");
+        }
+    }
+    let m = metrics(&proxy).await;
+    for (label, want) in [
+        ("tool_call_valid", 2.0),
+        ("tool_call_invalid_json", 1.0),
+        ("tool_call_schema_violation", 1.0),
+    ] {
+        let n = metric(
+            &m,
+            "goodput_proxy_tool_calls_total",
+            &[("model", "tiny"), ("outcome", label)],
+        );
+        assert_eq!(n, want, "{label}");
+    }
+    let s = stats(&proxy, "window=600").await;
+    for (k, n) in [("valid", 2), ("invalid_json", 1), ("schema_violation", 1)] {
+        assert_eq!(s["tool_calls"][k], n, "{k}: {s}");
+    }
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+    sim.shutdown().await;
+}

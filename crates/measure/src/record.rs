@@ -104,7 +104,8 @@ pub struct AgentRecord {
 }
 
 impl AgentRecord {
-    fn new(a: &AgentSummary) -> Self {
+    /// Also the load generator's record of what its client saw.
+    pub fn new(a: &AgentSummary) -> Self {
         let secs = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
         Self {
             ttf_reasoning_s: secs(a.ttf_reasoning),

@@ -120,6 +120,8 @@ pub struct ToolPlan {
     /// Fragment ends (byte offsets into `arguments`, increasing, the last = its length).
     cuts: Vec<usize>,
     pub finish: Finish,
+    /// `tool_choice` named or `"required"` (see [`ToolSpec::forced`]).
+    pub forced: bool,
 }
 
 /// The plans of a request's choices: empty unless it asked for reasoning or a tool call
@@ -199,6 +201,7 @@ impl ToolPlan {
             arguments,
             cuts,
             finish: spec.finish(),
+            forced: spec.forced,
         }
     }
 }

@@ -281,23 +281,42 @@ impl Templates {
         b.extend_from_slice(self.json_head.as_bytes());
         b.extend_from_slice(b"\"choices\":[");
         push_joined(&mut b, choices.iter().enumerate(), |b, (i, c)| {
-            push_choice(
-                b,
-                shape,
-                i as u64,
-                |b| push_json(b, &c.text),
-                c.logprobs.as_deref(),
-                Some(&c.finish),
-            )
+            match &c.agent {
+                Some(a) if self.api == Api::Chat => push_choice(
+                    b,
+                    &CHAT_AGENT_MESSAGE,
+                    i as u64,
+                    |b| a.push_message(b, &c.text),
+                    c.logprobs.as_deref(),
+                    Some(&c.finish),
+                ),
+                _ => push_choice(
+                    b,
+                    shape,
+                    i as u64,
+                    |b| push_json(b, &c.text),
+                    c.logprobs.as_deref(),
+                    Some(&c.finish),
+                ),
+            }
         });
         let completion: u64 = choices.iter().map(|c| c.tokens).sum();
+        let reasoning = choices
+            .iter()
+            .filter_map(|c| c.agent.as_ref()?.reasoning_tokens)
+            .reduce(|a, b| a + b);
         b.extend_from_slice(b"],\"service_tier\":null");
         push_fingerprint(&mut b);
         b.extend_from_slice(b",\"usage\":{");
         push_usage_counts(&mut b, self.prompt_tokens, completion);
-        match self.api {
-            Api::Chat => b.extend_from_slice(b",\"prompt_tokens_details\":null,\"completion_tokens_details\":null},\"prompt_logprobs\":null,\"prompt_token_ids\":null,\"prompt_text\":null,\"kv_transfer_params\":null,\"ec_transfer_params\":null,\"metrics\":null}"),
-            Api::Completions => b.extend_from_slice(b",\"prompt_tokens_details\":null,\"completion_tokens_details\":null},\"kv_transfer_params\":null,\"ec_transfer_params\":null,\"metrics\":null}"),
+        match (self.api, reasoning) {
+            (Api::Chat, Some(r)) => {
+                b.extend_from_slice(b",\"prompt_tokens_details\":null,\"completion_tokens_details\":{\"reasoning_tokens\":");
+                push_u64(&mut b, r);
+                b.extend_from_slice(b"}},\"prompt_logprobs\":null,\"prompt_token_ids\":null,\"prompt_text\":null,\"kv_transfer_params\":null,\"ec_transfer_params\":null,\"metrics\":null}");
+            }
+            (Api::Chat, None) => b.extend_from_slice(b",\"prompt_tokens_details\":null,\"completion_tokens_details\":null},\"prompt_logprobs\":null,\"prompt_token_ids\":null,\"prompt_text\":null,\"kv_transfer_params\":null,\"ec_transfer_params\":null,\"metrics\":null}"),
+            (Api::Completions, _) => b.extend_from_slice(b",\"prompt_tokens_details\":null,\"completion_tokens_details\":null},\"kv_transfer_params\":null,\"ec_transfer_params\":null,\"metrics\":null}"),
         }
         b.to_vec()
     }
@@ -389,6 +408,12 @@ const CHAT_MESSAGE: ChoiceShape = ChoiceShape {
     tail: b",\"token_ids\":null,\"routed_experts\":null}",
 };
 
+/// A chat message whose content, tool calls and reasoning [`MessageAgent::push_message`] writes.
+const CHAT_AGENT_MESSAGE: ChoiceShape = ChoiceShape {
+    text_close: b"",
+    ..CHAT_MESSAGE
+};
+
 const COMPLETION_CHUNK: ChoiceShape = ChoiceShape {
     text_open: b",\"text\":",
     text_close: b"",
@@ -462,6 +487,63 @@ pub struct ChoiceResult {
     pub tokens: u64,
     pub finish: Finish,
     pub logprobs: Option<Vec<TokenLogprobs>>,
+    /// Reasoning and the tool call, when the choice had an agent plan (chat only).
+    pub agent: Option<MessageAgent>,
+}
+
+/// The agent parts of a chat message (captures `nonstream-chat-tool-named.txt`,
+/// `nonstream-chat-reasoning.txt`).
+#[derive(Debug, Clone, Default)]
+pub struct MessageAgent {
+    /// `message.reasoning` (`null` when empty).
+    pub reasoning: String,
+    /// Reasoning tokens, when reasoning was asked for (usage `completion_tokens_details`).
+    pub reasoning_tokens: Option<u64>,
+    pub call: Option<MessageCall>,
+}
+
+/// One tool call of a message: `{"id","type","function":{"name","arguments"}}` (no `index`).
+#[derive(Debug, Clone)]
+pub struct MessageCall {
+    pub id: String,
+    pub name: String,
+    /// The fragments generated (cut short when `max_tokens` ended the choice first).
+    pub arguments: String,
+    /// Named or `"required"` `tool_choice`: vLLM answers `"content":""`; with `auto` the tool
+    /// parser leaves no text before the call, so `"content":null`.
+    pub forced: bool,
+}
+
+impl MessageAgent {
+    /// `"content":..` through the message's closing `}`, in vLLM's key order: `tool_calls`
+    /// after `function_call`, `reasoning` last.
+    fn push_message(&self, buf: &mut BytesMut, text: &str) {
+        match &self.call {
+            Some(c) if c.forced => buf.extend_from_slice(b"\"\""),
+            Some(_) => buf.extend_from_slice(b"null"),
+            None if text.is_empty() => buf.extend_from_slice(b"null"),
+            None => push_json(buf, text),
+        }
+        buf.extend_from_slice(
+            b",\"refusal\":null,\"annotations\":null,\"audio\":null,\"function_call\":null",
+        );
+        if let Some(c) = &self.call {
+            buf.extend_from_slice(b",\"tool_calls\":[{\"id\":");
+            push_json(buf, &c.id);
+            buf.extend_from_slice(b",\"type\":\"function\",\"function\":{\"name\":");
+            push_json(buf, &c.name);
+            buf.extend_from_slice(b",\"arguments\":");
+            push_json(buf, &c.arguments);
+            buf.extend_from_slice(b"}}]");
+        }
+        buf.extend_from_slice(b",\"reasoning\":");
+        if self.reasoning.is_empty() {
+            buf.extend_from_slice(b"null");
+        } else {
+            push_json(buf, &self.reasoning);
+        }
+        buf.extend_from_slice(b"}");
+    }
 }
 
 /// `,"finish_reason":..` and, on a finish (or always for completions), `,"stop_reason":..`.
@@ -893,11 +975,93 @@ mod tests {
             tokens: 8,
             finish: Finish::Length,
             logprobs: None,
+            agent: None,
         }]);
         assert_eq!(
             String::from_utf8(body).unwrap(),
             r#"{"id":"chatcmpl-8bb1f8ade54c1043","object":"chat.completion","created":1795964150,"model":"tiny","choices":[{"index":0,"message":{"role":"assistant","content":"SE willravered licensedefsagestrip","refusal":null,"annotations":null,"audio":null,"function_call":null,"reasoning":null},"logprobs":null,"finish_reason":"length","stop_reason":null,"token_ids":null,"routed_experts":null}],"service_tier":null,"system_fingerprint":"vllm-0.32.0-f1283a03","usage":{"prompt_tokens":15,"total_tokens":23,"completion_tokens":8,"prompt_tokens_details":null,"completion_tokens_details":null},"prompt_logprobs":null,"prompt_token_ids":null,"prompt_text":null,"kv_transfer_params":null,"ec_transfer_params":null,"metrics":null}"#
         );
+    }
+
+    /// The capture's request, id and body line (its engine's fingerprint replaced by ours).
+    fn nonstream_capture(cap: &str, id: u64, created: u64) -> (Templates, String) {
+        let body = cap
+            .lines()
+            .find_map(|l| l.strip_prefix("### request body: "))
+            .unwrap();
+        let mut req = parse(Api::Chat, body.as_bytes(), &["tiny".to_string()], 2048, 0).unwrap();
+        req.id_hash = id;
+        // The simulator estimates prompt tokens from the text; the engine's tokenizer said 25.
+        req.prompt_tokens = 25;
+        let want = cap.lines().last().unwrap();
+        let at = want.find("\"system_fingerprint\":\"").unwrap() + 22;
+        let want = format!(
+            "{}{}",
+            &want[..at],
+            &want[at..].replacen(&want[at..at + 20], SYSTEM_FINGERPRINT, 1)
+        );
+        (Templates::new(&req, "tiny", created), want)
+    }
+
+    #[test]
+    fn nonstream_tool_call_matches_nonstream_chat_tool_named_txt() {
+        let cap = include_str!("../../../tests/fixtures/vllm-0.32/nonstream-chat-tool-named.txt");
+        let (t, want) = nonstream_capture(cap, 0x8c12ae3796793e84, 1796142674);
+        let call = MessageCall {
+            id: "chatcmpl-tool-9da52b669c43bf58".into(),
+            name: "get_weather".into(),
+            arguments: "Infinity".into(),
+            forced: true,
+        };
+        let choice = ChoiceResult {
+            text: String::new(),
+            tokens: 49,
+            finish: Finish::Stop(None),
+            logprobs: None,
+            agent: Some(MessageAgent {
+                call: Some(call.clone()),
+                ..MessageAgent::default()
+            }),
+        };
+        let body = t.json_body(std::slice::from_ref(&choice));
+        assert_eq!(String::from_utf8(body).unwrap(), want);
+        // `tool_choice: "auto"`: the tool parser leaves no text, `content` is null.
+        let auto = ChoiceResult {
+            finish: Finish::ToolCalls,
+            agent: Some(MessageAgent {
+                call: Some(MessageCall {
+                    forced: false,
+                    ..call
+                }),
+                ..MessageAgent::default()
+            }),
+            ..choice
+        };
+        let body = String::from_utf8(t.json_body(&[auto])).unwrap();
+        assert!(
+            body.contains(r#""message":{"role":"assistant","content":null,"refusal":null"#)
+                && body.contains(r#""finish_reason":"tool_calls""#),
+            "{body}"
+        );
+    }
+
+    #[test]
+    fn nonstream_reasoning_matches_nonstream_chat_reasoning_txt() {
+        let cap = include_str!("../../../tests/fixtures/vllm-0.32/nonstream-chat-reasoning.txt");
+        let (t, want) = nonstream_capture(cap, 0xad436873358391e2, 1796143636);
+        let body = t.json_body(&[ChoiceResult {
+            text: String::new(),
+            tokens: 12,
+            finish: Finish::Length,
+            logprobs: None,
+            agent: Some(MessageAgent {
+                reasoning: "SE willravered licensedefsagestrip{help lython".into(),
+                // That engine said 0 (the model never closed `<think>`); ours counts them.
+                reasoning_tokens: Some(0),
+                call: None,
+            }),
+        }]);
+        assert_eq!(String::from_utf8(body).unwrap(), want);
     }
 
     proptest::proptest! {

@@ -221,15 +221,15 @@ async fn generate(
     };
     let tmpl = Templates::new(&greq, &cfg.models[greq.model_idx], eng.created);
     let run = Run::new(eng.clone(), &greq, arrival, arrival_no);
+    let agents = agent::plans(&greq, faults.reasoning, faults.tool_call);
     if greq.stream {
         let packing = Packing::new(faults.coalesce, cfg.coalesce_prob, cfg.seed, arrival_no);
-        let agents = agent::plans(&greq, faults.reasoning, faults.tool_call);
         let body = SseBody::new(run, tmpl, faults, api, greq.include_usage, packing, agents);
         return head(200, Some(EVENT_STREAM), None)
             .body(SimBody::Sse(Box::new(body)))
             .unwrap_or_else(|_| Response::new(SimBody::Full(None)));
     }
-    match nonstream::run(run, tmpl, faults, greq.logprobs.is_some()).await {
+    match nonstream::run(run, tmpl, faults, greq.logprobs.is_some(), agents).await {
         NonStream::Json(b) | NonStream::Malformed(b) => json(200, b),
         NonStream::Error(e) => error(&e),
         NonStream::Truncated { full_len, prefix } => head(200, Some(JSON), Some(full_len))

@@ -75,6 +75,9 @@ fn phase_block(p: &PhaseSummary) -> String {
         h.push_str(&stats_row(n, s));
     }
     h.push_str("</table>");
+    if let Some(t) = &p.tool_calls {
+        h.push_str(&super::tool_calls::render_html(&p.name, t));
+    }
     h
 }
 

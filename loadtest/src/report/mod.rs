@@ -6,6 +6,7 @@ pub mod compare;
 pub mod html;
 pub mod summary;
 pub mod table;
+pub mod tool_calls;
 
 use std::io::Write as _;
 use std::path::Path;

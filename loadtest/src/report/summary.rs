@@ -76,6 +76,10 @@ pub struct PhaseSummary {
     pub in_flight_peak: u64,
     pub held_back: u64,
     pub hold_max_seconds: f64,
+    /// Tool calls by outcome and agent phase timings; absent when no request offered tools or
+    /// got reasoning or a tool call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<super::tool_calls::ToolCallSection>,
 }
 
 /// The whole `summary.json`.
@@ -178,6 +182,7 @@ pub fn summarize_phase(
         in_flight_peak: in_flight_peak(all, win.start_s, win.end_s),
         held_back: win.held_back,
         hold_max_seconds: win.hold_max_seconds,
+        tool_calls: super::tool_calls::summarize(mine),
     }
 }
 
@@ -189,6 +194,7 @@ pub fn option_keys(r: &RequestRecord) -> Vec<String> {
         format!("n={}", r.n),
         format!("logprobs={}", r.logprobs.is_some()),
         format!("ignore_eos={}", r.ignore_eos),
+        format!("tools={}", r.tools),
     ];
     if r.stream {
         k.push(format!("usage={}", r.usage));

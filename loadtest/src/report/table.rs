@@ -87,6 +87,9 @@ fn phase(out: &mut String, p: &PhaseSummary) {
     ] {
         out.push_str(&line(n, s));
     }
+    if let Some(t) = &p.tool_calls {
+        super::tool_calls::render_text(out, t);
+    }
 }
 
 pub fn render(s: &Summary) -> String {

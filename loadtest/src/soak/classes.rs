@@ -135,6 +135,7 @@ pub fn plan(c: &Class, model: &str, i: u64) -> RequestPlan {
         ignore_eos: true,
         hangup_after: c.hangup_after,
         header: None,
+        tools: false,
     }
 }
 

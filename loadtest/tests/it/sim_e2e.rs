@@ -410,3 +410,108 @@ async fn every_mix_option_against_the_simulator() {
     assert_eq!(sim.requests_aborted(), hung);
     sim.shutdown().await;
 }
+
+const TOOL_CALLS: &str = r#"
+seed = 5
+models = ["tiny"]
+[mix]
+prompt_tokens = { fixed = 16 }
+max_tokens = { fixed = 64 }
+tools_share = 1.0
+[[mix.headers]]
+name = "x-sim-fault"
+value = "tool-call=valid"
+share = 0.2
+[[mix.headers]]
+name = "x-sim-fault"
+value = "tool-call=invalid-json"
+share = 0.2
+[[mix.headers]]
+name = "x-sim-fault"
+value = "tool-call=schema-violation"
+share = 0.2
+[[mix.headers]]
+name = "x-sim-fault"
+value = "reasoning=4,tool-call=valid"
+share = 0.2
+[[phases]]
+name = "agents"
+requests = 60
+arrivals = { constant = { rate = 100 } }
+"#;
+
+/// The report's tool-call section against the simulator: every request offers a function, and
+/// the tool calls it asked for are counted under the outcome the simulator was told to produce,
+/// with phase timings; the rest (no fault) answer text and count under no outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_call_section_counts_each_injected_kind() {
+    let _serial = crate::support::serial().await;
+    let sim = sim().await;
+    let res = run(sim.base_url(), TOOL_CALLS, None, CompareTargets::default()).await;
+    let tagged = |tag: &str| {
+        res.records
+            .iter()
+            .filter(|r| r.tag.as_deref() == Some(tag))
+            .count() as u64
+    };
+    let (valid, invalid, violating, reasoning) = (
+        tagged("tool-call=valid"),
+        tagged("tool-call=invalid-json"),
+        tagged("tool-call=schema-violation"),
+        tagged("reasoning=4,tool-call=valid"),
+    );
+    assert!(valid > 0 && invalid > 0 && violating > 0 && reasoning > 0);
+    let plain = 60 - valid - invalid - violating - reasoning;
+    assert!(plain > 0, "some requests asked for no tool call");
+    assert!(res
+        .records
+        .iter()
+        .all(|r| r.tools && r.outcome == "success"));
+
+    let s = res.summary.phases[0]
+        .tool_calls
+        .as_ref()
+        .expect("a tool-call section");
+    assert_eq!(s.requests_with_tools, 60);
+    assert_eq!(s.agent_requests, 60 - plain);
+    let n = |k: &str| s.by_outcome[k].requests;
+    assert_eq!(n("valid"), valid + reasoning, "{s:?}");
+    assert_eq!(n("invalid_json"), invalid, "{s:?}");
+    assert_eq!(n("schema_violation"), violating, "{s:?}");
+    assert_eq!(n("unknown_function"), 0);
+    assert!(s.reasoning_tokens >= 4 * reasoning, "{s:?}");
+    for k in ["valid", "invalid_json", "schema_violation"] {
+        let t = &s.by_outcome[k];
+        let first = t.ttf_tool_call_seconds.expect("first tool-call token");
+        assert_eq!(first.count, t.requests, "{k}");
+        // The first tool-call delta is the first output: the configured TTFT or later.
+        assert!(first.p50 * 1000.0 >= TTFT_MS - 1.0, "{k}: {first:?}");
+        assert!(t.tool_call_seconds.is_some(), "{k}");
+    }
+    assert_eq!(
+        s.all.ttf_reasoning_seconds.map(|r| r.count),
+        Some(reasoning)
+    );
+    // An invalid call makes the request not good (the proxy's default, valid_tool_calls).
+    for r in &res.records {
+        let bad = matches!(
+            r.tag.as_deref(),
+            Some("tool-call=invalid-json" | "tool-call=schema-violation")
+        );
+        if bad {
+            assert!(!r.good, "{r:?}");
+        }
+        let a = r.agent.as_ref();
+        assert_eq!(a.is_some(), r.tag.is_some(), "{r:?}");
+    }
+    let s_json = serde_json::to_value(&res.summary).unwrap();
+    assert_eq!(
+        s_json["overall"]["tool_calls"]["by_outcome"]["invalid_json"]["requests"],
+        invalid
+    );
+    let html = goodput_loadtest::report::html::render(&res.summary, &res.windows, &res.records);
+    assert!(html.contains("agents · tool calls"));
+    let text = goodput_loadtest::report::table::render(&res.summary);
+    assert!(text.contains(&format!("invalid_json={invalid}")), "{text}");
+    sim.shutdown().await;
+}
