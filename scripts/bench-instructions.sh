@@ -9,14 +9,14 @@
 # first, once per binary): the figure to compare between runs on a busy machine.
 # Streaming (64 tokens, usage injected and stripped) and non-streaming, metering on (MEASURE=false:
 # off). Each dump is kept as /tmp/goodput-instructions/KIND.BIN.PID.cg (callgrind_annotate FILE).
-#   scripts/bench-instructions.sh [BIN...]     # default: target/release/goodput-proxy
+#   scripts/bench-instructions.sh [BIN...]     # default: target/bench-build/goodput-proxy
 # Needs valgrind and wrk (Debian: apt-get install valgrind wrk). Loopback ports 18510-18512,
 # bounded (about 40 s per binary), stops what it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS="${SECS:-8}"
 W=/tmp/goodput-instructions; rm -rf "$W"; mkdir -p "$W"
-bins=("$@"); [[ ${#bins[@]} -gt 0 ]] || { cargo build --release -q; bins=(target/release/goodput-proxy); }
+bins=("$@"); [[ ${#bins[@]} -gt 0 ]] || { cargo build --profile bench-build -q -p goodput-proxy; bins=(target/bench-build/goodput-proxy); }
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
 trap cleanup EXIT INT TERM
