@@ -117,7 +117,10 @@ async fn handle(
                     .append(true)
                     .open(&fake.sink)
                     .unwrap();
-                writeln!(f, "{line}").unwrap();
+                // One write per line: `writeln!` on a File is two writes (the text, then the
+                // newline), and two handlers appending at once interleaved them into one
+                // unreadable line (the join then missed both requests).
+                f.write_all(format!("{line}\n").as_bytes()).unwrap();
             }
             Some((
                 Ok::<_, Infallible>(Frame::data(Bytes::from(s))),
