@@ -476,7 +476,10 @@ impl UsageStripper {
         } else {
             self.classify_scanned(event)
         };
-        if matches!(class, Class::Other) && one_data_line(event) {
+        // Not an event with an escape once the template frames: its escaped text is no span
+        // (the template would stay), and learning is a pass over its bytes.
+        let escaped = || self.other.frames() && memchr::memchr(b'\\', event).is_some();
+        if matches!(class, Class::Other) && one_data_line(event) && !escaped() {
             self.other.learn(event);
         }
         class

@@ -215,9 +215,17 @@ impl RepeatCache {
         Some((at + n + blank, at..at + n, self.info, Seen::Repeat(text)))
     }
 
-    /// `data` was scanned to `info`: keeps it as the template when it can be one.
+    /// `data` was scanned to `info`: keeps it as the template when it can be one and is worth
+    /// it: a chunk with output that finishes nothing and carries no usage (what the events
+    /// after it repeat). Not an event with an escape when the template frames: its escaped
+    /// text is no span (the template would stay), and learning is a pass over its bytes.
     pub fn learn(&mut self, data: &[u8], info: &ChunkInfo) -> Seen {
-        if info.kind == ChunkKind::Chunk && self.template.learn(data) {
+        let worth = info.kind == ChunkKind::Chunk
+            && info.output
+            && info.finished_count == 0
+            && info.usage.is_none()
+            && !(self.template.frames() && memchr::memchr(b'\\', data).is_some());
+        if worth && self.template.learn(data) {
             self.info = *info;
             Seen::Learned
         } else {
