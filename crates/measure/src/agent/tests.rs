@@ -1,6 +1,26 @@
 use super::*;
 use crate::fixtures::capture;
+use crate::inspect::{inspect_response_logged, scan_event_logged, ChunkKind, TokenLog};
 use crate::sse::SseParser;
+
+/// One event through the scan and into the meter, as the stream meter feeds it.
+fn feed(m: &mut AgentMeter, t: Instant, data: &[u8]) {
+    let mut log = TokenLog::default();
+    let info = scan_event_logged(data, &mut log).info;
+    if info.kind == ChunkKind::Chunk {
+        if let Some(u) = info.usage {
+            m.on_usage(&u);
+        }
+        m.on_chunk(t, &info, &log.calls, data);
+    }
+}
+
+/// A non-streaming body's agent summary, as the stream meter reads it.
+fn body_agent(body: &[u8], tools: Option<&ToolSet>) -> Option<AgentSummary> {
+    let mut log = TokenLog::default();
+    let info = inspect_response_logged(body, &mut log);
+    response_agent(&log.calls, info.usage.as_ref(), body, tools)
+}
 
 const WEATHER: &str = r#"{"model":"tiny","tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"location":{"type":"string"},"unit":{"type":"string","enum":["celsius","fahrenheit"]}},"required":["location"]}}}],"messages":[]}"#;
 
@@ -30,7 +50,7 @@ fn summary(events: &[String], tools: Option<&ToolSet>) -> AgentSummary {
     let t0 = Instant::now();
     let mut m = AgentMeter::new(t0);
     for (i, e) in events.iter().enumerate() {
-        m.on_event(t0 + ms(10 * (i as u64 + 1)), e.as_bytes(), true);
+        feed(&mut m, t0 + ms(10 * (i as u64 + 1)), e.as_bytes());
     }
     m.finish(tools)
 }
@@ -120,30 +140,15 @@ fn phases_and_the_reasoning_answer_split() {
     let t0 = Instant::now();
     let mut m = AgentMeter::new(t0);
     let ev = [
-        (
-            r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#,
-            false,
-        ),
-        (
-            r#"{"choices":[{"index":0,"delta":{"reasoning":"hm"}}]}"#,
-            true,
-        ),
-        (
-            r#"{"choices":[{"index":0,"delta":{"reasoning_content":"so"}}]}"#,
-            true,
-        ),
+        r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"reasoning":"hm"}}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"reasoning_content":"so"}}]}"#,
         // "reasoning" inside answer text must not count as reasoning.
-        (
-            r#"{"choices":[{"index":0,"delta":{"content":"\"reasoning\" is"}}]}"#,
-            true,
-        ),
-        (
-            r#"{"choices":[{"index":0,"delta":{"content":"done"}}]}"#,
-            true,
-        ),
+        r#"{"choices":[{"index":0,"delta":{"content":"\"reasoning\" is"}}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"content":"done"}}]}"#,
     ];
-    for (i, (e, out)) in ev.iter().enumerate() {
-        m.on_event(t0 + ms(10 * (i as u64 + 1)), e.as_bytes(), *out);
+    for (i, e) in ev.iter().enumerate() {
+        feed(&mut m, t0 + ms(10 * (i as u64 + 1)), e.as_bytes());
     }
     let s = m.finish(None);
     assert_eq!(s.ttf_reasoning, Some(ms(20)));
@@ -155,10 +160,10 @@ fn phases_and_the_reasoning_answer_split() {
     );
     // A plain stream: answer only, nothing parsed.
     let mut m = AgentMeter::new(t0);
-    m.on_event(
+    feed(
+        &mut m,
         t0 + ms(5),
         br#"{"choices":[{"index":0,"delta":{"content":"a"}}]}"#,
-        true,
     );
     let s = m.finish(None);
     assert_eq!((s.ttf_answer, s.reasoning_tokens), (Some(ms(5)), None));
@@ -178,13 +183,12 @@ fn captured(name: &str, tools: Option<&ToolSet>) -> AgentSummary {
     let mut p = SseParser::new();
     let mut i = 0;
     let c = capture(name);
-    let mut feed = |data: &[u8]| {
+    let mut each = |data: &[u8]| {
         i += 1;
-        let info = crate::inspect_chunk(data);
-        m.on_event(t0 + ms(i), data, info.output);
+        feed(&mut m, t0 + ms(i), data);
     };
-    p.feed(c.body, |e| feed(e.data));
-    p.finish(|e| feed(e.data));
+    p.feed(c.body, |e| each(e.data));
+    p.finish(|e| each(e.data));
     m.finish(tools)
 }
 
@@ -221,9 +225,8 @@ fn real_captures() {
         .count();
     assert!(s.reasoning_tokens.unwrap() >= 10 && s.reasoning_tokens.unwrap() < events as u64);
     // Non-streaming: "Infinity" is not JSON.
-    let b =
-        inspect_response_agent(capture("nonstream-chat-tool-named.txt").body, Some(&t)).unwrap();
+    let b = body_agent(capture("nonstream-chat-tool-named.txt").body, Some(&t)).unwrap();
     assert_eq!(b.tool_call_outcome, Some(ToolCallOutcome::InvalidJson));
     assert_eq!(b.ttf_answer, None);
-    assert!(inspect_response_agent(capture("nonstream-chat.txt").body, Some(&t)).is_none());
+    assert!(body_agent(capture("nonstream-chat.txt").body, Some(&t)).is_none());
 }
