@@ -409,4 +409,8 @@ pub fn response_agent(
 }
 
 #[cfg(test)]
+mod differential;
+#[cfg(test)]
+mod reference;
+#[cfg(test)]
 mod tests;

@@ -585,7 +585,7 @@ fn finish_reason(s: Str<'_>) -> FinishReason {
 }
 
 #[cfg(test)]
-mod differential;
+pub(crate) mod differential;
 #[cfg(test)]
 mod oracle;
 

@@ -274,24 +274,25 @@ enum J {
     Obj(Vec<(String, J)>),
 }
 
-/// A small deterministic generator (seeded by proptest).
-struct Gen(u64);
+/// A small deterministic generator (seeded by proptest; the agent meter's differential test
+/// draws from it too).
+pub(crate) struct Gen(pub(crate) u64);
 
 impl Gen {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
     }
-    fn below(&mut self, n: usize) -> usize {
+    pub(crate) fn below(&mut self, n: usize) -> usize {
         (self.next() % n as u64) as usize
     }
-    fn chance(&mut self, percent: u64) -> bool {
+    pub(crate) fn chance(&mut self, percent: u64) -> bool {
         self.next() % 100 < percent
     }
-    fn pick<T: Clone>(&mut self, from: &[T]) -> T {
+    pub(crate) fn pick<T: Clone>(&mut self, from: &[T]) -> T {
         from[self.below(from.len())].clone()
     }
 

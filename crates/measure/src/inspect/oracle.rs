@@ -1,6 +1,6 @@
 //! The oracle of the scanner's differential test and of the fuzz target (`fuzz/`, which
 //! includes this file by path): a full `serde_json::Value` parse of a payload, read by the
-//! field rules of [`scan_event`]'s docs. It shares no code with the scanner and names only
+//! field rules of [`scan_event`]'s docs (and, for tool calls, of `inspect/calls.rs`'s). It shares no code with the scanner and names only
 //! public items, through `super::` (the includer brings them into scope).
 //!
 //! Where the scanner is deliberately lax (see `scan.rs`: UTF-8 inside strings, unpaired
@@ -14,7 +14,7 @@ use serde_json::{Map, Value};
 
 use super::{
     inspect_response, inspect_response_logged, scan_event, scan_event_logged, ChoiceInfo,
-    ChunkKind, FinishReason, LoggedCall, Phases, ResponseInfo, TokenLog, Usage,
+    ChunkKind, FinishReason, LoggedCall, Phases, ResponseInfo, Span, TokenLog, Usage,
     MAX_CHOICES_PER_CHUNK,
 };
 
@@ -475,7 +475,7 @@ fn plain_calls(log: &[LoggedCall], data: &[u8]) -> Vec<LogCall> {
     let mut calls: Vec<LogCall> = log
         .iter()
         .map(|c| {
-            let text = |s: Option<super::Span>| s.map(|s| s.decode(data));
+            let text = |s: Option<Span>| s.map(|s| s.decode(data));
             (c.choice, c.index, c.id, text(c.name), text(c.arguments))
         })
         .collect();

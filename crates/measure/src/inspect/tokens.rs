@@ -1,8 +1,9 @@
 //! What the one pass of [`super::scan_event_logged`] notes per output token besides the
 //! counts of [`super::ChunkInfo`]: each token's logprob (chat `logprobs.content[].logprob`,
 //! completions `logprobs.token_logprobs[]`), and for a traced request its text, its top
-//! alternatives and each output choice's text length. Nothing is copied or decoded: texts are
-//! byte spans of the payload, decoded only by whoever keeps them ([`Span::decode`]).
+//! alternatives and each output choice's text length; and, traced or not, each tool-call entry
+//! (`super::calls`). Nothing is copied or decoded: texts are byte spans of the payload, decoded
+//! only by whoever keeps them ([`Span::decode`], [`Span::text`]).
 //!
 //! The log is a reused buffer (no allocation per event once warm). The scanner fills it while
 //! it reads a payload; the caller takes what it needs when the payload was a chunk
