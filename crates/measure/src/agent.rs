@@ -272,14 +272,15 @@ impl AgentMeter {
                 self.last_tool = Some(t);
             }
         }
+        self.on_calls(calls, payload);
+    }
+
+    /// Tool-call entries logged by a scan of `payload`, each appended to its call.
+    fn on_calls(&mut self, calls: &[LoggedCall], payload: &[u8]) {
         for call in calls {
             let text = |s: Option<Span>| s.map(|s| s.text(payload));
-            self.on_call(
-                call.choice,
-                call.index,
-                text(call.name),
-                text(call.arguments),
-            );
+            let (name, arguments) = (text(call.name), text(call.arguments));
+            self.on_call(call.choice, call.index, name, arguments);
         }
     }
 
@@ -392,15 +393,7 @@ pub fn response_agent(
         return None;
     }
     let mut m = AgentMeter::new(Instant::now());
-    for call in calls {
-        let text = |s: Option<Span>| s.map(|s| s.text(body));
-        m.on_call(
-            call.choice,
-            call.index,
-            text(call.name),
-            text(call.arguments),
-        );
-    }
+    m.on_calls(calls, body);
     m.usage_reasoning = reasoning;
     Some(AgentSummary {
         ttf_answer: None,
