@@ -77,12 +77,6 @@ struct Function {
 }
 
 #[derive(Deserialize)]
-struct ToolsPeek {
-    #[serde(default)]
-    tools: Option<Vec<ToolPeek>>,
-}
-
-#[derive(Deserialize)]
 struct ToolPeek {
     #[serde(default)]
     function: Option<FunctionPeek>,
@@ -100,9 +94,10 @@ impl ToolSet {
     /// check, no parse).
     pub fn from_request(body: &[u8]) -> Option<Arc<ToolSet>> {
         memchr::memmem::find(body, b"\"tools\"")?;
-        let peek: ToolsPeek = serde_json::from_slice(body).ok()?;
-        let functions: Vec<Function> = peek
-            .tools?
+        // The last `tools` key, as the engine reads a duplicate (`request::object_fields`).
+        let [tools] = crate::request::object_fields(body, ["tools"])?;
+        let tools: Option<Vec<ToolPeek>> = serde_json::from_str(tools?.get()).ok()?;
+        let functions: Vec<Function> = tools?
             .into_iter()
             .filter_map(|t| t.function)
             .map(|f| Function {
