@@ -946,7 +946,7 @@ mod tests {
             prop_assert_eq!(out, plain);
             // The usage chunks of the captures (`stream-chat-usage.txt`, `stream-completions.txt`).
             let (prompt, completion) = if which == 0 { (32, 16) } else { (10, 16) };
-            prop_assert_eq!(removed, Some(Usage { prompt_tokens: Some(prompt), completion_tokens: Some(completion) }));
+            prop_assert_eq!(removed, Some(Usage { prompt_tokens: Some(prompt), completion_tokens: Some(completion), reasoning_tokens: None }));
         }
 
         #[test]
