@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http::{Request, Response};
 use hyper::body::Incoming;
-use tower::{Service, ServiceBuilder};
+use tower::Service;
 
 use crate::auth::Auth;
 use crate::body::ProxyBody;
@@ -161,14 +161,16 @@ pub fn build(
     } else {
         inner
     };
-    let service = ServiceBuilder::new()
-        // Outermost: take t0 before anything spends time, create the request context (the one
-        // extension every layer reads); stamp the id on every response.
-        .layer(ContextLayer)
-        // Sees the final status (errors included) and holds its line until the body ends.
-        .layer(AccessLogLayer)
-        // Turns every inner ProxyError into the one OpenAI-style error response.
-        .layer(ErrorResponseLayer)
-        .service(inner);
-    stage(service)
+    // Turns every inner ProxyError into the one OpenAI-style error response.
+    let inner: ProxyService = stage(ErrorResponseLayer.layer(inner));
+    // Sees the final status (errors included) and holds its line until the body ends; left
+    // out with `[log] access = false`.
+    let inner: ProxyService = if config.log.access {
+        stage(AccessLogLayer.layer(inner))
+    } else {
+        inner
+    };
+    // Outermost: take t0 before anything spends time, create the request context (the one
+    // extension every layer reads); stamp the id on every response.
+    stage(ContextLayer.layer(inner))
 }

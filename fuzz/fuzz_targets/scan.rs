@@ -1,13 +1,13 @@
-//! Any bytes as an SSE data payload: the one-pass scanner (`scan_event`, `inspect_response`)
-//! must say what the `serde_json::Value` oracle of the differential test says (the same file,
-//! included by path), and the usage stripper must lose no byte of a stream without a usage
+//! Any bytes as an SSE data payload: the one-pass scanner (`scan_event`, `inspect_response`,
+//! their token logs and tool-call entries) must say what the `serde_json::Value` oracle of the
+//! differential test says (the same file, included by path), and the usage stripper must lose no byte of a stream without a usage
 //! chunk.
 #![no_main]
 
 use bytes::Bytes;
 use goodput_measure::inspect::{
-    inspect_response, scan_event, scan_event_logged, ChoiceInfo, ChunkKind, Phases,
-    ResponseInfo, TokenLog, Usage, MAX_CHOICES_PER_CHUNK,
+    inspect_response, inspect_response_logged, scan_event, scan_event_logged, ChoiceInfo,
+    ChunkKind, LoggedCall, Phases, ResponseInfo, Span, TokenLog, Usage, MAX_CHOICES_PER_CHUNK,
 };
 use goodput_measure::usage::UsageStripper;
 use goodput_measure::FinishReason;

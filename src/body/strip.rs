@@ -185,6 +185,7 @@ mod tests {
         let want = Usage {
             prompt_tokens: Some(32),
             completion_tokens: Some(16),
+            reasoning_tokens: None,
         };
         assert_eq!((report.usage(), report.gave_up()), (Some(want), false));
     }

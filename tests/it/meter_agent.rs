@@ -34,16 +34,7 @@ async fn tool_calls_and_reasoning_are_judged_and_timed() {
         observe(&c, req, true).await;
     }
     wait_requests(&proxy, cases.len() as u64).await;
-    let read = || std::fs::read_to_string(&path).unwrap_or_default();
-    assert!(
-        eventually(SLOW, || read().lines().count() == cases.len()).await,
-        "{}",
-        read()
-    );
-    let records: Vec<serde_json::Value> = read()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let records = sink_records(&path, cases.len()).await;
     for (i, (fault, _, outcome, good)) in cases.iter().enumerate() {
         let r = records
             .iter()
@@ -162,16 +153,7 @@ async fn non_streaming_tool_calls_are_judged() {
         bodies.push(serde_json::from_slice::<serde_json::Value>(&seen.body).unwrap());
     }
     wait_requests(&proxy, cases.len() as u64).await;
-    let read = || std::fs::read_to_string(&path).unwrap_or_default();
-    assert!(
-        eventually(SLOW, || read().lines().count() == cases.len()).await,
-        "{}",
-        read()
-    );
-    let records: Vec<serde_json::Value> = read()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let records = sink_records(&path, cases.len()).await;
     for (i, (fault, outcome, good)) in cases.iter().enumerate() {
         // What the client got: vLLM's message shape for a named tool_choice.
         let msg = &bodies[i]["choices"][0]["message"];

@@ -119,6 +119,14 @@ async fn request_flags_are_read_as_the_engine_reads_them() {
         (r#"stream: "true""#, r#","stream":"true""#, 0, true, true),
         (r#"stream: "yes""#, r#","stream":"yes""#, 0, true, true),
         (r#"stream: "on""#, r#","stream":"on""#, 0, true, true),
+        // A key given twice: the engine (Python's json.loads) reads the last one.
+        (
+            r#"stream: false, then stream: true"#,
+            r#","stream":false,"stream":true"#,
+            0,
+            true,
+            true,
+        ),
         (
             r#"include_usage: 1 (the client's own usage chunk)"#,
             r#","stream":true,"stream_options":{"include_usage":1}"#,
@@ -183,13 +191,16 @@ async fn request_flags_are_read_as_the_engine_reads_them() {
         // The client measured the same stream the same way.
         assert_eq!(seen.m.completion_tokens, Some(30), "{case}");
     }
-    // `stream: false` and values the engine refuses are not streams to the proxy.
-    let (seen, r) = rig.send(CHAT, &chat(r#","stream":"no""#), "", false).await;
-    assert_eq!(
-        (seen.status, &r["stream"]),
-        (200, &Value::Bool(false)),
-        "{r}"
-    );
+    // `stream: false` (also as the last of two) and values the engine refuses are not streams
+    // to the proxy.
+    for extra in [r#","stream":"no""#, r#","stream":true,"stream":false"#] {
+        let (seen, r) = rig.send(CHAT, &chat(extra), "", false).await;
+        assert_eq!(
+            (seen.status, &r["stream"], &r["outcome"]),
+            (200, &Value::Bool(false), &Value::from("success")),
+            "{extra}: {r}"
+        );
+    }
     rig.stop().await;
 }
 

@@ -22,16 +22,7 @@ async fn records_reach_the_jsonl_sink_with_id_and_upstream() {
     let (parts, _) = send(&c, post_json(&proxy.url("/nope"), "{}")).await;
     assert_eq!(parts.status, 404);
     wait_requests(&proxy, 4).await;
-    let read = || std::fs::read_to_string(&path).unwrap_or_default();
-    assert!(
-        eventually(SLOW, || read().lines().count() == 4).await,
-        "{}",
-        read()
-    );
-    let lines: Vec<serde_json::Value> = read()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = sink_records(&path, 4).await;
     for (i, r) in lines[..3].iter().enumerate() {
         assert_eq!(r["id"], format!("rec-{i}"), "{r}");
         assert_eq!(r["model"], "tiny", "{r}");

@@ -153,13 +153,7 @@ async fn a_traced_logprobs_stream_has_every_token_with_offset_and_logprob() {
     );
 
     // The JSONL line carries the trace and reads back as a RequestRecord.
-    let read = || std::fs::read_to_string(&path).unwrap_or_default();
-    assert!(
-        eventually(SLOW, || read().lines().count() == 1).await,
-        "{}",
-        read()
-    );
-    let line: RequestRecord = serde_json::from_str(read().lines().next().unwrap()).unwrap();
+    let line: RequestRecord = serde_json::from_str(&sink_lines(&path, 1).await[0]).unwrap();
     let t = line.trace.expect("the trace in the sink");
     assert_eq!(t.tokens().count(), want.len());
     assert_eq!(line.logprobs.map(|s| s.min), Some(min));

@@ -2,10 +2,12 @@
 //! long the tool-call arguments streamed), reasoning tokens, and the validity of each tool call
 //! against the function's JSON Schema in the request's `tools`.
 //!
-//! Cost: ordinary streams pay two substring searches per output event (`"reasoning` and
-//! `"tool_calls"`, memchr's SIMD memmem, precompiled). Only events that contain one of them are
-//! parsed for their deltas (a borrowed serde parse of that one event); the arguments are
-//! assembled per (choice, tool-call index) and parsed and validated once, at the end.
+//! Cost: nothing of its own per event. The one-pass scan of each event
+//! ([`crate::inspect::scan_event_logged`]) already says which kinds of output each choice
+//! carried ([`Phases`]) and logs each `tool_calls` entry (index, name and argument fragment as
+//! spans of the event, [`LoggedCall`]); the meter takes those, decoding only the fragments it
+//! appends. The arguments are assembled per (choice, tool-call index) and parsed and
+//! validated once, at the end.
 //!
 //! Shapes (vLLM 0.32 captures `stream-chat-tool-*.txt`, `stream-chat-reasoning.txt`): a call
 //! opens with `{"id", "type", "index", "function": {"name"}}`, then `function.arguments`
@@ -15,11 +17,11 @@ use std::borrow::Cow;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use memchr::memmem::Finder;
 use serde::{Deserialize, Serialize};
-use serde_json::value::RawValue;
 use serde_json::Value;
 use tokio::time::Instant;
+
+use crate::inspect::{ChunkInfo, LoggedCall, Phases, Span, Usage};
 
 /// Tool calls assembled per request (further ones are counted, not kept).
 pub const MAX_CALLS: usize = 16;
@@ -75,12 +77,6 @@ struct Function {
 }
 
 #[derive(Deserialize)]
-struct ToolsPeek {
-    #[serde(default)]
-    tools: Option<Vec<ToolPeek>>,
-}
-
-#[derive(Deserialize)]
 struct ToolPeek {
     #[serde(default)]
     function: Option<FunctionPeek>,
@@ -98,9 +94,10 @@ impl ToolSet {
     /// check, no parse).
     pub fn from_request(body: &[u8]) -> Option<Arc<ToolSet>> {
         memchr::memmem::find(body, b"\"tools\"")?;
-        let peek: ToolsPeek = serde_json::from_slice(body).ok()?;
-        let functions: Vec<Function> = peek
-            .tools?
+        // The last `tools` key, as the engine reads a duplicate (`request::object_fields`).
+        let [tools] = crate::request::object_fields(body, ["tools"])?;
+        let tools: Option<Vec<ToolPeek>> = serde_json::from_str(tools?.get()).ok()?;
+        let functions: Vec<Function> = tools?
             .into_iter()
             .filter_map(|t| t.function)
             .map(|f| Function {
@@ -225,37 +222,6 @@ struct CallBuf {
     cut: bool,
 }
 
-/// The precompiled searches of the prefilter.
-struct Finders {
-    reasoning: Finder<'static>,
-    tool_calls: Finder<'static>,
-    reasoning_tokens: Finder<'static>,
-}
-
-fn finders() -> &'static Finders {
-    static F: OnceLock<Finders> = OnceLock::new();
-    F.get_or_init(|| Finders {
-        reasoning: Finder::new(b"\"reasoning"),
-        tool_calls: Finder::new(b"\"tool_calls\""),
-        reasoning_tokens: Finder::new(b"\"reasoning_tokens\""),
-    })
-}
-
-/// `rest` (what follows a key) is `: []` or `: null`, JSON whitespace allowed between.
-fn empty_value_follows(rest: &[u8]) -> bool {
-    let ws = |b: &[u8]| b.trim_ascii_start().len();
-    let rest = &rest[rest.len() - ws(rest)..];
-    let Some(rest) = rest.strip_prefix(b":") else {
-        return false;
-    };
-    let rest = &rest[rest.len() - ws(rest)..];
-    if rest.starts_with(b"null") {
-        return true;
-    }
-    rest.strip_prefix(b"[")
-        .is_some_and(|r| r.trim_ascii_start().starts_with(b"]"))
-}
-
 /// Follows one stream's agent phases and assembles its tool calls.
 #[derive(Debug)]
 pub struct AgentMeter {
@@ -268,69 +234,6 @@ pub struct AgentMeter {
     usage_reasoning: Option<u64>,
     calls: Vec<CallBuf>,
     calls_seen: u32,
-}
-
-#[derive(Deserialize)]
-struct EventPeek<'a> {
-    #[serde(default, borrow)]
-    choices: Option<Vec<ChoicePeek<'a>>>,
-    #[serde(default)]
-    usage: Option<UsagePeek>,
-}
-
-#[derive(Deserialize)]
-struct UsagePeek {
-    #[serde(default)]
-    completion_tokens_details: Option<DetailsPeek>,
-}
-
-#[derive(Deserialize)]
-struct DetailsPeek {
-    #[serde(default)]
-    reasoning_tokens: Option<u64>,
-}
-
-#[derive(Deserialize)]
-struct ChoicePeek<'a> {
-    #[serde(default)]
-    index: u32,
-    #[serde(default, borrow)]
-    delta: Option<DeltaPeek<'a>>,
-    #[serde(default, borrow)]
-    text: Option<&'a RawValue>,
-}
-
-#[derive(Deserialize)]
-struct DeltaPeek<'a> {
-    #[serde(default, borrow)]
-    content: Option<&'a RawValue>,
-    #[serde(default, borrow)]
-    reasoning: Option<&'a RawValue>,
-    #[serde(default, borrow)]
-    reasoning_content: Option<&'a RawValue>,
-    #[serde(default, borrow)]
-    tool_calls: Option<Vec<CallPeek<'a>>>,
-}
-
-#[derive(Deserialize)]
-struct CallPeek<'a> {
-    #[serde(default)]
-    index: u32,
-    #[serde(default, borrow)]
-    function: Option<FunctionDeltaPeek<'a>>,
-}
-
-#[derive(Deserialize)]
-struct FunctionDeltaPeek<'a> {
-    #[serde(default, borrow)]
-    name: Option<Cow<'a, str>>,
-    #[serde(default, borrow)]
-    arguments: Option<Cow<'a, str>>,
-}
-
-/// A JSON value that carries text: not null, not `""`.
-fn carries(v: Option<&RawValue>) -> bool {
-    v.is_some_and(|v| !matches!(v.get(), "null" | "\"\""))
 }
 
 impl AgentMeter {
@@ -348,70 +251,53 @@ impl AgentMeter {
         }
     }
 
-    /// One SSE data payload at `t`; `output`: the event carried output (the inspection said
-    /// so). Events without output are looked at only for the usage's reasoning count. True
-    /// when the prefilter let the event in (it was parsed); false when it was passed by as
-    /// [`AgentMeter::on_plain`] does.
-    pub fn on_event(&mut self, t: Instant, data: &[u8], output: bool) -> bool {
-        let f = finders();
-        let maybe_reasoning = f.reasoning.find(data).is_some();
-        if !maybe_reasoning && f.tool_calls.find(data).is_none() {
-            self.on_plain(t, output);
-            return false;
-        }
-        self.on_parsed(t, data);
-        true
-    }
-
-    /// An event the prefilter passes by: it names no reasoning and no tool call.
-    pub fn on_plain(&mut self, t: Instant, output: bool) {
-        if output && self.first_answer.is_none() {
-            self.first_answer = Some(t);
-        }
-    }
-
-    /// `text` (a string's text, its opening quote right before it) could complete one of the
-    /// prefilter's needles with that quote.
-    pub fn may_start_a_needle(text: &[u8]) -> bool {
-        text.starts_with(b"reasoning") || text.starts_with(b"tool_calls")
-    }
-
-    fn on_parsed(&mut self, t: Instant, data: &[u8]) {
-        let Ok(ev) = serde_json::from_slice::<EventPeek<'_>>(data.trim_ascii()) else {
-            return;
-        };
-        if let Some(r) = ev
-            .usage
-            .and_then(|u| u.completion_tokens_details)
-            .and_then(|d| d.reasoning_tokens)
-        {
-            self.usage_reasoning = Some(r);
-        }
-        for c in ev.choices.into_iter().flatten() {
-            if carries(c.text) && self.first_answer.is_none() {
-                self.first_answer = Some(t);
-            }
-            let Some(d) = c.delta else { continue };
-            if carries(d.reasoning) || carries(d.reasoning_content) {
+    /// One chunk served at `t`: the phases of its choices (`info`, from the scan or the
+    /// repeat cache) and the tool-call entries the scan logged (`calls`, spans of `payload`).
+    pub fn on_chunk(&mut self, t: Instant, info: &ChunkInfo, calls: &[LoggedCall], payload: &[u8]) {
+        for c in info.choices() {
+            if c.phases.contains(Phases::REASONING) {
                 self.reasoning_events += 1;
                 self.first_reasoning.get_or_insert(t);
             }
-            if carries(d.content) && self.first_answer.is_none() {
-                self.first_answer = Some(t);
+            if c.phases.contains(Phases::ANSWER) {
+                self.first_answer.get_or_insert(t);
             }
-            for call in d.tool_calls.into_iter().flatten() {
+            if c.phases.contains(Phases::TOOL_CALL) {
                 self.first_tool.get_or_insert(t);
                 self.last_tool = Some(t);
-                self.on_call(c.index, call);
             }
+        }
+        self.on_calls(calls, payload);
+    }
+
+    /// Tool-call entries logged by a scan of `payload`, each appended to its call.
+    fn on_calls(&mut self, calls: &[LoggedCall], payload: &[u8]) {
+        for call in calls {
+            let text = |s: Option<Span>| s.map(|s| s.text(payload));
+            let (name, arguments) = (text(call.name), text(call.arguments));
+            self.on_call(call.choice, call.index, name, arguments);
         }
     }
 
-    fn on_call(&mut self, choice: u32, call: CallPeek<'_>) {
+    /// Usage seen (in the stream, or removed from it before the client got it): its
+    /// reasoning tokens, when it reports them (the last report wins).
+    pub fn on_usage(&mut self, u: &Usage) {
+        if u.reasoning_tokens.is_some() {
+            self.usage_reasoning = u.reasoning_tokens;
+        }
+    }
+
+    fn on_call(
+        &mut self,
+        choice: u32,
+        index: u32,
+        name: Option<Cow<'_, str>>,
+        args: Option<Cow<'_, str>>,
+    ) {
         let pos = self
             .calls
             .iter()
-            .position(|b| b.choice == choice && b.index == call.index);
+            .position(|b| b.choice == choice && b.index == index);
         let buf = match pos {
             Some(p) => &mut self.calls[p],
             None => {
@@ -421,18 +307,17 @@ impl AgentMeter {
                 }
                 self.calls.push(CallBuf {
                     choice,
-                    index: call.index,
+                    index,
                     ..CallBuf::default()
                 });
                 let last = self.calls.len() - 1;
                 &mut self.calls[last]
             }
         };
-        let Some(f) = call.function else { return };
-        if let Some(n) = f.name {
+        if let Some(n) = name {
             buf.name.push_str(&n);
         }
-        if let Some(a) = f.arguments {
+        if let Some(a) = args {
             if buf.arguments.len() + a.len() > MAX_ARGUMENT_BYTES {
                 buf.cut = true;
             } else {
@@ -489,60 +374,31 @@ impl AgentMeter {
     }
 }
 
-/// The agent summary of a non-streaming JSON body (`message.tool_calls`, `message.reasoning`):
-/// no phase timings (nothing the client saw tells when a token came).
-pub fn inspect_response_agent(body: &[u8], tools: Option<&ToolSet>) -> Option<AgentSummary> {
-    // What is read below: non-empty `tool_calls`, `reasoning_tokens` (vLLM's JSON answers
-    // carry `"tool_calls":[]` and `"reasoning":null`, which say nothing: not parsed for them).
-    // A key can be written with `\u` escapes: a body with one is parsed.
-    let f = finders();
-    let key = b"\"tool_calls\"".len();
-    if f.reasoning_tokens.find(body).is_none()
-        && memchr::memmem::find(body, b"\\u").is_none()
-        && f.tool_calls
-            .find_iter(body)
-            .all(|at| empty_value_follows(&body[at + key..]))
-    {
+/// The agent summary of a non-streaming JSON body from its one scan
+/// ([`crate::inspect::inspect_response_logged`]): the `message.tool_calls` it logged (spans of
+/// `body`) and its usage. No phase timings (nothing the client saw tells when a token came).
+pub fn response_agent(
+    calls: &[LoggedCall],
+    usage: Option<&Usage>,
+    body: &[u8],
+    tools: Option<&ToolSet>,
+) -> Option<AgentSummary> {
+    let reasoning = usage.and_then(|u| u.reasoning_tokens);
+    if calls.is_empty() && reasoning.is_none() {
         return None;
     }
-    #[derive(Deserialize)]
-    struct Body<'a> {
-        #[serde(default, borrow)]
-        choices: Vec<BodyChoice<'a>>,
-        #[serde(default)]
-        usage: Option<UsagePeek>,
-    }
-    #[derive(Deserialize)]
-    struct BodyChoice<'a> {
-        #[serde(default)]
-        index: u32,
-        #[serde(default, borrow)]
-        message: Option<Message<'a>>,
-    }
-    #[derive(Deserialize)]
-    struct Message<'a> {
-        #[serde(default, borrow)]
-        tool_calls: Option<Vec<CallPeek<'a>>>,
-    }
-    let b: Body<'_> = serde_json::from_slice(body.trim_ascii()).ok()?;
     let mut m = AgentMeter::new(Instant::now());
-    for c in b.choices {
-        let calls = c.message.and_then(|m| m.tool_calls).unwrap_or_default();
-        for (i, mut call) in calls.into_iter().enumerate() {
-            call.index = i as u32; // a message's calls carry no `index`
-            m.on_call(c.index, call);
-        }
-    }
-    m.usage_reasoning = b
-        .usage
-        .and_then(|u| u.completion_tokens_details)
-        .and_then(|d| d.reasoning_tokens);
-    let s = m.finish(tools);
-    (s.tool_calls > 0 || s.reasoning_tokens.is_some()).then_some(AgentSummary {
+    m.on_calls(calls, body);
+    m.usage_reasoning = reasoning;
+    Some(AgentSummary {
         ttf_answer: None,
-        ..s
+        ..m.finish(tools)
     })
 }
 
+#[cfg(test)]
+mod differential;
+#[cfg(test)]
+mod reference;
 #[cfg(test)]
 mod tests;

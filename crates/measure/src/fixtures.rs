@@ -74,6 +74,11 @@ pub fn capture(name: &str) -> Capture {
         .find(|(n, _)| *n == name)
         .map(|(_, b)| *b)
         .unwrap_or_else(|| panic!("no capture {name}"));
+    parse_capture(raw)
+}
+
+/// A capture file's bytes, read (see the captures' README.md).
+pub fn parse_capture(raw: &'static [u8]) -> Capture {
     let mut rest = raw;
     let mut request: &[u8] = b"";
     // Our `### ` lines first.

@@ -9,6 +9,8 @@ use serde::Deserialize;
 use crate::outcome::FinishReason;
 use crate::scan::{Cursor, Malformed, Scan, Str};
 
+mod calls;
+pub use calls::LoggedCall;
 mod repeat;
 pub use repeat::{RepeatCache, Seen, Template, TEMPLATE_ROOM};
 mod tokens;
@@ -53,6 +55,10 @@ pub struct Usage {
     pub prompt_tokens: Option<u64>,
     #[serde(default)]
     pub completion_tokens: Option<u64>,
+    /// `completion_tokens_details.reasoning_tokens`, when that is an integer (anything else
+    /// there, or a `completion_tokens_details` that is not an object, reads as none).
+    #[serde(default, skip_deserializing)]
+    pub reasoning_tokens: Option<u64>,
 }
 
 /// The summary of one SSE data payload.
@@ -162,6 +168,7 @@ fn scan_event_into(data: &[u8], mut log: Option<&mut TokenLog>) -> EventScan {
     let lead = data.len() - data.trim_ascii_start().len();
     if let Some(l) = log.as_deref_mut() {
         l.lead = lead;
+        l.body = false;
     }
     let data = data.trim_ascii();
     let mut scan = EventScan {
@@ -204,6 +211,7 @@ pub fn inspect_response_logged(body: &[u8], log: &mut TokenLog) -> ResponseInfo 
 fn inspect_response_into(body: &[u8], mut log: Option<&mut TokenLog>) -> ResponseInfo {
     if let Some(l) = log.as_deref_mut() {
         l.lead = body.len() - body.trim_ascii_start().len();
+        l.body = true;
     }
     let mut info = ResponseInfo {
         parsed: false,
@@ -345,11 +353,16 @@ fn clear_choices(out: &mut ChunkInfo, body: &mut Body) {
 }
 
 fn read_usage(c: &mut Cursor<'_>) -> Scan<Usage> {
-    let (mut prompt, mut completion) = (Ok(None), Ok(None));
+    let (mut prompt, mut completion, mut reasoning) = (Ok(None), Ok(None), None);
     c.object(|c, key| {
-        match key.one_of(&[b"prompt_tokens", b"completion_tokens"]) {
+        match key.one_of(&[
+            b"prompt_tokens",
+            b"completion_tokens",
+            b"completion_tokens_details",
+        ]) {
             Some(0) => prompt = nullable(c, Cursor::uint)?,
             Some(1) => completion = nullable(c, Cursor::uint)?,
+            Some(2) => reasoning = c.read_or_skip(read_reasoning_tokens)?.ok().flatten(),
             _ => c.skip()?,
         }
         Ok(())
@@ -357,7 +370,23 @@ fn read_usage(c: &mut Cursor<'_>) -> Scan<Usage> {
     Ok(Usage {
         prompt_tokens: prompt?,
         completion_tokens: completion?,
+        reasoning_tokens: reasoning,
     })
+}
+
+/// `completion_tokens_details` (an object; else refused): its `reasoning_tokens` when that is
+/// an integer.
+fn read_reasoning_tokens(c: &mut Cursor<'_>) -> Scan<Option<u64>> {
+    let mut reasoning = None;
+    c.object(|c, key| {
+        if key.is(b"reasoning_tokens") {
+            reasoning = c.read_or_skip(Cursor::uint)?.ok();
+        } else {
+            c.skip()?;
+        }
+        Ok(())
+    })?;
+    Ok(reasoning)
 }
 
 fn read_choices(
@@ -381,7 +410,14 @@ fn read_choices(
     })
 }
 
-const CHOICE_KEYS: &[&[u8]] = &[b"index", b"delta", b"text", b"finish_reason", b"logprobs"];
+const CHOICE_KEYS: &[&[u8]] = &[
+    b"index",
+    b"delta",
+    b"text",
+    b"finish_reason",
+    b"logprobs",
+    b"message",
+];
 
 fn read_index(c: &mut Cursor<'_>) -> Scan<u32> {
     u32::try_from(c.uint()?).map_err(|_| Malformed)
@@ -399,7 +435,22 @@ fn read_choice(c: &mut Cursor<'_>, log: &mut Option<&mut TokenLog>) -> Scan<Choi
     c.object(|c, key| {
         match key.one_of(CHOICE_KEYS) {
             Some(0) => index = c.read_or_skip(read_index)?,
-            Some(1) => delta = nullable(c, |c| read_delta(c, detail))?,
+            Some(1) => {
+                // A repeated key replaces the calls an earlier one logged.
+                if let (Some(l), Some(m)) = (log.as_deref_mut(), mark) {
+                    if !l.body {
+                        l.calls.truncate(m.calls);
+                    }
+                }
+                delta = nullable(c, |c| read_delta(c, log.as_deref_mut()))?;
+            }
+            Some(5) => match (log.as_deref_mut(), mark) {
+                (Some(l), Some(m)) if l.body => {
+                    l.calls.truncate(m.calls);
+                    read_message(c, l)?;
+                }
+                _ => c.skip()?,
+            },
             Some(2) if detail => text = tokens::text_field(c)?,
             Some(2) => text = (c.non_empty()?, 0),
             Some(3) => finish = nullable(c, read_finish)?,
@@ -445,13 +496,24 @@ const DELTA_KEYS: &[&[u8]] = &[
     b"tool_calls",
 ];
 
-/// Which kinds of output a `delta` carries; `detail` (a traced request): and the decoded
-/// length of its texts (tool calls: their name and argument fragments).
-fn read_delta(c: &mut Cursor<'_>, detail: bool) -> Scan<(Phases, u32)> {
+/// Which kinds of output a `delta` carries; with a log, its tool calls (see [`calls`]); traced
+/// (`detail`): and the decoded length of its texts (tool calls: their names and argument
+/// fragments).
+fn read_delta(c: &mut Cursor<'_>, mut log: Option<&mut TokenLog>) -> Scan<(Phases, u32)> {
+    let detail = log.as_deref().is_some_and(|l| l.detail);
+    let lead = log.as_deref().map_or(0, |l| l.lead);
+    let first_call = log.as_deref().map_or(0, |l| l.calls.len());
     let mut fields = [(false, 0u32); 4];
     c.object(|c, key| {
         match key.one_of(DELTA_KEYS) {
-            Some(3) if detail => fields[3] = tokens::tool_text(c)?,
+            Some(3) => {
+                let calls = log.as_deref_mut().filter(|l| !l.body).map(|l| {
+                    l.calls.truncate(first_call); // the last `tool_calls` counts
+                    &mut l.calls
+                });
+                let (any, len) = calls::read_tool_calls(c, lead, calls, false)?;
+                fields[3] = (any, if detail { len } else { 0 });
+            }
             Some(k) if detail => fields[k] = tokens::text_field(c)?,
             Some(k) => fields[k] = (c.non_empty()?, 0),
             None => c.skip()?,
@@ -464,6 +526,25 @@ fn read_delta(c: &mut Cursor<'_>, detail: bool) -> Scan<(Phases, u32)> {
         .with(Phases::TOOL_CALL, fields[3].0);
     let len = fields.iter().fold(0u32, |n, f| n.saturating_add(f.1));
     Ok((phases, len))
+}
+
+/// A non-streaming body's `message` (not yet consumed): the calls of its `tool_calls` into
+/// the log, indexed by position (a message's calls carry no `index`). Read for the log only:
+/// any other value is skipped.
+fn read_message(c: &mut Cursor<'_>, log: &mut TokenLog) -> Scan<()> {
+    if c.peek() != Some(b'{') {
+        return c.skip();
+    }
+    let first_call = log.calls.len();
+    c.object(|c, key| {
+        if key.is(b"tool_calls") {
+            log.calls.truncate(first_call); // the last `tool_calls` counts
+            calls::read_tool_calls(c, log.lead, Some(&mut log.calls), true)?;
+        } else {
+            c.skip()?;
+        }
+        Ok(())
+    })
 }
 
 /// Tokens counted by `logprobs`: `content` (chat) entries when present, else legacy `tokens`.
@@ -504,7 +585,7 @@ fn finish_reason(s: Str<'_>) -> FinishReason {
 }
 
 #[cfg(test)]
-mod differential;
+pub(crate) mod differential;
 #[cfg(test)]
 mod oracle;
 
@@ -860,7 +941,8 @@ mod tests {
             ok.usage,
             Some(Usage {
                 prompt_tokens: Some(15),
-                completion_tokens: Some(8)
+                completion_tokens: Some(8),
+                reasoning_tokens: None,
             })
         );
         for (name, status) in [

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::agent::{inspect_response_agent, AgentMeter, AgentSummary, ToolSet};
+use crate::agent::{response_agent, AgentMeter, AgentSummary, ToolSet};
 use crate::inspect::{
     inspect_response_logged, scan_event_logged, ChunkInfo, ChunkKind, RepeatCache, Seen, TokenLog,
     Usage, TEMPLATE_ROOM,
@@ -179,8 +179,6 @@ struct Timeline {
     /// Events that repeat the last scanned one but for their text are not scanned again
     /// (untraced requests: a trace notes each event's text).
     repeat: RepeatCache,
-    /// The agent meter passed the repeat cache's template by without looking inside.
-    agent_quiet_template: bool,
     /// Tests: every event scanned and shown to the agent meter (the reference the cached
     /// path is held against, `meter/repeat_differential.rs`).
     #[cfg(test)]
@@ -216,7 +214,6 @@ impl Timeline {
             logprobs: LogprobAcc::default(),
             trace: None,
             repeat: RepeatCache::new(),
-            agent_quiet_template: false,
             #[cfg(test)]
             repeat_off: false,
             #[cfg(test)]
@@ -246,21 +243,19 @@ impl Timeline {
             self.inband_error = true;
             return;
         }
-        let (info, seen) = match self.repeated(ev.data) {
-            Some(hit) => hit,
+        let info = match self.repeated(ev.data) {
+            Some((info, _)) => info,
             None => {
                 let info = scan_event_logged(ev.data, &mut self.log).info;
-                // A template must log nothing (no logprobs): its repeats skip the log.
-                let tokenless = self.log.tokens.is_empty() && self.log.alternatives.is_empty();
-                let seen = if tokenless && self.cacheable() {
-                    self.repeat.learn(ev.data, &info)
-                } else {
-                    Seen::Scanned
-                };
-                (info, seen)
+                // A template must log nothing (no logprobs, no tool calls): its repeats skip
+                // the log, so they must have nothing to log.
+                if self.log.is_empty() && self.cacheable() {
+                    self.repeat.learn(ev.data, &info);
+                }
+                info
             }
         };
-        self.on_info(t, info, ev.data, seen, on_gap);
+        self.on_info(t, info, ev.data, on_gap);
     }
 
     /// An event at `buf`'s start that repeats the template, framed and checked in one look
@@ -272,22 +267,21 @@ impl Timeline {
         buf: &[u8],
         on_gap: &mut impl FnMut(Duration),
     ) -> Option<usize> {
-        let (len, data, info, seen) = self.repeat.repeats_event(buf)?;
+        let (len, data, info) = self.repeat.repeats_event(buf)?;
         #[cfg(test)]
         {
             self.one_look += 1;
         }
-        self.on_info(t, info, &buf[data], seen, on_gap);
+        self.on_info(t, info, &buf[data], on_gap);
         Some(len)
     }
 
-    /// What an event's payload `data` said (`info`, found as `seen`) goes into the timeline.
+    /// What an event's payload `data` said (`info`) goes into the timeline.
     fn on_info(
         &mut self,
         t: Instant,
         info: ChunkInfo,
         data: &[u8],
-        seen: Seen,
         on_gap: &mut impl FnMut(Duration),
     ) {
         match info.kind {
@@ -296,13 +290,13 @@ impl Timeline {
             ChunkKind::Unknown => {}
             ChunkKind::Chunk => {
                 self.on_chunk(t, &info, on_gap);
-                self.on_agent(t, data, info.output, seen);
+                self.agent.on_chunk(t, &info, &self.log.calls, data);
                 if !self.log.choices.is_empty() {
                     self.on_tokens(t, data);
                 }
             }
         }
-        if !self.log.choices.is_empty() || !self.log.tokens.is_empty() {
+        if !self.log.is_empty() {
             self.log.clear();
         }
     }
@@ -331,24 +325,6 @@ impl Timeline {
             return false;
         }
         !self.log.detail
-    }
-
-    /// The agent meter's look at a chunk. An event that repeats a template the agent meter
-    /// passed by (its substring prefilter found nothing) passes by too, unless its new text
-    /// starts one of the prefilter's needles: a needle starts with a quote, and every quote of
-    /// the event but the text's opening one is where the template has it.
-    fn on_agent(&mut self, t: Instant, data: &[u8], output: bool, seen: Seen) {
-        if let Seen::Repeat(text) = &seen {
-            let text = &data[text.clone()];
-            if self.agent_quiet_template && !AgentMeter::may_start_a_needle(text) {
-                self.agent.on_plain(t, output);
-                return;
-            }
-        }
-        let looked = self.agent.on_event(t, data, output);
-        if seen == Seen::Learned {
-            self.agent_quiet_template = !looked;
-        }
     }
 
     fn on_chunk(&mut self, t: Instant, info: &ChunkInfo, on_gap: &mut impl FnMut(Duration)) {
@@ -401,6 +377,7 @@ impl Timeline {
 
     /// The last usage seen wins (with continuous usage stats every chunk carries a running one).
     fn on_usage(&mut self, u: Usage) {
+        self.agent.on_usage(&u);
         if u.prompt_tokens.is_some() {
             self.prompt_tokens = u.prompt_tokens;
         }
@@ -633,8 +610,9 @@ impl StreamMeter {
             let mut logprobs = LogprobAcc::default();
             logprobs.add(&log);
             m.logprobs = logprobs.finish();
+            let tools = self.tools.as_deref();
+            m.agent = response_agent(&log.calls, info.usage.as_ref(), &self.body, tools);
         }
-        m.agent = inspect_response_agent(&self.body, self.tools.as_deref());
         self.body = Vec::new();
         m.finish_reason = info.finish_reason;
         if let Some(u) = info.usage {

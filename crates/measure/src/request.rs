@@ -2,9 +2,12 @@
 //! pydantic in lax mode, so `"stream": 1` is a stream and `"include_usage": "true"` asks for
 //! usage. The proxy must agree, or it times a stream as JSON and strips a usage chunk the
 //! client asked for. A value the engine would refuse is reported as [`Lax::Invalid`]: the proxy
-//! then leaves the request alone and lets the engine answer it.
+//! then leaves the request alone and lets the engine answer it. A key given twice is read as
+//! the engine reads it too: the last one wins ([`object_fields`]).
 
-use serde::Deserialize;
+use std::fmt;
+
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
 /// A boolean field as pydantic's lax mode reads it.
@@ -53,21 +56,69 @@ pub fn lax_bool(raw: Option<&RawValue>) -> Lax {
     }
 }
 
-/// Present keys keep their raw text even when it is `null`.
-pub(crate) fn some_raw<'de, D: serde::Deserializer<'de>>(
-    d: D,
-) -> Result<Option<&'de RawValue>, D::Error> {
-    <&RawValue>::deserialize(d).map(Some)
+/// The raw values of the keys `names` in the JSON object `body` (a `null` value is
+/// `Some("null")`), or `None` when `body` is not one JSON object. Of a key given twice the last
+/// value wins, as in the engine: vLLM's server reads the body with Python's `json.loads`, which
+/// keeps the last duplicate, so `{"stream":false,"stream":true}` streams. (serde's derive
+/// refuses a duplicate field: the whole body then read as no JSON, and such a stream was timed
+/// as a JSON answer.) One pass, no tree: other keys' values are skipped.
+pub fn object_fields<'a, const N: usize>(
+    body: &'a [u8],
+    names: [&str; N],
+) -> Option<[Option<&'a RawValue>; N]> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let fields = de.deserialize_map(Fields { names: &names }).ok()?;
+    de.end().ok()?;
+    Some(fields)
 }
 
-#[derive(Deserialize)]
-struct Peek<'a> {
-    #[serde(default, borrow, deserialize_with = "some_raw")]
-    model: Option<&'a RawValue>,
-    #[serde(default, borrow, deserialize_with = "some_raw")]
-    stream: Option<&'a RawValue>,
-    #[serde(default, borrow, deserialize_with = "some_raw")]
-    n: Option<&'a RawValue>,
+/// [`object_fields`]' visitor: fills one slot per name, the last occurrence winning.
+struct Fields<'n, const N: usize> {
+    names: &'n [&'n str; N],
+}
+
+impl<'de, const N: usize> Visitor<'de> for Fields<'_, N> {
+    type Value = [Option<&'de RawValue>; N];
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut out = [None; N];
+        while let Some(slot) = map.next_key_seed(KeyIndex(self.names))? {
+            match slot {
+                Some(i) => out[i] = Some(map.next_value::<&'de RawValue>()?),
+                None => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A key, as its index in the names looked for (escapes decoded: `"str\u0065am"` is `stream`).
+struct KeyIndex<'n>(&'n [&'n str]);
+
+impl<'de> DeserializeSeed<'de> for KeyIndex<'_> {
+    type Value = Option<usize>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl Visitor<'_> for KeyIndex<'_> {
+    type Value = Option<usize>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a key")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<Self::Value, E> {
+        Ok(self.0.iter().position(|n| *n == key))
+    }
 }
 
 /// What the proxy needs of a request body before it goes upstream.
@@ -99,13 +150,13 @@ pub fn lax_n(raw: Option<&RawValue>) -> u32 {
 
 /// Reads `model`, `stream` and `n` from an OpenAI request body; not a JSON object means none.
 pub fn peek_request(body: &[u8]) -> RequestPeek {
-    match serde_json::from_slice::<Peek<'_>>(body) {
-        Ok(p) => RequestPeek {
-            model: p.model.and_then(|m| serde_json::from_str(m.get()).ok()),
-            stream: lax_bool(p.stream).is_true(),
-            n: lax_n(p.n),
+    match object_fields(body, ["model", "stream", "n"]) {
+        Some([model, stream, n]) => RequestPeek {
+            model: model.and_then(|m| serde_json::from_str(m.get()).ok()),
+            stream: lax_bool(stream).is_true(),
+            n: lax_n(n),
         },
-        Err(_) => RequestPeek {
+        None => RequestPeek {
             model: None,
             stream: false,
             n: 1,
@@ -194,6 +245,101 @@ mod tests {
                 "{}",
                 String::from_utf8_lossy(body)
             );
+        }
+    }
+
+    #[test]
+    fn a_key_given_twice_is_read_as_the_engine_reads_it_the_last_wins() {
+        let m = |s: &str| Some(s.to_string());
+        for (body, model, stream, n) in [
+            (
+                &br#"{"model":"m","stream":false,"stream":true}"#[..],
+                m("m"),
+                true,
+                1,
+            ),
+            (
+                br#"{"stream":true,"model":"m","stream":false}"#,
+                m("m"),
+                false,
+                1,
+            ),
+            (
+                br#"{"model":"a","model":"b","n":2,"n":3}"#,
+                m("b"),
+                false,
+                3,
+            ),
+            (br#"{"stream":true,"stream":null}"#, None, false, 1),
+            (
+                br#"{"str\u0065am":true,"stream":"no","str\u0065am":1}"#,
+                None,
+                true,
+                1,
+            ),
+            // An object after the last key is no JSON object to the engine either.
+            (br#"{"stream":true} {"stream":true}"#, None, false, 1),
+        ] {
+            let got = peek_request(body);
+            assert_eq!(
+                (got.model, got.stream, got.n),
+                (model, stream, n),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
+    }
+
+    mod props {
+        use super::*;
+        use proptest::prelude::*;
+        use serde_json::Value;
+
+        const NAMES: [&str; 3] = ["model", "stream", "n"];
+
+        /// JSON objects whose keys repeat (some written with an escape), values of every kind.
+        fn objects() -> impl Strategy<Value = String> {
+            let key = prop_oneof![
+                Just(r#""model""#),
+                Just(r#""stream""#),
+                Just(r#""str\u0065am""#),
+                Just(r#""n""#),
+                Just(r#""messages""#),
+                Just(r#""streams""#),
+            ];
+            let value = prop_oneof![
+                Just("true"),
+                Just("false"),
+                Just("null"),
+                Just("1"),
+                Just("2.0"),
+                Just(r#""yes""#),
+                Just(r#""m\"x""#),
+                Just(r#"{"stream":true,"n":[1,{"model":"z"}]}"#),
+                Just(r#"[{"role":"user","content":"\"stream\":true"}]"#),
+            ];
+            let ws = prop_oneof![Just(""), Just(" "), Just("\n\t")];
+            proptest::collection::vec((key, value, ws), 0..8).prop_map(|members| {
+                let body: Vec<String> = members
+                    .into_iter()
+                    .map(|(k, v, w)| format!("{w}{k}{w}:{w}{v}{w}"))
+                    .collect();
+                format!("{{{}}}", body.join(","))
+            })
+        }
+
+        proptest! {
+            /// The one-pass reader equals a full parse (serde_json's map keeps the last
+            /// duplicate, as Python's `json.loads` does).
+            #[test]
+            fn object_fields_equal_a_full_parse(body in objects()) {
+                let full: Value = serde_json::from_str(&body).unwrap();
+                let got = object_fields(body.as_bytes(), NAMES).unwrap();
+                for (name, raw) in NAMES.iter().zip(got) {
+                    let raw = raw.map(|r| serde_json::from_str::<Value>(r.get()).unwrap());
+                    prop_assert_eq!(raw.as_ref(), full.get(name), "{} in {}", name, body);
+                }
+            }
         }
     }
 

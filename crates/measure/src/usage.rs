@@ -16,34 +16,15 @@
 use std::collections::VecDeque;
 
 use bytes::{Bytes, BytesMut};
-use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use crate::inspect::{scan_event, ChunkKind, Template, Usage, TEMPLATE_ROOM};
 #[cfg(test)]
 use crate::request::peek_request;
-use crate::request::{lax_bool, some_raw, Lax};
+use crate::request::{lax_bool, object_fields, Lax};
 use crate::sse::{SseParser, MAX_LINE_BYTES};
 
 const INCLUDE_USAGE: &[u8] = br#""include_usage":true"#;
-
-#[derive(Deserialize)]
-struct RequestPeek<'a> {
-    #[serde(default, borrow, deserialize_with = "some_raw")]
-    stream: Option<&'a RawValue>,
-    #[serde(default, borrow, deserialize_with = "some_raw")]
-    stream_options: Option<&'a RawValue>,
-    #[serde(default, borrow, deserialize_with = "some_raw")]
-    n: Option<&'a RawValue>,
-}
-
-#[derive(Deserialize)]
-struct StreamOptionsPeek<'a> {
-    #[serde(default, borrow, deserialize_with = "some_raw")]
-    include_usage: Option<&'a RawValue>,
-    #[serde(default, borrow, deserialize_with = "some_raw")]
-    continuous_usage_stats: Option<&'a RawValue>,
-}
 
 /// `n` is absent, null, or one (pydantic's lax int also takes `1.0` and `"1"`).
 fn single_choice(n: Option<&RawValue>) -> bool {
@@ -97,11 +78,13 @@ pub fn inject_include_usage(body: &[u8]) -> Option<Vec<u8>> {
     // Invalid UTF-8 is no JSON to the engine (a 400); serde_json skips ignored strings
     // without checking it, so it is checked here (found by the rewriter's proptest).
     let text = std::str::from_utf8(body).ok()?;
-    let peek: RequestPeek<'_> = serde_json::from_str(text).ok()?;
-    if !lax_bool(peek.stream).is_true() || !single_choice(peek.n) {
+    // Of a key given twice the engine reads the last: that is the one read and rewritten.
+    let [stream, stream_options, n] =
+        object_fields(text.as_bytes(), ["stream", "stream_options", "n"])?;
+    if !lax_bool(stream).is_true() || !single_choice(n) {
         return None;
     }
-    let Some(opts) = peek.stream_options else {
+    let Some(opts) = stream_options else {
         // No stream_options: add the key before the object's closing brace.
         let end = body.iter().rposition(|b| !b.is_ascii_whitespace())?;
         if body[end] != b'}' {
@@ -127,13 +110,14 @@ pub fn inject_include_usage(body: &[u8]) -> Option<Vec<u8>> {
     if !text.starts_with('{') {
         return None;
     }
-    let o: StreamOptionsPeek<'_> = serde_json::from_str(text).ok()?;
-    if lax_bool(o.continuous_usage_stats) == Lax::Invalid
-        || lax_bool(o.continuous_usage_stats).is_true()
+    let [include_usage, continuous_usage_stats] =
+        object_fields(text.as_bytes(), ["include_usage", "continuous_usage_stats"])?;
+    if lax_bool(continuous_usage_stats) == Lax::Invalid
+        || lax_bool(continuous_usage_stats).is_true()
     {
         return None;
     }
-    let v = o.include_usage?; // absent: the engine's default decides (see above)
+    let v = include_usage?; // absent: the engine's default decides (see above)
     match lax_bool(Some(v)) {
         Lax::Bool(false) | Lax::Unset => Some(splice(
             body,
@@ -619,6 +603,12 @@ mod tests {
             (r#"{"stream":true,"n":2}"#, None),
             (r#"{"stream":true,"n":"2"}"#, None),
             (r#"{"stream":true,"n":1}"#, Some(r#"{"stream":true,"n":1,"stream_options":{"include_usage":true}}"#)),
+            // A key given twice: the engine reads the last, so the proxy reads and rewrites it.
+            (r#"{"stream":false,"stream":true}"#, Some(r#"{"stream":false,"stream":true,"stream_options":{"include_usage":true}}"#)),
+            (r#"{"stream":true,"stream":false}"#, None),
+            (r#"{"stream":true,"stream_options":{"include_usage":true},"stream_options":{"include_usage":false}}"#, Some(r#"{"stream":true,"stream_options":{"include_usage":true},"stream_options":{"include_usage":true}}"#)),
+            (r#"{"stream":true,"stream_options":{"include_usage":false,"include_usage":true}}"#, None),
+            (r#"{"stream":true,"n":2,"n":1}"#, Some(r#"{"stream":true,"n":2,"n":1,"stream_options":{"include_usage":true}}"#)),
             (r#"[{"stream":true}]"#, None),
             ("not json", None),
             ("", None),
@@ -1057,7 +1047,7 @@ mod tests {
             prop_assert_eq!(out, plain);
             // The usage chunks of the captures (`stream-chat-usage.txt`, `stream-completions.txt`).
             let (prompt, completion) = if which == 0 { (32, 16) } else { (10, 16) };
-            prop_assert_eq!(removed, Some(Usage { prompt_tokens: Some(prompt), completion_tokens: Some(completion) }));
+            prop_assert_eq!(removed, Some(Usage { prompt_tokens: Some(prompt), completion_tokens: Some(completion), reasoning_tokens: None }));
         }
 
         /// The one-look path (an event that repeats the `Other` template is framed and passed

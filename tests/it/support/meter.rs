@@ -3,7 +3,7 @@
 //! own timeline with the same definitions (`StreamMeter`) the proxy uses.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -81,6 +81,26 @@ pub async fn wait_requests(proxy: &Proxy, n: u64) -> serde_json::Value {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// The JSONL sink's lines once it holds `n` (fails with what it holds after [`SLOW`]).
+pub async fn sink_lines(path: &Path, n: usize) -> Vec<String> {
+    let read = || std::fs::read_to_string(path).unwrap_or_default();
+    assert!(
+        eventually(SLOW, || read().lines().count() == n).await,
+        "{}",
+        read()
+    );
+    read().lines().map(String::from).collect()
+}
+
+/// [`sink_lines`], each read as JSON.
+pub async fn sink_records(path: &Path, n: usize) -> Vec<serde_json::Value> {
+    let lines = sink_lines(path, n).await;
+    lines
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
 
 /// What a client saw: status, body bytes, whether the body broke, and its own measurement.

@@ -1,6 +1,26 @@
 use super::*;
 use crate::fixtures::capture;
+use crate::inspect::{inspect_response_logged, scan_event_logged, ChunkKind, TokenLog};
 use crate::sse::SseParser;
+
+/// One event through the scan and into the meter, as the stream meter feeds it.
+fn feed(m: &mut AgentMeter, t: Instant, data: &[u8]) {
+    let mut log = TokenLog::default();
+    let info = scan_event_logged(data, &mut log).info;
+    if info.kind == ChunkKind::Chunk {
+        if let Some(u) = info.usage {
+            m.on_usage(&u);
+        }
+        m.on_chunk(t, &info, &log.calls, data);
+    }
+}
+
+/// A non-streaming body's agent summary, as the stream meter reads it.
+fn body_agent(body: &[u8], tools: Option<&ToolSet>) -> Option<AgentSummary> {
+    let mut log = TokenLog::default();
+    let info = inspect_response_logged(body, &mut log);
+    response_agent(&log.calls, info.usage.as_ref(), body, tools)
+}
 
 const WEATHER: &str = r#"{"model":"tiny","tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"location":{"type":"string"},"unit":{"type":"string","enum":["celsius","fahrenheit"]}},"required":["location"]}}}],"messages":[]}"#;
 
@@ -30,7 +50,7 @@ fn summary(events: &[String], tools: Option<&ToolSet>) -> AgentSummary {
     let t0 = Instant::now();
     let mut m = AgentMeter::new(t0);
     for (i, e) in events.iter().enumerate() {
-        m.on_event(t0 + ms(10 * (i as u64 + 1)), e.as_bytes(), true);
+        feed(&mut m, t0 + ms(10 * (i as u64 + 1)), e.as_bytes());
     }
     m.finish(tools)
 }
@@ -120,30 +140,15 @@ fn phases_and_the_reasoning_answer_split() {
     let t0 = Instant::now();
     let mut m = AgentMeter::new(t0);
     let ev = [
-        (
-            r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#,
-            false,
-        ),
-        (
-            r#"{"choices":[{"index":0,"delta":{"reasoning":"hm"}}]}"#,
-            true,
-        ),
-        (
-            r#"{"choices":[{"index":0,"delta":{"reasoning_content":"so"}}]}"#,
-            true,
-        ),
+        r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"reasoning":"hm"}}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"reasoning_content":"so"}}]}"#,
         // "reasoning" inside answer text must not count as reasoning.
-        (
-            r#"{"choices":[{"index":0,"delta":{"content":"\"reasoning\" is"}}]}"#,
-            true,
-        ),
-        (
-            r#"{"choices":[{"index":0,"delta":{"content":"done"}}]}"#,
-            true,
-        ),
+        r#"{"choices":[{"index":0,"delta":{"content":"\"reasoning\" is"}}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"content":"done"}}]}"#,
     ];
-    for (i, (e, out)) in ev.iter().enumerate() {
-        m.on_event(t0 + ms(10 * (i as u64 + 1)), e.as_bytes(), *out);
+    for (i, e) in ev.iter().enumerate() {
+        feed(&mut m, t0 + ms(10 * (i as u64 + 1)), e.as_bytes());
     }
     let s = m.finish(None);
     assert_eq!(s.ttf_reasoning, Some(ms(20)));
@@ -155,10 +160,10 @@ fn phases_and_the_reasoning_answer_split() {
     );
     // A plain stream: answer only, nothing parsed.
     let mut m = AgentMeter::new(t0);
-    m.on_event(
+    feed(
+        &mut m,
         t0 + ms(5),
         br#"{"choices":[{"index":0,"delta":{"content":"a"}}]}"#,
-        true,
     );
     let s = m.finish(None);
     assert_eq!((s.ttf_answer, s.reasoning_tokens), (Some(ms(5)), None));
@@ -178,13 +183,12 @@ fn captured(name: &str, tools: Option<&ToolSet>) -> AgentSummary {
     let mut p = SseParser::new();
     let mut i = 0;
     let c = capture(name);
-    let mut feed = |data: &[u8]| {
+    let mut each = |data: &[u8]| {
         i += 1;
-        let info = crate::inspect_chunk(data);
-        m.on_event(t0 + ms(i), data, info.output);
+        feed(&mut m, t0 + ms(i), data);
     };
-    p.feed(c.body, |e| feed(e.data));
-    p.finish(|e| feed(e.data));
+    p.feed(c.body, |e| each(e.data));
+    p.finish(|e| each(e.data));
     m.finish(tools)
 }
 
@@ -221,9 +225,151 @@ fn real_captures() {
         .count();
     assert!(s.reasoning_tokens.unwrap() >= 10 && s.reasoning_tokens.unwrap() < events as u64);
     // Non-streaming: "Infinity" is not JSON.
-    let b =
-        inspect_response_agent(capture("nonstream-chat-tool-named.txt").body, Some(&t)).unwrap();
+    let b = body_agent(capture("nonstream-chat-tool-named.txt").body, Some(&t)).unwrap();
     assert_eq!(b.tool_call_outcome, Some(ToolCallOutcome::InvalidJson));
     assert_eq!(b.ttf_answer, None);
-    assert!(inspect_response_agent(capture("nonstream-chat.txt").body, Some(&t)).is_none());
+    assert!(body_agent(capture("nonstream-chat.txt").body, Some(&t)).is_none());
+}
+
+/// `text` as a JSON string with every non-ASCII character (and `/`) written as `\u` escapes.
+fn ascii_json(text: &str) -> String {
+    let mut out = String::from("\"");
+    for ch in text.chars() {
+        match ch {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_ascii() && c != '/' && c >= ' ' => out.push(c),
+            c => {
+                let mut units = [0u16; 2];
+                for u in c.encode_utf16(&mut units) {
+                    out.push_str(&format!("\\u{u:04x}"));
+                }
+            }
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The calls a meter assembled: (choice, index, name, arguments).
+fn assembled(m: &AgentMeter) -> Vec<(u32, u32, &str, &str)> {
+    m.calls
+        .iter()
+        .map(|c| (c.choice, c.index, c.name.as_str(), c.arguments.as_str()))
+        .collect()
+}
+
+#[test]
+fn the_assembled_text_is_the_arguments_however_they_are_split_and_written() {
+    let args = "{\"location\": \"Z\u{fc}rich \\\"old\\\" town/\u{1F600}\", \"n\": [1, 2]}";
+    let bounds: Vec<usize> = (0..=args.len())
+        .filter(|i| args.is_char_boundary(*i))
+        .collect();
+    let t0 = Instant::now();
+    for &a in &bounds {
+        for &b in bounds.iter().filter(|b| **b >= a) {
+            for escaped in [false, true] {
+                let write = |s: &str| {
+                    if escaped {
+                        ascii_json(s)
+                    } else {
+                        serde_json::to_string(s).unwrap()
+                    }
+                };
+                let mut m = AgentMeter::new(t0);
+                for (i, piece) in [&args[..a], &args[a..b], &args[b..]].iter().enumerate() {
+                    let name = ["get_", "weather", ""][i];
+                    let ev = format!(
+                        r#"{{"choices":[{{"index":0,"delta":{{"tool_calls":[{{"index":0,"function":{{"name":{},"arguments":{}}}}}]}}}}]}}"#,
+                        write(name),
+                        write(piece)
+                    );
+                    feed(&mut m, t0 + ms(i as u64), ev.as_bytes());
+                }
+                assert_eq!(
+                    assembled(&m),
+                    [(0, 0, "get_weather", args)],
+                    "{a} {b} {escaped}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn interleaved_calls_and_choices_assemble_apart() {
+    let t0 = Instant::now();
+    let mut m = AgentMeter::new(t0);
+    let events = [
+        // Two calls opened in one delta, then their fragments interleaved; choice 1 too.
+        r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name":"get_weather"}},{"index":1,"id":"b","function":{"name":"get_time","arguments":"{"}}]}}]}"#,
+        r#"{"choices":[{"delta":{"tool_calls":[{"index":1,"function":{"arguments":"}"}}]},"index":1}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"function":{"arguments":"\"zone\":\"utc\"}"}},{"index":0,"function":{"arguments":"{\"location\""}}]}}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":":\"Paris\"}"}}]}}]}"#,
+    ];
+    for (i, e) in events.iter().enumerate() {
+        feed(&mut m, t0 + ms(i as u64), e.as_bytes());
+    }
+    assert_eq!(
+        assembled(&m),
+        [
+            (0, 0, "get_weather", r#"{"location":"Paris"}"#),
+            (0, 1, "get_time", r#"{"zone":"utc"}"#),
+            (1, 1, "", "}"),
+        ]
+    );
+    let s = m.finish(Some(&tools()));
+    assert_eq!(s.tool_calls, 3);
+    // Choice 1's call names no function the request offered.
+    assert_eq!(s.tool_call_outcome, Some(ToolCallOutcome::UnknownFunction));
+}
+
+#[test]
+fn a_stream_cut_into_frames_anywhere_assembles_the_same_calls() {
+    let events = call_events("get_weather", &["{\"loc", "ation\": \"Z\u{fc}", "rich\"}"]);
+    let body: String = events
+        .iter()
+        .map(|e| format!("data: {e}\n\n"))
+        .chain(["data: [DONE]\n\n".to_string()])
+        .collect();
+    let body = body.as_bytes();
+    let t0 = Instant::now();
+    let measure = |frames: &[&[u8]]| {
+        let mut m = crate::StreamMeter::new(t0, true).with_tools(Some(tools()));
+        for f in frames {
+            m.on_frame(t0 + ms(1), f, |_| {});
+        }
+        m.finish(t0 + ms(2), crate::Ending::Complete).agent
+    };
+    let whole = measure(&[body]);
+    assert_eq!(
+        whole.as_ref().map(|a| (a.tool_calls, a.tool_call_outcome)),
+        Some((1, Some(ToolCallOutcome::Valid)))
+    );
+    for cut in 0..=body.len() {
+        assert_eq!(
+            measure(&[&body[..cut], &body[cut..]]),
+            whole,
+            "cut at {cut}"
+        );
+    }
+}
+
+#[test]
+fn reasoning_tokens_of_a_stripped_usage_chunk_count() {
+    // The proxy injected usage and the strip body removed its chunk: the meter hears the usage
+    // through `on_usage`, reasoning count included.
+    let t0 = Instant::now();
+    let mut m = crate::StreamMeter::new(t0, true);
+    let ev = br#"data: {"choices":[{"index":0,"delta":{"reasoning":"hm"}}]}
+
+"#;
+    m.on_frame(t0 + ms(1), ev, |_| {});
+    m.on_usage(crate::inspect::Usage {
+        prompt_tokens: Some(3),
+        completion_tokens: Some(12),
+        reasoning_tokens: Some(9),
+    });
+    let a = m.finish(t0 + ms(2), crate::Ending::Complete).agent.unwrap();
+    assert_eq!(a.reasoning_tokens, Some(9));
 }

@@ -75,6 +75,13 @@ struct Seen {
     logprob_values: usize,
     alternatives: usize,
     text_lengths: usize,
+    /// Tool-call entries logged (with a name, with arguments), non-streaming ones, usage
+    /// reasoning counts.
+    calls: usize,
+    call_names: usize,
+    call_arguments: usize,
+    message_calls: usize,
+    reasoning_tokens: usize,
 }
 
 impl Seen {
@@ -94,7 +101,29 @@ impl Seen {
         self.logprob_values += tokens().filter(|t| t.0.is_some()).count();
         self.alternatives += tokens().filter(|t| !t.2.is_empty()).count();
         self.text_lengths += e.log.iter().filter(|c| c.2 > 0).count();
+        self.calls += e.calls.len();
+        self.call_names += e.calls.iter().filter(|c| c.3.is_some()).count();
+        self.call_arguments += e.calls.iter().filter(|c| c.4.is_some()).count();
+        let mut log = TokenLog::new(false);
+        if inspect_response_logged(data, &mut log).parsed {
+            self.message_calls += log.calls.len();
+        }
+        let reasoning = s.info.usage.is_some_and(|u| u.reasoning_tokens.is_some());
+        self.reasoning_tokens += usize::from(reasoning);
         Ok(())
+    }
+
+    /// The tool-call readings: calls in events and in non-streaming bodies, usage reasoning
+    /// counts.
+    fn assert_covers_calls(&self) {
+        assert!(
+            self.calls > 0 && self.call_names > 0 && self.call_arguments > 0,
+            "tool calls: {self:?}"
+        );
+        assert!(
+            self.message_calls > 0 && self.reasoning_tokens > 0,
+            "tool calls: {self:?}"
+        );
     }
 
     fn assert_covers(&self, kinds: &[ChunkKind]) {
@@ -132,6 +161,7 @@ fn every_real_capture() {
     assert!(files >= 29, "captures found: {files}");
     seen.assert_covers(&[ChunkKind::Chunk, ChunkKind::Done, ChunkKind::Error]);
     assert!(seen.logprob_tokens > 0, "{seen:?}");
+    seen.assert_covers_calls();
 }
 
 /// The simulator's streams, rendered in-process: chat and completions, logprobs, `n`, usage,
@@ -244,24 +274,25 @@ enum J {
     Obj(Vec<(String, J)>),
 }
 
-/// A small deterministic generator (seeded by proptest).
-struct Gen(u64);
+/// A small deterministic generator (seeded by proptest; the agent meter's differential test
+/// draws from it too).
+pub(crate) struct Gen(pub(crate) u64);
 
 impl Gen {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
     }
-    fn below(&mut self, n: usize) -> usize {
+    pub(crate) fn below(&mut self, n: usize) -> usize {
         (self.next() % n as u64) as usize
     }
-    fn chance(&mut self, percent: u64) -> bool {
+    pub(crate) fn chance(&mut self, percent: u64) -> bool {
         self.next() % 100 < percent
     }
-    fn pick<T: Clone>(&mut self, from: &[T]) -> T {
+    pub(crate) fn pick<T: Clone>(&mut self, from: &[T]) -> T {
         from[self.below(from.len())].clone()
     }
 
@@ -356,26 +387,64 @@ impl Gen {
         }
     }
 
+    /// Argument fragments: JSON pieces cut anywhere, with keys the scanner reads elsewhere
+    /// (`finish_reason`, `reasoning`, `usage`) as text, escapes and unicode.
+    fn fragment(&mut self) -> String {
+        let pieces = [
+            r#"{"finish_reason":"stop"}"#,
+            r#"{"usage":{"prompt_tokens":1},"choices":[]}"#,
+            r#""reasoning": "#,
+            r#"{"tool_calls":[{"index":3}]}"#,
+            "{",
+            "}",
+            r#"{"location": "Z\u00fcrich"#,
+            r#" \"old\" town"}"#,
+            "日本 😀",
+            r"\n\t",
+            r"\",
+            "\u{0}\u{1f}",
+            ":",
+            ", ",
+        ];
+        (0..self.below(3)).map(|_| self.pick(&pieces)).collect()
+    }
+
     fn tool_calls(&mut self) -> J {
         let call = |g: &mut Self| {
-            J::Obj(vec![
-                ("index".into(), g.number()),
-                ("id".into(), J::Str("call_1".into())),
-                (
-                    "function".into(),
-                    J::Obj(vec![
-                        ("name".into(), J::Str("f".into())),
-                        (
-                            "arguments".into(),
-                            J::Str(g.pick(&[
-                                r#"{"finish_reason":"stop"}"#.to_string(),
-                                r#"{"usage":{"prompt_tokens":1},"choices":[]}"#.to_string(),
-                                "{".to_string(),
-                            ])),
-                        ),
-                    ]),
-                ),
-            ])
+            let mut f = Vec::new();
+            if g.chance(50) {
+                let v = g.field(|g| J::Str(g.pick(&["get_weather", "f", "", "日"]).into()));
+                f.push(("name".to_string(), v));
+            }
+            if g.chance(80) {
+                let v = g.field(|g| J::Str(g.fragment()));
+                f.push(("arguments".to_string(), v));
+            }
+            g.duplicate(&mut f);
+            let mut m = Vec::new();
+            if g.chance(85) {
+                let v = if g.chance(85) {
+                    J::Num(g.pick(&["0", "1", "2"]))
+                } else {
+                    g.number()
+                };
+                m.push(("index".to_string(), v));
+            }
+            if g.chance(40) {
+                let v = g.field(|_| J::Str("chatcmpl-tool-9f2a".into()));
+                m.push(("id".to_string(), v));
+                m.push(("type".to_string(), J::Str("function".into())));
+            }
+            if g.chance(90) {
+                let v = g.field(|_| J::Obj(f));
+                m.push(("function".to_string(), v));
+            }
+            g.duplicate(&mut m);
+            if g.chance(5) {
+                g.junk(1)
+            } else {
+                J::Obj(m)
+            }
         };
         J::Arr((0..self.below(3)).map(|_| call(self)).collect())
     }
@@ -509,6 +578,20 @@ impl Gen {
             };
             m.push(("index".into(), v));
         }
+        if self.chance(15) {
+            // A non-streaming body's choice.
+            let v = self.field(|g| {
+                let mut m = vec![("role".to_string(), J::Str("assistant".into()))];
+                if g.chance(70) {
+                    let v = g.field(Self::tool_calls);
+                    m.push(("tool_calls".into(), v));
+                }
+                m.push(("content".into(), g.output()));
+                g.duplicate(&mut m);
+                J::Obj(m)
+            });
+            m.push(("message".into(), v));
+        }
         if self.chance(70) {
             let v = self.field(Self::delta);
             m.push(("delta".into(), v));
@@ -558,6 +641,17 @@ impl Gen {
                 };
                 m.push((key.to_string(), v));
             }
+        }
+        if self.chance(40) {
+            let v = self.field(|g| {
+                let mut d = vec![(
+                    "reasoning_tokens".to_string(),
+                    g.field(|g| J::Num(g.pick(&["0", "11", "4294967296"]))),
+                )];
+                g.duplicate(&mut d);
+                J::Obj(d)
+            });
+            m.push(("completion_tokens_details".into(), v));
         }
         self.duplicate(&mut m);
         J::Obj(m)
@@ -740,4 +834,5 @@ fn generated_events_cover_every_reading() {
         seen.add(&data).unwrap();
     }
     seen.assert_covers(&[ChunkKind::Chunk, ChunkKind::Error, ChunkKind::Unknown]);
+    seen.assert_covers_calls();
 }

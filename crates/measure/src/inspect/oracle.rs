@@ -1,6 +1,6 @@
 //! The oracle of the scanner's differential test and of the fuzz target (`fuzz/`, which
 //! includes this file by path): a full `serde_json::Value` parse of a payload, read by the
-//! field rules of [`scan_event`]'s docs. It shares no code with the scanner and names only
+//! field rules of [`scan_event`]'s docs (and, for tool calls, of `inspect/calls.rs`'s). It shares no code with the scanner and names only
 //! public items, through `super::` (the includer brings them into scope).
 //!
 //! Where the scanner is deliberately lax (see `scan.rs`: UTF-8 inside strings, unpaired
@@ -13,8 +13,9 @@ use std::collections::BTreeMap;
 use serde_json::{Map, Value};
 
 use super::{
-    inspect_response, scan_event, scan_event_logged, ChoiceInfo, ChunkKind, FinishReason, Phases,
-    ResponseInfo, TokenLog, Usage, MAX_CHOICES_PER_CHUNK,
+    inspect_response, inspect_response_logged, scan_event, scan_event_logged, ChoiceInfo,
+    ChunkKind, FinishReason, LoggedCall, Phases, ResponseInfo, Span, TokenLog, Usage,
+    MAX_CHOICES_PER_CHUNK,
 };
 
 /// What the scanner does not check, made acceptable to `serde_json::Value`: invalid UTF-8
@@ -165,6 +166,11 @@ fn oracle_top(m: &Map<String, Value>) -> Option<Top> {
         Some(Value::Object(u)) => Some(Usage {
             prompt_tokens: opt_uint(u.get("prompt_tokens"))?,
             completion_tokens: opt_uint(u.get("completion_tokens"))?,
+            reasoning_tokens: u
+                .get("completion_tokens_details")
+                .and_then(Value::as_object)
+                .and_then(|d| d.get("reasoning_tokens"))
+                .and_then(Value::as_u64),
         }),
         Some(_) => return None,
     };
@@ -188,12 +194,16 @@ pub struct Expected {
     pub fingerprint: Option<Value>,
     /// What a traced scan logs (chunks only): every choice with tokens or output.
     pub log: Vec<LogChoice>,
+    /// The tool-call entries an untraced scan logs (chunks only).
+    pub calls: Vec<LogCall>,
 }
 
 /// A token in plain terms: logprob, text, alternatives (by text, the last of a repeated one).
 pub type LogToken = (Option<f64>, Option<String>, BTreeMap<String, Option<f64>>);
 /// A logged choice: index, phases, text length, tokens.
 pub type LogChoice = (u32, Phases, u32, Vec<LogToken>);
+/// A tool-call entry: choice index, call index, `id` present, name, arguments.
+pub type LogCall = (u32, u32, bool, Option<String>, Option<String>);
 
 /// Where [`lax`] changed the payload, the oracle's strings and numbers are not the payload's:
 /// only their presence is compared.
@@ -333,6 +343,7 @@ impl Expected {
             choices: Vec::new(),
             fingerprint,
             log: Vec::new(),
+            calls: Vec::new(),
         }
     }
 
@@ -356,6 +367,7 @@ impl Expected {
                 .fingerprint
                 .map(|r| serde_json::from_slice::<Value>(&lax(&data[r])).unwrap_or(Value::Null)),
             log,
+            calls: scanned_calls(data),
         }
     }
 }
@@ -384,8 +396,10 @@ pub fn oracle(data: &[u8]) -> Expected {
     }
     let mut e = Expected::of_kind(ChunkKind::Chunk, fingerprint);
     e.log = oracle_log(&m);
+    e.calls = oracle_calls(&m, "delta");
     if lax(data) != data {
         blur(&mut e.log);
+        blur_calls(&mut e.calls);
     }
     e.usage = usage;
     for c in choices.iter().flatten() {
@@ -442,5 +456,110 @@ pub fn differs(data: &[u8]) -> Option<String> {
         return Some(format!("scan {got:?}\noracle {want:?}"));
     }
     let (got, want) = (inspect_response(data), oracle_response(data));
-    (got != want).then(|| format!("response: scan {got:?}\noracle {want:?}"))
+    if got != want {
+        return Some(format!("response: scan {got:?}\noracle {want:?}"));
+    }
+    let (got, want) = (scanned_response_calls(data), oracle_response_calls(data));
+    (got != want).then(|| format!("response calls: scan {got:?}\noracle {want:?}"))
+}
+
+/// Where [`lax`] changed the payload, only the presence of names and arguments is compared.
+fn blur_calls(calls: &mut [LogCall]) {
+    for c in calls {
+        c.3 = c.3.as_ref().map(|_| String::new());
+        c.4 = c.4.as_ref().map(|_| String::new());
+    }
+}
+
+fn plain_calls(log: &[LoggedCall], data: &[u8]) -> Vec<LogCall> {
+    let mut calls: Vec<LogCall> = log
+        .iter()
+        .map(|c| {
+            let text = |s: Option<Span>| s.map(|s| s.decode(data));
+            (c.choice, c.index, c.id, text(c.name), text(c.arguments))
+        })
+        .collect();
+    if lax(data) != data {
+        blur_calls(&mut calls);
+    }
+    calls
+}
+
+/// The tool-call entries an untraced scan of `data` logs (none unless it is a chunk).
+fn scanned_calls(data: &[u8]) -> Vec<LogCall> {
+    let mut log = TokenLog::new(false);
+    if scan_event_logged(data, &mut log).info.kind != ChunkKind::Chunk {
+        return Vec::new();
+    }
+    plain_calls(&log.calls, data)
+}
+
+/// The `message.tool_calls` entries the scan of a non-streaming body logs (none unless it
+/// parsed).
+fn scanned_response_calls(data: &[u8]) -> Vec<LogCall> {
+    let mut log = TokenLog::new(false);
+    if !inspect_response_logged(data, &mut log).parsed {
+        return Vec::new();
+    }
+    plain_calls(&log.calls, data)
+}
+
+fn oracle_response_calls(data: &[u8]) -> Vec<LogCall> {
+    let Some(m) = parse(data.trim_ascii()) else {
+        return Vec::new();
+    };
+    if oracle_top(&m).is_none() {
+        return Vec::new();
+    }
+    let mut calls = oracle_calls(&m, "message");
+    if lax(data) != data {
+        blur_calls(&mut calls);
+    }
+    calls
+}
+
+/// The calls of every choice's `key` (`delta`, or a body's `message`, whose calls are indexed
+/// by position), by the rules of `inspect/calls.rs`'s docs.
+fn oracle_calls(m: &Map<String, Value>, key: &str) -> Vec<LogCall> {
+    let Some(Value::Array(choices)) = m.get("choices") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for c in choices {
+        let Some(info) = oracle_choice(c) else {
+            continue;
+        };
+        let calls = c
+            .get(key)
+            .and_then(Value::as_object)
+            .and_then(|d| d.get("tool_calls"))
+            .and_then(Value::as_array);
+        for (at, e) in calls.into_iter().flatten().enumerate() {
+            let Some(e) = e.as_object() else { continue };
+            let index = match (key, e.get("index")) {
+                ("message", _) => at as u32,
+                (_, None) => 0,
+                (_, Some(v)) => match v.as_u64().and_then(|v| u32::try_from(v).ok()) {
+                    Some(i) => i,
+                    None => continue,
+                },
+            };
+            let text = |v: Option<&Value>| match v {
+                None | Some(Value::Null) => Some(None),
+                Some(Value::String(s)) => Some(Some(s.clone())),
+                Some(_) => None,
+            };
+            let (name, arguments) = match e.get("function") {
+                None | Some(Value::Null) => (None, None),
+                Some(Value::Object(f)) => match (text(f.get("name")), text(f.get("arguments"))) {
+                    (Some(n), Some(a)) => (n, a),
+                    _ => continue,
+                },
+                Some(_) => continue,
+            };
+            let id = e.get("id").is_some_and(|v| !v.is_null());
+            out.push((info.index, index, id, name, arguments));
+        }
+    }
+    out
 }

@@ -196,23 +196,20 @@ impl RepeatCache {
     /// (`\n\n` or `\r\n\r\n`) whose payload repeats the template. Returns the event's length,
     /// the payload's range in `buf`, and the template's answer for the payload (what
     /// [`RepeatCache::repeats`] says of it).
-    pub fn repeats_event(
-        &self,
-        buf: &[u8],
-    ) -> Option<(usize, std::ops::Range<usize>, ChunkInfo, Seen)> {
+    pub fn repeats_event(&self, buf: &[u8]) -> Option<(usize, std::ops::Range<usize>, ChunkInfo)> {
         const DATA: &[u8] = b"data: ";
         if !self.template.is_one_line() {
             return None; // a line end in the payload: the lines are the parser's to split
         }
         let payload = buf.strip_prefix(DATA)?;
-        let (n, text) = self.template.match_prefix(payload)?;
+        let (n, _) = self.template.match_prefix(payload)?;
         let blank = match &payload[n..] {
             [b'\n', b'\n', ..] => 2,
             [b'\r', b'\n', b'\r', b'\n', ..] => 4,
             _ => return None,
         };
         let at = DATA.len();
-        Some((at + n + blank, at..at + n, self.info, Seen::Repeat(text)))
+        Some((at + n + blank, at..at + n, self.info))
     }
 
     /// `data` was scanned to `info`: keeps it as the template when it can be one and is worth

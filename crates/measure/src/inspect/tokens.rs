@@ -1,8 +1,9 @@
 //! What the one pass of [`super::scan_event_logged`] notes per output token besides the
 //! counts of [`super::ChunkInfo`]: each token's logprob (chat `logprobs.content[].logprob`,
 //! completions `logprobs.token_logprobs[]`), and for a traced request its text, its top
-//! alternatives and each output choice's text length. Nothing is copied or decoded: texts are
-//! byte spans of the payload, decoded only by whoever keeps them ([`Span::decode`]).
+//! alternatives and each output choice's text length; and, traced or not, each tool-call entry
+//! (`super::calls`). Nothing is copied or decoded: texts are byte spans of the payload, decoded
+//! only by whoever keeps them ([`Span::decode`], [`Span::text`]).
 //!
 //! The log is a reused buffer (no allocation per event once warm). The scanner fills it while
 //! it reads a payload; the caller takes what it needs when the payload was a chunk
@@ -15,9 +16,12 @@
 //! alternatives the `top_logprobs` object there (`{token: logprob}`). A logprob that is not a
 //! number is absent; an entry that is not an object gives a token without logprob.
 
+use std::borrow::Cow;
 use std::ops::Range;
 
 use crate::scan::{Cursor, Scan, Str};
+
+use super::calls::LoggedCall;
 
 /// Which kind of output a choice's delta carried (bits; an event can carry several).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -57,7 +61,7 @@ pub struct Span {
 }
 
 impl Span {
-    fn of(c: &Cursor<'_>, s: Str<'_>, lead: usize) -> Span {
+    pub(super) fn of(c: &Cursor<'_>, s: Str<'_>, lead: usize) -> Span {
         let r = c.span(s);
         Span {
             start: (r.start + lead) as u32,
@@ -73,21 +77,29 @@ impl Span {
     /// The string's value (escapes decoded; invalid UTF-8 replaced), from the payload given
     /// to the scanner.
     pub fn decode(&self, payload: &[u8]) -> String {
+        self.text(payload).into_owned()
+    }
+
+    /// [`Span::decode`], borrowed from the payload when the string holds no escape (and is
+    /// valid UTF-8).
+    pub fn text<'p>(&self, payload: &'p [u8]) -> Cow<'p, str> {
         let raw = payload.get(self.range()).unwrap_or_default();
         if !self.escaped {
-            return String::from_utf8_lossy(raw).into_owned();
+            return String::from_utf8_lossy(raw);
         }
         let mut quoted = Vec::with_capacity(raw.len() + 2);
         quoted.push(b'"');
         quoted.extend_from_slice(raw);
         quoted.push(b'"');
-        serde_json::from_slice::<String>(&quoted)
-            .unwrap_or_else(|_| String::from_utf8_lossy(raw).into_owned())
+        match serde_json::from_slice::<String>(&quoted) {
+            Ok(s) => Cow::Owned(s),
+            Err(_) => String::from_utf8_lossy(raw),
+        }
     }
 }
 
 /// UTF-8 length of a validated JSON string's value from its raw bytes.
-fn decoded_len(raw: &[u8]) -> usize {
+pub(super) fn decoded_len(raw: &[u8]) -> usize {
     let hex = |h: &[u8]| {
         std::str::from_utf8(h)
             .ok()
@@ -163,8 +175,12 @@ pub struct TokenLog {
     pub choices: Vec<LoggedChoice>,
     pub tokens: Vec<LoggedToken>,
     pub alternatives: Vec<LoggedAlt>,
+    /// The payload's tool-call entries, untraced too (see [`super::calls`]).
+    pub calls: Vec<LoggedCall>,
     /// Offset of the scanned (trimmed) payload in the one given (spans are of the latter).
     pub(super) lead: usize,
+    /// A non-streaming body: calls are read from `message`, not from `delta`.
+    pub(super) body: bool,
     /// Completions arrays, staged until the `logprobs` object ends.
     legacy_lp: Vec<Option<f64>>,
     legacy_text: Vec<Option<Span>>,
@@ -176,6 +192,7 @@ pub struct TokenLog {
 pub(super) struct Mark {
     tokens: usize,
     alts: usize,
+    pub(super) calls: usize,
 }
 
 impl TokenLog {
@@ -192,6 +209,15 @@ impl TokenLog {
         self.choices.clear();
         self.tokens.clear();
         self.alternatives.clear();
+        self.calls.clear();
+    }
+
+    /// Nothing logged since the last [`TokenLog::clear`].
+    pub fn is_empty(&self) -> bool {
+        self.choices.is_empty()
+            && self.tokens.is_empty()
+            && self.alternatives.is_empty()
+            && self.calls.is_empty()
     }
 
     /// The tokens of a logged choice.
@@ -205,6 +231,7 @@ impl TokenLog {
         Mark {
             tokens: self.tokens.len(),
             alts: self.alternatives.len(),
+            calls: self.calls.len(),
         }
     }
 
@@ -213,8 +240,12 @@ impl TokenLog {
         self.alternatives.truncate(m.alts);
     }
 
-    /// A choice was read whole: log it if it carried tokens, or output in a traced request.
+    /// A choice was read whole: log it if it carried tokens, or output in a traced request;
+    /// its tool calls learn its index.
     pub(super) fn end_choice(&mut self, m: Mark, index: u32, phases: Phases, text_len: u32) {
+        for call in self.calls.get_mut(m.calls..).unwrap_or_default() {
+            call.choice = index;
+        }
         let tokens = m.tokens as u32..self.tokens.len() as u32;
         if !tokens.is_empty() || (self.detail && !phases.is_empty()) {
             self.choices.push(LoggedChoice {
@@ -451,44 +482,6 @@ pub(super) fn text_field(c: &mut Cursor<'_>) -> Scan<(bool, u32)> {
     } else {
         c.non_empty().map(|n| (n, 0))
     }
-}
-
-/// `delta.tool_calls` (traced): whether it carries output (as [`Cursor::non_empty`] says)
-/// and the decoded length of the names and argument fragments of its calls.
-pub(super) fn tool_text(c: &mut Cursor<'_>) -> Scan<(bool, u32)> {
-    if c.peek() != Some(b'[') {
-        return c.non_empty().map(|n| (n, 0));
-    }
-    let (mut any, mut len) = (false, 0u32);
-    c.array(|c| {
-        any = true;
-        if c.peek() != Some(b'{') {
-            return c.skip();
-        }
-        let mut this = 0;
-        c.object(|c, key| {
-            if key.is(b"function") && c.peek() == Some(b'{') {
-                let mut f = [0u32; 2];
-                c.object(|c, key| {
-                    match key.one_of(&[b"name", b"arguments"]) {
-                        Some(k) => f[k] = text_field(c)?.1,
-                        None => c.skip()?,
-                    }
-                    Ok(())
-                })?;
-                this = f[0].saturating_add(f[1]);
-            } else if key.is(b"function") {
-                this = 0;
-                c.skip()?;
-            } else {
-                c.skip()?;
-            }
-            Ok(())
-        })?;
-        len = len.saturating_add(this);
-        Ok(())
-    })?;
-    Ok((any, len))
 }
 
 #[cfg(test)]

@@ -1,8 +1,8 @@
 //! The meter with its repeat cache against the meter without it (every event scanned, every
 //! event shown to the agent meter): equal measurements on every stream capture, split into
 //! frames in several ways, and on generated streams whose texts vary in the ways the cache
-//! must notice (quotes, escapes, control bytes, empty text, texts that start a prefilter
-//! needle, reasoning and tool-call deltas between plain ones). The streams are split into
+//! must notice (quotes, escapes, control bytes, empty text, texts that name a key the scan
+//! reads, reasoning and tool-call deltas between plain ones). The streams are split into
 //! frames anywhere, with LF, CRLF and CR line ends: with the cache, an event that repeats the
 //! template where an event starts is framed by the template, not by the SSE parser.
 
