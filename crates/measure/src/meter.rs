@@ -255,7 +255,7 @@ impl Timeline {
                 info
             }
         };
-        self.on_info(t, info, ev.data, on_gap);
+        self.on_info(t, &info, ev.data, on_gap);
     }
 
     /// An event at `buf`'s start that repeats the template, framed and checked in one look
@@ -272,7 +272,7 @@ impl Timeline {
         {
             self.one_look += 1;
         }
-        self.on_info(t, info, &buf[data], on_gap);
+        self.on_info(t, &info, &buf[data], on_gap);
         Some(len)
     }
 
@@ -280,7 +280,7 @@ impl Timeline {
     fn on_info(
         &mut self,
         t: Instant,
-        info: ChunkInfo,
+        info: &ChunkInfo,
         data: &[u8],
         on_gap: &mut impl FnMut(Duration),
     ) {
@@ -289,8 +289,8 @@ impl Timeline {
             ChunkKind::Error => self.inband_error = true,
             ChunkKind::Unknown => {}
             ChunkKind::Chunk => {
-                self.on_chunk(t, &info, on_gap);
-                self.agent.on_chunk(t, &info, &self.log.calls, data);
+                self.on_chunk(t, info, on_gap);
+                self.agent.on_chunk(t, info, &self.log.calls, data);
                 if !self.log.choices.is_empty() {
                     self.on_tokens(t, data);
                 }
