@@ -17,6 +17,7 @@
 //! [`inspect_chunk`] on every event.
 
 use super::{inspect_chunk, ChunkInfo, ChunkKind};
+use crate::scan::plain_run;
 
 /// Output spans kept per template (a chunk has one per choice; vLLM streams one choice).
 const MAX_SPANS: usize = 4;
@@ -89,6 +90,7 @@ impl Template {
     /// differs from the template only in plain text. For that span the text ends at its first
     /// non-plain byte (the template's closing quote follows the text), so this finds the same
     /// `b`; for a span before it, a hit here would give a `b` where `repeats` hits on that span.
+    #[inline]
     pub fn match_prefix(&self, buf: &[u8]) -> Option<(usize, std::ops::Range<usize>)> {
         if !self.frames {
             return None;
@@ -233,33 +235,26 @@ impl RepeatCache {
     }
 }
 
-/// A byte that can sit in a JSON string as itself without changing where the string ends.
-fn is_plain(c: u8) -> bool {
-    c >= 0x20 && c != b'"' && c != b'\\'
-}
-
-/// How many bytes at the start of `s` are JSON string text: plain bytes and escapes as the
-/// scanner takes them (`scan::Cursor::escape`). It stops at the first byte that is neither (a
+/// How many bytes at the start of `s` are JSON string text: plain bytes (no quote, backslash
+/// or control character: `scan::plain_run`, eight at a time) and escapes as the scanner takes them (`scan::Cursor::escape`). It stops at the first byte that is neither (a
 /// closing quote where `s` is a string's text) or at a backslash that opens no escape.
+#[inline]
 fn text_len(s: &[u8]) -> usize {
     let mut i = 0;
-    while let Some(&c) = s.get(i) {
-        if is_plain(c) {
-            i += 1;
-        } else if c == b'\\' {
-            match s.get(i + 1) {
-                Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => i += 2,
-                Some(b'u') => match s.get(i + 2..i + 6) {
-                    Some(hex) if hex.iter().all(u8::is_ascii_hexdigit) => i += 6,
-                    _ => return i,
-                },
-                _ => return i,
-            }
-        } else {
+    loop {
+        i += plain_run(s.get(i..).unwrap_or_default());
+        if s.get(i) != Some(&b'\\') {
             return i;
         }
+        match s.get(i + 1) {
+            Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => i += 2,
+            Some(b'u') => match s.get(i + 2..i + 6) {
+                Some(hex) if hex.iter().all(u8::is_ascii_hexdigit) => i += 6,
+                _ => return i,
+            },
+            _ => return i,
+        }
     }
-    i
 }
 
 /// The text spans of the non-empty string values of [`OUTPUT_KEYS`] in `data`, a
