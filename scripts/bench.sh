@@ -70,6 +70,17 @@ trap 'exit 130' INT TERM
 NOFILE=$(ulimit -Hn); [[ $NOFILE == unlimited ]] && NOFILE=1048576
 ulimit -n "$NOFILE"
 SIM=$((BASE + 1)); NGX=$BASE; PON=$((BASE + 2)); POFF=$((BASE + 4)); LLM=$((BASE + 6))
+# The build goes first, in the background: LiteLLM's one-time install and its start (a minute)
+# happen meanwhile.
+build_pid=""
+if [[ -z "${PROXY_BIN:-}" ]]; then
+    # The `bench-build` profile (Cargo.toml): release optimisation, built in a fraction of
+    # `--release`'s time (more codegen units, no debug info), so that a clean checkout fits.
+    log "cargo build --profile bench-build (goodput-proxy, goodput-loadtest), in the background"
+    b0=$(date +%s)
+    cargo build --profile bench-build -q -p goodput-proxy -p goodput-loadtest >"$W/build.log" 2>&1 &
+    build_pid=$!; pids+=("$build_pid")
+fi
 litellm_py=""; litellm_note="off (LITELLM=off)"
 if [[ $LITELLM != off ]]; then
     for py in python3 "$LITELLM_VENV/bin/python"; do
@@ -107,12 +118,10 @@ EOF
         --host 127.0.0.1 --port "$LLM" --num_workers 1 >"$W/litellm.log" 2>&1 & pids+=($!); LLM_PID=$!
 fi
 build_s=0
-if [[ -z "${PROXY_BIN:-}" ]]; then
-    # The `bench-build` profile (Cargo.toml): release optimisation, built in a fraction of
-    # `--release`'s time (more codegen units, no debug info), so that a clean checkout fits.
-    log "cargo build --profile bench-build (goodput-proxy, goodput-loadtest)"
-    b0=$(date +%s)
-    cargo build --profile bench-build -q -p goodput-proxy -p goodput-loadtest
+if [[ -n $build_pid ]]; then
+    log "waiting for the build"
+    wait "$build_pid" || { tail -n 30 "$W/build.log" >&2; log "the build failed ($W/build.log)"; exit 1; }
+    build_pid=""
     build_s=$(( $(date +%s) - b0 ))
 fi
 PROXY_BIN="${PROXY_BIN:-target/bench-build/goodput-proxy}"
