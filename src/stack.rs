@@ -134,9 +134,9 @@ pub fn build(
         stage(forward)
     };
     // Bounded body read (413, 408 on a stalled upload); model and stream into the context for
-    // measure and shaping.
-    let inner: Stage<Incoming> =
-        stage(CollectLayer::new(s.max_body_bytes, limits.body_idle_timeout).layer(inner));
+    // measure and shaping (not read when nothing is measured).
+    let collect = CollectLayer::new(s.max_body_bytes, limits.body_idle_timeout);
+    let inner: Stage<Incoming> = stage(collect.with_facts(measured).layer(inner));
     // Unknown paths get 404 before the body is read or the upstream touched.
     let inner: Stage<Incoming> = stage(RouteLayer::new(&s.paths).layer(inner));
     // Shed before reading the body; the permit lives until the response body ends.
