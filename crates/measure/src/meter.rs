@@ -267,7 +267,8 @@ impl Timeline {
         buf: &[u8],
         on_gap: &mut impl FnMut(Duration),
     ) -> Option<usize> {
-        let (len, data, info) = self.repeat.repeats_event(buf)?;
+        let (len, data) = self.repeat.repeats_event(buf)?;
+        let info = *self.repeat.info(); // one copy: `on_info` borrows the timeline whole
         #[cfg(test)]
         {
             self.one_look += 1;

@@ -200,9 +200,9 @@ impl RepeatCache {
     /// The meter's framing and template check in one (see [`Template::match_prefix`]): `buf`,
     /// where an SSE event starts, opens with an event `data: <payload>` and a blank line
     /// (`\n\n` or `\r\n\r\n`) whose payload repeats the template. Returns the event's length,
-    /// the payload's range in `buf`, and the template's answer for the payload (what
-    /// [`RepeatCache::repeats`] says of it).
-    pub fn repeats_event(&self, buf: &[u8]) -> Option<(usize, std::ops::Range<usize>, ChunkInfo)> {
+    /// and the payload's range in `buf`; the template's answer for the payload (what
+    /// [`RepeatCache::repeats`] says of it) is [`RepeatCache::info`].
+    pub fn repeats_event(&self, buf: &[u8]) -> Option<(usize, std::ops::Range<usize>)> {
         const DATA: &[u8] = b"data: ";
         if !self.template.is_one_line() {
             return None; // a line end in the payload: the lines are the parser's to split
@@ -215,7 +215,12 @@ impl RepeatCache {
             _ => return None,
         };
         let at = DATA.len();
-        Some((at + n + blank, at..at + n, self.info))
+        Some((at + n + blank, at..at + n))
+    }
+
+    /// What the template said: the answer for every event that repeats it.
+    pub fn info(&self) -> &ChunkInfo {
+        &self.info
     }
 
     /// `data` was scanned to `info`: keeps it as the template when it can be one and is worth
