@@ -289,6 +289,10 @@ impl AgentMeter {
     /// repeat cache) and the tool-call entries the scan logged (`calls`, spans of `payload`).
     pub fn on_chunk(&mut self, t: Instant, info: &ChunkInfo, calls: &[LoggedCall], payload: &[u8]) {
         for c in info.choices() {
+            // Most events: answer text after the first answer token, nothing new to note.
+            if c.phases == Phases::ANSWER && self.first_answer.is_some() {
+                continue;
+            }
             if c.phases.contains(Phases::REASONING) {
                 self.reasoning_events += 1;
                 self.first_reasoning.get_or_insert(t);
@@ -301,7 +305,9 @@ impl AgentMeter {
                 self.last_tool = Some(t);
             }
         }
-        self.on_calls(calls, payload);
+        if !calls.is_empty() {
+            self.on_calls(calls, payload);
+        }
     }
 
     /// Tool-call entries logged by a scan of `payload`, each appended to its call.
