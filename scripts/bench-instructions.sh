@@ -11,23 +11,30 @@
 # off). KINDS picks the requests (default "stream json"); agent traffic (issue 13): `tool` (a
 # streamed tool call: tools + named tool_choice + x-sim-fault tool-call=valid), `logprobs`
 # (64-token stream, logprobs top 2) and `traced` (the same with x-goodput-trace: 1).
-# Each dump is kept as /tmp/goodput-instructions/KIND.BIN.PID.cg (callgrind_annotate FILE).
+# Each dump is kept as OUT/KIND.BIN.PID.cg (OUT=/tmp/goodput-instructions; callgrind_annotate FILE).
 #   scripts/bench-instructions.sh [BIN...]     # default: target/bench-build/goodput-proxy
 #   KINDS="stream tool logprobs traced" SECS=6 scripts/bench-instructions.sh OLD NEW
-# Needs valgrind and wrk (Debian: apt-get install valgrind wrk). Loopback ports 18510-18512,
+#   scripts/bench-instructions.sh nginx BIN    # `nginx`: Debian's nginx as scripts/bench.sh runs it
+# The proxy's own config comes from GOODPUT_PROXY_* in the environment (e.g.
+# GOODPUT_PROXY_LOG_ACCESS=false, as nginx's access_log off).
+# Needs valgrind and wrk (Debian: apt-get install valgrind wrk). Loopback ports BASE_PORT..+2 (18510-18512),
 # bounded (about 40 s per binary), stops what it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS="${SECS:-8}"
-W=/tmp/goodput-instructions; rm -rf "$W"; mkdir -p "$W"
+# Several engineers may run this at once on one machine: OUT and BASE_PORT keep runs apart.
+W="${OUT:-/tmp/goodput-instructions}"; rm -rf "$W"; mkdir -p "$W"
+SIM=${BASE_PORT:-18510}; PORT=$((SIM + 1)); ADMIN=$((SIM + 2))
 bins=("$@"); [[ ${#bins[@]} -gt 0 ]] || { cargo build --profile bench-build -q -p goodput-proxy; bins=(target/bench-build/goodput-proxy); }
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
 trap cleanup EXIT INT TERM
-"${bins[0]}" sim --listen 127.0.0.1:18510 --ttft-ms 0 --tpot-ms 0 --prefill-ms-per-token 0 \
+sim_bin=$(printf '%s\n' "${bins[@]}" | grep -vx nginx | head -1)
+[[ -n $sim_bin ]] || sim_bin=target/bench-build/goodput-proxy
+"$sim_bin" sim --listen "127.0.0.1:$SIM" --ttft-ms 0 --tpot-ms 0 --prefill-ms-per-token 0 \
     --tpot-ms-per-seq 0 --max-num-seqs 4096 >"$W/sim.log" 2>&1 & pids+=($!)
 ready() { for _ in $(seq 1 300); do curl -fsS -o /dev/null "127.0.0.1:$1/v1/models" 2>/dev/null && return; sleep 0.2; done; echo "port $1 not ready" >&2; exit 1; }
-ready 18510
+ready "$SIM"
 # Sums the allocator calls of one callgrind dump (the calls= lines under a `cfn=` of an allocator).
 allocs() {
     python3 - "$1" <<'EOF'
@@ -49,11 +56,22 @@ print(total)
 EOF
 }
 for bin in "${bins[@]}"; do
-    GOODPUT_PROXY_SERVER_LISTEN=127.0.0.1:18511 GOODPUT_PROXY_SERVER_ADMIN_LISTEN=127.0.0.1:18512 \
-    GOODPUT_PROXY_UPSTREAM_URLS=http://127.0.0.1:18510 GOODPUT_PROXY_MEASURE_ENABLED="${MEASURE:-true}" \
-        valgrind --tool=callgrind --compress-strings=no --callgrind-out-file="$W/cg.%p" "$bin" serve >"$W/proxy.log" 2>&1 & pid=$!
+    if [[ $bin == nginx ]]; then
+        # The plain-forwarding reference, as scripts/bench.sh runs it (one worker,
+        # proxy_buffering off, access_log off), in one process so callgrind sees all of it.
+        sed -e "s#@NOFILE@#1024#g" -e "s#@W@#$W#g" -e "s#@SIM@#$SIM#g" -e "s#@PORT@#$PORT#g" \
+            -e "s#^worker_processes 1;#worker_processes 1; master_process off; daemon off;#" \
+            scripts/bench/nginx.conf >"$W/nginx.conf"
+        command -v nginx >/dev/null || { echo "nginx: apt-get install nginx" >&2; exit 1; }
+        valgrind --tool=callgrind --compress-strings=no --callgrind-out-file="$W/cg.%p" \
+            nginx -c "$W/nginx.conf" >"$W/nginx.log" 2>&1 & pid=$!
+    else
+        GOODPUT_PROXY_SERVER_LISTEN="127.0.0.1:$PORT" GOODPUT_PROXY_SERVER_ADMIN_LISTEN="127.0.0.1:$ADMIN" \
+        GOODPUT_PROXY_UPSTREAM_URLS="http://127.0.0.1:$SIM" GOODPUT_PROXY_MEASURE_ENABLED="${MEASURE:-true}" \
+            valgrind --tool=callgrind --compress-strings=no --callgrind-out-file="$W/cg.%p" "$bin" serve >"$W/proxy.log" 2>&1 & pid=$!
+    fi
     pids+=($pid)
-    ready 18511
+    ready "$PORT"
     # What the process does with no request in SECS seconds (engine scraper, timers): taken
     # off each kind's count, so that the per-request figure does not grow when a loaded
     # machine serves fewer requests in the same time.
@@ -67,9 +85,9 @@ for bin in "${bins[@]}"; do
         stream=1; [[ $kind == json ]] && stream=0
         shape=$kind; [[ $kind == stream || $kind == json ]] && shape=""
         export BENCH_STREAM=$stream BENCH_SHAPE=$shape
-        wrk -t1 -c2 -d2s -s scripts/bench/wrk.lua http://127.0.0.1:18511/v1/chat/completions >/dev/null
+        wrk -t1 -c2 -d2s -s scripts/bench/wrk.lua "http://127.0.0.1:$PORT/v1/chat/completions" >/dev/null
         callgrind_control -z "$pid" >/dev/null
-        out=$(wrk -t1 -c2 -d"${SECS}s" -s scripts/bench/wrk.lua http://127.0.0.1:18511/v1/chat/completions)
+        out=$(wrk -t1 -c2 -d"${SECS}s" -s scripts/bench/wrk.lua "http://127.0.0.1:$PORT/v1/chat/completions")
         rm -f "$W"/cg."$pid".*
         callgrind_control -d "$pid" >/dev/null
         sleep 1

@@ -21,6 +21,7 @@
 #      LITELLM=auto|off (auto: use `import litellm` from python3 or LITELLM_VENV, else try
 #      `pip install 'litellm[proxy]' prometheus_client` once into LITELLM_VENV=/tmp/goodput-bench-litellm)
 #      PROXY_BIN=path (skip the build and bench that binary) BASE_PORT=18500
+#      ACCESS_LOG=false (true: the proxies write an access line per request; nginx never does)
 #      ONLY="proxy-on proxy-off" (these paths besides direct) PROXY_PRELOAD=lib.so (LD_PRELOAD of
 #      the proxies only: another malloc under the same binary, e.g. libmimalloc.so.2)
 # Installs wrk and nginx (Debian) when missing. Loopback only, bounded in time, stops everything
@@ -69,6 +70,17 @@ trap 'exit 130' INT TERM
 NOFILE=$(ulimit -Hn); [[ $NOFILE == unlimited ]] && NOFILE=1048576
 ulimit -n "$NOFILE"
 SIM=$((BASE + 1)); NGX=$BASE; PON=$((BASE + 2)); POFF=$((BASE + 4)); LLM=$((BASE + 6))
+# The build goes first, in the background: LiteLLM's one-time install and its start (a minute)
+# happen meanwhile.
+build_pid=""
+if [[ -z "${PROXY_BIN:-}" ]]; then
+    # The `bench-build` profile (Cargo.toml): release optimisation, built in a fraction of
+    # `--release`'s time (more codegen units, no debug info), so that a clean checkout fits.
+    log "cargo build --profile bench-build (goodput-proxy, goodput-loadtest), in the background"
+    b0=$(date +%s)
+    cargo build --profile bench-build -q -p goodput-proxy -p goodput-loadtest >"$W/build.log" 2>&1 &
+    build_pid=$!; pids+=("$build_pid")
+fi
 litellm_py=""; litellm_note="off (LITELLM=off)"
 if [[ $LITELLM != off ]]; then
     for py in python3 "$LITELLM_VENV/bin/python"; do
@@ -106,12 +118,10 @@ EOF
         --host 127.0.0.1 --port "$LLM" --num_workers 1 >"$W/litellm.log" 2>&1 & pids+=($!); LLM_PID=$!
 fi
 build_s=0
-if [[ -z "${PROXY_BIN:-}" ]]; then
-    # The `bench-build` profile (Cargo.toml): release optimisation, built in a fraction of
-    # `--release`'s time (more codegen units, no debug info), so that a clean checkout fits.
-    log "cargo build --profile bench-build (goodput-proxy, goodput-loadtest)"
-    b0=$(date +%s)
-    cargo build --profile bench-build -q -p goodput-proxy -p goodput-loadtest
+if [[ -n $build_pid ]]; then
+    log "waiting for the build"
+    wait "$build_pid" || { tail -n 30 "$W/build.log" >&2; log "the build failed ($W/build.log)"; exit 1; }
+    build_pid=""
     build_s=$(( $(date +%s) - b0 ))
 fi
 PROXY_BIN="${PROXY_BIN:-target/bench-build/goodput-proxy}"
@@ -122,9 +132,11 @@ LT="${LOADTEST_BIN:-target/bench-build/goodput-loadtest}"
 sed -e "s#@W@#$W#g" -e "s#@NOFILE@#$NOFILE#g" -e "s#@SIM@#$SIM#g" -e "s#@PORT@#$NGX#g" \
     scripts/bench/nginx.conf >"$NGINX_CONF"
 nginx -c "$NGINX_CONF"
+# nginx runs with `access_log off`; the proxies too (`[log] access = false`), so that both do
+# the same work per request (ACCESS_LOG=true: the proxies write their access line).
 proxy() { # PORT ADMIN METERING
     GOODPUT_PROXY_SERVER_LISTEN=127.0.0.1:$1 GOODPUT_PROXY_SERVER_ADMIN_LISTEN=127.0.0.1:$2 \
-    GOODPUT_PROXY_MEASURE_ENABLED=$3 GOODPUT_PROXY_SERVER_MAX_IN_FLIGHT=100000 GOODPUT_PROXY_LIMITS_MAX_CONNECTIONS=$NOFILE \
+    GOODPUT_PROXY_LOG_ACCESS="${ACCESS_LOG:-false}" GOODPUT_PROXY_MEASURE_ENABLED=$3 GOODPUT_PROXY_SERVER_MAX_IN_FLIGHT=100000 GOODPUT_PROXY_LIMITS_MAX_CONNECTIONS=$NOFILE \
     GOODPUT_PROXY_UPSTREAM_URLS=http://127.0.0.1:$SIM LD_PRELOAD="${PROXY_PRELOAD:-}" \
         "$PROXY_BIN" serve >"$W/proxy-$3.log" 2>&1 &
     pids+=($!)
@@ -265,6 +277,6 @@ if has burst; then
 fi
 
 meta end
-emit "{\"part\":\"run\",\"git\":\"$(git rev-parse --short HEAD 2>/dev/null)\",\"date\":\"$(date -u +%FT%TZ)\",\"nproc\":$(nproc),\"kernel\":\"$(uname -r)\",\"clk_tck\":$(getconf CLK_TCK),\"events_per_stream\":$events,\"nofile\":$NOFILE,\"secs\":$SECS,\"rounds\":$ROUNDS,\"build_s\":$build_s,\"total_s\":$(( $(date +%s) - t_start )),\"nginx\":\"$(nginx -v 2>&1 | sed 's/.*: //')\",\"wrk\":\"$(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2)\",\"litellm\":\"$litellm_note\",\"proxy_preload\":\"${PROXY_PRELOAD:-}\",\"held\":$held}"
+emit "{\"part\":\"run\",\"git\":\"$(git rev-parse --short HEAD 2>/dev/null)\",\"date\":\"$(date -u +%FT%TZ)\",\"nproc\":$(nproc),\"kernel\":\"$(uname -r)\",\"clk_tck\":$(getconf CLK_TCK),\"events_per_stream\":$events,\"nofile\":$NOFILE,\"secs\":$SECS,\"rounds\":$ROUNDS,\"build_s\":$build_s,\"total_s\":$(( $(date +%s) - t_start )),\"nginx\":\"$(nginx -v 2>&1 | sed 's/.*: //')\",\"wrk\":\"$(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2)\",\"litellm\":\"$litellm_note\",\"proxy_preload\":\"${PROXY_PRELOAD:-}\",\"access_log\":\"${ACCESS_LOG:-false}\",\"held\":$held}"
 python3 scripts/bench/report.py "$RAW" "$OUT"
 log "wrote $OUT/bench.md, $OUT/bench.json, $RAW"

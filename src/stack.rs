@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http::{Request, Response};
 use hyper::body::Incoming;
-use tower::{Service, ServiceBuilder};
+use tower::Service;
 
 use crate::auth::Auth;
 use crate::body::ProxyBody;
@@ -134,9 +134,9 @@ pub fn build(
         stage(forward)
     };
     // Bounded body read (413, 408 on a stalled upload); model and stream into the context for
-    // measure and shaping.
-    let inner: Stage<Incoming> =
-        stage(CollectLayer::new(s.max_body_bytes, limits.body_idle_timeout).layer(inner));
+    // measure and shaping (not read when nothing is measured).
+    let collect = CollectLayer::new(s.max_body_bytes, limits.body_idle_timeout);
+    let inner: Stage<Incoming> = stage(collect.with_facts(measured).layer(inner));
     // Unknown paths get 404 before the body is read or the upstream touched.
     let inner: Stage<Incoming> = stage(RouteLayer::new(&s.paths).layer(inner));
     // Shed before reading the body; the permit lives until the response body ends.
@@ -161,14 +161,16 @@ pub fn build(
     } else {
         inner
     };
-    let service = ServiceBuilder::new()
-        // Outermost: take t0 before anything spends time, create the request context (the one
-        // extension every layer reads); stamp the id on every response.
-        .layer(ContextLayer)
-        // Sees the final status (errors included) and holds its line until the body ends.
-        .layer(AccessLogLayer)
-        // Turns every inner ProxyError into the one OpenAI-style error response.
-        .layer(ErrorResponseLayer)
-        .service(inner);
-    stage(service)
+    // Turns every inner ProxyError into the one OpenAI-style error response.
+    let inner: ProxyService = stage(ErrorResponseLayer.layer(inner));
+    // Sees the final status (errors included) and holds its line until the body ends; left
+    // out with `[log] access = false`.
+    let inner: ProxyService = if config.log.access {
+        stage(AccessLogLayer.layer(inner))
+    } else {
+        inner
+    };
+    // Outermost: take t0 before anything spends time, create the request context (the one
+    // extension every layer reads); stamp the id on every response.
+    stage(ContextLayer.layer(inner))
 }

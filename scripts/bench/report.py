@@ -245,8 +245,13 @@ def markdown(run, loadavg, tp, pc, hd, bs, rt):
         f"{run.get('kernel', '?')}, {run.get('nginx', '?')}, {run.get('wrk', '?')}, {run.get('litellm', '?')}; "
         f"{run.get('events_per_stream', '?')} SSE events a stream (64 tokens); {run.get('secs', '?')} s a "
         f"measurement, {run.get('rounds', '?')} rounds; total {run.get('total_s', '?')} s "
-        f"(release build {run.get('build_s', '?')} s)"
+        f"(bench-build {run.get('build_s', '?')} s)"
         + (f"; the proxies ran with LD_PRELOAD={run['proxy_preload']}" if run.get("proxy_preload") else "")
+        + (
+            "; the proxies wrote an access line per request (nginx: access_log off)"
+            if run.get("access_log") == "true"
+            else "; access lines off for nginx and the proxies alike"
+        )
         + ". Load average (1/5/15 min) at start, after each part: "
         + "; ".join(f"{k} {v}" for k, v in loadavg.items())
         + "."

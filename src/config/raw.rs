@@ -533,6 +533,10 @@ pub struct LogConfig {
     pub format: LogFormat,
     /// A tracing filter (`info`, `goodput_proxy=debug,info`); `RUST_LOG` wins when set.
     pub level: String,
+    /// One access line per request (target `goodput_proxy::access`). `false` leaves the
+    /// access-log stage out of the stack: no line formatted, no write per request (nginx's
+    /// `access_log off`; the records, `/stats` and the JSONL sink still hold every request).
+    pub access: bool,
 }
 
 impl Default for LogConfig {
@@ -540,6 +544,7 @@ impl Default for LogConfig {
         Self {
             format: LogFormat::Text,
             level: "info".into(),
+            access: true,
         }
     }
 }

@@ -26,12 +26,24 @@ use goodput_measure::request::{peek_request, RequestPeek};
 pub struct CollectLayer {
     limit: u64,
     idle: Duration,
+    facts: bool,
 }
 
 impl CollectLayer {
     /// At most `limit` bytes, and no pause longer than `idle` between two body frames.
     pub fn new(limit: u64, idle: Duration) -> Self {
-        Self { limit, idle }
+        Self {
+            limit,
+            idle,
+            facts: true,
+        }
+    }
+
+    /// Whether to read the [`RequestFacts`] at all: only the meter and usage injection use
+    /// them, so with metering off the body is read and forwarded without being parsed.
+    pub fn with_facts(mut self, facts: bool) -> Self {
+        self.facts = facts;
+        self
     }
 }
 
@@ -60,7 +72,7 @@ where
         // The ready service is the one that must be called (tower's contract).
         let clone = inner.clone();
         let mut inner = std::mem::replace(inner, clone);
-        let (limit, idle) = (self.limit, self.idle);
+        let (limit, idle, facts) = (self.limit, self.idle, self.facts);
         Box::pin(async move {
             let (parts, body) = req.into_parts();
             let declared = parts
@@ -72,8 +84,8 @@ where
                 return Err(ProxyError::BodyTooLarge { limit });
             }
             let bytes = read_body(body, limit, idle).await?;
-            let RequestPeek { model, stream, n } = peek_request(&bytes);
-            if let Some(ctx) = RequestContext::of(&parts.extensions) {
+            if let Some(ctx) = RequestContext::of(&parts.extensions).filter(|_| facts) {
+                let RequestPeek { model, stream, n } = peek_request(&bytes);
                 let tools = ToolSet::from_request(&bytes);
                 ctx.set_facts(RequestFacts {
                     model,

@@ -17,7 +17,7 @@ use tower::Service;
 
 use super::balance::{self, Load};
 use super::deadline::DeadlineBody;
-use super::headers::{strip_hop_by_hop, Forwarded, Hop};
+use super::headers::{connection_named, is_hop_by_hop, strip_hop_by_hop, Forwarded, Hop};
 use super::Upstreams;
 use crate::body::ProxyBody;
 use crate::context::{ConnInfo, RequestContext, X_GOODPUT_TRACE, X_REQUEST_ID};
@@ -63,11 +63,14 @@ async fn forward(
     req: Request<Bytes>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let (parts, body) = req.into_parts();
-    let mut headers = upstream_headers(&parts, forwarded);
-    if let Some(key) = &up.config.authorization {
-        // `upstream.api_key` replaces whatever credential the client sent.
-        headers.insert(header::AUTHORIZATION, key.clone());
-    }
+    let headers = || {
+        let mut headers = upstream_headers(&parts, forwarded);
+        if let Some(key) = &up.config.authorization {
+            // `upstream.api_key` replaces whatever credential the client sent.
+            headers.insert(header::AUTHORIZATION, key.clone());
+        }
+        headers
+    };
     let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
     let first_byte = up.config.first_byte_timeout;
 
@@ -91,7 +94,8 @@ async fn forward(
         *out.method_mut() = parts.method.clone();
         *out.uri_mut() = uri;
         *out.version_mut() = Version::HTTP_11;
-        *out.headers_mut() = headers.clone();
+        // Built again for the rare second attempt rather than cloned for every first one.
+        *out.headers_mut() = headers();
 
         let first_byte_by = tokio::time::Instant::now() + first_byte;
         let result = tokio::time::timeout_at(first_byte_by, up.client.request(out)).await;
@@ -148,17 +152,28 @@ const CONNECT_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_milli
 /// the client's key is already gone: the auth layer removes it; `upstream.api_key` is set by
 /// the caller.)
 fn upstream_headers(parts: &http::request::Parts, forwarded: Forwarded) -> http::HeaderMap {
-    let mut h = parts.headers.clone();
-    strip_hop_by_hop(&mut h);
-    let host = h
-        .remove(header::HOST)
+    // One pass: each header the client sent is copied unless it is dropped (a copy of a name
+    // or value is a reference count), instead of cloning the map and removing by hash.
+    let named = connection_named(&parts.headers);
+    let mut h = http::HeaderMap::with_capacity(parts.headers.len() + 4);
+    for (name, value) in &parts.headers {
+        let dropped = is_hop_by_hop(name)
+            || name == header::HOST
+            || name == header::CONTENT_LENGTH
+            // The proxy's own request header (a trace of this stream): never sent upstream.
+            || name == X_GOODPUT_TRACE
+            // The body is already read: a 100-continue handshake has nothing left to gate.
+            || name == header::EXPECT
+            || named.contains(name);
+        if !dropped {
+            h.append(name.clone(), value.clone());
+        }
+    }
+    let host = parts
+        .headers
+        .get(header::HOST)
         .and_then(|v| v.to_str().ok().map(str::to_string))
         .or_else(|| parts.uri.authority().map(|a| a.to_string()));
-    h.remove(header::CONTENT_LENGTH);
-    // The proxy's own request header (a trace of this stream): the engine never sees it.
-    h.remove(X_GOODPUT_TRACE);
-    // The body is already read: a 100-continue handshake has nothing left to gate.
-    h.remove(header::EXPECT);
     let conn = parts.extensions.get::<ConnInfo>();
     let ip = conn.map(|c| c.remote.ip().to_string());
     let proto = if conn.is_some_and(|c| c.tls) {

@@ -19,20 +19,34 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 /// Removes hop-by-hop headers and those listed in `Connection`. `Upgrade` goes too: the proxy
 /// does not tunnel protocol upgrades.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
+    // Most messages carry none: one look at each name, instead of a hashed removal per
+    // hop-by-hop name. Names listed in `Connection` matter only when it is there.
+    if !headers.keys().any(is_hop_by_hop) {
+        return;
+    }
+    for name in connection_named(headers) {
         headers.remove(name);
     }
     for name in HOP_BY_HOP.iter() {
         headers.remove(name);
     }
     headers.remove(header::UPGRADE);
+}
+
+/// A header that only describes one connection (or `Upgrade`, which the proxy does not do).
+pub fn is_hop_by_hop(name: &HeaderName) -> bool {
+    HOP_BY_HOP.contains(name) || name == header::UPGRADE
+}
+
+/// The names the `Connection` header lists (also hop-by-hop); none without it.
+pub fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect()
 }
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");

@@ -13,7 +13,10 @@ use goodput_sim::{Jitter, SimConfig};
 
 /// Requests sent during the window, 4 at a time.
 const REQUESTS: usize = 40;
-const WINDOW: Duration = Duration::from_secs(3);
+/// The load takes about 2 s on an idle machine; the engine's counters at the window's end come
+/// from the last scrape (every 100 ms), so a load that ended just before the end was missed by
+/// the engine's side. At 3 s that happened once with the 2 cores shared by three builds.
+const WINDOW: Duration = Duration::from_secs(5);
 
 fn sim_config(seed: u64, legacy: bool) -> SimConfig {
     SimConfig {
@@ -98,7 +101,7 @@ async fn compare_after_a_load_through_two_simulators() {
         t.await.unwrap();
     }
     let w = by_model.await.unwrap();
-    // Everything the load sent finished inside the window (it ends 3 s after it opened).
+    // Everything the load sent finished inside the window (it ends 5 s after it opened).
     let table = compare::build(&w, true);
     assert_eq!(table.groups.len(), 2, "{}", render::text(&table));
     // The same window per model: one group over both upstreams.

@@ -76,6 +76,8 @@ async fn headers_request_id_forwarded_and_hop_by_hop_stripped_both_ways() {
     h.insert("te", "trailers".parse().unwrap());
     h.insert("x-forwarded-for", "10.1.2.3".parse().unwrap());
     h.insert("authorization", "Bearer sk-end-to-end".parse().unwrap());
+    h.append("x-multi", "one".parse().unwrap());
+    h.append("x-multi", "two".parse().unwrap());
     let (parts, body) = send(&c, req).await;
     assert_eq!(parts.status, 200);
 
@@ -101,6 +103,7 @@ async fn headers_request_id_forwarded_and_hop_by_hop_stripped_both_ways() {
         assert!(get(hop).is_empty(), "{hop} leaked: {:?}", get(hop));
     }
     assert_eq!(get("authorization"), ["Bearer sk-end-to-end"]);
+    assert_eq!(get("x-multi"), ["one", "two"], "every value, in order");
     assert_eq!(get("x-request-id"), ["client-id-42"]);
     // No proxy in front is trusted (the default): the client's own entry is dropped.
     assert_eq!(get("x-forwarded-for"), ["127.0.0.1"]);

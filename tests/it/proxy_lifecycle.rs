@@ -246,3 +246,57 @@ async fn sigterm_drains_streams_refuses_new_connections_and_exits_0() {
     };
     assert_eq!(code.code(), Some(0));
 }
+
+/// One access line per request by default; `[log] access = false` writes none, and the request
+/// is still recorded (`/stats`).
+#[tokio::test]
+async fn access_lines_are_written_unless_switched_off() {
+    let fake = start_fake().await;
+    for access in [true, false] {
+        let proxy = spawn(
+            &fake.url(),
+            &[("GOODPUT_PROXY_LOG_ACCESS", access.to_string())],
+        );
+        let url = format!("http://{}/v1/chat/completions", proxy.addr);
+        let (parts, _) = send(&client(), post_json(&url, r#"{"model":"m"}"#)).await;
+        assert_eq!(parts.status, 200);
+        let stats = format!("http://{}/stats", proxy.admin);
+        let mut recorded = false;
+        for _ in 0..200 {
+            let (_, body) = send(&client(), get(&stats)).await;
+            let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            if v["requests"].as_u64() == Some(1) {
+                recorded = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        assert!(
+            recorded,
+            "access={access}: /stats never counted the request"
+        );
+        // The line is written when the response body is dropped, as the record is: by now
+        // it is there, or (switched off) it never comes.
+        let deadline = std::time::Instant::now() + Duration::from_millis(500);
+        let mut line = None;
+        while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+            match proxy.lines.recv_timeout(left) {
+                Ok(l) if l.contains("goodput_proxy::access") => {
+                    line = Some(l);
+                    break;
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        match (access, line) {
+            (true, Some(l)) => assert!(
+                l.contains("status=200") && l.contains("path=/v1/chat/completions"),
+                "{l}"
+            ),
+            (true, None) => panic!("no access line"),
+            (false, Some(l)) => panic!("access off, yet: {l}"),
+            (false, None) => {}
+        }
+    }
+}

@@ -183,6 +183,9 @@ struct Timeline {
     /// path is held against, `meter/repeat_differential.rs`).
     #[cfg(test)]
     repeat_off: bool,
+    /// Tests: events framed by the template (`Timeline::on_repeat_at`).
+    #[cfg(test)]
+    one_look: usize,
 }
 
 impl Timeline {
@@ -213,6 +216,8 @@ impl Timeline {
             repeat: RepeatCache::new(),
             #[cfg(test)]
             repeat_off: false,
+            #[cfg(test)]
+            one_look: 0,
         }
     }
 
@@ -250,15 +255,44 @@ impl Timeline {
                 info
             }
         };
+        self.on_info(t, info, ev.data, on_gap);
+    }
+
+    /// An event at `buf`'s start that repeats the template, framed and checked in one look
+    /// (`RepeatCache::repeats_event`; the parser is at an event's start): measured as
+    /// [`Timeline::on_event`] measures it. Returns its length.
+    fn on_repeat_at(
+        &mut self,
+        t: Instant,
+        buf: &[u8],
+        on_gap: &mut impl FnMut(Duration),
+    ) -> Option<usize> {
+        let (len, data, info) = self.repeat.repeats_event(buf)?;
+        #[cfg(test)]
+        {
+            self.one_look += 1;
+        }
+        self.on_info(t, info, &buf[data], on_gap);
+        Some(len)
+    }
+
+    /// What an event's payload `data` said (`info`) goes into the timeline.
+    fn on_info(
+        &mut self,
+        t: Instant,
+        info: ChunkInfo,
+        data: &[u8],
+        on_gap: &mut impl FnMut(Duration),
+    ) {
         match info.kind {
             ChunkKind::Done => self.done = true,
             ChunkKind::Error => self.inband_error = true,
             ChunkKind::Unknown => {}
             ChunkKind::Chunk => {
                 self.on_chunk(t, &info, on_gap);
-                self.agent.on_chunk(t, &info, &self.log.calls, ev.data);
+                self.agent.on_chunk(t, &info, &self.log.calls, data);
                 if !self.log.choices.is_empty() {
-                    self.on_tokens(t, ev.data);
+                    self.on_tokens(t, data);
                 }
             }
         }
@@ -460,9 +494,7 @@ impl StreamMeter {
         }
         self.last_frame = Some(t);
         if self.streaming {
-            let tl = &mut self.tl;
-            self.parser
-                .feed(bytes, |ev| tl.on_event(t, ev, &mut on_gap));
+            self.feed(t, bytes, &mut on_gap);
         } else if !self.body_overflow {
             if self.body.len() + bytes.len() > MAX_JSON_BODY {
                 self.body_overflow = true;
@@ -470,6 +502,29 @@ impl StreamMeter {
             } else {
                 self.body.extend_from_slice(bytes);
             }
+        }
+    }
+
+    /// The parser's events into the timeline. Where an event starts, one that repeats the
+    /// template is framed by the template itself (`Timeline::on_repeat_at`): the bytes it
+    /// spans are what the parser would cut there, and its payload what the parser would hand
+    /// over, so the parser is not needed for it (`meter/repeat_differential.rs` splits streams
+    /// anywhere and holds this against the parser alone).
+    fn feed(&mut self, t: Instant, mut bytes: &[u8], on_gap: &mut impl FnMut(Duration)) {
+        let tl = &mut self.tl;
+        if !tl.cacheable() {
+            self.parser.feed(bytes, |ev| tl.on_event(t, ev, on_gap));
+            return;
+        }
+        while !bytes.is_empty() {
+            if self.parser.at_event_start() {
+                if let Some(len) = tl.on_repeat_at(t, bytes, on_gap) {
+                    bytes = &bytes[len..];
+                    continue;
+                }
+            }
+            let took = self.parser.feed_one(bytes, |ev| tl.on_event(t, ev, on_gap));
+            bytes = &bytes[took..];
         }
     }
 

@@ -50,6 +50,8 @@ pub struct SseParser {
     /// The current event's data went over the cap: drop it at dispatch.
     event_oversized: bool,
     discarded: u64,
+    /// Events dispatched so far (how [`SseParser::feed_one`] knows when to stop).
+    events: u64,
     /// Bytes of a leading UTF-8 BOM matched so far; `None` once past the stream's start.
     bom: Option<usize>,
 }
@@ -75,6 +77,7 @@ impl SseParser {
             skipping_line: false,
             event_oversized: false,
             discarded: 0,
+            events: 0,
             bom: Some(0),
         }
     }
@@ -85,29 +88,68 @@ impl SseParser {
     }
 
     /// Feed the next chunk of the stream; `on_event` is called for every event it completes.
-    pub fn feed(&mut self, mut bytes: &[u8], mut on_event: impl FnMut(SseEvent<'_>)) {
+    pub fn feed(&mut self, bytes: &[u8], mut on_event: impl FnMut(SseEvent<'_>)) {
+        self.feed_until(bytes, false, &mut on_event);
+    }
+
+    /// [`SseParser::feed`] up to the end of the line that completes the first event (its
+    /// line end included): returns how many bytes of `bytes` it took (all of them when no
+    /// event completes). Feeding the rest afterwards is feeding `bytes` whole; in between, the
+    /// caller may look at the rest itself when [`SseParser::at_event_start`] (the meter frames
+    /// an event that repeats its template without the parser).
+    pub fn feed_one(&mut self, bytes: &[u8], mut on_event: impl FnMut(SseEvent<'_>)) -> usize {
+        self.feed_until(bytes, true, &mut on_event)
+    }
+
+    /// Nothing of an event, line or line end is pending, and the stream's start (a BOM) is
+    /// past: bytes fed from here parse as if the stream started with them.
+    pub fn at_event_start(&self) -> bool {
+        self.line.is_empty()
+            && !self.skipping_line
+            && self.state == Data::None
+            && !self.has_event
+            && !self.after_cr
+            && !self.event_oversized
+            && self.bom.is_none()
+    }
+
+    fn feed_until(
+        &mut self,
+        bytes: &[u8],
+        one: bool,
+        on_event: &mut impl FnMut(SseEvent<'_>),
+    ) -> usize {
+        let mut skip = 0;
         if let Some(seen) = self.bom {
             let n = bytes.len().min(BOM.len() - seen);
             if bytes[..n] == BOM[seen..seen + n] {
-                bytes = &bytes[n..];
+                skip = n;
                 if seen + n < BOM.len() {
                     self.bom = Some(seen + n);
-                    return; // still possibly a BOM (bytes is empty here)
+                    return bytes.len(); // still possibly a BOM (all of bytes matched)
                 }
                 self.bom = None;
             } else {
-                // Not a BOM after all: what matched so far was data.
+                // Not a BOM after all: what matched so far was data (no line end in it).
                 self.bom = None;
-                self.feed_lines(&BOM[..seen], &mut on_event);
+                self.feed_lines(&BOM[..seen], false, on_event);
             }
         }
-        self.feed_lines(bytes, &mut on_event);
+        skip + self.feed_lines(&bytes[skip..], one, on_event)
     }
 
-    fn feed_lines(&mut self, bytes: &[u8], on_event: &mut impl FnMut(SseEvent<'_>)) {
+    /// Returns the bytes taken: all of them, or with `one`, up to the end of the line that
+    /// completed an event.
+    fn feed_lines(
+        &mut self,
+        bytes: &[u8],
+        one: bool,
+        on_event: &mut impl FnMut(SseEvent<'_>),
+    ) -> usize {
         if bytes.is_empty() {
-            return; // keeps `after_cr`: the `\n` of a CRLF may come in the next chunk
+            return 0; // keeps `after_cr`: the `\n` of a CRLF may come in the next chunk
         }
+        let events = self.events;
         let mut pos = 0;
         if self.after_cr {
             self.after_cr = false;
@@ -144,6 +186,9 @@ impl SseParser {
                             None => self.after_cr = true,
                         }
                     }
+                    if one && self.events != events {
+                        break;
+                    }
                 }
                 None => {
                     if !self.skipping_line {
@@ -159,13 +204,14 @@ impl SseParser {
             self.data.extend_from_slice(&bytes[s..e]);
             self.state = Data::Buffered;
         }
+        pos
     }
 
     /// End of stream: a last line without its line end, and a last event without its blank
     /// line, are dispatched (lenient: servers that close right after `data: [DONE]\n`).
     pub fn finish(&mut self, mut on_event: impl FnMut(SseEvent<'_>)) {
         if let Some(seen) = self.bom.take() {
-            self.feed_lines(&BOM[..seen], &mut on_event);
+            self.feed_lines(&BOM[..seen], false, &mut on_event);
         }
         if !self.line.is_empty() && !self.skipping_line {
             let line = std::mem::take(&mut self.line);
@@ -278,14 +324,20 @@ impl SseParser {
         match self.state {
             Data::None => {}
             _ if self.event_oversized => {}
-            Data::Borrowed(s, e) => on_event(SseEvent {
-                data: &input[s..e],
-                event,
-            }),
-            Data::Buffered => on_event(SseEvent {
-                data: &self.data,
-                event,
-            }),
+            Data::Borrowed(s, e) => {
+                self.events += 1;
+                on_event(SseEvent {
+                    data: &input[s..e],
+                    event,
+                })
+            }
+            Data::Buffered => {
+                self.events += 1;
+                on_event(SseEvent {
+                    data: &self.data,
+                    event,
+                })
+            }
         }
         self.state = Data::None;
         self.has_event = false;

@@ -139,6 +139,11 @@ struct Boundaries {
 }
 
 impl Boundaries {
+    /// At a line's start with no line end pending: where an event may start.
+    fn at_line_start(&self) -> bool {
+        !self.line_has_bytes && !self.after_cr
+    }
+
     /// The end (exclusive) of the next event in `buf[from..]`, if one completes there. When the
     /// event ends with `\r` as the last byte of `buf`, `ended_on_cr` is set: a `\n` opening the
     /// next frame still belongs to this event.
@@ -257,6 +262,12 @@ pub struct UsageStripper {
     /// The last event classified [`Class::Other`]: an event that repeats it but for its text
     /// is `Other` too (see `inspect::repeat`), without the prefilter's passes.
     other: Template,
+    /// Tests: every event cut and classified (the reference the one-look path is held to).
+    #[cfg(test)]
+    cut_only: bool,
+    /// Tests: events passed by the one-look path.
+    #[cfg(test)]
+    one_look: usize,
 }
 
 impl UsageStripper {
@@ -321,7 +332,21 @@ impl UsageStripper {
             }
         }
         let mut on_cr = false;
-        while let Some(end) = self.bounds.next(&frame, start, &mut on_cr) {
+        loop {
+            if let Some(len) = self.repeat_at(&frame[start..]) {
+                // What the loop below does with an `Other` event, without cutting it.
+                #[cfg(test)]
+                {
+                    self.one_look += 1;
+                }
+                self.release_held(&frame, &mut out);
+                out.range(&frame, start, start + len);
+                start += len;
+                continue;
+            }
+            let Some(end) = self.bounds.next(&frame, start, &mut on_cr) else {
+                break;
+            };
             let (event, from_frame) = if self.partial.is_empty() {
                 (frame.slice(start..end), true)
             } else {
@@ -346,6 +371,22 @@ impl UsageStripper {
             self.partial = BytesMut::new();
         }
         out.into_pieces(&frame, pieces);
+    }
+
+    /// Framing and classification in one look: an event starts at `rest[0]` and repeats the
+    /// `Other` template (`Template::match_prefix`, which frames only by a template that is one
+    /// `data:` line and its blank line): its length. The bytes it spans are the event
+    /// [`Boundaries`] would cut there, and [`UsageStripper::classify`] would find it `Other`
+    /// by the same template, so neither is needed (`fast_path_strips_as_the_cut_path_does`).
+    fn repeat_at(&self, rest: &[u8]) -> Option<usize> {
+        #[cfg(test)]
+        if self.cut_only {
+            return None;
+        }
+        if !self.partial.is_empty() || !self.bounds.at_line_start() {
+            return None;
+        }
+        self.other.match_prefix(rest).map(|(len, _)| len)
     }
 
     /// End of stream: whatever is held or incomplete goes out unchanged.
@@ -419,7 +460,10 @@ impl UsageStripper {
         } else {
             self.classify_scanned(event)
         };
-        if matches!(class, Class::Other) && one_data_line(event) {
+        // Not an event with an escape once the template frames: its escaped text is no span
+        // (the template would stay), and learning is a pass over its bytes.
+        let escaped = || self.other.frames() && memchr::memchr(b'\\', event).is_some();
+        if matches!(class, Class::Other) && one_data_line(event) && !escaped() {
             self.other.learn(event);
         }
         class
@@ -702,6 +746,27 @@ mod tests {
     }
 
     #[test]
+    fn most_events_of_a_capture_pass_by_the_one_look_path() {
+        let (usage, plain) = chat_pair();
+        let lines: Vec<&[u8]> = usage.split_inclusive(|b| *b == b'\n').collect();
+        for frames in [vec![&usage[..]], lines] {
+            let mut s = UsageStripper::new();
+            let mut out = Vec::new();
+            for f in &frames {
+                out.extend_from_slice(&s.push(Bytes::copy_from_slice(f)));
+            }
+            out.extend_from_slice(&s.finish());
+            assert_eq!(out, plain);
+            let events = events(&usage).len();
+            if frames.len() == 1 {
+                assert!(s.one_look * 10 > events * 7, "{} of {events}", s.one_look);
+            } else {
+                assert_eq!(s.one_look, 0, "a frame that splits the event is cut");
+            }
+        }
+    }
+
+    #[test]
     fn whole_event_frames_pass_without_copy() {
         let mut s = UsageStripper::new();
         let frame = Bytes::from_static(
@@ -923,6 +988,42 @@ mod tests {
         );
     }
 
+    /// The stripped bytes, the pieces' count and the usage removed, every event cut and
+    /// classified (`cut_only`) or with the one-look path.
+    fn strip_by(frames: &[&[u8]], cut_only: bool) -> (Vec<u8>, Option<Usage>, bool) {
+        let mut s = UsageStripper::new();
+        s.cut_only = cut_only;
+        let mut out = Vec::new();
+        let mut removed = None;
+        for f in frames {
+            out.extend_from_slice(&s.push(Bytes::copy_from_slice(f)));
+            removed = s.take_removed_usage().or(removed);
+        }
+        out.extend_from_slice(&s.finish());
+        (out, s.take_removed_usage().or(removed), s.gave_up())
+    }
+
+    fn stream_event() -> impl Strategy<Value = String> {
+        let text = prop_oneof![
+            4 => "[a-z ]{0,6}",
+            1 => "[a-z\"\\\\\u{1}\u{e9} ]{0,4}"
+                .prop_map(|t| t.replace('"', "\\\"").replace('\u{1}', "\\u0001")),
+            1 => "[a-z\"\\\\:{} ]{0,4}",
+        ];
+        let chunk = |delta: String, finish: &str, tail: &str| {
+            format!("data: {{\"id\":\"c\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{delta}\"}},\"finish_reason\":{finish}}}]{tail}}}\n\n")
+        };
+        prop_oneof![
+            8 => text.clone().prop_map(move |t| chunk(t, "null", "")),
+            1 => text.clone().prop_map(move |t| chunk(t, "\"stop\"", "")),
+            1 => text.prop_map(move |t| chunk(t, "\"length\"", r#","system_fingerprint":"fp""#)),
+            1 => Just(r#"data: {"id":"c","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4},"system_fingerprint":"fp"}"#.to_string() + "\n\n"),
+            1 => Just("data: [DONE]\n\n".to_string()),
+            1 => Just(": ping\n\n".to_string()),
+            1 => Just("\n".to_string()),
+        ]
+    }
+
     fn splits() -> impl Strategy<Value = (usize, Vec<usize>)> {
         (0usize..2, proptest::collection::vec(0usize..5000, 0..20))
     }
@@ -947,6 +1048,30 @@ mod tests {
             // The usage chunks of the captures (`stream-chat-usage.txt`, `stream-completions.txt`).
             let (prompt, completion) = if which == 0 { (32, 16) } else { (10, 16) };
             prop_assert_eq!(removed, Some(Usage { prompt_tokens: Some(prompt), completion_tokens: Some(completion), reasoning_tokens: None }));
+        }
+
+        /// The one-look path (an event that repeats the `Other` template is framed and passed
+        /// by the template) against cutting and classifying every event: the same bytes out,
+        /// the same usage removed, on generated streams with any line ends, split anywhere.
+        #[test]
+        fn fast_path_strips_as_the_cut_path_does(
+            evs in proptest::collection::vec(stream_event(), 1..40),
+            cuts in proptest::collection::vec(0usize..20_000, 0..12),
+            eol in prop_oneof![Just("\n"), Just("\r\n"), Just("\r")],
+        ) {
+            let body = evs.concat().replace('\n', eol);
+            let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (body.len() + 1)).collect();
+            cuts.sort_unstable();
+            let mut frames: Vec<&[u8]> = Vec::new();
+            let mut at = 0;
+            for c in cuts {
+                frames.push(&body.as_bytes()[at..c]);
+                at = c;
+            }
+            frames.push(&body.as_bytes()[at..]);
+            let whole: &[&[u8]] = &[body.as_bytes()];
+            prop_assert_eq!(strip_by(whole, false), strip_by(whole, true));
+            prop_assert_eq!(strip_by(&frames, false), strip_by(&frames, true));
         }
 
         #[test]

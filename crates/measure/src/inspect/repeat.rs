@@ -32,6 +32,11 @@ pub struct Template {
     /// `(start, end)` of each output string's text in `bytes` (between its quotes).
     spans: [(usize, usize); MAX_SPANS],
     n_spans: usize,
+    /// `bytes` holds no line end (`\n`, `\r`).
+    one_line: bool,
+    /// `bytes` holds no line end but in a run at its end that ends with `\n` (an SSE event:
+    /// one line and a blank one): [`Template::match_prefix`] may frame by it.
+    frames: bool,
 }
 
 impl Template {
@@ -59,8 +64,56 @@ impl Template {
             self.n_spans = n;
             self.bytes.clear();
             self.bytes.extend_from_slice(bytes);
+            let body_end = bytes
+                .iter()
+                .rposition(|c| !matches!(c, b'\n' | b'\r'))
+                .map_or(0, |i| i + 1);
+            let inner = memchr::memchr2(b'\n', b'\r', &bytes[..body_end]).is_some();
+            self.one_line = !inner && body_end == bytes.len();
+            self.frames = !inner && (self.one_line || bytes.last() == Some(&b'\n'));
         }
         n > 0
+    }
+
+    /// Framing and the template check in one: `buf` starts with bytes `b` for which
+    /// [`Template::repeats`]`(b)` holds; returns `b.len()` and what `repeats` returns. `buf` may
+    /// go on past `b` (the rest of a frame); the text's end is its first byte that is not plain
+    /// text, which must open the template's bytes after the span. `None` when the template
+    /// does not [frame](Template::frames): else `b` is where a line-based framer that starts
+    /// at `buf[0]` cuts too, because every line end of `b` is the template's own, at the same
+    /// place, and the last one (a `\n`) needs no byte after it to be known.
+    ///
+    /// Why `repeats(b)` holds exactly when this hits: `repeats` takes the first span where `b`
+    /// differs from the template only in plain text. For that span the text ends at its first
+    /// non-plain byte (the template's closing quote follows the text), so this finds the same
+    /// `b`; for a span before it, a hit here would give a `b` where `repeats` hits on that span.
+    pub fn match_prefix(&self, buf: &[u8]) -> Option<(usize, std::ops::Range<usize>)> {
+        if !self.frames {
+            return None;
+        }
+        let t = self.bytes.as_slice();
+        self.spans[..self.n_spans].iter().find_map(|&(a, b)| {
+            let head = buf.get(..a)?;
+            if head != &t[..a] {
+                return None;
+            }
+            let text = buf[a..].iter().position(|&c| !is_plain(c))?;
+            let end = a + text;
+            let tail = &t[b..];
+            let hit = text > 0 && buf.get(end..end + tail.len())? == tail;
+            hit.then_some((end + tail.len(), a..end))
+        })
+    }
+
+    /// [`Template::match_prefix`] may frame by this template: it holds no line end but in a
+    /// run at its end that ends with `\n`.
+    pub fn frames(&self) -> bool {
+        self.n_spans > 0 && self.frames
+    }
+
+    /// The template holds no line end at all (an SSE `data:` payload that was one line).
+    pub fn is_one_line(&self) -> bool {
+        self.n_spans > 0 && self.one_line
     }
 
     /// `bytes` is the template with other non-empty plain text in one output span: the range
@@ -138,9 +191,38 @@ impl RepeatCache {
         Some((self.info, Seen::Repeat(text)))
     }
 
-    /// `data` was scanned to `info`: keeps it as the template when it can be one.
+    /// The meter's framing and template check in one (see [`Template::match_prefix`]): `buf`,
+    /// where an SSE event starts, opens with an event `data: <payload>` and a blank line
+    /// (`\n\n` or `\r\n\r\n`) whose payload repeats the template. Returns the event's length,
+    /// the payload's range in `buf`, and the template's answer for the payload (what
+    /// [`RepeatCache::repeats`] says of it).
+    pub fn repeats_event(&self, buf: &[u8]) -> Option<(usize, std::ops::Range<usize>, ChunkInfo)> {
+        const DATA: &[u8] = b"data: ";
+        if !self.template.is_one_line() {
+            return None; // a line end in the payload: the lines are the parser's to split
+        }
+        let payload = buf.strip_prefix(DATA)?;
+        let (n, _) = self.template.match_prefix(payload)?;
+        let blank = match &payload[n..] {
+            [b'\n', b'\n', ..] => 2,
+            [b'\r', b'\n', b'\r', b'\n', ..] => 4,
+            _ => return None,
+        };
+        let at = DATA.len();
+        Some((at + n + blank, at..at + n, self.info))
+    }
+
+    /// `data` was scanned to `info`: keeps it as the template when it can be one and is worth
+    /// it: a chunk with output that finishes nothing and carries no usage (what the events
+    /// after it repeat). Not an event with an escape when the template frames: its escaped
+    /// text is no span (the template would stay), and learning is a pass over its bytes.
     pub fn learn(&mut self, data: &[u8], info: &ChunkInfo) -> Seen {
-        if info.kind == ChunkKind::Chunk && self.template.learn(data) {
+        let worth = info.kind == ChunkKind::Chunk
+            && info.output
+            && info.finished_count == 0
+            && info.usage.is_none()
+            && !(self.template.frames() && memchr::memchr(b'\\', data).is_some());
+        if worth && self.template.learn(data) {
             self.info = *info;
             Seen::Learned
         } else {
@@ -230,6 +312,56 @@ mod tests {
             assert_eq!(info, inspect_chunk(e), "{}", String::from_utf8_lossy(e));
         }
         assert_eq!(hits, [false, true, true, false, false]);
+    }
+
+    /// `match_prefix` on an event followed by anything is `repeats` on the event: the event's
+    /// length and its text when it repeats the template, and a hit never names a prefix that
+    /// `repeats` would not. Templates with line ends in the middle frame nothing.
+    #[test]
+    fn match_prefix_is_repeats_on_the_prefix() {
+        let alphabet: &[u8] = b"ab \"\\:{}\n\r\x01\xc3\xa9";
+        let hits = std::cell::Cell::new(0);
+        let template = prop_oneof![
+            Just(tok("Hi")),
+            Just(format!("data: {}\n\n", String::from_utf8(tok("Hi")).unwrap()).into_bytes()),
+            Just(format!("data: {}\r\n\r\n", String::from_utf8(tok("Hi")).unwrap()).into_bytes()),
+            Just(br#"{"choices":[{"index":1,"delta":{"reasoning":"r","content":"c"},"finish_reason":null}]}"#.to_vec()),
+            Just(b"data: {\"text\":\"a\",\n\"x\":1}\n\n".to_vec()),
+        ];
+        let edit = (
+            any::<bool>(),
+            0usize..400,
+            0usize..4,
+            proptest::collection::vec(0usize..alphabet.len(), 0..4),
+        );
+        let after = proptest::collection::vec(0usize..alphabet.len(), 0..6);
+        proptest!(ProptestConfig::with_cases(3000), |(t in template, (inside, at, cut, insert) in edit, after in after)| {
+            let mut tp = Template::default();
+            prop_assert!(tp.learn(&t));
+            let mut e = t.clone();
+            let at = match tp.repeats(&e) {
+                Some(text) if inside => text.start + at % (text.len() + 1),
+                _ => at % (e.len() + 1),
+            };
+            let cut = cut.min(e.len() - at);
+            e.splice(at..at + cut, insert.iter().map(|&i| alphabet[i]));
+            let mut buf = e.clone();
+            buf.extend(after.iter().map(|&i| alphabet[i]));
+            let got = tp.match_prefix(&buf);
+            if let Some((n, text)) = &got {
+                hits.set(hits.get() + 1);
+                prop_assert!(tp.frames());
+                prop_assert_eq!(tp.repeats(&buf[..*n]), Some(text.clone()));
+            }
+            if tp.frames() {
+                if let Some(text) = tp.repeats(&e) {
+                    prop_assert_eq!(got, Some((e.len(), text)));
+                }
+            } else {
+                prop_assert_eq!(got, None);
+            }
+        });
+        assert!(hits.get() > 300, "{hits:?} hits");
     }
 
     /// Events built from a template by editing its bytes anywhere (inside or outside the text,

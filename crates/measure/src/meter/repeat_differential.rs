@@ -2,7 +2,9 @@
 //! event shown to the agent meter): equal measurements on every stream capture, split into
 //! frames in several ways, and on generated streams whose texts vary in the ways the cache
 //! must notice (quotes, escapes, control bytes, empty text, texts that name a key the scan
-//! reads, reasoning and tool-call deltas between plain ones).
+//! reads, reasoning and tool-call deltas between plain ones). The streams are split into
+//! frames anywhere, with LF, CRLF and CR line ends: with the cache, an event that repeats the
+//! template where an event starts is framed by the template, not by the SSE parser.
 
 use std::time::Duration;
 
@@ -40,6 +42,35 @@ fn events(body: &[u8]) -> Vec<&[u8]> {
     out
 }
 
+/// The events of `body` the meter framed by its template.
+fn framed_by_template(body: &[u8]) -> usize {
+    let t0 = Instant::now();
+    let mut m = StreamMeter::new(t0, true);
+    m.on_head(t0, 200);
+    m.on_frame(t0, body, |_| {});
+    m.tl.one_look
+}
+
+#[test]
+fn most_events_of_a_plain_stream_are_framed_by_the_template() {
+    let body = capture("stream-chat.txt").body;
+    let events = events(body).len();
+    let framed = framed_by_template(body);
+    assert!(framed * 10 > events * 7, "{framed} of {events}");
+    let crlf = String::from_utf8(body.to_vec())
+        .unwrap()
+        .replace('\n', "\r\n");
+    assert_eq!(framed_by_template(crlf.as_bytes()), framed, "CRLF");
+    let cr = String::from_utf8(body.to_vec())
+        .unwrap()
+        .replace('\n', "\r");
+    assert_eq!(
+        framed_by_template(cr.as_bytes()),
+        0,
+        "CR alone: the parser frames"
+    );
+}
+
 #[test]
 fn captures_measure_the_same_with_and_without_the_cache() {
     let mut streams = 0;
@@ -47,7 +78,9 @@ fn captures_measure_the_same_with_and_without_the_cache() {
         let body = capture(name).body;
         let per_event = events(body);
         let whole: &[&[u8]] = &[body];
-        for frames in [whole, per_event.as_slice()] {
+        let bytes: Vec<&[u8]> = body.chunks(1).collect();
+        let sevens: Vec<&[u8]> = body.chunks(7).collect();
+        for frames in [whole, &per_event, &bytes, &sevens] {
             assert_eq!(measure(frames, true), measure(frames, false), "{name}");
         }
         streams += 1;
@@ -82,14 +115,42 @@ fn event() -> impl Strategy<Value = String> {
     (delta, finish).prop_map(|(d, f)| chat(&d, f))
 }
 
+/// `body` cut at `cuts` (offsets taken modulo its length, in any order).
+fn split<'a>(body: &'a [u8], cuts: &[usize]) -> Vec<&'a [u8]> {
+    let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (body.len() + 1)).collect();
+    cuts.sort_unstable();
+    let mut frames = Vec::new();
+    let mut at = 0;
+    for c in cuts {
+        frames.push(&body[at..c]);
+        at = c;
+    }
+    frames.push(&body[at..]);
+    frames
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(500))]
     #[test]
     fn generated_streams_measure_the_same_with_and_without_the_cache(
         mut evs in proptest::collection::vec(event(), 1..40),
+        cuts in proptest::collection::vec(0usize..20_000, 0..12),
+        eol in prop_oneof![Just("\n"), Just("\r\n"), Just("\r")],
+        noise in prop_oneof![4 => Just(""), 1 => Just(": ping\n\n"), 1 => Just("\n"), 1 => Just("event: x\n")],
     ) {
         evs.push("data: [DONE]\n\n".to_string());
         let frames: Vec<&[u8]> = evs.iter().map(|e| e.as_bytes()).collect();
         prop_assert_eq!(measure(&frames, true), measure(&frames, false));
+        // The same stream as one body split anywhere, its line ends written as `eol`, with
+        // something that is not a repeat (a comment, a blank line, an event name) before
+        // every third event.
+        let body: String = evs
+            .iter()
+            .enumerate()
+            .map(|(i, e)| if i % 3 == 2 { format!("{noise}{e}") } else { e.clone() })
+            .collect::<String>()
+            .replace('\n', eol);
+        let frames = split(body.as_bytes(), &cuts);
+        prop_assert_eq!(measure(&frames, true), measure(&frames, false), "{:?}", body);
     }
 }
