@@ -255,7 +255,7 @@ impl Timeline {
                 info
             }
         };
-        self.on_info(t, info, ev.data, on_gap);
+        self.on_info(t, &info, ev.data, on_gap);
     }
 
     /// An event at `buf`'s start that repeats the template, framed and checked in one look
@@ -267,12 +267,13 @@ impl Timeline {
         buf: &[u8],
         on_gap: &mut impl FnMut(Duration),
     ) -> Option<usize> {
-        let (len, data, info) = self.repeat.repeats_event(buf)?;
+        let (len, data) = self.repeat.repeats_event(buf)?;
+        let info = *self.repeat.info(); // one copy: `on_info` borrows the timeline whole
         #[cfg(test)]
         {
             self.one_look += 1;
         }
-        self.on_info(t, info, &buf[data], on_gap);
+        self.on_info(t, &info, &buf[data], on_gap);
         Some(len)
     }
 
@@ -280,7 +281,7 @@ impl Timeline {
     fn on_info(
         &mut self,
         t: Instant,
-        info: ChunkInfo,
+        info: &ChunkInfo,
         data: &[u8],
         on_gap: &mut impl FnMut(Duration),
     ) {
@@ -289,8 +290,8 @@ impl Timeline {
             ChunkKind::Error => self.inband_error = true,
             ChunkKind::Unknown => {}
             ChunkKind::Chunk => {
-                self.on_chunk(t, &info, on_gap);
-                self.agent.on_chunk(t, &info, &self.log.calls, data);
+                self.on_chunk(t, info, on_gap);
+                self.agent.on_chunk(t, info, &self.log.calls, data);
                 if !self.log.choices.is_empty() {
                     self.on_tokens(t, data);
                 }

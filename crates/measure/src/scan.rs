@@ -121,7 +121,7 @@ const STRING_STOP: [bool; 256] = {
 /// `bytes` when there is none). Eight bytes at a time: a byte-at-a-time loop was a quarter of
 /// the scanner's instructions.
 #[inline]
-fn plain_run(bytes: &[u8]) -> usize {
+pub(crate) fn plain_run(bytes: &[u8]) -> usize {
     const ONES: u64 = u64::from_ne_bytes([1; 8]);
     const HIGH: u64 = ONES << 7;
     const QUOTE: u64 = ONES * b'"' as u64;

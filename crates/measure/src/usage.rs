@@ -460,10 +460,7 @@ impl UsageStripper {
         } else {
             self.classify_scanned(event)
         };
-        // Not an event with an escape once the template frames: its escaped text is no span
-        // (the template would stay), and learning is a pass over its bytes.
-        let escaped = || self.other.frames() && memchr::memchr(b'\\', event).is_some();
-        if matches!(class, Class::Other) && one_data_line(event) && !escaped() {
+        if matches!(class, Class::Other) && one_data_line(event) {
             self.other.learn(event);
         }
         class

@@ -7,14 +7,17 @@
 //! output strings: the values of `content`, `reasoning_content`, `reasoning` and `text`, which
 //! inspection reads only as "empty or not" (and the scanner reads nowhere else as anything
 //! but skipped text). An event hits when it equals the template outside one such span, its
-//! text in there is non-empty, and the bytes it differs by hold no quote, backslash or control
-//! character: then it tokenizes as the template does, with one string's text changed, and the
-//! scan would return the template's answer. Anything else (other text, a new key, a
-//! `finish_reason`, an escape) is a miss: a full scan, which becomes the new template when it is a
-//! valid chunk with output text to vary (else the old template stays). `tests` below and the differential test hold the cache equal to
+//! text in there is non-empty, and is string text to the scanner: bytes that are no quote,
+//! backslash or control character, and escapes as `scan::Cursor::escape` takes them (`\n`,
+//! `\"`, `\u00e9`, ...: a token that holds a line end or a quote is common in code). Then it
+//! tokenizes as the template does, with one string's text changed, and the scan would return
+//! the template's answer. Anything else (other text, a new key, a `finish_reason`, a bad
+//! escape) is a miss: a full scan, which becomes the new template when it is a valid chunk
+//! with output text to vary (else the old template stays). `tests` below and the differential test hold the cache equal to
 //! [`inspect_chunk`] on every event.
 
 use super::{inspect_chunk, ChunkInfo, ChunkKind};
+use crate::scan::plain_run;
 
 /// Output spans kept per template (a chunk has one per choice; vLLM streams one choice).
 const MAX_SPANS: usize = 4;
@@ -50,8 +53,8 @@ impl Template {
     }
 
     /// Keeps `bytes` as the template when it has an output span (and is not too long); else
-    /// keeps the old one (a template stays true: an event with an escape in its text must not
-    /// make the plain ones after it miss). `bytes` must be a valid JSON text, or one whose only
+    /// keeps the old one (a template stays true: an event without output text must not make
+    /// the ones after it miss). `bytes` must be a valid JSON text, or one whose only
     /// bytes outside it hold no quote (an SSE `data:` line and its line end).
     pub fn learn(&mut self, bytes: &[u8]) -> bool {
         if bytes.len() > MAX_TEMPLATE {
@@ -87,22 +90,25 @@ impl Template {
     /// differs from the template only in plain text. For that span the text ends at its first
     /// non-plain byte (the template's closing quote follows the text), so this finds the same
     /// `b`; for a span before it, a hit here would give a `b` where `repeats` hits on that span.
+    #[inline]
     pub fn match_prefix(&self, buf: &[u8]) -> Option<(usize, std::ops::Range<usize>)> {
         if !self.frames {
             return None;
         }
         let t = self.bytes.as_slice();
-        self.spans[..self.n_spans].iter().find_map(|&(a, b)| {
-            let head = buf.get(..a)?;
+        for &(a, b) in &self.spans[..self.n_spans] {
+            // Spans are in order: a `buf` too short for this head is too short for the next.
+            let (head, rest) = (buf.get(..a)?, &buf[a..]);
             if head != &t[..a] {
-                return None;
+                continue;
             }
-            let text = buf[a..].iter().position(|&c| !is_plain(c))?;
-            let end = a + text;
+            let end = a + text_len(rest);
             let tail = &t[b..];
-            let hit = text > 0 && buf.get(end..end + tail.len())? == tail;
-            hit.then_some((end + tail.len(), a..end))
-        })
+            if end > a && buf.get(end..end + tail.len()) == Some(tail) {
+                return Some((end + tail.len(), a..end));
+            }
+        }
+        None
     }
 
     /// [`Template::match_prefix`] may frame by this template: it holds no line end but in a
@@ -126,7 +132,7 @@ impl Template {
             let hit = end > a
                 && bytes[..a] == t[..a]
                 && bytes[end..] == t[b..]
-                && bytes[a..end].iter().all(|&c| is_plain(c));
+                && text_len(&bytes[a..end]) == end - a;
             hit.then_some(a..end)
         })
     }
@@ -194,9 +200,9 @@ impl RepeatCache {
     /// The meter's framing and template check in one (see [`Template::match_prefix`]): `buf`,
     /// where an SSE event starts, opens with an event `data: <payload>` and a blank line
     /// (`\n\n` or `\r\n\r\n`) whose payload repeats the template. Returns the event's length,
-    /// the payload's range in `buf`, and the template's answer for the payload (what
-    /// [`RepeatCache::repeats`] says of it).
-    pub fn repeats_event(&self, buf: &[u8]) -> Option<(usize, std::ops::Range<usize>, ChunkInfo)> {
+    /// and the payload's range in `buf`; the template's answer for the payload (what
+    /// [`RepeatCache::repeats`] says of it) is [`RepeatCache::info`].
+    pub fn repeats_event(&self, buf: &[u8]) -> Option<(usize, std::ops::Range<usize>)> {
         const DATA: &[u8] = b"data: ";
         if !self.template.is_one_line() {
             return None; // a line end in the payload: the lines are the parser's to split
@@ -209,19 +215,22 @@ impl RepeatCache {
             _ => return None,
         };
         let at = DATA.len();
-        Some((at + n + blank, at..at + n, self.info))
+        Some((at + n + blank, at..at + n))
+    }
+
+    /// What the template said: the answer for every event that repeats it.
+    pub fn info(&self) -> &ChunkInfo {
+        &self.info
     }
 
     /// `data` was scanned to `info`: keeps it as the template when it can be one and is worth
-    /// it: a chunk with output that finishes nothing and carries no usage (what the events
-    /// after it repeat). Not an event with an escape when the template frames: its escaped
-    /// text is no span (the template would stay), and learning is a pass over its bytes.
+    /// it (learning is a pass over its bytes): a chunk with output that finishes nothing and
+    /// carries no usage, what the events after it repeat.
     pub fn learn(&mut self, data: &[u8], info: &ChunkInfo) -> Seen {
         let worth = info.kind == ChunkKind::Chunk
             && info.output
             && info.finished_count == 0
-            && info.usage.is_none()
-            && !(self.template.frames() && memchr::memchr(b'\\', data).is_some());
+            && info.usage.is_none();
         if worth && self.template.learn(data) {
             self.info = *info;
             Seen::Learned
@@ -231,12 +240,29 @@ impl RepeatCache {
     }
 }
 
-/// A byte that can sit in a JSON string as itself without changing where the string ends.
-fn is_plain(c: u8) -> bool {
-    c >= 0x20 && c != b'"' && c != b'\\'
+/// How many bytes at the start of `s` are JSON string text: plain bytes (no quote, backslash
+/// or control character: `scan::plain_run`, eight at a time) and escapes as the scanner takes them (`scan::Cursor::escape`). It stops at the first byte that is neither (a
+/// closing quote where `s` is a string's text) or at a backslash that opens no escape.
+#[inline]
+fn text_len(s: &[u8]) -> usize {
+    let mut i = 0;
+    loop {
+        i += plain_run(s.get(i..).unwrap_or_default());
+        if s.get(i) != Some(&b'\\') {
+            return i;
+        }
+        match s.get(i + 1) {
+            Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => i += 2,
+            Some(b'u') => match s.get(i + 2..i + 6) {
+                Some(hex) if hex.iter().all(u8::is_ascii_hexdigit) => i += 6,
+                _ => return i,
+            },
+            _ => return i,
+        }
+    }
 }
 
-/// The text spans of the non-empty, escape-free string values of [`OUTPUT_KEYS`] in `data`, a
+/// The text spans of the non-empty string values of [`OUTPUT_KEYS`] in `data`, a
 /// valid JSON text; returns how many were written into `out`.
 fn output_spans(data: &[u8], out: &mut [(usize, usize); MAX_SPANS]) -> usize {
     let mut n = 0;
@@ -262,7 +288,7 @@ fn output_spans(data: &[u8], out: &mut [(usize, usize); MAX_SPANS]) -> usize {
         if let (Some(b':'), Some((ka, kb, key_escaped))) = (before.last(), prev) {
             let key_closes = before[..before.len() - 1].trim_ascii_end().len() == kb + 1;
             let output = key_closes && !key_escaped && OUTPUT_KEYS.contains(&&data[ka..kb]);
-            if output && !escaped && end > start && n < MAX_SPANS {
+            if output && end > start && n < MAX_SPANS {
                 out[n] = (start, end);
                 n += 1;
             }
@@ -291,7 +317,7 @@ mod tests {
         let mut out = [(0, 0); MAX_SPANS];
         let n = output_spans(data, &mut out);
         let texts: Vec<&[u8]> = out[..n].iter().map(|&(a, b)| &data[a..b]).collect();
-        assert_eq!(texts, [&b"a"[..], b"bc", b"f"]);
+        assert_eq!(texts, [&b"a"[..], b"bc", br#"d\"e"#, b"f"]);
     }
 
     #[test]
@@ -312,6 +338,30 @@ mod tests {
             assert_eq!(info, inspect_chunk(e), "{}", String::from_utf8_lossy(e));
         }
         assert_eq!(hits, [false, true, true, false, false]);
+    }
+
+    /// A token that holds an escape (a line end, a quote, a backslash, `\u00e9`) repeats the
+    /// template; a backslash that opens no escape is a miss (the scan finds no chunk).
+    #[test]
+    fn escaped_texts_repeat_and_bad_escapes_miss() {
+        let mut c = RepeatCache::new();
+        assert_eq!(c.inspect(&tok("Hello")).1, Seen::Learned);
+        for (text, hit) in [
+            (r"a\nb", true),
+            (r#"\"q\""#, true),
+            (r"\\", true),
+            (r"\u00e9\/", true),
+            (r"\x", false),
+            (r"\u00g9", false),
+            (r"a\", false),
+        ] {
+            let e = tok(text);
+            let (info, seen) = c.inspect(&e);
+            assert_eq!(matches!(seen, Seen::Repeat(_)), hit, "{text}");
+            assert_eq!(info, inspect_chunk(&e), "{text}");
+            let framed = format!("data: {}\n\n", String::from_utf8(e.clone()).unwrap());
+            assert_eq!(c.repeats_event(framed.as_bytes()).is_some(), hit, "{text}");
+        }
     }
 
     /// `match_prefix` on an event followed by anything is `repeats` on the event: the event's
