@@ -17,7 +17,9 @@
 #   held   `goodput-loadtest bench burst` of STREAMS streams held open ~HOLD_S s each: the
 #          forwarder's RSS before, at the peak (per open stream) and 2 s after they ended
 #   burst  STREAMS zero-cost streams started at once on new connections: errors counted
-# Env: SECS=4 ROUNDS=2 CONNS="1 64 512" PACED="64 512" STREAMS=10000 HOLD_S=12 OUT=out/bench
+# Env: SECS=2 ROUNDS=2 CONNS="1 64 512" PACED="64 512" STREAMS=10000 HOLD_S=8 OUT=out/bench
+#      (the defaults fit a clean checkout, build included, in 10 minutes on 2 cores; SECS=4
+#      HOLD_S=12 for steadier figures)
 #      LITELLM=auto|off (auto: use `import litellm` from python3 or LITELLM_VENV, else try
 #      `pip install 'litellm[proxy]' prometheus_client` once into LITELLM_VENV=/tmp/goodput-bench-litellm)
 #      PROXY_BIN=path (skip the build and bench that binary) BASE_PORT=18500
@@ -29,12 +31,12 @@
 # average before and after is recorded with the results.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SECS="${SECS:-4}"
+SECS="${SECS:-2}"
 ROUNDS="${ROUNDS:-2}"
 CONNS="${CONNS:-1 64 512}"
 PACED="${PACED:-64 512}"
 STREAMS="${STREAMS:-10000}"
-HOLD_S="${HOLD_S:-12}"
+HOLD_S="${HOLD_S:-8}"
 OUT="${OUT:-out/bench}"
 PARTS="${PARTS:-wrk paced held burst}"
 LITELLM="${LITELLM:-auto}"

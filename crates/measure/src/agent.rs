@@ -14,7 +14,8 @@
 //! fragments by `index`; reasoning is `delta.reasoning` (older vLLM: `reasoning_content`).
 
 use std::borrow::Cow;
-use std::sync::{Arc, OnceLock};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -63,7 +64,8 @@ impl ToolCallOutcome {
 }
 
 /// The functions a request offered (`tools[].function`): name and `parameters` schema, the
-/// validator compiled on first use (only requests that got a tool call pay for it).
+/// validator found on first use (only requests that got a tool call pay for it; see
+/// [`compiled`]).
 #[derive(Debug, Default)]
 pub struct ToolSet {
     functions: Vec<Function>,
@@ -73,7 +75,7 @@ pub struct ToolSet {
 struct Function {
     name: String,
     parameters: Value,
-    validator: OnceLock<Option<jsonschema::Validator>>,
+    validator: OnceLock<Option<Arc<jsonschema::Validator>>>,
 }
 
 #[derive(Deserialize)]
@@ -150,9 +152,7 @@ fn judge_arguments(f: &Function, arguments: &str) -> (ToolCallOutcome, Option<St
         }
     };
     // A schema that does not compile cannot be broken: the call is judged on its JSON.
-    let v = f
-        .validator
-        .get_or_init(|| jsonschema::validator_for(&f.parameters).ok());
+    let v = f.validator.get_or_init(|| compiled(&f.parameters));
     let Some(v) = v else {
         return (ToolCallOutcome::Valid, None);
     };
@@ -169,6 +169,40 @@ fn judge_arguments(f: &Function, arguments: &str) -> (ToolCallOutcome, Option<St
         None => (ToolCallOutcome::Valid, None),
         Some(why) => (ToolCallOutcome::SchemaViolation, Some(why)),
     }
+}
+
+/// Schemas longer than this (as JSON text) are compiled for their request only.
+const MAX_CACHED_SCHEMA: usize = 16 * 1024;
+/// Compiled schemas kept (full: the cache is emptied and starts again).
+const MAX_CACHED_SCHEMAS: usize = 64;
+
+/// The validator of a `parameters` schema (`None`: it does not compile), shared by the
+/// requests that bring the same schema. Every request carries its own `tools`, but agents send
+/// the same few schemas again and again, and compiling one cost about 51,000 instructions
+/// (a two-property object schema, BENCHMARKS.md "Agent traffic cost"), most of what judging a
+/// call costs; a hit costs the schema's JSON text and a hash lookup. Bounded by
+/// [`MAX_CACHED_SCHEMAS`] entries of at most [`MAX_CACHED_SCHEMA`] bytes; compiled outside the
+/// lock.
+fn compiled(parameters: &Value) -> Option<Arc<jsonschema::Validator>> {
+    type Cache = Mutex<HashMap<String, Option<Arc<jsonschema::Validator>>>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let compile = || jsonschema::validator_for(parameters).ok().map(Arc::new);
+    let key = parameters.to_string();
+    if key.len() > MAX_CACHED_SCHEMA {
+        return compile();
+    }
+    let cache = CACHE.get_or_init(Cache::default);
+    let lock = || cache.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(v) = lock().get(&key) {
+        return v.clone();
+    }
+    let v = compile();
+    let mut c = lock();
+    if c.len() >= MAX_CACHED_SCHEMAS {
+        c.clear();
+    }
+    c.insert(key, v.clone());
+    v
 }
 
 fn bounded(mut s: String) -> String {
@@ -255,6 +289,10 @@ impl AgentMeter {
     /// repeat cache) and the tool-call entries the scan logged (`calls`, spans of `payload`).
     pub fn on_chunk(&mut self, t: Instant, info: &ChunkInfo, calls: &[LoggedCall], payload: &[u8]) {
         for c in info.choices() {
+            // Most events: answer text after the first answer token, nothing new to note.
+            if c.phases == Phases::ANSWER && self.first_answer.is_some() {
+                continue;
+            }
             if c.phases.contains(Phases::REASONING) {
                 self.reasoning_events += 1;
                 self.first_reasoning.get_or_insert(t);
@@ -267,7 +305,9 @@ impl AgentMeter {
                 self.last_tool = Some(t);
             }
         }
-        self.on_calls(calls, payload);
+        if !calls.is_empty() {
+            self.on_calls(calls, payload);
+        }
     }
 
     /// Tool-call entries logged by a scan of `payload`, each appended to its call.
