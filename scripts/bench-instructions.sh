@@ -8,8 +8,12 @@
 # `net_of_idle` takes off what the process does in SECS seconds without requests (measured
 # first, once per binary): the figure to compare between runs on a busy machine.
 # Streaming (64 tokens, usage injected and stripped) and non-streaming, metering on (MEASURE=false:
-# off). Each dump is kept as OUT/KIND.BIN.PID.cg (OUT=/tmp/goodput-instructions; callgrind_annotate FILE).
+# off). KINDS picks the requests (default "stream json"); agent traffic (issue 13): `tool` (a
+# streamed tool call: tools + named tool_choice + x-sim-fault tool-call=valid), `logprobs`
+# (64-token stream, logprobs top 2) and `traced` (the same with x-goodput-trace: 1).
+# Each dump is kept as OUT/KIND.BIN.PID.cg (OUT=/tmp/goodput-instructions; callgrind_annotate FILE).
 #   scripts/bench-instructions.sh [BIN...]     # default: target/bench-build/goodput-proxy
+#   KINDS="stream tool logprobs traced" SECS=6 scripts/bench-instructions.sh OLD NEW
 #   scripts/bench-instructions.sh nginx BIN    # `nginx`: Debian's nginx as scripts/bench.sh runs it
 # The proxy's own config comes from GOODPUT_PROXY_* in the environment (e.g.
 # GOODPUT_PROXY_LOG_ACCESS=false, as nginx's access_log off).
@@ -77,11 +81,13 @@ for bin in "${bins[@]}"; do
     callgrind_control -d "$pid" >/dev/null
     sleep 1
     idle=$(awk '/^(summary|totals):/ {print $2; exit}' "$(ls -t "$W"/cg."$pid".* | head -1)")
-    for kind in stream json; do
-        stream=0; [[ $kind == stream ]] && stream=1
-        BENCH_STREAM=$stream wrk -t1 -c2 -d2s -s scripts/bench/wrk.lua "http://127.0.0.1:$PORT/v1/chat/completions" >/dev/null
+    for kind in ${KINDS:-stream json}; do
+        stream=1; [[ $kind == json ]] && stream=0
+        shape=$kind; [[ $kind == stream || $kind == json ]] && shape=""
+        export BENCH_STREAM=$stream BENCH_SHAPE=$shape
+        wrk -t1 -c2 -d2s -s scripts/bench/wrk.lua "http://127.0.0.1:$PORT/v1/chat/completions" >/dev/null
         callgrind_control -z "$pid" >/dev/null
-        out=$(BENCH_STREAM=$stream wrk -t1 -c2 -d"${SECS}s" -s scripts/bench/wrk.lua "http://127.0.0.1:$PORT/v1/chat/completions")
+        out=$(wrk -t1 -c2 -d"${SECS}s" -s scripts/bench/wrk.lua "http://127.0.0.1:$PORT/v1/chat/completions")
         rm -f "$W"/cg."$pid".*
         callgrind_control -d "$pid" >/dev/null
         sleep 1
@@ -90,7 +96,7 @@ for bin in "${bins[@]}"; do
         ir=$(awk '/^(summary|totals):/ {print $2; exit}' "$dump")
         a=$(allocs "$dump")
         cp "$dump" "$W/$kind.$(basename "$bin").$pid.cg"  # for callgrind_annotate
-        printf '%-28s %-6s requests=%-6s instructions_per_req=%-9s net_of_idle=%-9s allocs_per_req=%s %s\n' "$bin" "$kind" "$n" \
+        printf '%-28s %-8s requests=%-6s instructions_per_req=%-9s net_of_idle=%-9s allocs_per_req=%s %s\n' "$bin" "$kind" "$n" \
             "$((ir / n))" "$(((ir - idle) / n))" "$(awk -v a="$a" -v n="$n" 'BEGIN { printf "%.1f", a / n }')" \
             "$(grep -E 'Non-2xx|Socket errors' <<<"$out" | tr '\n' ' ')"
     done

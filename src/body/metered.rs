@@ -14,6 +14,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
+use sync_wrapper::SyncWrapper;
 use tokio::time::Instant;
 
 use super::strip::StripReport;
@@ -25,11 +26,13 @@ use goodput_measure::outcome::Ending;
 pub type OnFinish = Box<dyn FnOnce(Measurement) + Send + Sync + 'static>;
 /// Called for every ITL gap as it closes (the proxy: the ITL histogram, buffered per request).
 /// Dropped right before `on_finish` runs, so a buffering observer flushes before the record.
-pub type OnGap = Box<dyn FnMut(Duration) + Send + Sync + 'static>;
+/// Needs no `Sync`: the body holds it in a `SyncWrapper` (only ever called through `&mut`), so
+/// an observer owns its buffer and takes no lock per gap.
+pub type OnGap = Box<dyn FnMut(Duration) + Send + 'static>;
 
 struct Active {
     meter: StreamMeter,
-    on_gap: Option<OnGap>,
+    on_gap: Option<SyncWrapper<OnGap>>,
     on_finish: OnFinish,
 }
 
@@ -94,7 +97,7 @@ impl<B: Body<Data = Bytes>> MeteredBody<B> {
     /// Observe each ITL gap as it closes.
     pub fn with_gap_observer(mut self, on_gap: OnGap) -> Self {
         if let Some(a) = self.active.as_mut() {
-            a.on_gap = Some(on_gap);
+            a.on_gap = Some(SyncWrapper::new(on_gap));
         }
         self
     }
@@ -132,7 +135,7 @@ impl<B: Body<Data = Bytes>> Body for MeteredBody<B> {
                 if let Some(data) = frame.data_ref() {
                     let t = Instant::now();
                     match a.on_gap.as_mut() {
-                        Some(g) => a.meter.on_frame(t, data, g),
+                        Some(g) => a.meter.on_frame(t, data, g.get_mut()),
                         None => a.meter.on_frame(t, data, |_| {}),
                     }
                 }

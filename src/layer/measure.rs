@@ -478,16 +478,11 @@ impl Open {
         if let Some(u) = &upstream {
             pending.rm.set_upstream(u);
         }
-        // Locked by its one user only (the lock keeps the body `Sync`): never contended.
-        let itl = std::sync::Mutex::new(pending.rm.itl_buffer());
+        let mut itl = pending.rm.itl_buffer();
         let on_finish: OnFinish =
             Box::new(move |m: Measurement| pending.record(m, upstream.as_ref()));
         let mut body = MeteredBody::new(body, sm, on_finish)
-            .with_gap_observer(Box::new(move |g: Duration| {
-                if let Ok(mut b) = itl.lock() {
-                    b.observe(g);
-                }
-            }))
+            .with_gap_observer(Box::new(move |g: Duration| itl.observe(g)))
             .with_error_ending(body_error_ending);
         if let Some(report) = ctx.strip_report() {
             body = body.with_strip_report(report.clone());

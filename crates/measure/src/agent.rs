@@ -13,15 +13,16 @@
 //! opens with `{"id", "type", "index", "function": {"name"}}`, then `function.arguments`
 //! fragments by `index`; reasoning is `delta.reasoning` (older vLLM: `reasoning_content`).
 
-use std::borrow::Cow;
-use std::sync::{Arc, OnceLock};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use crate::inspect::{ChunkInfo, LoggedCall, Phases, Span, Usage};
+use crate::inspect::{ChunkInfo, LoggedCall, Phases, Usage};
 
 /// Tool calls assembled per request (further ones are counted, not kept).
 pub const MAX_CALLS: usize = 16;
@@ -63,7 +64,8 @@ impl ToolCallOutcome {
 }
 
 /// The functions a request offered (`tools[].function`): name and `parameters` schema, the
-/// validator compiled on first use (only requests that got a tool call pay for it).
+/// validator found on first use (only requests that got a tool call pay for it; see
+/// [`compiled`]).
 #[derive(Debug, Default)]
 pub struct ToolSet {
     functions: Vec<Function>,
@@ -72,8 +74,9 @@ pub struct ToolSet {
 #[derive(Debug)]
 struct Function {
     name: String,
-    parameters: Value,
-    validator: OnceLock<Option<jsonschema::Validator>>,
+    /// The `parameters` schema as the request wrote it (JSON text; `{}` when absent).
+    parameters: Box<RawValue>,
+    validator: OnceLock<Option<Arc<jsonschema::Validator>>>,
 }
 
 #[derive(Deserialize)]
@@ -86,7 +89,7 @@ struct ToolPeek {
 struct FunctionPeek {
     name: String,
     #[serde(default)]
-    parameters: Option<Value>,
+    parameters: Option<Box<RawValue>>,
 }
 
 impl ToolSet {
@@ -102,7 +105,7 @@ impl ToolSet {
             .filter_map(|t| t.function)
             .map(|f| Function {
                 name: f.name,
-                parameters: f.parameters.unwrap_or(Value::Object(Default::default())),
+                parameters: f.parameters.unwrap_or_else(empty_schema),
                 validator: OnceLock::new(),
             })
             .collect();
@@ -121,7 +124,8 @@ impl ToolSet {
     }
 }
 
-/// Two tool sets are equal when they offer the same functions (the validators are caches).
+/// Two tool sets are equal when they offer the same functions, schemas written alike (the
+/// validators are caches).
 impl PartialEq for ToolSet {
     fn eq(&self, other: &Self) -> bool {
         self.functions.len() == other.functions.len()
@@ -129,7 +133,7 @@ impl PartialEq for ToolSet {
                 .functions
                 .iter()
                 .zip(&other.functions)
-                .all(|(a, b)| a.name == b.name && a.parameters == b.parameters)
+                .all(|(a, b)| a.name == b.name && a.parameters.get() == b.parameters.get())
     }
 }
 
@@ -150,9 +154,7 @@ fn judge_arguments(f: &Function, arguments: &str) -> (ToolCallOutcome, Option<St
         }
     };
     // A schema that does not compile cannot be broken: the call is judged on its JSON.
-    let v = f
-        .validator
-        .get_or_init(|| jsonschema::validator_for(&f.parameters).ok());
+    let v = f.validator.get_or_init(|| compiled(&f.parameters));
     let Some(v) = v else {
         return (ToolCallOutcome::Valid, None);
     };
@@ -169,6 +171,48 @@ fn judge_arguments(f: &Function, arguments: &str) -> (ToolCallOutcome, Option<St
         None => (ToolCallOutcome::Valid, None),
         Some(why) => (ToolCallOutcome::SchemaViolation, Some(why)),
     }
+}
+
+/// Schemas longer than this (as JSON text) are compiled for their request only.
+const MAX_CACHED_SCHEMA: usize = 16 * 1024;
+/// Compiled schemas kept (full: the cache is emptied and starts again).
+const MAX_CACHED_SCHEMAS: usize = 64;
+
+fn empty_schema() -> Box<RawValue> {
+    RawValue::from_string("{}".to_string()).expect("JSON")
+}
+
+/// The validator of a `parameters` schema (`None`: it is not JSON or does not compile), shared
+/// by the
+/// requests that write the same schema. Every request carries its own `tools`, but agents send
+/// the same few schemas again and again, and compiling one cost about 51,000 instructions
+/// (a two-property object schema, BENCHMARKS.md "Agent traffic cost"), most of what judging a
+/// call costs; a hit costs a hash of the schema's text and a lookup. Bounded by
+/// [`MAX_CACHED_SCHEMAS`] entries of at most [`MAX_CACHED_SCHEMA`] bytes; compiled outside the
+/// lock.
+fn compiled(parameters: &RawValue) -> Option<Arc<jsonschema::Validator>> {
+    type Cache = Mutex<HashMap<String, Option<Arc<jsonschema::Validator>>>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let compile = || {
+        let schema: Value = serde_json::from_str(parameters.get()).ok()?;
+        jsonschema::validator_for(&schema).ok().map(Arc::new)
+    };
+    let key = parameters.get();
+    if key.len() > MAX_CACHED_SCHEMA {
+        return compile();
+    }
+    let cache = CACHE.get_or_init(Cache::default);
+    let lock = || cache.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(v) = lock().get(key) {
+        return v.clone();
+    }
+    let v = compile();
+    let mut c = lock();
+    if c.len() >= MAX_CACHED_SCHEMAS {
+        c.clear();
+    }
+    c.insert(key.to_string(), v.clone());
+    v
 }
 
 fn bounded(mut s: String) -> String {
@@ -255,6 +299,10 @@ impl AgentMeter {
     /// repeat cache) and the tool-call entries the scan logged (`calls`, spans of `payload`).
     pub fn on_chunk(&mut self, t: Instant, info: &ChunkInfo, calls: &[LoggedCall], payload: &[u8]) {
         for c in info.choices() {
+            // Most events: answer text after the first answer token, nothing new to note.
+            if c.phases == Phases::ANSWER && self.first_answer.is_some() {
+                continue;
+            }
             if c.phases.contains(Phases::REASONING) {
                 self.reasoning_events += 1;
                 self.first_reasoning.get_or_insert(t);
@@ -267,15 +315,28 @@ impl AgentMeter {
                 self.last_tool = Some(t);
             }
         }
-        self.on_calls(calls, payload);
+        if !calls.is_empty() {
+            self.on_calls(calls, payload);
+        }
     }
 
-    /// Tool-call entries logged by a scan of `payload`, each appended to its call.
+    /// Tool-call entries logged by a scan of `payload`, each appended to its call (decoded
+    /// straight into the call's buffers).
     fn on_calls(&mut self, calls: &[LoggedCall], payload: &[u8]) {
-        for call in calls {
-            let text = |s: Option<Span>| s.map(|s| s.text(payload));
-            let (name, arguments) = (text(call.name), text(call.arguments));
-            self.on_call(call.choice, call.index, name, arguments);
+        for c in calls {
+            let Some(buf) = self.call(c.choice, c.index) else {
+                continue;
+            };
+            if let Some(name) = c.name {
+                name.push_to(payload, &mut buf.name);
+            }
+            if let Some(args) = c.arguments {
+                if buf.arguments.len() + args.decoded_len(payload) > MAX_ARGUMENT_BYTES {
+                    buf.cut = true;
+                } else {
+                    args.push_to(payload, &mut buf.arguments);
+                }
+            }
         }
     }
 
@@ -287,41 +348,26 @@ impl AgentMeter {
         }
     }
 
-    fn on_call(
-        &mut self,
-        choice: u32,
-        index: u32,
-        name: Option<Cow<'_, str>>,
-        args: Option<Cow<'_, str>>,
-    ) {
+    /// The buffer of call `index` of choice `choice`, opened (and counted) when first seen;
+    /// `None` past [`MAX_CALLS`] calls kept.
+    fn call(&mut self, choice: u32, index: u32) -> Option<&mut CallBuf> {
         let pos = self
             .calls
             .iter()
             .position(|b| b.choice == choice && b.index == index);
-        let buf = match pos {
-            Some(p) => &mut self.calls[p],
+        match pos {
+            Some(p) => Some(&mut self.calls[p]),
             None => {
                 self.calls_seen = self.calls_seen.saturating_add(1);
                 if self.calls.len() >= MAX_CALLS {
-                    return;
+                    return None;
                 }
                 self.calls.push(CallBuf {
                     choice,
                     index,
                     ..CallBuf::default()
                 });
-                let last = self.calls.len() - 1;
-                &mut self.calls[last]
-            }
-        };
-        if let Some(n) = name {
-            buf.name.push_str(&n);
-        }
-        if let Some(a) = args {
-            if buf.arguments.len() + a.len() > MAX_ARGUMENT_BYTES {
-                buf.cut = true;
-            } else {
-                buf.arguments.push_str(&a);
+                self.calls.last_mut()
             }
         }
     }

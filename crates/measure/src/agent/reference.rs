@@ -1,8 +1,8 @@
 //! The agent meter's reading as it was before the one-pass scan took it over (issue 13): a
 //! substring prefilter (`"reasoning`, `"tool_calls"`) on each chunk, and a borrowed
 //! `serde_json` parse of the events that pass it. Kept only as the reference of the
-//! differential test beside it (`differential.rs`); it feeds the same call assembly
-//! ([`AgentMeter::on_call`]) and summary ([`AgentMeter::finish`]) as the scan does.
+//! differential test beside it (`differential.rs`); it fills the same call buffers
+//! ([`AgentMeter::call`]) and summary ([`AgentMeter::finish`]) as the scan does.
 
 use std::borrow::Cow;
 
@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio::time::Instant;
 
-use super::{AgentMeter, AgentSummary, ToolSet};
+use super::{AgentMeter, AgentSummary, ToolSet, MAX_ARGUMENT_BYTES};
 
 #[derive(Deserialize)]
 struct EventPeek<'a> {
@@ -77,11 +77,20 @@ fn carries(v: Option<&RawValue>) -> bool {
 }
 
 fn on_call(m: &mut AgentMeter, choice: u32, call: CallPeek<'_>) {
-    let (name, args) = call
-        .function
-        .map(|f| (f.name, f.arguments))
-        .unwrap_or_default();
-    m.on_call(choice, call.index, name, args);
+    let Some(buf) = m.call(choice, call.index) else {
+        return;
+    };
+    let Some(f) = call.function else { return };
+    if let Some(n) = f.name {
+        buf.name.push_str(&n);
+    }
+    if let Some(a) = f.arguments {
+        if buf.arguments.len() + a.len() > MAX_ARGUMENT_BYTES {
+            buf.cut = true;
+        } else {
+            buf.arguments.push_str(&a);
+        }
+    }
 }
 
 /// One chunk's payload at `t`, as the old meter read it; `output`: the inspection said the

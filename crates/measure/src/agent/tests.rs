@@ -373,3 +373,21 @@ fn reasoning_tokens_of_a_stripped_usage_chunk_count() {
     let a = m.finish(t0 + ms(2), crate::Ending::Complete).agent.unwrap();
     assert_eq!(a.reasoning_tokens, Some(9));
 }
+
+#[test]
+fn requests_with_the_same_schema_share_one_compiled_validator() {
+    let (a, b) = (tools(), tools());
+    for t in [&a, &b] {
+        let (got, _) = t.judge("get_weather", r#"{"location":"x","unit":"kelvin"}"#);
+        assert_eq!(got, ToolCallOutcome::SchemaViolation);
+    }
+    let compiled = |t: &ToolSet| t.functions[0].validator.get().cloned().flatten().unwrap();
+    assert!(Arc::ptr_eq(&compiled(&a), &compiled(&b)));
+    // A schema that does not compile is cached too: the calls are judged on their JSON.
+    let bad = r#"{"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"no-such-type"}}}]}"#;
+    for _ in 0..2 {
+        let t = ToolSet::from_request(bad.as_bytes()).unwrap();
+        assert_eq!(t.judge("f", "{}").0, ToolCallOutcome::Valid);
+        assert_eq!(t.judge("f", "{").0, ToolCallOutcome::InvalidJson);
+    }
+}

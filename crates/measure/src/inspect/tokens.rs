@@ -83,18 +83,81 @@ impl Span {
     /// [`Span::decode`], borrowed from the payload when the string holds no escape (and is
     /// valid UTF-8).
     pub fn text<'p>(&self, payload: &'p [u8]) -> Cow<'p, str> {
-        let raw = payload.get(self.range()).unwrap_or_default();
+        let raw = self.raw(payload);
         if !self.escaped {
             return String::from_utf8_lossy(raw);
         }
-        let mut quoted = Vec::with_capacity(raw.len() + 2);
-        quoted.push(b'"');
-        quoted.extend_from_slice(raw);
-        quoted.push(b'"');
-        match serde_json::from_slice::<String>(&quoted) {
-            Ok(s) => Cow::Owned(s),
-            Err(_) => String::from_utf8_lossy(raw),
+        let mut out = String::with_capacity(raw.len());
+        unescape_into(raw, &mut out);
+        Cow::Owned(out)
+    }
+
+    /// Appends the string's value to `out` (as [`Span::decode`] decodes it), allocating
+    /// nothing but `out`'s growth.
+    pub fn push_to(&self, payload: &[u8], out: &mut String) {
+        let raw = self.raw(payload);
+        if self.escaped {
+            unescape_into(raw, out);
+        } else {
+            out.push_str(&String::from_utf8_lossy(raw));
         }
+    }
+
+    /// The UTF-8 length of the string's value (invalid UTF-8 counted as its bytes).
+    pub fn decoded_len(&self, payload: &[u8]) -> usize {
+        let raw = self.raw(payload);
+        if self.escaped {
+            decoded_len(raw)
+        } else {
+            raw.len()
+        }
+    }
+
+    fn raw<'p>(&self, payload: &'p [u8]) -> &'p [u8] {
+        payload.get(self.range()).unwrap_or_default()
+    }
+}
+
+/// Appends the value of a validated JSON string's raw bytes to `out`: escapes decoded, a
+/// surrogate pair as its character, a lone surrogate and invalid UTF-8 as U+FFFD.
+fn unescape_into(raw: &[u8], out: &mut String) {
+    let hex = |h: Option<&[u8]>| {
+        std::str::from_utf8(h?)
+            .ok()
+            .and_then(|h| u32::from_str_radix(h, 16).ok())
+    };
+    let mut i = 0;
+    while i < raw.len() {
+        let run = memchr::memchr(b'\\', &raw[i..]).unwrap_or(raw.len() - i);
+        out.push_str(&String::from_utf8_lossy(&raw[i..i + run]));
+        i += run;
+        let Some(&e) = raw.get(i + 1) else { break };
+        if e != b'u' {
+            out.push(match e {
+                b'b' => '\u{8}',
+                b'f' => '\u{c}',
+                b'n' => '\n',
+                b'r' => '\r',
+                b't' => '\t',
+                other => char::from(other), // `"`, `\`, `/`
+            });
+            i += 2;
+            continue;
+        }
+        let hi = hex(raw.get(i + 2..i + 6)).unwrap_or(0xFFFD);
+        i += 6;
+        let lo = (raw.get(i..i + 2) == Some(b"\\u"))
+            .then(|| hex(raw.get(i + 2..i + 6)))
+            .flatten()
+            .filter(|lo| (0xD800..0xDC00).contains(&hi) && (0xDC00..0xE000).contains(lo));
+        let c = match lo {
+            Some(lo) => {
+                i += 6;
+                char::from_u32(0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00))
+            }
+            None => char::from_u32(hi),
+        };
+        out.push(c.unwrap_or('\u{FFFD}'));
     }
 }
 
@@ -487,6 +550,34 @@ pub(super) fn text_field(c: &mut Cursor<'_>) -> Scan<(bool, u32)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unescaped_values_are_serde_jsons_and_lone_surrogates_are_replaced() {
+        for s in [
+            "plain",
+            r#"a\nb\t\r\b\f\/\\\"c"#,
+            r"\u00e9t\u00E9 \u20ac",
+            r"\ud83d\ude00!",
+            r"x\u0000y\u001f",
+            r"日本 \u65e5",
+        ] {
+            let want: String = serde_json::from_str(&format!("\"{s}\"")).unwrap();
+            let mut got = String::from("<");
+            unescape_into(s.as_bytes(), &mut got);
+            assert_eq!(got, format!("<{want}"), "{s}");
+            assert_eq!(decoded_len(s.as_bytes()), want.len(), "{s}");
+        }
+        for (s, want) in [
+            (r"\ud800x", "\u{FFFD}x"),
+            (r"\udc00\ud83d", "\u{FFFD}\u{FFFD}"),
+            (r"\ud800\u0041", "\u{FFFD}A"),
+        ] {
+            let mut got = String::new();
+            unescape_into(s.as_bytes(), &mut got);
+            assert_eq!(got, want, "{s}");
+            assert_eq!(decoded_len(s.as_bytes()), want.len(), "{s}");
+        }
+    }
 
     #[test]
     fn decoded_lengths() {
