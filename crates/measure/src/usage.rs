@@ -201,6 +201,7 @@ enum Out {
 }
 
 impl Out {
+    #[inline]
     fn range(&mut self, frame: &Bytes, a: usize, b: usize) {
         if a == b {
             return;

@@ -269,18 +269,28 @@ fn output_spans(data: &[u8], out: &mut [(usize, usize); MAX_SPANS]) -> usize {
     let mut at = 0;
     // The previous string: its text span and whether it held an escape.
     let mut prev: Option<(usize, usize, bool)> = None;
-    while let Some(open) = data.get(at..).and_then(|r| memchr::memchr(b'"', r)) {
+    // Byte loops, not `memchr`: between strings there are a few bytes, and a string's text
+    // is read eight bytes at a time (`plain_run`); a call per string cost more than the search.
+    while let Some(open) = data
+        .get(at..)
+        .and_then(|r| r.iter().position(|&c| c == b'"'))
+    {
         let start = at + open + 1;
         let mut i = start;
         let mut escaped = false;
         let end = loop {
-            match data.get(i..).and_then(|r| memchr::memchr2(b'"', b'\\', r)) {
-                None => return n, // unterminated: not a valid text after all
-                Some(k) if data[i + k] == b'\\' => {
+            let Some(rest) = data.get(i..) else {
+                return n; // unterminated: not a valid text after all
+            };
+            i += plain_run(rest);
+            match data.get(i) {
+                None => return n,
+                Some(b'"') => break i,
+                Some(b'\\') => {
                     escaped = true;
-                    i += k + 2;
+                    i += 2;
                 }
-                Some(k) => break i + k,
+                Some(_) => i += 1, // a control byte: text to this loop (not valid JSON anyway)
             }
         };
         // A value when a colon precedes it; its key is then the string right before the colon.
@@ -309,6 +319,57 @@ mod tests {
 
     fn tok(text: &str) -> Vec<u8> {
         format!("{HEAD}{text}{TAIL}").into_bytes()
+    }
+
+    /// The `memchr` version `output_spans` had: the byte loops must find the same spans.
+    fn output_spans_memchr(data: &[u8], out: &mut [(usize, usize); MAX_SPANS]) -> usize {
+        let mut n = 0;
+        let mut at = 0;
+        let mut prev: Option<(usize, usize, bool)> = None;
+        while let Some(open) = data.get(at..).and_then(|r| memchr::memchr(b'"', r)) {
+            let start = at + open + 1;
+            let mut i = start;
+            let mut escaped = false;
+            let end = loop {
+                match data.get(i..).and_then(|r| memchr::memchr2(b'"', b'\\', r)) {
+                    None => return n,
+                    Some(k) if data[i + k] == b'\\' => {
+                        escaped = true;
+                        i += k + 2;
+                    }
+                    Some(k) => break i + k,
+                }
+            };
+            let before = data[..start - 1].trim_ascii_end();
+            if let (Some(b':'), Some((ka, kb, key_escaped))) = (before.last(), prev) {
+                let key_closes = before[..before.len() - 1].trim_ascii_end().len() == kb + 1;
+                let output = key_closes && !key_escaped && OUTPUT_KEYS.contains(&&data[ka..kb]);
+                if output && end > start && n < MAX_SPANS {
+                    out[n] = (start, end);
+                    n += 1;
+                }
+            }
+            prev = Some((start, end, escaped));
+            at = end + 1;
+        }
+        n
+    }
+
+    proptest! {
+        #[test]
+        fn output_spans_are_found_as_memchr_found_them(pieces in proptest::collection::vec(
+            prop::sample::select(vec![
+                "\"content\"", "\"text\"", "\"reasoning\"", ":", " : ", ",", "{", "}", "[", "]",
+                "\"", "\"abcdefghij\"", "\"x\\\"y\"", "\\", "\\\"", "\u{1}", "null", "\"\"",
+                "\"conte\\u006et\"", "\"0123456789abcdef\"", "\n",
+            ]),
+            0..30,
+        )) {
+            let data = pieces.concat();
+            let (mut a, mut b) = ([(0, 0); MAX_SPANS], [(0, 0); MAX_SPANS]);
+            let (na, nb) = (output_spans(data.as_bytes(), &mut a), output_spans_memchr(data.as_bytes(), &mut b));
+            prop_assert_eq!(&a[..na], &b[..nb], "{:?}", data);
+        }
     }
 
     #[test]
