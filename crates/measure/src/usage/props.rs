@@ -14,11 +14,15 @@ use super::{inject_include_usage, peek_request};
 
 /// `Err` names the first property the body breaks.
 pub fn check(body: &[u8]) -> Result<(), String> {
-    let before: Option<Value> = serde_json::from_slice(body).ok();
+    let before: Option<Value> = match serde_json::from_slice(body) {
+        Ok(v) => Some(v),
+        // `1e999` is JSON, and the engine's `json.loads` reads it (as infinity), but no
+        // `Value` holds it: the oracle cannot judge such a body (found by the fuzz target).
+        Err(e) if e.to_string().starts_with("number out of range") => return Ok(()),
+        Err(_) => None,
+    };
     let Some(out) = inject_include_usage(body) else {
         if let Some(Value::Object(m)) = &before {
-            // (`peek_request` too: with a duplicate key serde's derive refuses the body where
-            // `Value` keeps the last one; the proxy then reads no stream and injects nothing.)
             let plain_stream = m.get("stream") == Some(&Value::Bool(true))
                 && !m.contains_key("n")
                 && !m.contains_key("stream_options")
