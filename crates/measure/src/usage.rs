@@ -26,6 +26,10 @@ use crate::sse::{SseParser, MAX_LINE_BYTES};
 
 const INCLUDE_USAGE: &[u8] = br#""include_usage":true"#;
 
+/// After a long run of events that did not repeat the template, it is learned again every this
+/// many (see [`UsageStripper`]'s `misses`).
+const RELEARN_EVERY: u32 = 32;
+
 /// `n` is absent, null, or one (pydantic's lax int also takes `1.0` and `"1"`).
 fn single_choice(n: Option<&RawValue>) -> bool {
     let Some(n) = n else { return true };
@@ -263,12 +267,23 @@ pub struct UsageStripper {
     /// The last event classified [`Class::Other`]: an event that repeats it but for its text
     /// is `Other` too (see `inspect::repeat`), without the prefilter's passes.
     other: Template,
+    /// Events classified `Other` since the template last answered for one. A stream whose
+    /// events never repeat (logprobs ride on every chunk) would pay a learn (~2,000
+    /// instructions) per event: after a miss the template is learned again only at the 1st,
+    /// 2nd, 4th, 8th, 16th and then every [`RELEARN_EVERY`]th miss in a row, so such a stream
+    /// learns about once in 32 events, a plain stream (a miss is one odd token between
+    /// repeats) still learns at once, and one that turns plain after a long run of misses
+    /// is framed by a template again within 32 events.
+    misses: u32,
     /// Tests: every event cut and classified (the reference the one-look path is held to).
     #[cfg(test)]
     cut_only: bool,
     /// Tests: events passed by the one-look path.
     #[cfg(test)]
     one_look: usize,
+    /// Tests: templates learned.
+    #[cfg(test)]
+    learns: usize,
 }
 
 impl UsageStripper {
@@ -336,6 +351,7 @@ impl UsageStripper {
         loop {
             if let Some(len) = self.repeat_at(&frame[start..]) {
                 // What the loop below does with an `Other` event, without cutting it.
+                self.misses = 0;
                 #[cfg(test)]
                 {
                     self.one_look += 1;
@@ -454,6 +470,7 @@ impl UsageStripper {
 
     fn classify(&mut self, event: &[u8]) -> Class {
         if self.other.repeats(event).is_some() {
+            self.misses = 0;
             return Class::Other;
         }
         let class = if surely_other(event) {
@@ -461,8 +478,16 @@ impl UsageStripper {
         } else {
             self.classify_scanned(event)
         };
-        if matches!(class, Class::Other) && one_data_line(event) {
-            self.other.learn(event);
+        if matches!(class, Class::Other) {
+            self.misses = self.misses.saturating_add(1);
+            let relearn = self.misses.is_power_of_two() || self.misses % RELEARN_EVERY == 0;
+            if relearn && one_data_line(event) {
+                self.other.learn(event);
+                #[cfg(test)]
+                {
+                    self.learns += 1;
+                }
+            }
         }
         class
     }
@@ -778,6 +803,38 @@ mod tests {
         let out = s.push(frame.clone());
         assert_eq!(out.as_ptr(), frame.as_ptr());
         assert_eq!(out.len(), frame.len());
+    }
+
+    #[test]
+    fn events_that_never_repeat_are_learned_from_log2_times() {
+        // Logprobs on every chunk: each event differs from the last outside its text.
+        let mut s = UsageStripper::new();
+        let mut body = Vec::new();
+        for i in 0..1000 {
+            body.extend_from_slice(
+                format!(
+                    "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"t\"}},\
+                     \"logprobs\":{{\"content\":[{{\"token\":\"t\",\"logprob\":-0.{i}}}]}}}}]}}\n\n"
+                )
+                .as_bytes(),
+            );
+        }
+        let out = s.push(Bytes::from(body.clone()));
+        assert_eq!(out, body, "passed unchanged");
+        // Misses 1, 2, 4, 8, 16 and then every 32nd (32 to 992): 5 + 31.
+        assert_eq!(s.learns, 36, "learns");
+        // Plain events after them are framed by a template again within 32 events.
+        let plain = b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"}}]}\n\n";
+        let before = (s.learns, s.one_look);
+        for _ in 0..40 {
+            assert_eq!(s.push(Bytes::from_static(plain)), &plain[..]);
+        }
+        assert_eq!(s.learns, before.0 + 1);
+        assert!(
+            s.one_look - before.1 >= 40 - 32,
+            "{}",
+            s.one_look - before.1
+        );
     }
 
     #[test]
