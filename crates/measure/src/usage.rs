@@ -679,15 +679,8 @@ mod tests {
     /// The stripped bytes and the usage the stripper reported removing (taken after every
     /// frame, as the strip body does).
     fn strip_all_usage(frames: &[&[u8]]) -> (Vec<u8>, Option<Usage>) {
-        let mut s = UsageStripper::new();
-        let mut out = Vec::new();
-        let mut removed = None;
-        for f in frames {
-            out.extend_from_slice(&s.push(Bytes::copy_from_slice(f)));
-            removed = s.take_removed_usage().or(removed);
-        }
-        out.extend_from_slice(&s.finish());
-        (out, s.take_removed_usage().or(removed))
+        let (out, usage, _) = strip_by(frames, false);
+        (out, usage)
     }
 
     /// The usage capture with the plain capture's id, so the two differ only by injection.
