@@ -10,6 +10,7 @@ use anyhow::Context as _;
 use tokio::net::TcpListener;
 
 use crate::auth::Auth;
+use crate::compare::history::History;
 use crate::config::{BaseUrl, Config, UsageInjection};
 use crate::discover::{Discovery, Resolver, SystemResolver};
 use crate::engine::{self, Engines};
@@ -100,6 +101,7 @@ impl App {
             upstreams: Arc::new(upstreams),
             engines: Arc::new(engines),
             auth: Auth::new(&config.auth),
+            dashboard: History::new(crate::dashboard::MAX_WINDOW),
         });
         if let Some(auth) = &state.auth {
             // Every configured tenant's series exists from the start (a zero is a signal too).

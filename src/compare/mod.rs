@@ -10,6 +10,7 @@
 
 pub mod admin;
 pub mod hist;
+pub mod history;
 pub mod render;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -6,6 +6,7 @@ mod support;
 mod attack;
 
 mod compare_live;
+mod dashboard;
 mod discovery;
 mod engine_metrics;
 mod measure_alloc;
