@@ -64,7 +64,8 @@ for round in $(seq 1 10); do
   wait
   hit=$(grep -l '^HTTP/1.1 200' "$race"/* | xargs -r grep -l '^data: {"error"' | head -n 1 || true)
   if [[ -n "$hit" ]]; then
-    { echo "### POST /v1/chat/completions (4 at once at an idle engine; the one rejected in-band)"
+    { echo "### POST /v1/chat/completions
+### note: 4 at once at an idle engine; the one rejected in-band"
       echo "### request body: ${body}"
       echo "### ---- raw response (headers then body, unmodified) ----"
       cat "$hit"; } > "${OUT}/stream-chat-admission-rejected-inband.txt"
