@@ -67,7 +67,7 @@ pub struct Inputs<'a> {
 
 impl<'a> Inputs<'a> {
     pub fn gather(state: &'a AppState, now: Instant, asked: Duration) -> Inputs<'a> {
-        let ring = state.meter.ring();
+        let ring = state.recorder.ring();
         let uptime = now.saturating_duration_since(ring.started());
         let window = asked.min(uptime);
         let entries = ring.snapshot(now, window);
@@ -92,7 +92,11 @@ impl<'a> Inputs<'a> {
     }
 
     fn model_label(&self, e: &Entry) -> Arc<str> {
-        self.state.meter.metrics().models.resolve(&e.record.model)
+        self.state
+            .recorder
+            .metrics()
+            .models
+            .resolve(&e.record.model)
     }
 
     fn upstream_label(&self, e: &Entry) -> Arc<str> {
@@ -102,7 +106,7 @@ impl<'a> Inputs<'a> {
 
 fn upstream_label(state: &AppState, e: &Entry) -> Arc<str> {
     match &e.record.upstream {
-        Some(url) => state.meter.metrics().upstreams.resolve(url),
+        Some(url) => state.recorder.metrics().upstreams.resolve(url),
         None => Arc::from(NO_UPSTREAM),
     }
 }
@@ -156,8 +160,8 @@ fn table(
     compare::fold_gauges(&mut w, end);
     let groups = compare::groups_in(&w, true);
     if !groups.is_empty() {
-        let entries = state.meter.ring().snapshot(now, seconds);
-        let models = &state.meter.metrics().models;
+        let entries = state.recorder.ring().snapshot(now, seconds);
+        let models = &state.recorder.metrics().models;
         let mut parts: BTreeMap<(Arc<str>, Arc<str>), Vec<Entry>> = BTreeMap::new();
         for e in entries {
             let key = (models.resolve(&e.record.model), upstream_label(state, &e));
@@ -203,7 +207,7 @@ fn traffic(i: &Inputs) -> Value {
     };
     let in_flight: i64 = i
         .state
-        .meter
+        .recorder
         .metrics()
         .in_flight
         .collect()
@@ -258,17 +262,17 @@ fn replicas(i: &Inputs) -> Value {
         .map(|r| {
             let label = engines
                 .upstream(r)
-                .unwrap_or_else(|| i.state.meter.metrics().upstreams.resolve(&r.url));
+                .unwrap_or_else(|| i.state.recorder.metrics().upstreams.resolve(&r.url));
             let snap = engines.snapshot(r);
-            let signals = snap.as_ref().map(|s| s.signals).unwrap_or_default();
+            let load = snap.as_ref().map(|s| s.signals.load).unwrap_or_default();
             json!({
                 "upstream": label,
                 "healthy": r.is_healthy(),
                 "in_flight": r.in_flight(),
                 "engine_scraped": snap.is_some(),
-                "engine_waiting": signals.waiting,
-                "engine_running": signals.running,
-                "kv_cache_usage": signals.kv_cache_usage,
+                "engine_waiting": load.waiting,
+                "engine_running": load.running,
+                "kv_cache_usage": load.kv_cache_usage,
             })
         })
         .collect();
@@ -298,15 +302,16 @@ fn slowest(i: &Inputs) -> Value {
     let mut slow: Vec<&Entry> = i
         .entries
         .iter()
-        .filter(|e| e.record.outcome != Outcome::Rejected)
+        .filter(|e| e.record.measured.outcome != Outcome::Rejected)
         .collect();
-    slow.sort_by(|a, b| b.record.e2e_s.total_cmp(&a.record.e2e_s));
-    let ring = i.state.meter.ring();
+    slow.sort_by_key(|e| std::cmp::Reverse(e.record.measured.e2e));
+    let ring = i.state.recorder.ring();
     let requests: Vec<Value> = slow
         .into_iter()
         .take(SLOWEST)
         .map(|e| {
             let r = &e.record;
+            let m = &r.measured;
             let id: String = r.id.chars().take(MAX_ID_CHARS).collect();
             // A cut id would link to no trace.
             let traced = id.len() == r.id.len() && ring.trace(&r.id).is_some();
@@ -315,11 +320,11 @@ fn slowest(i: &Inputs) -> Value {
                 "trace": traced,
                 "model": i.model_label(e),
                 "upstream": i.upstream_label(e),
-                "outcome": r.outcome.as_str(),
-                "status": r.status,
-                "e2e_s": r.e2e_s,
-                "ttft_s": r.ttft_s,
-                "completion_tokens": r.completion_tokens,
+                "outcome": m.outcome.as_str(),
+                "status": m.status,
+                "e2e_s": m.e2e.as_secs_f64(),
+                "ttft_s": m.ttft.map(|d| d.as_secs_f64()),
+                "completion_tokens": m.completion_tokens,
                 "age_s": i.now.saturating_duration_since(r.end).as_secs_f64(),
             })
         })
