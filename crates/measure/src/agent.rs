@@ -108,7 +108,7 @@ impl ToolSet {
             .map(|f| Function {
                 name: f.name,
                 parameters: f.parameters,
-                schema: Schema::default(),
+                schema: Schema::new(),
             })
             .collect();
         (!functions.is_empty()).then(|| Arc::new(ToolSet { functions }))
