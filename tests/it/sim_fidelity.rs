@@ -25,15 +25,15 @@ fn capture_path(name: &str) -> String {
     }
 }
 
-struct Capture {
-    method: String,
-    path: String,
-    body: String,
-    head: String,
-    resp_body: String,
+pub(crate) struct Capture {
+    pub(crate) method: String,
+    pub(crate) path: String,
+    pub(crate) body: String,
+    pub(crate) head: String,
+    pub(crate) resp_body: String,
 }
 
-fn load(name: &str) -> Capture {
+pub(crate) fn load(name: &str) -> Capture {
     let raw = std::fs::read_to_string(capture_path(name)).unwrap();
     let mut method = String::new();
     let mut path = String::new();
@@ -175,7 +175,7 @@ impl Sk<'_> {
     }
 }
 
-fn skeleton(json: &str) -> String {
+pub(crate) fn skeleton(json: &str) -> String {
     let mut out = String::new();
     Sk {
         b: json.as_bytes(),
@@ -186,7 +186,7 @@ fn skeleton(json: &str) -> String {
 }
 
 /// Event skeletons with consecutive duplicates collapsed.
-fn stream_shape(body: &str) -> Vec<String> {
+pub(crate) fn stream_shape(body: &str) -> Vec<String> {
     assert!(body.ends_with("\n\n"), "events end with a blank line");
     let mut out: Vec<String> = Vec::new();
     for ev in body.split("\n\n").filter(|e| !e.is_empty()) {
@@ -206,14 +206,14 @@ fn stream_shape(body: &str) -> Vec<String> {
     out
 }
 
-fn header_names(head: &str) -> Vec<String> {
+pub(crate) fn header_names(head: &str) -> Vec<String> {
     head.split("\r\n")
         .skip(1)
         .map(|l| l.split_once(": ").unwrap().0.to_ascii_lowercase())
         .collect()
 }
 
-fn fixed_headers(head: &str) -> Vec<String> {
+pub(crate) fn fixed_headers(head: &str) -> Vec<String> {
     head.split("\r\n")
         .skip(1)
         .filter(|l| !l.starts_with("date:") && !l.starts_with("content-length:"))
@@ -229,7 +229,7 @@ async fn replay(name: &str) -> (Capture, Resp) {
     (cap, r)
 }
 
-fn sim_head(r: &Resp) -> String {
+pub(crate) fn sim_head(r: &Resp) -> String {
     let mut h = r.status_line.clone();
     // Our client asks for `connection: close`; the captures' client kept the connection.
     for (k, v) in r.headers.iter().filter(|(k, _)| k != "connection") {

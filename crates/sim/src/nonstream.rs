@@ -134,6 +134,8 @@ pub async fn run(
             }
         })
         .collect();
+    let mut tmpl = tmpl;
+    tmpl.set_prompt_details(run.prompt_details());
     let body = Bytes::from(tmpl.json_body(&choices));
     if faults.truncate_after.is_some() {
         // Count it as an abort, as a real cut connection would be.

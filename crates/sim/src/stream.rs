@@ -325,6 +325,7 @@ impl Body for SseBody {
                     if this.include_usage {
                         let total = this.run.gen.total_tokens();
                         let reasoning = this.reasoning_tokens();
+                        this.tmpl.set_prompt_details(this.run.prompt_details());
                         this.tmpl.usage_chunk(&mut this.buf, total, reasoning);
                     }
                     if !this.faults.no_done {
