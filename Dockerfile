@@ -19,7 +19,7 @@ COPY . .
 # podman): a rebuild compiles only what changed. Neither is part of any image.
 RUN --mount=type=cache,id=goodput-proxy-cargo-registry,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,id=goodput-proxy-target,target=/src/target,sharing=locked \
-    cargo build --release --locked -p goodput-proxy --bin goodput-proxy \
+    cargo build --release --locked -p goodput-proxy --bin goodput-proxy --features jemalloc \
  && strip --strip-debug -o /goodput-proxy target/release/goodput-proxy
 # (The release profile keeps line tables for profiling; the image keeps only the symbols,
 # enough for named backtraces: about 100 MB less.)
