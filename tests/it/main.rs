@@ -7,6 +7,7 @@ mod attack;
 
 mod compare_live;
 mod discovery;
+mod engine_fleet;
 mod engine_metrics;
 mod measure_alloc;
 mod measure_body;
