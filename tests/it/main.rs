@@ -12,6 +12,7 @@ mod attack;
 mod compare_live;
 mod dashboard;
 mod discovery;
+mod engine_fleet;
 mod engine_metrics;
 mod measure_alloc;
 mod measure_body;
