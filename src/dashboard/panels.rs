@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use goodput_measure::outcome::Outcome;
 use goodput_measure::record::{compute_stats, Entry};
-use prometheus::core::Collector;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
@@ -44,6 +43,8 @@ pub const MAX_REPLICAS: usize = 64;
 pub const SLOWEST: usize = 10;
 /// Request ids are cut to this many characters (they come from clients).
 pub const MAX_ID_CHARS: usize = 96;
+/// The proxy's in-flight gauge (per model).
+const IN_FLIGHT: &str = "goodput_proxy_requests_in_flight";
 /// The "now" figures (requests/s, good/s) cover this much.
 pub const RECENT: Duration = Duration::from_secs(10);
 
@@ -63,6 +64,8 @@ pub struct Inputs<'a> {
     /// the first minutes a page is open); `None`: no page from inside the window yet (the next
     /// refresh has one).
     pub table: Option<compare::Table>,
+    /// `goodput_proxy_requests_in_flight`, every model.
+    pub in_flight: i64,
 }
 
 impl<'a> Inputs<'a> {
@@ -72,7 +75,14 @@ impl<'a> Inputs<'a> {
         let window = asked.min(uptime);
         let entries = ring.snapshot(now, window);
         let stats = compute_stats(&entries, now, window, window, None);
-        let page = Arc::new(metric_page(state));
+        let gathered = state.registry.gather();
+        let in_flight = gathered
+            .iter()
+            .filter(|f| f.name() == IN_FLIGHT)
+            .flat_map(|f| f.get_metric())
+            .map(|m| m.get_gauge().get_value() as i64)
+            .sum();
+        let page = Arc::new(metric_page(state, gathered));
         let start = state.dashboard.start_and_keep(now, asked, || page.clone());
         let table = match start {
             // While the proxy is younger than the window, the window is its whole life.
@@ -88,6 +98,7 @@ impl<'a> Inputs<'a> {
             entries,
             stats,
             table,
+            in_flight,
         }
     }
 
@@ -113,12 +124,10 @@ fn upstream_label(state: &AppState, e: &Entry) -> Arc<str> {
 
 /// The families `compare` reads: the proxy's three latency histograms and the engines'
 /// (relabelled `upstream`, as on `/metrics`).
-fn metric_page(state: &AppState) -> Vec<Family> {
+fn metric_page(state: &AppState, gathered: Vec<prometheus::proto::MetricFamily>) -> Vec<Family> {
     use prometheus::Encoder;
     let own: HashSet<&str> = QUANTITIES.iter().map(|q| q.proxy_family).collect();
-    let families: Vec<_> = state
-        .registry
-        .gather()
+    let families: Vec<_> = gathered
         .into_iter()
         .filter(|f| own.contains(f.name()))
         .collect();
@@ -205,16 +214,7 @@ fn traffic(i: &Inputs) -> Value {
             0.0
         }
     };
-    let in_flight: i64 = i
-        .state
-        .recorder
-        .metrics()
-        .in_flight
-        .collect()
-        .iter()
-        .flat_map(|f| f.get_metric())
-        .map(|m| m.get_gauge().get_value() as i64)
-        .sum();
+    let in_flight = i.in_flight;
     json!({
         "requests": i.stats["requests"],
         "goodput_ratio": i.stats["goodput"]["ratio"],
