@@ -41,7 +41,7 @@ allocs() {
 import re, sys
 names, cur, total = {}, None, 0
 alloc = {"malloc", "calloc", "realloc", "posix_memalign", "aligned_alloc", "memalign"}
-alloc |= {"_rjem_" + a for a in alloc | {"mallocx", "rallocx"}}  # jemalloc (the default)
+alloc |= {"_rjem_" + a for a in alloc | {"mallocx", "rallocx"}}  # jemalloc (the shipped binary's, --features jemalloc)
 for line in open(sys.argv[1], errors="replace"):
     # Names uncompressed (--compress-strings=no): `fn=NAME` / `cfn=NAME`.
     m = re.match(r"(c?)fn=(.*)", line)
