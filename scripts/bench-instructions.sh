@@ -8,7 +8,7 @@
 # `net_of_idle` takes off what the process does in SECS seconds without requests (measured
 # first, once per binary): the figure to compare between runs on a busy machine.
 # Streaming (64 tokens, usage injected and stripped) and non-streaming, metering on (MEASURE=false:
-# off). KINDS picks the requests (default "stream json"); agent traffic (issue 13): `tool` (a
+# off). KINDS picks the requests (default "stream json"); agent traffic: `tool` (a
 # streamed tool call: tools + named tool_choice + x-sim-fault tool-call=valid), `logprobs`
 # (64-token stream, logprobs top 2) and `traced` (the same with x-goodput-trace: 1).
 # Each dump is kept as OUT/KIND.BIN.PID.cg (OUT=/tmp/goodput-instructions; callgrind_annotate FILE).
