@@ -102,6 +102,7 @@ impl App {
             upstreams: Arc::new(upstreams),
             engines: Arc::new(engines),
             auth: Auth::new(&config.auth),
+            admin: config.admin.clone(),
             dashboard: History::new(crate::dashboard::MAX_WINDOW),
         });
         if let Some(auth) = &state.auth {

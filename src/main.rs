@@ -46,6 +46,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let config = args.load_config()?;
     logging::init(&config.log);
     warn_on_low_fd_limit(goodput_net::raise_nofile_limit(), &config);
+    if let Some(w) = config.admin.exposure_warning(config.server.admin_listen) {
+        tracing::warn!("{w}");
+    }
     runtime()?.block_on(async move {
         let app = App::bind(config).await?;
         tracing::info!(addr = %app.local_addr(), "proxy listening");
@@ -136,6 +139,9 @@ fn check_config(file: &std::path::Path) -> anyhow::Result<()> {
                 config.server.admin_listen,
                 config.upstream.urls.len()
             );
+            if let Some(w) = config.admin.exposure_warning(config.server.admin_listen) {
+                eprintln!("warning: {w}");
+            }
             Ok(())
         }
         Err(e) => {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use crate::auth::Auth;
 use crate::compare::history::History;
+use crate::config::AdminConfig;
 use crate::engine::Engines;
 use crate::recorder::Recorder;
 use crate::upstream::Upstreams;
@@ -23,6 +24,8 @@ pub struct AppState {
     pub engines: Arc<Engines>,
     /// API keys and tenants, when `[auth]` is on (reloaded on SIGHUP).
     pub auth: Option<Arc<Auth>>,
+    /// `[admin]`: the admin token and what the admin port reveals.
+    pub admin: AdminConfig,
     /// The metric pages the dashboard's windows start from (kept only while a page polls).
     pub dashboard: History,
 }

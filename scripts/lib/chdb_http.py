@@ -97,7 +97,10 @@ def main() -> int:
     ap.add_argument("--dir", required=True, help="the engine's data directory")
     args = ap.parse_args()
     SESSION = chdb.session.Session(args.dir)
-    server = http.server.HTTPServer(("127.0.0.1", args.port), Handler)
+    # Threads: the sink and the tests keep connections open; the engine is used one query at
+    # a time (LOCK).
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
+    server.daemon_threads = True
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     print(f"chdb_http: ClickHouse {SESSION.query('SELECT version()', 'TSV').bytes().decode().strip()}"
           f" on http://127.0.0.1:{args.port}", file=sys.stderr, flush=True)

@@ -22,8 +22,10 @@ Usage: k8s_check.py [--proxy target/debug/goodput-proxy] [DIR]
 from __future__ import annotations
 
 import argparse
+import base64
 import subprocess
 import sys
+import re
 import tempfile
 import tomllib
 from pathlib import Path
@@ -90,6 +92,34 @@ def port_of(addr: str) -> int:
     return int(addr.rsplit(":", 1)[1])
 
 
+DIGEST = re.compile(r"^(sha256:)?[0-9a-fA-F]{64}$")
+
+
+def check_secret_refs(where: str, container: dict, docs) -> list[str]:
+    """Every Secret the proxy's environment names is in this directory with that key; the
+    admin token's is a SHA-256 digest (what `admin.token_sha256` takes)."""
+    errors = []
+    secrets = {}
+    for _, d in docs:
+        if d.get("kind") == "Secret":
+            values = {k: base64.b64decode(v).decode() for k, v in (d.get("data") or {}).items()}
+            values.update(d.get("stringData") or {})
+            secrets[d["metadata"]["name"]] = values
+    for env in container.get("env", []):
+        ref = env.get("valueFrom", {}).get("secretKeyRef")
+        if not ref:
+            continue
+        name, key = ref.get("name"), ref.get("key")
+        if key not in secrets.get(name, {}):
+            if not ref.get("optional"):
+                errors.append(f"{where}: env {env['name']} names Secret {name!r} key {key!r}, "
+                              "which this directory does not define")
+        elif env["name"] == "GOODPUT_PROXY_ADMIN_TOKEN_SHA256" and not DIGEST.match(secrets[name][key]):
+            errors.append(f"{where}: Secret {name!r} key {key!r} is not a SHA-256 digest "
+                          "(64 hex digits, optionally sha256: first)")
+    return errors
+
+
 def check_variant(docs, proxy_bin: str | None):
     """Errors and the workloads (kind, name) of one variant directory."""
     errors = []
@@ -122,6 +152,7 @@ def check_variant(docs, proxy_bin: str | None):
             if sleep is None or not (drain_ms <= sleep * 1000 < grace_s * 1000):
                 errors.append(f"{where}: container {c['name']} must sleep in preStop at least "
                               f"{drain_ms / 1000:g} s (the proxy's drain) and under {grace_s} s; has {sleep}")
+        errors += check_secret_refs(where, proxy, docs)
         admin = port_of(server.get("admin_listen", "127.0.0.1:9090"))
         by_name = {p["name"]: p["containerPort"] for p in proxy.get("ports", [])}
         admin_names = {n for n, p in by_name.items() if p == admin}

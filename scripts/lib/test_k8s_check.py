@@ -53,6 +53,16 @@ class KubernetesKit(unittest.TestCase):
         errors, _ = k8s_check.check_variant(docs, None)
         self.assertTrue(any("preStop" in e for e in errors), errors)
 
+    def test_the_admin_token_secret_must_exist_and_hold_a_digest(self):
+        for variant in ("sidecar", "shared-ingress"):
+            docs = self.variant(variant)
+            self.find(docs, "Secret", "goodput-proxy-admin")["stringData"]["token-sha256"] = "hunter2"
+            errors, _ = k8s_check.check_variant(docs, None)
+            self.assertTrue(any("not a SHA-256 digest" in e for e in errors), errors)
+            docs = [(f, d) for f, d in self.variant(variant) if d["kind"] != "Secret"]
+            errors, _ = k8s_check.check_variant(docs, None)
+            self.assertTrue(any("does not define" in e for e in errors), errors)
+
     def test_probes_must_be_on_the_admin_port(self):
         docs = self.variant("shared-ingress")
         c = self.find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]

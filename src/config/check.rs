@@ -4,13 +4,13 @@
 use std::time::Duration;
 
 use super::raw::{
-    Limit, RawAuth, RawClickHouse, RawConfig, RawEngine, RawLimits, RawMeasure, RawServer, RawSlo,
-    RawTrace, RawUpstream,
+    Limit, RawAdmin, RawAuth, RawClickHouse, RawConfig, RawEngine, RawLimits, RawMeasure,
+    RawServer, RawSlo, RawTrace, RawUpstream,
 };
 use super::{
-    AuthConfig, BaseUrl, ClickHouseConfig, Config, DnsTarget, EngineConfig, EngineKind, JsonlSink,
-    MeasureConfig, Origin, Problem, ServerConfig, TenantConfig, TlsFiles, TraceConfig,
-    UpstreamConfig,
+    AdminConfig, AuthConfig, BaseUrl, ClickHouseConfig, Config, DnsTarget, EngineConfig,
+    EngineKind, JsonlSink, MeasureConfig, Origin, Problem, ServerConfig, TenantConfig, TlsFiles,
+    TraceConfig, UpstreamConfig,
 };
 use goodput_measure::slo::{Slo, SloTable};
 
@@ -26,6 +26,7 @@ pub fn check(raw: &RawConfig, origin: &dyn Fn(&str) -> Origin) -> Result<Config,
         limits: c.limits(&raw.limits),
         upstream: c.upstream(&raw.upstream),
         auth: c.auth(&raw.auth, raw.measure.enabled),
+        admin: c.admin(&raw.admin),
         log: raw.log.clone(),
         measure: c.measure(&raw.measure),
         trace: c.trace(&raw.trace),
@@ -293,6 +294,25 @@ impl Checker<'_> {
                 );
                 None
             }
+        }
+    }
+
+    fn admin(&mut self, a: &RawAdmin) -> AdminConfig {
+        let token = a
+            .token_sha256
+            .as_deref()
+            .and_then(|t| match crate::auth::parse_digest(t) {
+                Ok(d) => Some(d),
+                Err(m) => {
+                    self.bad("admin.token_sha256", &m);
+                    None
+                }
+            });
+        AdminConfig {
+            token,
+            metrics_public: a.metrics_public,
+            trace: a.trace,
+            records: a.records,
         }
     }
 

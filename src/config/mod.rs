@@ -43,6 +43,8 @@ pub struct Config {
     pub upstream: UpstreamConfig,
     /// `[auth]`: keys and tenants (off when it has neither a tenant nor a keys file).
     pub auth: AuthConfig,
+    /// `[admin]`: the admin token and what the admin port reveals.
+    pub admin: AdminConfig,
     pub log: LogConfig,
     pub measure: MeasureConfig,
     /// `[trace]`: which requests get a token-level trace, and its bounds.
@@ -54,6 +56,32 @@ pub struct Config {
     pub clickhouse: Option<ClickHouseConfig>,
     /// `[sim]`: the demo engine's settings, when set.
     pub sim: Option<goodput_sim::SimConfig>,
+}
+
+/// `[admin]`, checked (see `raw::RawAdmin`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AdminConfig {
+    /// The token's SHA-256 digest; `None`: no token asked for.
+    pub token: Option<crate::auth::Digest>,
+    pub metrics_public: bool,
+    pub trace: bool,
+    pub records: bool,
+}
+
+impl AdminConfig {
+    /// A warning when what the admin port reveals is open to whoever reaches `listen`: not
+    /// loopback, and no token.
+    pub fn exposure_warning(&self, listen: SocketAddr) -> Option<String> {
+        (self.token.is_none() && !listen.ip().is_loopback()).then(|| {
+            format!(
+                "server.admin_listen {listen} is not loopback and admin.token_sha256 is not set: \
+                 /stats, the live page (/, /dashboard.json){}{} are open to anyone who reaches \
+                 the port (set admin.token_sha256; `goodput-proxy hash-key --generate`)",
+                if self.trace { ", /trace" } else { "" },
+                if self.records { ", raw records" } else { "" },
+            )
+        })
+    }
 }
 
 #[derive(Debug, Clone)]

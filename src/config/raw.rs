@@ -18,6 +18,8 @@ pub struct RawConfig {
     pub upstream: RawUpstream,
     /// API keys and tenants (`[auth]`); off unless a tenant or a keys file is configured.
     pub auth: RawAuth,
+    /// What the admin listener serves, and to whom (`[admin]`).
+    pub admin: RawAdmin,
     pub log: LogConfig,
     pub measure: RawMeasure,
     /// Token-level traces (`[trace]`): which requests are traced, and how much is kept.
@@ -246,6 +248,40 @@ pub struct RawAuth {
     pub keys_file: Option<PathBuf>,
     /// `[auth.tenants.NAME]`: a tenant's keys and limits. NAME is the `tenant` label value.
     pub tenants: BTreeMap<String, RawTenant>,
+}
+
+/// What the admin listener (`server.admin_listen`) reveals and who may read it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawAdmin {
+    /// SHA-256 digest (64 hex digits, optionally `sha256:` first) of the admin token; make one
+    /// with `goodput-proxy hash-key`. With it, every admin path but `/healthz`, `/readyz` and
+    /// (see `metrics_public`) `/metrics` answers 401 unless the request carries
+    /// `Authorization: Bearer <token>` or HTTP Basic with the token as the password (a
+    /// browser's sign-in prompt). Default: none (keep the admin listener on loopback or a
+    /// network only operators reach).
+    pub token_sha256: Option<String>,
+    /// `/metrics` without the token (Prometheus scrapes as before). `false`: it needs the token
+    /// too (Prometheus: `authorization.credentials_file`). Default: true.
+    pub metrics_public: bool,
+    /// `/trace/<request-id>`: a traced request's generated text, token by token. Default:
+    /// false (404).
+    pub trace: bool,
+    /// Per-request data on the admin port: `/stats?records=N` (the N latest raw records:
+    /// ids, models, tenants, timings) and the live page's slowest requests by id. Default:
+    /// false (aggregates only).
+    pub records: bool,
+}
+
+impl Default for RawAdmin {
+    fn default() -> Self {
+        Self {
+            token_sha256: None,
+            metrics_public: true,
+            trace: false,
+            records: false,
+        }
+    }
 }
 
 /// One tenant of `[auth.tenants]`.

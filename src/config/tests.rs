@@ -570,3 +570,41 @@ fn upstream_tls_problems_name_their_field() {
     assert_eq!(tls.ca, Path::new("ca.pem"));
     assert_eq!(tls.client, None);
 }
+
+#[test]
+fn an_open_admin_port_beyond_loopback_is_warned_about() {
+    let token = AdminConfig {
+        token: Some(crate::auth::digest_of(b"t")),
+        ..AdminConfig::default()
+    };
+    let none = AdminConfig::default();
+    let addr = |s: &str| s.parse::<SocketAddr>().unwrap();
+    // (listen, token set, warned)
+    for (listen, with_token, warned) in [
+        ("127.0.0.1:9090", false, false),
+        ("[::1]:9090", false, false),
+        ("0.0.0.0:9090", false, true),
+        ("10.1.2.3:9090", false, true),
+        ("0.0.0.0:9090", true, false),
+    ] {
+        let c = if with_token { &token } else { &none };
+        let w = c.exposure_warning(addr(listen));
+        assert_eq!(w.is_some(), warned, "{listen} {with_token}: {w:?}");
+    }
+    let bad = Config::load(
+        None,
+        [(
+            "GOODPUT_PROXY_ADMIN_TOKEN_SHA256".to_string(),
+            "hunter2".to_string(),
+        )],
+        Vec::new(),
+    )
+    .unwrap_err();
+    assert!(
+        bad.problems()
+            .iter()
+            .any(|p| p.to_string().contains("admin.token_sha256")),
+        "{:?}",
+        bad.problems()
+    );
+}

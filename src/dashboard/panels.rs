@@ -313,8 +313,14 @@ fn slowest(i: &Inputs) -> Value {
             let r = &e.record;
             let m = &r.measured;
             let id: String = r.id.chars().take(MAX_ID_CHARS).collect();
-            // A cut id would link to no trace.
-            let traced = id.len() == r.id.len() && ring.trace(&r.id).is_some();
+            // Ids only where the admin port serves per-request data; a cut id would link to no
+            // trace, and traces only where they are served.
+            let admin = &i.state.admin;
+            let traced = admin.records
+                && admin.trace
+                && id.len() == r.id.len()
+                && ring.trace(&r.id).is_some();
+            let id = admin.records.then_some(id);
             json!({
                 "id": id,
                 "trace": traced,

@@ -217,7 +217,7 @@ const PANEL_CHECKS: &[(&str, &[&str])] = &[
 ];
 
 /// The `<section ...>...</section>` of panel `name` in a DOM dump.
-fn section<'a>(dom: &'a str, name: &str) -> &'a str {
+pub fn section<'a>(dom: &'a str, name: &str) -> &'a str {
     let open = format!("data-panel=\"{name}\"");
     let at = dom
         .find(&open)
@@ -227,7 +227,7 @@ fn section<'a>(dom: &'a str, name: &str) -> &'a str {
     &dom[start..end]
 }
 
-fn chromium(args: &[String], profile: &Path) -> std::process::Output {
+pub fn chromium(args: &[String], profile: &Path) -> std::process::Output {
     let bin = std::env::var("CHROMIUM").unwrap_or_else(|_| "chromium".into());
     std::process::Command::new(bin)
         .args([

@@ -7,6 +7,8 @@
 
 mod support;
 
+mod admin_auth;
+
 mod attack;
 
 mod compare_live;

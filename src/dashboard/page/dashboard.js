@@ -163,8 +163,13 @@ async function refresh() {
   if (inFlight) return;
   inFlight = true;
   try {
-    const resp = await fetch("dashboard.json?window=" + encodeURIComponent(windowEl.value), { cache: "no-store" });
+    // Built from origin and path: a page opened as http://user:token@host/ has credentials in
+    // its own URL, which fetch refuses; the browser sends the ones it signed in with anyway.
+    const url = new URL("dashboard.json", location.origin + location.pathname);
+    url.searchParams.set("window", windowEl.value);
+    const resp = await fetch(url, { cache: "no-store", credentials: "same-origin" });
     const text = await resp.text();
+    if (resp.status === 401) throw new Error("the admin port asks for its token: reload the page to sign in");
     if (!resp.ok) throw new Error(`dashboard.json answered ${resp.status}: ${text.slice(0, 200)}`);
     const doc = JSON.parse(text);
     for (const section of document.querySelectorAll("section[data-panel]")) {

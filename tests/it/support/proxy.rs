@@ -55,6 +55,10 @@ pub fn test_config(upstreams: &[String]) -> RawConfig {
     c.server.grace_period_ms = 5_000;
     c.upstream.urls = upstreams.to_vec();
     c.upstream.health_interval_ms = 200;
+    // The admin port's content switches on (off by default: tests/it/admin_auth.rs), so the
+    // tests read traces and raw records.
+    c.admin.trace = true;
+    c.admin.records = true;
     c
 }
 

@@ -3,7 +3,10 @@
 //! every engine's relabelled `upstream`), `/stats` (exact statistics
 //! over the recent request records), `/trace/<request-id>` (a traced request's token-level
 //! trace while it is kept), `/` (the live dashboard page) and `/dashboard.json` (its data; see
-//! `dashboard`).
+//! `dashboard`). Who may read what: `guard` (`[admin]`: the token; `/trace` and raw records
+//! only when switched on).
+
+mod guard;
 
 use std::collections::HashSet;
 use std::convert::Infallible;
@@ -41,13 +44,22 @@ pub async fn handle<B>(
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return Ok(text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n"));
     }
-    Ok(match req.uri().path() {
+    let path = req.uri().path();
+    if guard::needs_token(&state.admin, path) && !guard::allowed(&state.admin, req.headers()) {
+        return Ok(unauthorized());
+    }
+    Ok(match path {
         "/" => page(req.headers()),
         "/dashboard.json" => dashboard(&state, req.uri().query()),
         "/healthz" => text(StatusCode::OK, "ok\n"),
         "/readyz" => readyz(&state),
         "/metrics" => metrics(&state),
         "/stats" => stats(&state, req.uri().query()),
+        p if p.starts_with("/trace/") && !state.admin.trace => error(
+            StatusCode::NOT_FOUND,
+            "traces are not served on this admin port (admin.trace = false)",
+            "request_id",
+        ),
         p if p.starts_with("/trace/") => trace(&state, &p["/trace/".len()..]),
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     })
@@ -96,9 +108,74 @@ fn metrics(state: &AppState) -> Response<Full<Bytes>> {
     resp
 }
 
-/// `GET /stats?window=SECONDS[&model=NAME][&upstream=LABEL]`; a bad query is a 400 naming the
-/// parameter. `upstream` takes the label value of `/metrics` (`none`: no replica answered).
+/// 401 with both challenges: `Bearer` for scripts, `Basic` so a browser asks for the token
+/// (as the password) and sends it with every request of the page.
+fn unauthorized() -> Response<Full<Bytes>> {
+    let mut resp = error(
+        StatusCode::UNAUTHORIZED,
+        "the admin port needs its token: Authorization: Bearer <token>, or HTTP Basic with the \
+         token as the password",
+        "authorization",
+    );
+    for challenge in [
+        format!("Bearer realm=\"{}\"", guard::REALM),
+        format!("Basic realm=\"{}\", charset=\"UTF-8\"", guard::REALM),
+    ] {
+        if let Ok(v) = header::HeaderValue::from_str(&challenge) {
+            resp.headers_mut().append(header::WWW_AUTHENTICATE, v);
+        }
+    }
+    resp
+}
+
+/// An OpenAI-style error document.
+fn error(status: StatusCode, message: &str, param: &str) -> Response<Full<Bytes>> {
+    let doc = serde_json::json!({ "error": {
+        "message": message, "param": param, "code": status.as_u16(),
+    }});
+    json(status, &doc)
+}
+
+/// Most raw records `/stats?records=N` returns.
+pub const MAX_RECORDS: usize = 1000;
+
+/// `records=N` taken out of a `/stats` query: its value, and the rest of the query.
+fn take_records(query: Option<&str>) -> (Option<&str>, String) {
+    let mut records = None;
+    let mut rest = Vec::new();
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("records", v)) => records = Some(v),
+            _ => rest.push(pair),
+        }
+    }
+    (records, rest.join("&"))
+}
+
+/// `GET /stats?window=SECONDS[&model=NAME][&upstream=LABEL][&records=N]`; a bad query is a 400
+/// naming the parameter. `upstream` takes the label value of `/metrics` (`none`: no replica
+/// answered). `records=N` adds the N latest raw records of the window (`admin.records` only).
 fn stats(state: &AppState, query: Option<&str>) -> Response<Full<Bytes>> {
+    let (records, rest) = take_records(query);
+    let records = match records.map(str::parse::<usize>) {
+        None => None,
+        Some(_) if !state.admin.records => {
+            return error(
+                StatusCode::FORBIDDEN,
+                "raw records are not served on this admin port (admin.records = false)",
+                "records",
+            )
+        }
+        Some(Ok(n)) if (1..=MAX_RECORDS).contains(&n) => Some(n),
+        Some(_) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                &format!("records must be a count from 1 to {MAX_RECORDS}"),
+                "records",
+            )
+        }
+    };
+    let query = (!rest.is_empty()).then_some(rest.as_str());
     match parse_stats_query(query) {
         Ok(q) => {
             let urls = q
@@ -108,12 +185,20 @@ fn stats(state: &AppState, query: Option<&str>) -> Response<Full<Bytes>> {
             let urls: Option<Vec<&str>> = urls
                 .as_ref()
                 .map(|u| u.iter().map(|s| s.as_str()).collect());
-            let doc = state.recorder.ring().stats_for(
-                Instant::now(),
-                q.window,
-                q.model.as_deref(),
-                urls.as_deref(),
-            );
+            let now = Instant::now();
+            let ring = state.recorder.ring();
+            let mut doc = ring.stats_for(now, q.window, q.model.as_deref(), urls.as_deref());
+            if let Some(n) = records {
+                let latest: Vec<serde_json::Value> = ring
+                    .snapshot(now, q.window)
+                    .iter()
+                    .rev()
+                    .filter(|e| q.model.as_deref().is_none_or(|m| &*e.record.model == m))
+                    .take(n)
+                    .filter_map(|e| serde_json::to_value(&*e.record).ok())
+                    .collect();
+                doc["records"] = serde_json::Value::Array(latest);
+            }
             json(StatusCode::OK, &doc)
         }
         Err(e) => {
