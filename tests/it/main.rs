@@ -13,6 +13,7 @@ mod compare_live;
 mod discovery;
 mod engine_fleet;
 mod engine_metrics;
+mod engine_streams;
 mod measure_alloc;
 mod measure_body;
 mod meter_agent;
