@@ -14,6 +14,7 @@ use crate::config::{BaseUrl, Config, UsageInjection};
 use crate::discover::{Discovery, Resolver, SystemResolver};
 use crate::engine::{self, Engines};
 use crate::listener::{self, ReloadableTls, ServeOptions};
+use crate::metrics::labels::{ByTenant, Sink};
 use crate::metrics::{Metrics, ModelLabels};
 use crate::recorder::Recorder;
 use crate::sink::clickhouse::{ClickHouseSink, SinkCounters};
@@ -108,7 +109,7 @@ impl App {
                     .recorder
                     .metrics()
                     .tenant_tokens
-                    .with_label_values(&[&name]);
+                    .get(&ByTenant { tenant: &name });
             }
         }
         let discovery = if config.upstream.discover.is_empty() {
@@ -323,18 +324,18 @@ fn build_recorder(config: &Config, registry: &prometheus::Registry) -> anyhow::R
             keep: jsonl.keep,
             queue: jsonl.queue,
         };
-        let dropped = metrics.records_dropped.with_label_values(&["jsonl"]);
+        let dropped = metrics.records_dropped.get(&Sink::Jsonl);
         // The writer task ends by itself once the last sender (the recorder) is dropped.
         let (sink, _task) = RecordSink::spawn(cfg, dropped)
             .with_context(|| format!("measure.sink_path: cannot open {}", path.display()))?;
         sinks.jsonl = Some(sink);
     }
     if let Some(ch) = &config.clickhouse {
-        let l = ["clickhouse"];
+        let l = Sink::Clickhouse;
         let counters = SinkCounters {
-            dropped: metrics.records_dropped.with_label_values(&l),
-            shipped: metrics.records_shipped.with_label_values(&l),
-            errors: metrics.sink_errors.with_label_values(&l),
+            dropped: metrics.records_dropped.get(&l),
+            shipped: metrics.records_shipped.get(&l),
+            errors: metrics.sink_errors.get(&l),
         };
         // The shipper ends by itself once the recorder is dropped and the queue is shipped.
         let (sink, _task) = ClickHouseSink::spawn(ch, counters)
