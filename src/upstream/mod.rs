@@ -3,8 +3,13 @@
 pub mod balance;
 pub mod deadline;
 pub mod forward;
+pub mod goodput;
 pub mod headers;
 pub mod health;
+pub mod hold;
+pub mod prefix;
+pub mod shape;
+pub mod strategy;
 pub mod tls;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
