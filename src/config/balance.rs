@@ -91,7 +91,10 @@ impl BalanceConfig {
             p.push(("balance.prefix_min_blocks", "must be positive"));
         }
         if !(1_024..=1 << 24).contains(&self.prefix_index_blocks) {
-            p.push(("balance.prefix_index_blocks", "must be between 1024 and 16777216"));
+            p.push((
+                "balance.prefix_index_blocks",
+                "must be between 1024 and 16777216",
+            ));
         }
         if !(self.saturation_ratio.is_finite() && self.saturation_ratio >= 1.0) {
             p.push(("balance.saturation_ratio", "must be a number >= 1"));

@@ -132,7 +132,9 @@ impl PrefixIndex {
             0 => (0, Replicas::default()),
             k => (
                 k,
-                self.get(blocks[k - 1]).map(Slot::replicas).unwrap_or_default(),
+                self.get(blocks[k - 1])
+                    .map(Slot::replicas)
+                    .unwrap_or_default(),
             ),
         }
     }
@@ -186,7 +188,11 @@ mod tests {
         ix.record(&a[..3], 9);
         assert_eq!(ix.longest(&a).0, 6);
         assert_eq!(ix.longest(&a).1.as_slice(), &[7]);
-        assert_eq!(ix.longest(&a[..3]).1.as_slice(), &[9, 7], "most recent first");
+        assert_eq!(
+            ix.longest(&a[..3]).1.as_slice(),
+            &[9, 7],
+            "most recent first"
+        );
         assert_eq!(ix.longest(&blocks(2, 5)), (0, Replicas::default()));
         assert_eq!(ix.longest(&[]).0, 0);
         ix.forget(&a, 7);

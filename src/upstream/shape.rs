@@ -129,7 +129,10 @@ mod tests {
             let b = Shape::of(&changed, 64);
             assert_eq!(a.blocks[..k], b.blocks[..k], "k={k}");
             assert!(
-                a.blocks[k..].iter().zip(&b.blocks[k..]).all(|(x, y)| x != y),
+                a.blocks[k..]
+                    .iter()
+                    .zip(&b.blocks[k..])
+                    .all(|(x, y)| x != y),
                 "k={k}"
             );
         }
@@ -138,15 +141,28 @@ mod tests {
     #[test]
     fn sizes_and_limits() {
         let cases: &[(&str, u64, u64)] = &[
-            (r#"{"messages":[],"max_tokens":12}"#, 6, 12),
-            (r#"{"prompt":"abcd","max_completion_tokens": 7,"max_tokens":3}"#, 4, 7),
-            (r#"{"messages":[],"max_tokens":"12"}"#, 7, DEFAULT_OUTPUT_TOKENS),
+            // The prompt is estimated from its key on: 30 bytes, 8 tokens.
+            (r#"{"messages":[],"max_tokens":12}"#, 8, 12),
+            (
+                r#"{"prompt":"abcd","max_completion_tokens": 7,"max_tokens":3}"#,
+                15,
+                7,
+            ),
+            (
+                r#"{"messages":[],"max_tokens":"12"}"#,
+                8,
+                DEFAULT_OUTPUT_TOKENS,
+            ),
             (r#"{"model":"x"}"#, 0, DEFAULT_OUTPUT_TOKENS),
             ("", 0, DEFAULT_OUTPUT_TOKENS),
         ];
         for &(body, prompt, output) in cases {
             let s = Shape::of(body.as_bytes(), 16);
-            assert_eq!((s.prompt_tokens, s.output_tokens), (prompt, output), "{body}");
+            assert_eq!(
+                (s.prompt_tokens, s.output_tokens),
+                (prompt, output),
+                "{body}"
+            );
         }
         let huge = chat(&"x".repeat(100_000), "q", "");
         assert_eq!(Shape::of(&huge, 64).blocks.len(), MAX_BLOCKS);

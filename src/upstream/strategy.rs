@@ -1,6 +1,9 @@
 //! The replica choice for one request, by `[balance] strategy` (docs/routing.md):
 //!
-//! - `p2c`: two random candidates, fewer requests in flight plus engine queue wins (`balance.rs`).
+//! - `p2c`: two random candidates, fewer requests in flight plus engine queue wins: near
+//!   least-loaded without the herd behaviour of always picking the global minimum. A request
+//!   waiting in the engine queue counts twice on purpose: at equal in-flight the replica whose
+//!   engine already queues loses, and traffic it gets from elsewhere shows up at all.
 //! - `prefix`: the replicas that recently served the request's longest prefix (at least
 //!   `prefix_min_blocks` blocks) are tried first, least loaded of them, unless all are
 //!   saturated ("sticky until saturated"); otherwise power of two choices on load in tokens.
@@ -19,6 +22,7 @@
 
 use std::sync::Mutex;
 
+use prometheus::{IntCounter, IntCounterVec, Opts};
 use rand::Rng;
 
 use super::prefix::{PrefixIndex, ReplicaId};
@@ -184,7 +188,8 @@ pub fn decide<R: Rng + ?Sized>(
         let limit = cfg.saturation_ratio * mean + shape.tokens() as f64;
         let saturated = |c: &Cand| {
             load(c, shape) > limit
-                || c.waiting.is_some_and(|w| w >= cfg.saturation_queue.max(1.0))
+                || c.waiting
+                    .is_some_and(|w| w >= cfg.saturation_queue.max(1.0))
                 || c.kv.is_some_and(|k| k >= cfg.saturation_kv)
         };
         let usable = matched.iter().copied().filter(|i| {
@@ -213,19 +218,38 @@ pub fn decide<R: Rng + ?Sized>(
     pick(two_choices(elig, rng, score), fallback)
 }
 
-/// The configured strategy with its prefix index.
+/// The configured strategy with its prefix index and decision counter.
 #[derive(Debug)]
 pub struct Balancer {
     pub cfg: BalanceConfig,
     index: Mutex<PrefixIndex>,
+    /// `goodput_proxy_route_decisions_total{reason}` (registered by the app).
+    pub decisions: IntCounterVec,
+    by_reason: [IntCounter; Reason::ALL.len()],
 }
 
 impl Balancer {
     pub fn new(cfg: BalanceConfig) -> Self {
+        let decisions = IntCounterVec::new(
+            Opts::new(
+                "goodput_proxy_route_decisions_total",
+                "Replica choices by the balancer, by why the replica was chosen (each attempt of a retried request counts).",
+            ),
+            &["reason"],
+        )
+        .unwrap_or_else(|e| unreachable!("a valid family: {e}"));
+        let by_reason = Reason::ALL.map(|r| decisions.with_label_values(&[r.as_str()]));
         Balancer {
             index: Mutex::new(PrefixIndex::new(cfg.prefix_index_blocks)),
             cfg,
+            decisions,
+            by_reason,
         }
+    }
+
+    /// Counts one decision.
+    pub fn count(&self, reason: Reason) {
+        self.by_reason[reason as usize].inc();
     }
 
     fn uses_prefix(&self) -> bool {
@@ -471,7 +495,12 @@ mod tests {
             attainment_weight: 0.0,
             ..c.clone()
         };
-        assert_eq!(run(&flat, &[cand(0, 3_000), slow], &[], 0, &[]).unwrap().idx, 1);
+        assert_eq!(
+            run(&flat, &[cand(0, 3_000), slow], &[], 0, &[])
+                .unwrap()
+                .idx,
+            1
+        );
     }
 
     #[test]
@@ -488,8 +517,17 @@ mod tests {
         let mut rng = SmallRng::seed_from_u64(9);
         let (mut explored, mut to_bad) = (0, 0);
         for _ in 0..10_000 {
-            let ch = decide(&c, &cands, &shape(0), &[], 0, &[], &mut rng, &mut Vec::new())
-                .unwrap();
+            let ch = decide(
+                &c,
+                &cands,
+                &shape(0),
+                &[],
+                0,
+                &[],
+                &mut rng,
+                &mut Vec::new(),
+            )
+            .unwrap();
             if ch.reason == Reason::Explore {
                 explored += 1;
             }
@@ -507,7 +545,16 @@ mod tests {
                 ..cfg(s)
             };
             for _ in 0..200 {
-                let ch = decide(&c, &cands, &shape(0), &[], 0, &[], &mut rng, &mut Vec::new());
+                let ch = decide(
+                    &c,
+                    &cands,
+                    &shape(0),
+                    &[],
+                    0,
+                    &[],
+                    &mut rng,
+                    &mut Vec::new(),
+                );
                 assert_ne!(ch.unwrap().reason, Reason::Explore);
             }
         }
@@ -524,17 +571,34 @@ mod tests {
         assert_eq!(ch.reason, Reason::Goodput);
         assert_ne!(ch.idx, 2);
         let ch = run(&c, &[cand(0, 0), cand(1, 0), cand(2, 0)], &[2], 3, &[]).unwrap();
-        assert_eq!(ch, Choice { idx: 2, reason: Reason::PrefixHit });
+        assert_eq!(
+            ch,
+            Choice {
+                idx: 2,
+                reason: Reason::PrefixHit
+            }
+        );
     }
 
     #[test]
     fn exclusions_health_and_single_candidates() {
-        for s in [Strategy::P2c, Strategy::Prefix, Strategy::Goodput, Strategy::Auto] {
+        for s in [
+            Strategy::P2c,
+            Strategy::Prefix,
+            Strategy::Goodput,
+            Strategy::Auto,
+        ] {
             let c = cfg(s);
             assert_eq!(run(&c, &[], &[], 0, &[]), None);
             assert_eq!(run(&c, &[cand(0, 0)], &[], 0, &[0]), None);
             let only = run(&c, &[cand(0, 0), cand(1, 0)], &[0], 3, &[1]).unwrap();
-            assert_eq!(only, Choice { idx: 0, reason: Reason::Only });
+            assert_eq!(
+                only,
+                Choice {
+                    idx: 0,
+                    reason: Reason::Only
+                }
+            );
             // Nobody healthy: still served.
             let sick = |id| Cand {
                 healthy: false,
@@ -548,6 +612,65 @@ mod tests {
     }
 
     #[test]
+    fn p2c_compares_in_flight_plus_engine_queue() {
+        let c = cfg(Strategy::P2c);
+        let q = |in_flight: usize, waiting: f64| Cand {
+            in_flight,
+            waiting: Some(waiting),
+            ..cand(0, 0)
+        };
+        let cases: Vec<(Vec<Cand>, usize)> = vec![
+            // equal in-flight: the replica whose engine queues loses
+            (vec![q(2, 6.0), q(2, 0.0)], 1),
+            // a long engine queue outweighs fewer in-flight requests
+            (vec![q(1, 8.0), q(4, 0.0)], 1),
+            // fewer in-flight wins when the queues are level
+            (vec![q(1, 3.0), q(4, 3.0)], 0),
+            (vec![q(3, 0.0), q(1, 0.0)], 1),
+            // an unknown queue counts as empty
+            (
+                vec![
+                    Cand {
+                        waiting: None,
+                        ..q(1, 0.0)
+                    },
+                    q(2, 0.0),
+                ],
+                0,
+            ),
+        ];
+        let mut rng = SmallRng::seed_from_u64(3);
+        for (cands, want) in cases {
+            for _ in 0..20 {
+                let ch = decide(
+                    &c,
+                    &cands,
+                    &shape(0),
+                    &[],
+                    0,
+                    &[],
+                    &mut rng,
+                    &mut Vec::new(),
+                );
+                assert_eq!(
+                    ch,
+                    Some(Choice {
+                        idx: want,
+                        reason: Reason::P2c
+                    }),
+                    "{cands:?}"
+                );
+            }
+        }
+        // Of many, never the most loaded.
+        let many: Vec<Cand> = (0..5).map(|i| q(i, 0.0)).collect();
+        for _ in 0..200 {
+            let ch = decide(&c, &many, &shape(0), &[], 0, &[], &mut rng, &mut Vec::new());
+            assert_ne!(ch.unwrap().idx, 4);
+        }
+    }
+
+    #[test]
     fn the_balancer_learns_prefixes_and_forgets_them() {
         let b = Balancer::new(cfg(Strategy::Prefix));
         let cands = [cand(10, 0), cand(11, 0), cand(12, 0), cand(13, 0)];
@@ -557,11 +680,20 @@ mod tests {
         assert_eq!(first.reason, Reason::LeastLoad);
         for _ in 0..20 {
             let again = b.choose(&cands, &s, &[], &mut rng).unwrap();
-            assert_eq!(again, Choice { idx: first.idx, reason: Reason::PrefixHit });
+            assert_eq!(
+                again,
+                Choice {
+                    idx: first.idx,
+                    reason: Reason::PrefixHit
+                }
+            );
         }
         assert_eq!(b.index_len(), 4);
         // The engine said nothing was cached: the affinity is gone.
         b.forget(&s, cands[first.idx].id, 0);
-        assert_eq!(b.choose(&cands, &s, &[], &mut rng).unwrap().reason, Reason::LeastLoad);
+        assert_eq!(
+            b.choose(&cands, &s, &[], &mut rng).unwrap().reason,
+            Reason::LeastLoad
+        );
     }
 }

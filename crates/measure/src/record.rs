@@ -4,6 +4,7 @@
 //! (snapshot), never per SSE event. ITL gaps are kept beside their record for exact ITL
 //! percentiles, under a separate total cap: past it the oldest records lose their gaps first.
 
+use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -52,6 +53,14 @@ pub struct RequestRecord {
     /// when auth refused the request. Only configured tenant names.
     #[serde(default)]
     pub tenant: Option<Arc<str>>,
+    /// Why the balancer chose `upstream` (the `reason` of
+    /// `goodput_proxy_route_decisions_total`); `null` when no replica answered.
+    #[serde(default)]
+    pub route_reason: Option<Cow<'static, str>>,
+    /// Replicas tried before `upstream`, in order, that rejected the request at admission
+    /// (retried while the client had seen nothing); empty when the first one answered.
+    #[serde(default)]
+    pub retried_from: Vec<Arc<str>>,
     /// Monotonic end instant, for `/stats` windows (not serialized).
     #[serde(skip, default = "Instant::now")]
     pub end: Instant,
@@ -77,6 +86,8 @@ impl RequestRecord {
             slo,
             instance: Arc::from(""),
             tenant: None,
+            route_reason: None,
+            retried_from: Vec::new(),
             end,
         }
     }
@@ -90,6 +101,13 @@ impl RequestRecord {
     /// The same record, naming the tenant that sent it.
     pub fn with_tenant(mut self, tenant: Option<Arc<str>>) -> Self {
         self.tenant = tenant;
+        self
+    }
+
+    /// The same record, saying why its replica was chosen and which replicas were tried first.
+    pub fn with_route(mut self, reason: &'static str, retried_from: Vec<Arc<str>>) -> Self {
+        self.route_reason = Some(Cow::Borrowed(reason));
+        self.retried_from = retried_from;
         self
     }
 
