@@ -23,6 +23,7 @@ mod proxy_forward;
 mod proxy_lifecycle;
 mod proxy_sim;
 mod proxy_tls;
+mod route;
 mod sim_agent;
 mod sim_cache;
 mod sim_cli;
