@@ -11,6 +11,7 @@ mod attack;
 
 mod compare_live;
 mod discovery;
+mod engine_fleet;
 mod engine_metrics;
 mod measure_alloc;
 mod measure_body;

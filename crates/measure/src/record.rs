@@ -767,6 +767,20 @@ mod tests {
             .is_none());
     }
 
+    /// The ring keeps `DEFAULT_RING_CAPACITY` records: each costs its `Arc<RequestRecord>`
+    /// (the size below plus the `Arc`'s 16 bytes, a 384-byte allocator class), its id (`Arc<str>`
+    /// shared with the request: ~64 bytes for a 36-character id) and its 24-byte slot: about
+    /// 470 bytes, 45 MiB for 100,000 records (before: 456 bytes, a 512-byte class, about 600
+    /// bytes and 57 MiB), plus the ITL gaps under their own cap (`DEFAULT_GAP_CAPACITY`, 16
+    /// MiB). What only some records carry is boxed: the agent summary (128-byte class), the
+    /// logprob summary (96), per-choice TPOTs with `n > 1` (16 bytes a choice).
+    #[test]
+    fn a_record_stays_small() {
+        assert!(std::mem::size_of::<RequestRecord>() <= 344);
+        assert!(std::mem::size_of::<Measurement>() <= 232);
+        assert_eq!(std::mem::size_of::<Entry>(), 24);
+    }
+
     #[test]
     fn ring_is_bounded_and_sheds_gaps_oldest_first() {
         let now = Instant::now();
