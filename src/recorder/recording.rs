@@ -238,7 +238,7 @@ impl Finish {
                 }
                 let mut attempts = r.attempts;
                 attempts.pop();
-                rec.with_route(r.reason.as_str(), attempts)
+                rec.with_route(r.reason, attempts)
             }
             None => rec,
         };

@@ -135,7 +135,10 @@ mod tests {
         )
         .with_instance("proxy-a")
         .with_tenant(Some("team-a".into()))
-        .with_route("prefix_hit", vec!["http://u:2".into()])
+        .with_route(
+            goodput_measure::record::RouteReason::PrefixHit,
+            vec!["http://u:2".into()],
+        )
     }
 
     fn row_of(rec: &RequestRecord) -> Map<String, Value> {

@@ -31,47 +31,7 @@ use crate::config::{BalanceConfig, Strategy};
 
 /// Why a replica was chosen (the `reason` label of `goodput_proxy_route_decisions_total` and
 /// the record's `route_reason`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Reason {
-    /// `p2c`: the less loaded of two random candidates.
-    P2c,
-    /// The replica that recently served this prompt's prefix.
-    PrefixHit,
-    /// A prefix match whose replicas were all saturated: the least loaded instead.
-    PrefixSaturated,
-    /// No usable prefix match: the less loaded (in tokens) of two random candidates.
-    LeastLoad,
-    /// Load weighted by measured SLO attainment.
-    Goodput,
-    /// The exploration share: a random replica.
-    Explore,
-    /// Only one candidate.
-    Only,
-}
-
-impl Reason {
-    pub const ALL: [Reason; 7] = [
-        Reason::P2c,
-        Reason::PrefixHit,
-        Reason::PrefixSaturated,
-        Reason::LeastLoad,
-        Reason::Goodput,
-        Reason::Explore,
-        Reason::Only,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Reason::P2c => "p2c",
-            Reason::PrefixHit => "prefix_hit",
-            Reason::PrefixSaturated => "prefix_saturated",
-            Reason::LeastLoad => "least_load",
-            Reason::Goodput => "goodput",
-            Reason::Explore => "explore",
-            Reason::Only => "only",
-        }
-    }
-}
+pub use goodput_measure::record::RouteReason as Reason;
 
 /// One replica as the choice sees it.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -4,7 +4,6 @@
 //! (snapshot), never per SSE event. ITL gaps are kept beside their record for exact ITL
 //! percentiles, under a separate total cap: past it the oldest records lose their gaps first.
 
-use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -26,6 +25,51 @@ pub const DEFAULT_RING_CAPACITY: usize = 100_000;
 pub const DEFAULT_GAP_CAPACITY: usize = 4 << 20;
 /// Traces the ring keeps by default (`[trace] max_traces`).
 pub const DEFAULT_TRACE_CAPACITY: usize = 64;
+
+/// Why the balancer chose a request's replica: the bounded `reason` label of
+/// `goodput_proxy_route_decisions_total` and the record's `route_reason`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RouteReason {
+    /// `p2c`: the less loaded of two random candidates.
+    P2c,
+    /// The replica that recently served this prompt's prefix.
+    PrefixHit,
+    /// A prefix match whose replicas were all saturated: the least loaded instead.
+    PrefixSaturated,
+    /// No usable prefix match: the less loaded (in tokens) of two random candidates.
+    LeastLoad,
+    /// Load weighted by measured SLO attainment.
+    Goodput,
+    /// The exploration share: a random replica.
+    Explore,
+    /// Only one candidate.
+    Only,
+}
+
+impl RouteReason {
+    pub const ALL: [RouteReason; 7] = [
+        RouteReason::P2c,
+        RouteReason::PrefixHit,
+        RouteReason::PrefixSaturated,
+        RouteReason::LeastLoad,
+        RouteReason::Goodput,
+        RouteReason::Explore,
+        RouteReason::Only,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RouteReason::P2c => "p2c",
+            RouteReason::PrefixHit => "prefix_hit",
+            RouteReason::PrefixSaturated => "prefix_saturated",
+            RouteReason::LeastLoad => "least_load",
+            RouteReason::Goodput => "goodput",
+            RouteReason::Explore => "explore",
+            RouteReason::Only => "only",
+        }
+    }
+}
 
 /// One finished request: who asked and who answered, the [`Measurement`] itself, and the SLO
 /// verdict. This one type is what the `/stats` ring keeps, the JSONL sink writes (one line)
@@ -56,11 +100,11 @@ pub struct RequestRecord {
     /// Why the balancer chose `upstream` (the `reason` of
     /// `goodput_proxy_route_decisions_total`); `null` when no replica answered.
     #[serde(default)]
-    pub route_reason: Option<Cow<'static, str>>,
+    pub route_reason: Option<RouteReason>,
     /// Replicas tried before `upstream`, in order, that rejected the request at admission
     /// (retried while the client had seen nothing); empty when the first one answered.
     #[serde(default)]
-    pub retried_from: Vec<Arc<str>>,
+    pub retried_from: Box<[Arc<str>]>,
     /// Monotonic end instant, for `/stats` windows (not serialized).
     #[serde(skip, default = "Instant::now")]
     pub end: Instant,
@@ -87,7 +131,7 @@ impl RequestRecord {
             instance: Arc::from(""),
             tenant: None,
             route_reason: None,
-            retried_from: Vec::new(),
+            retried_from: Box::default(),
             end,
         }
     }
@@ -105,9 +149,9 @@ impl RequestRecord {
     }
 
     /// The same record, saying why its replica was chosen and which replicas were tried first.
-    pub fn with_route(mut self, reason: &'static str, retried_from: Vec<Arc<str>>) -> Self {
-        self.route_reason = Some(Cow::Borrowed(reason));
-        self.retried_from = retried_from;
+    pub fn with_route(mut self, reason: RouteReason, retried_from: Vec<Arc<str>>) -> Self {
+        self.route_reason = Some(reason);
+        self.retried_from = retried_from.into_boxed_slice();
         self
     }
 
@@ -776,7 +820,8 @@ mod tests {
     /// logprob summary (96), per-choice TPOTs with `n > 1` (16 bytes a choice).
     #[test]
     fn a_record_stays_small() {
-        assert!(std::mem::size_of::<RequestRecord>() <= 344);
+        // The route fields took 24 of the 384-byte class's 40 spare bytes.
+        assert!(std::mem::size_of::<RequestRecord>() <= 368);
         assert!(std::mem::size_of::<Measurement>() <= 232);
         assert_eq!(std::mem::size_of::<Entry>(), 24);
     }
