@@ -314,7 +314,7 @@ impl Default for RawMeasure {
     }
 }
 
-/// `[trace]`: token-level traces of streams (issue 13). A request is traced when it sends
+/// `[trace]`: token-level traces of streams. A request is traced when it sends
 /// `x-goodput-trace: 1` (the header is the proxy's: it is not forwarded) or when it is
 /// sampled; its trace is kept beside its record in the `/stats` ring (admin
 /// `GET /trace/<request-id>`) and written with its record to the JSONL sink.
@@ -420,7 +420,7 @@ pub struct RawSlo {
     pub tpot_ms: Limit,
     pub e2e_ms: Limit,
     /// A tool call that is not valid JSON, breaks its function's schema in the request's
-    /// `tools`, or names an unknown function makes the request not good (issue 13).
+    /// `tools`, or names an unknown function makes the request not good.
     pub valid_tool_calls: bool,
     /// Per-model overrides (`[slo.models."llama-70b"]`); a field left out keeps the global value.
     pub models: BTreeMap<String, SloOverride>,

@@ -10,6 +10,7 @@ mod support;
 mod attack;
 
 mod compare_live;
+mod dashboard;
 mod discovery;
 mod engine_fleet;
 mod engine_metrics;
