@@ -24,6 +24,8 @@ pub struct RawConfig {
     pub trace: RawTrace,
     pub slo: RawSlo,
     pub engine: RawEngine,
+    /// How a replica is chosen for each request (`[balance]`, docs/routing.md).
+    pub balance: crate::config::BalanceConfig,
     /// Record sinks besides the JSONL file of `[measure]`: `[sink.clickhouse]`.
     pub sink: RawSink,
     /// The built-in simulated engine used in demo mode (no `upstream.urls`); see the sim's
