@@ -10,6 +10,7 @@ use anyhow::Context as _;
 use tokio::net::TcpListener;
 
 use crate::auth::Auth;
+use crate::compare::history::History;
 use crate::config::{BaseUrl, Config, UsageInjection};
 use crate::discover::{Discovery, Resolver, SystemResolver};
 use crate::engine::{self, Engines};
@@ -94,6 +95,10 @@ impl App {
             .metrics()
             .upstreams
             .add(engines.sync(&upstreams.replicas()));
+        // The balancer counts its own decisions (it lives in the upstreams, created first).
+        registry
+            .register(Box::new(upstreams.balancer.decisions.clone()))
+            .context("registering the route decision counter")?;
         let state = Arc::new(AppState {
             registry,
             recorder,
@@ -101,6 +106,7 @@ impl App {
             upstreams: Arc::new(upstreams),
             engines: Arc::new(engines),
             auth: Auth::new(&config.auth),
+            dashboard: History::new(crate::dashboard::MAX_WINDOW),
         });
         if let Some(auth) = &state.auth {
             // Every configured tenant's series exists from the start (a zero is a signal too).
