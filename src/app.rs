@@ -95,6 +95,10 @@ impl App {
             .metrics()
             .upstreams
             .add(engines.sync(&upstreams.replicas()));
+        // The balancer counts its own decisions (it lives in the upstreams, created first).
+        registry
+            .register(Box::new(upstreams.balancer.decisions.clone()))
+            .context("registering the route decision counter")?;
         let state = Arc::new(AppState {
             registry,
             recorder,

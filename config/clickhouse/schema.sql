@@ -29,6 +29,11 @@ CREATE TABLE IF NOT EXISTS goodput.records
     id String,
     model String,
     upstream String,
+    -- Why the balancer chose `upstream` ([balance]); replicas that rejected it first.
+    -- On a table made before them: ALTER TABLE goodput.records ADD COLUMN route_reason
+    -- Nullable(String), ADD COLUMN retried_from Array(String)
+    route_reason Nullable(String),
+    retried_from Array(String),
     stream UInt8,
     status Nullable(UInt16),
     outcome String,

@@ -26,6 +26,8 @@ pub struct RawConfig {
     pub trace: RawTrace,
     pub slo: RawSlo,
     pub engine: RawEngine,
+    /// How a replica is chosen for each request (`[balance]`, docs/routing.md).
+    pub balance: crate::config::BalanceConfig,
     /// Record sinks besides the JSONL file of `[measure]`: `[sink.clickhouse]`.
     pub sink: RawSink,
     /// The built-in simulated engine used in demo mode (no `upstream.urls`); see the sim's
@@ -546,6 +548,11 @@ pub struct RawEngine {
     /// Per replica, by its URL as written in `upstream.urls`: the engine it runs (same values
     /// as `kind`, which applies to every replica not listed here).
     pub kinds: BTreeMap<String, String>,
+    /// Replicas (URLs as written in `upstream.urls`) that end every stream with a usage
+    /// chunk whether the client asked or not (SGLang `--stream-response-default-include-usage`):
+    /// the proxy never strips usage from their streams, so their clients get it as they would
+    /// straight from the engine.
+    pub usage_unasked: Vec<String>,
 }
 
 impl Default for RawEngine {
@@ -560,6 +567,7 @@ impl Default for RawEngine {
             balance_on_queue: true,
             kind: "auto".into(),
             kinds: BTreeMap::new(),
+            usage_unasked: Vec::new(),
         }
     }
 }

@@ -98,7 +98,7 @@ async fn a_mixed_fleet_reads_every_engines_queue_through_one_mapping() {
     // What the balancer compares: each replica's engine queue, whatever the engine.
     let replicas = state.upstreams.replicas();
     for (r, (p, _, queued)) in replicas.iter().zip(fleet) {
-        assert_eq!(r.load().engine_queue, queued, "{p:?}");
+        assert_eq!(r.engine_queue(), queued, "{p:?}");
         assert_eq!(r.engine_load().running, Some(1.0), "{p:?}");
     }
     // Every engine's own families are still served, relabelled with its upstream.
