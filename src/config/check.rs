@@ -43,7 +43,11 @@ pub fn check(raw: &RawConfig, origin: &dyn Fn(&str) -> Origin) -> Result<Config,
         },
         clickhouse: raw.sink.clickhouse.as_ref().and_then(|ch| c.clickhouse(ch)),
         sim: raw.sim.clone(),
+        scale: raw.scale.clone(),
     };
+    for (field, message) in raw.scale.problems() {
+        c.bad(field, message);
+    }
     if let Some(sim) = &raw.sim {
         if let Err(e) = sim.validate() {
             c.bad(&format!("sim.{}", e.field), &e.reason);

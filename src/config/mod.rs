@@ -16,6 +16,7 @@ pub mod check;
 pub mod env;
 pub mod layers;
 pub mod raw;
+pub mod scale;
 pub mod schema;
 pub mod target;
 
@@ -30,6 +31,7 @@ pub use raw::{
     RawMeasure, RawServer, RawSink, RawSlo, RawTenant, RawUpstream, SloOverride, UpstreamLabel,
     UsageInjection,
 };
+pub use scale::ScaleConfig;
 pub use target::{parse_base_url, BaseUrl, DnsTarget};
 
 use goodput_measure::slo::SloTable;
@@ -54,6 +56,8 @@ pub struct Config {
     pub clickhouse: Option<ClickHouseConfig>,
     /// `[sim]`: the demo engine's settings, when set.
     pub sim: Option<goodput_sim::SimConfig>,
+    /// `[scale]`: attainment windows, headroom and desired replicas.
+    pub scale: ScaleConfig,
 }
 
 #[derive(Debug, Clone)]

@@ -24,6 +24,8 @@ pub struct RawConfig {
     pub trace: RawTrace,
     pub slo: RawSlo,
     pub engine: RawEngine,
+    /// The autoscaling signals (`[scale]`, docs/autoscaling.md).
+    pub scale: crate::config::ScaleConfig,
     /// Record sinks besides the JSONL file of `[measure]`: `[sink.clickhouse]`.
     pub sink: RawSink,
     /// The built-in simulated engine used in demo mode (no `upstream.urls`); see the sim's

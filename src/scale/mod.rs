@@ -1,0 +1,292 @@
+//! Autoscaling signals: how much room is left (docs/autoscaling.md).
+//!
+//! - SLO attainment (good / eligible finished requests, as the goodput ratio counts them) over
+//!   a short and a long sliding window, per model, per tenant, per upstream.
+//! - Headroom per model, in streams and in tokens per second: the replicas' capacity at the
+//!   `[scale] target` ([`estimate::Curve`], learned from every replica's load against its
+//!   attainment), less the load they carry now; and the desired-replicas hint, load / capacity
+//!   per replica.
+//! - Tokens in flight per upstream: the balancer's own count of the tokens its requests bring.
+//!
+//! Per request, [`Scale::finished`] only counts (one lock, no allocation for known labels).
+//! Every `tick_ms` the proxy hands [`Scale::tick`] each replica's load; the estimate is made
+//! there, off the request path, and [`Scale::refresh`] sets the gauges right before a scrape.
+//! No clock inside: every instant is passed in, so the tests drive it.
+
+pub mod estimate;
+mod gauges;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use prometheus::Registry;
+use tokio::time::Instant;
+
+use crate::auth::NO_TENANT;
+use crate::config::ScaleConfig;
+use estimate::Curve;
+use gauges::Gauges;
+use goodput_measure::window::RatioWindow;
+
+/// Lowest load bin edges: a tenth of a stream, one token per second.
+const STREAMS_LO: f64 = 0.1;
+const TOKENS_LO: f64 = 1.0;
+/// Bins per curve: 4 per doubling, so 96 bins span 2^24 from the lowest.
+const BINS: usize = 96;
+
+/// One replica's load when a tick is taken.
+#[derive(Debug, Clone)]
+pub struct ReplicaLoad {
+    /// Its `upstream` label value.
+    pub upstream: Arc<str>,
+    pub healthy: bool,
+    /// This proxy's requests in flight there.
+    pub in_flight: usize,
+    /// Estimated tokens (prompt + output) of those requests, when the balancer counts them.
+    pub tokens_in_flight: Option<u64>,
+}
+
+/// One model's estimate as of the last tick.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Estimate {
+    /// Per replica, at the target.
+    pub capacity_streams: Option<f64>,
+    pub capacity_tokens: Option<f64>,
+    pub headroom_streams: Option<f64>,
+    pub headroom_tokens: Option<f64>,
+    pub desired_replicas: Option<f64>,
+}
+
+/// Attainment windows of one length, by dimension.
+struct Windows {
+    model: RatioWindow,
+    tenant: RatioWindow,
+    upstream: RatioWindow,
+}
+
+impl Windows {
+    fn new(window: Duration, origin: Instant) -> Self {
+        Windows {
+            model: RatioWindow::new(window, origin),
+            tenant: RatioWindow::new(window, origin),
+            upstream: RatioWindow::new(window, origin),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Counts {
+    good: u64,
+    eligible: u64,
+}
+
+/// What one replica carried, smoothed.
+#[derive(Debug, Clone, Copy, Default)]
+struct Smoothed {
+    streams: f64,
+    tokens_per_s: f64,
+}
+
+struct Model {
+    streams: Curve,
+    tokens: Curve,
+}
+
+#[derive(Default)]
+struct State {
+    /// Finished since the last tick, per (model, upstream).
+    pending: HashMap<(Arc<str>, Arc<str>), Counts>,
+    /// Tokens (prompt + output) finished since the last tick, per upstream.
+    tokens: HashMap<Arc<str>, u64>,
+    replicas: HashMap<Arc<str>, Smoothed>,
+    models: HashMap<Arc<str>, Model>,
+    estimates: Vec<(Arc<str>, Estimate)>,
+    in_flight_tokens: Vec<(Arc<str>, u64)>,
+    last_tick: Option<Instant>,
+}
+
+/// The autoscaling signals of one proxy.
+pub struct Scale {
+    config: ScaleConfig,
+    windows: Mutex<[Windows; 2]>,
+    state: Mutex<State>,
+    gauges: Gauges,
+    /// The `tenant` label of requests without one, allocated once.
+    no_tenant: Arc<str>,
+}
+
+impl Scale {
+    /// Registers the gauges in `registry`; `origin` starts the attainment windows.
+    pub fn register(
+        config: &ScaleConfig,
+        registry: &Registry,
+        origin: Instant,
+    ) -> Result<Self, prometheus::Error> {
+        let short = Duration::from_secs(config.short_window_s);
+        let long = Duration::from_secs(config.long_window_s);
+        Ok(Scale {
+            config: config.clone(),
+            windows: Mutex::new([Windows::new(short, origin), Windows::new(long, origin)]),
+            state: Mutex::new(State::default()),
+            gauges: Gauges::register(registry, [window_label(short), window_label(long)])?,
+            no_tenant: Arc::from(NO_TENANT),
+        })
+    }
+
+    pub fn config(&self) -> &ScaleConfig {
+        &self.config
+    }
+
+    /// One finished request (called from the recorder's finish point). Labels come from the
+    /// bounded sets of the metrics (`tenant`: `None` without one); `eligible` is false for
+    /// rejections the client caused, which say nothing about the replicas.
+    #[allow(clippy::too_many_arguments)]
+    pub fn finished(
+        &self,
+        model: &Arc<str>,
+        tenant: Option<&Arc<str>>,
+        upstream: &Arc<str>,
+        eligible: bool,
+        good: bool,
+        tokens: u64,
+        at: Instant,
+    ) {
+        if !eligible {
+            return;
+        }
+        if let Ok(mut ws) = self.windows.lock() {
+            for w in ws.iter_mut() {
+                w.model.add(model, good, at);
+                w.tenant.add(tenant.unwrap_or(&self.no_tenant), good, at);
+                w.upstream.add(upstream, good, at);
+            }
+        }
+        let Ok(mut st) = self.state.lock() else {
+            return;
+        };
+        let key = (model.clone(), upstream.clone());
+        let c = st.pending.entry(key).or_default();
+        c.good += u64::from(good);
+        c.eligible += 1;
+        *st.tokens.entry(upstream.clone()).or_default() += tokens;
+    }
+
+    /// One sample per replica: smooths each replica's load, feeds every model's curves with
+    /// what finished since the last tick, and estimates each model's headroom.
+    pub fn tick(&self, now: Instant, replicas: &[ReplicaLoad]) {
+        let Ok(mut st) = self.state.lock() else {
+            return;
+        };
+        let st = &mut *st;
+        let dt = st
+            .last_tick
+            .map(|t| now.saturating_duration_since(t))
+            .unwrap_or(Duration::from_millis(self.config.tick_ms));
+        st.last_tick = Some(now);
+        let dt_s = dt.as_secs_f64().max(1e-3);
+        let alpha = (dt_s * 1e3 / self.config.load_window_ms as f64).min(1.0);
+        let pending = std::mem::take(&mut st.pending);
+        let mut tokens = std::mem::take(&mut st.tokens);
+        let mut smoothed: HashMap<Arc<str>, Smoothed> = HashMap::with_capacity(replicas.len());
+        for r in replicas {
+            let was = st.replicas.get(&r.upstream).copied();
+            let streams = r.in_flight as f64;
+            let tps = tokens.remove(&r.upstream).unwrap_or(0) as f64 / dt_s;
+            let s = match was {
+                Some(w) => Smoothed {
+                    streams: w.streams + alpha * (streams - w.streams),
+                    tokens_per_s: w.tokens_per_s + alpha * (tps - w.tokens_per_s),
+                },
+                None => Smoothed {
+                    streams,
+                    tokens_per_s: tps,
+                },
+            };
+            smoothed.insert(r.upstream.clone(), s);
+        }
+        st.replicas = smoothed;
+        let memory = self.config.memory as f64;
+        for ((model, upstream), c) in pending {
+            let Some(load) = st.replicas.get(&upstream).copied() else {
+                continue;
+            };
+            let m = st.models.entry(model).or_insert_with(|| Model {
+                streams: Curve::new(STREAMS_LO, BINS, memory),
+                tokens: Curve::new(TOKENS_LO, BINS, memory),
+            });
+            m.streams.observe(load.streams, c.good, c.eligible);
+            m.tokens.observe(load.tokens_per_s, c.good, c.eligible);
+        }
+        let healthy = replicas.iter().filter(|r| r.healthy).count();
+        let (streams, tps) = st
+            .replicas
+            .values()
+            .fold((0.0, 0.0), |(s, t), r| (s + r.streams, t + r.tokens_per_s));
+        let (target, min) = (self.config.target, self.config.min_requests as f64);
+        st.estimates = st
+            .models
+            .iter()
+            .map(|(model, m)| {
+                let cs = m.streams.capacity(target, min);
+                let ct = m.tokens.capacity(target, min);
+                let desired = [
+                    estimate::desired_replicas(cs, streams),
+                    estimate::desired_replicas(ct, tps),
+                ]
+                .into_iter()
+                .flatten()
+                .reduce(f64::max);
+                let e = Estimate {
+                    capacity_streams: cs,
+                    capacity_tokens: ct,
+                    headroom_streams: estimate::headroom(cs, healthy, streams),
+                    headroom_tokens: estimate::headroom(ct, healthy, tps),
+                    desired_replicas: desired,
+                };
+                (model.clone(), e)
+            })
+            .collect();
+        st.in_flight_tokens = replicas
+            .iter()
+            .filter_map(|r| Some((r.upstream.clone(), r.tokens_in_flight?)))
+            .collect();
+    }
+
+    /// Each model's estimate as of the last tick.
+    pub fn estimates(&self) -> Vec<(Arc<str>, Estimate)> {
+        self.state
+            .lock()
+            .map(|st| st.estimates.clone())
+            .unwrap_or_default()
+    }
+
+    /// Sets the gauges (right before a scrape): attainment from the windows at `now`, the
+    /// rest from the last tick. A figure not known has no series (never a made-up one).
+    pub fn refresh(&self, now: Instant) {
+        if let Ok(ws) = self.windows.lock() {
+            for (i, w) in ws.iter().enumerate() {
+                self.gauges
+                    .set_attainment(i, &w.model, &w.tenant, &w.upstream, now);
+            }
+        }
+        let Ok(st) = self.state.lock() else {
+            return;
+        };
+        self.gauges.set_estimates(&st.estimates);
+        self.gauges.set_in_flight_tokens(&st.in_flight_tokens);
+    }
+}
+
+/// `30s`, `5m`, `2h`: the `window` label of a window length.
+fn window_label(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        _ if s >= 3_600 && s % 3_600 == 0 => format!("{}h", s / 3_600),
+        _ if s >= 60 && s % 60 == 0 => format!("{}m", s / 60),
+        _ => format!("{s}s"),
+    }
+}
+
+#[cfg(test)]
+mod tests;
