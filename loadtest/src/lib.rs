@@ -3,6 +3,7 @@
 //! over this library so integration tests can drive a run in-process.
 #![forbid(unsafe_code)]
 
+pub mod autoscale;
 pub mod bench;
 pub mod cli;
 pub mod client;
