@@ -11,7 +11,7 @@ use tokio::net::TcpListener;
 
 use crate::auth::Auth;
 use crate::config::{BaseUrl, Config, UsageInjection};
-use crate::discover::{Discovery, Resolver, SystemResolver};
+use crate::discover::{Discovery, HostsFile, Resolver, SystemResolver};
 use crate::engine::{self, Engines};
 use crate::listener::{self, ReloadableTls, ServeOptions};
 use crate::metrics::{Metrics, ModelLabels};
@@ -50,7 +50,11 @@ pub struct DemoEngine {
 impl App {
     /// Checks the config, starts the demo engine when there is no upstream, binds both ports.
     pub async fn bind(config: Config) -> anyhow::Result<App> {
-        Self::bind_with_resolver(config, Arc::new(SystemResolver)).await
+        let resolver: Arc<dyn Resolver> = match &config.upstream.discover_hosts_file {
+            Some(path) => Arc::new(HostsFile::new(path.clone())),
+            None => Arc::new(SystemResolver),
+        };
+        Self::bind_with_resolver(config, resolver).await
     }
 
     /// [`App::bind`] with the resolver `upstream.discover` uses (tests pass a fake one).

@@ -224,6 +224,7 @@ impl Checker<'_> {
             discover,
             discover_interval: self
                 .positive_ms("upstream.discover_interval_ms", u.discover_interval_ms),
+            discover_hosts_file: u.discover_hosts_file.clone(),
             connect_timeout: self.positive_ms("upstream.connect_timeout_ms", u.connect_timeout_ms),
             first_byte_timeout: self
                 .positive_ms("upstream.first_byte_timeout_ms", u.first_byte_timeout_ms),

@@ -90,6 +90,8 @@ pub struct UpstreamConfig {
     pub urls: Vec<BaseUrl>,
     pub discover: Vec<DnsTarget>,
     pub discover_interval: Duration,
+    /// `upstream.discover_hosts_file`: names resolved from this file instead of the system.
+    pub discover_hosts_file: Option<PathBuf>,
     pub connect_timeout: Duration,
     pub first_byte_timeout: Duration,
     pub stream_idle_timeout: Duration,

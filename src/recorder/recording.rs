@@ -212,6 +212,7 @@ impl Finish {
         if let Some(scale) = &recorder.scale {
             let eligible = !rejected_by_client(m.outcome, m.status);
             let tenant = tenant.as_ref().map(|t| &t.name);
+            let end = Instant::now();
             scale.finished(
                 &model,
                 tenant,
@@ -219,7 +220,8 @@ impl Finish {
                 eligible,
                 v.good,
                 tokens,
-                Instant::now(),
+                end.checked_sub(m.e2e).unwrap_or(end),
+                end,
             );
         }
         rm.finish(&m, &v);

@@ -75,11 +75,17 @@ impl Windows {
     }
 }
 
-#[derive(Debug, Clone, Copy, Default)]
-struct Counts {
-    good: u64,
-    eligible: u64,
+/// One finished request waiting for the next tick: when it started and ended, and whether
+/// it met every SLO.
+#[derive(Debug, Clone, Copy)]
+struct Finished {
+    start: Instant,
+    end: Instant,
+    good: bool,
 }
+
+/// Per replica, the load of each recent tick (raw), for the load a request lived through.
+const HISTORY_TICKS: usize = 600;
 
 /// What one replica carried, smoothed.
 #[derive(Debug, Clone, Copy, Default)]
@@ -96,7 +102,9 @@ struct Model {
 #[derive(Default)]
 struct State {
     /// Finished since the last tick, per (model, upstream).
-    pending: HashMap<(Arc<str>, Arc<str>), Counts>,
+    pending: HashMap<(Arc<str>, Arc<str>), Vec<Finished>>,
+    /// Each replica's raw load at its recent ticks, oldest first.
+    history: HashMap<Arc<str>, std::collections::VecDeque<(Instant, Smoothed)>>,
     /// Tokens (prompt + output) finished since the last tick, per upstream.
     tokens: HashMap<Arc<str>, u64>,
     replicas: HashMap<Arc<str>, Smoothed>,
@@ -150,6 +158,7 @@ impl Scale {
         eligible: bool,
         good: bool,
         tokens: u64,
+        start: Instant,
         at: Instant,
     ) {
         if !eligible {
@@ -166,14 +175,18 @@ impl Scale {
             return;
         };
         let key = (model.clone(), upstream.clone());
-        let c = st.pending.entry(key).or_default();
-        c.good += u64::from(good);
-        c.eligible += 1;
+        st.pending.entry(key).or_default().push(Finished {
+            start,
+            end: at,
+            good,
+        });
         *st.tokens.entry(upstream.clone()).or_default() += tokens;
     }
 
     /// One sample per replica: smooths each replica's load, feeds every model's curves with
-    /// what finished since the last tick, and estimates each model's headroom.
+    /// what finished since the last tick (each request at the mean load its replica carried
+    /// from its start to its end: the load it lived through, not the load when it ended), and
+    /// estimates each model's headroom.
     pub fn tick(&self, now: Instant, replicas: &[ReplicaLoad]) {
         let Ok(mut st) = self.state.lock() else {
             return;
@@ -189,34 +202,45 @@ impl Scale {
         let pending = std::mem::take(&mut st.pending);
         let mut tokens = std::mem::take(&mut st.tokens);
         let mut smoothed: HashMap<Arc<str>, Smoothed> = HashMap::with_capacity(replicas.len());
+        let mut history = std::mem::take(&mut st.history);
+        history.retain(|u, _| replicas.iter().any(|r| &r.upstream == u));
         for r in replicas {
-            let was = st.replicas.get(&r.upstream).copied();
-            let streams = r.in_flight as f64;
-            let tps = tokens.remove(&r.upstream).unwrap_or(0) as f64 / dt_s;
-            let s = match was {
+            let raw = Smoothed {
+                streams: r.in_flight as f64,
+                tokens_per_s: tokens.remove(&r.upstream).unwrap_or(0) as f64 / dt_s,
+            };
+            let s = match st.replicas.get(&r.upstream) {
                 Some(w) => Smoothed {
-                    streams: w.streams + alpha * (streams - w.streams),
-                    tokens_per_s: w.tokens_per_s + alpha * (tps - w.tokens_per_s),
+                    streams: w.streams + alpha * (raw.streams - w.streams),
+                    tokens_per_s: w.tokens_per_s + alpha * (raw.tokens_per_s - w.tokens_per_s),
                 },
-                None => Smoothed {
-                    streams,
-                    tokens_per_s: tps,
-                },
+                None => raw,
             };
             smoothed.insert(r.upstream.clone(), s);
+            let h = history.entry(r.upstream.clone()).or_default();
+            if h.len() == HISTORY_TICKS {
+                h.pop_front();
+            }
+            h.push_back((now, raw));
         }
         st.replicas = smoothed;
+        st.history = history;
         let memory = self.config.memory as f64;
-        for ((model, upstream), c) in pending {
-            let Some(load) = st.replicas.get(&upstream).copied() else {
+        for ((model, upstream), done) in pending {
+            let Some(h) = st.history.get(&upstream) else {
                 continue;
             };
             let m = st.models.entry(model).or_insert_with(|| Model {
                 streams: Curve::new(STREAMS_LO, BINS, memory),
                 tokens: Curve::new(TOKENS_LO, BINS, memory),
             });
-            m.streams.observe(load.streams, c.good, c.eligible);
-            m.tokens.observe(load.tokens_per_s, c.good, c.eligible);
+            for f in done {
+                if let Some(load) = lived_through(h, f.start, f.end) {
+                    let good = u64::from(f.good);
+                    m.streams.observe(load.streams, good, 1);
+                    m.tokens.observe(load.tokens_per_s, good, 1);
+                }
+            }
         }
         let healthy = replicas.iter().filter(|r| r.healthy).count();
         let (streams, tps) = st
@@ -276,6 +300,28 @@ impl Scale {
         self.gauges.set_estimates(&st.estimates);
         self.gauges.set_in_flight_tokens(&st.in_flight_tokens);
     }
+}
+
+/// The mean load of the ticks in `[start, end]`; a request shorter than a tick gets the last
+/// tick at or before its end.
+fn lived_through(
+    h: &std::collections::VecDeque<(Instant, Smoothed)>,
+    start: Instant,
+    end: Instant,
+) -> Option<Smoothed> {
+    let (mut sum, mut n) = (Smoothed::default(), 0usize);
+    for (_, s) in h.iter().filter(|(t, _)| *t >= start && *t <= end) {
+        sum.streams += s.streams;
+        sum.tokens_per_s += s.tokens_per_s;
+        n += 1;
+    }
+    if n == 0 {
+        return h.iter().rev().find(|(t, _)| *t <= end).map(|(_, s)| *s);
+    }
+    Some(Smoothed {
+        streams: sum.streams / n as f64,
+        tokens_per_s: sum.tokens_per_s / n as f64,
+    })
 }
 
 /// `30s`, `5m`, `2h`: the `window` label of a window length.

@@ -43,10 +43,10 @@ fn attainment_per_window_model_tenant_upstream() {
     let t0 = Instant::now();
     let (m, a, b) = (s("m"), s("a"), s("u0"));
     for good in [true, true, true, false] {
-        sc.finished(&m, Some(&a), &b, true, good, 10, t0);
+        sc.finished(&m, Some(&a), &b, true, good, 10, t0, t0);
     }
     // A rejection the client caused says nothing about the replicas.
-    sc.finished(&m, Some(&a), &b, false, false, 0, t0);
+    sc.finished(&m, Some(&a), &b, false, false, 0, t0, t0);
     sc.refresh(t0 + Duration::from_secs(1));
     assert_eq!(
         series(&r, "goodput_proxy_slo_attainment"),
@@ -81,7 +81,7 @@ fn headroom_is_absent_until_the_limit_is_seen_then_follows_the_load() {
         for u in ["u0", "u1"] {
             for i in 0..30 {
                 let good = per_replica <= 8 || i % 2 == 0;
-                sc.finished(m, None, &s(u), true, good, 100, *now);
+                sc.finished(m, None, &s(u), true, good, 100, *now, *now);
             }
         }
         sc.tick(*now, &[load("u0", per_replica), load("u1", per_replica)]);

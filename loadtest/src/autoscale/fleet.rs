@@ -1,26 +1,20 @@
 //! The simulated fleet: engine replicas in this process, published to the proxy through its
-//! DNS discovery (a resolver that answers with the ready replicas, as a headless Service
-//! answers with its ready pods). A replica asked for becomes ready after the start delay (an
-//! engine loading its weights); one removed leaves the answer at once and is stopped after a
-//! drain, so its streams finish.
+//! DNS discovery. Every replica listens on the same port at its own loopback address
+//! (127.0.0.2, .3, ...), and the ready ones are written to a hosts file the proxy resolves the
+//! fleet's name from (`upstream.discover_hosts_file`), as a headless Service answers with its
+//! ready pods. A replica asked for becomes ready after the start delay (an engine loading its
+//! weights); one removed leaves the file at once and is stopped after a drain, so its streams
+//! finish.
 
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use goodput_proxy::discover::{Resolved, Resolver};
+use anyhow::Context;
 use goodput_sim::{SimConfig, SimHandle, SimServer};
 
-/// Answers every name with the ready replicas' addresses.
-#[derive(Default)]
-pub struct Ready(Mutex<Vec<SocketAddr>>);
-
-impl Resolver for Ready {
-    fn resolve<'a>(&'a self, _host: &'a str, _port: u16) -> Resolved<'a> {
-        let addrs = self.0.lock().map(|a| a.clone()).unwrap_or_default();
-        Box::pin(async move { Ok(addrs) })
-    }
-}
+/// The name the proxy discovers.
+pub const NAME: &str = "fleet";
 
 enum Slot {
     /// Asked for; binds once its start delay has passed.
@@ -32,21 +26,38 @@ pub struct Fleet {
     sim: SimConfig,
     start_delay: Duration,
     drain: Duration,
-    pub ready: Arc<Ready>,
+    hosts: PathBuf,
+    port: u16,
     slots: Vec<Slot>,
-    next_seed: u64,
+    /// Last octet of the next replica's address (each replica gets a fresh one).
+    next: u8,
 }
 
 impl Fleet {
-    pub fn new(sim: SimConfig, start_delay: Duration, drain: Duration) -> Self {
-        Fleet {
+    /// The first replica starts at once; its port is every replica's.
+    pub async fn start(
+        sim: SimConfig,
+        start_delay: Duration,
+        drain: Duration,
+        hosts: PathBuf,
+    ) -> anyhow::Result<Self> {
+        let first = bind(sim.clone(), 2, 0).await?;
+        let port = first.local_addr().port();
+        let fleet = Fleet {
             sim,
             start_delay,
             drain,
-            ready: Arc::new(Ready::default()),
-            slots: Vec::new(),
-            next_seed: 1,
-        }
+            hosts,
+            port,
+            slots: vec![Slot::Ready(first)],
+            next: 3,
+        };
+        fleet.publish()?;
+        Ok(fleet)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     /// Replicas asked for (starting or ready): what they cost.
@@ -54,38 +65,25 @@ impl Fleet {
         self.slots.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.slots.is_empty()
-    }
-
-    /// Starts one replica at once (the fleet's first).
-    pub async fn add_now(&mut self) -> anyhow::Result<()> {
-        let h = self.bind().await?;
-        self.slots.push(Slot::Ready(h));
-        self.publish();
-        Ok(())
-    }
-
-    fn bind(&mut self) -> impl std::future::Future<Output = anyhow::Result<SimHandle>> {
-        let cfg = SimConfig {
-            seed: self.next_seed,
-            ..self.sim.clone()
-        };
-        self.next_seed += 1;
-        async move {
-            let s = SimServer::bind(cfg, ([127, 0, 0, 1], 0).into()).await?;
-            Ok(s.spawn())
-        }
+    pub fn ready_count(&self) -> usize {
+        self.slots
+            .iter()
+            .filter(|s| matches!(s, Slot::Ready(_)))
+            .count()
     }
 
     /// Moves the count towards `n`: new replicas start (ready after the delay), the newest go.
-    pub fn scale_to(&mut self, n: usize) {
+    pub fn scale_to(&mut self, n: usize) -> anyhow::Result<()> {
         while self.slots.len() < n {
-            let delay = self.start_delay;
-            let bind = self.bind();
+            let (delay, cfg, octet, port) =
+                (self.start_delay, self.sim.clone(), self.next, self.port);
+            self.next = self
+                .next
+                .checked_add(1)
+                .context("out of loopback addresses")?;
             self.slots.push(Slot::Starting(tokio::spawn(async move {
                 tokio::time::sleep(delay).await;
-                bind.await
+                bind(cfg, octet, port).await
             })));
         }
         while self.slots.len() > n {
@@ -101,10 +99,10 @@ impl Fleet {
                 }
             }
         }
-        self.publish();
+        self.publish()
     }
 
-    /// Replicas whose start delay has passed join the answer.
+    /// Replicas whose start delay has passed join the file.
     pub async fn poll(&mut self) -> anyhow::Result<()> {
         let mut changed = false;
         for slot in self.slots.iter_mut() {
@@ -117,30 +115,24 @@ impl Fleet {
             }
         }
         if changed {
-            self.publish();
+            self.publish()?;
         }
         Ok(())
     }
 
-    pub fn ready_count(&self) -> usize {
-        self.slots
-            .iter()
-            .filter(|s| matches!(s, Slot::Ready(_)))
-            .count()
-    }
-
-    fn publish(&self) {
-        let addrs = self
-            .slots
-            .iter()
-            .filter_map(|s| match s {
-                Slot::Ready(h) => Some(h.local_addr()),
-                Slot::Starting(_) => None,
-            })
-            .collect();
-        if let Ok(mut a) = self.ready.0.lock() {
-            *a = addrs;
+    /// Writes the ready replicas' addresses (a new file renamed over the old: the proxy never
+    /// reads half of one).
+    fn publish(&self) -> anyhow::Result<()> {
+        let mut text = String::new();
+        for s in &self.slots {
+            if let Slot::Ready(h) = s {
+                text.push_str(&format!("{} {NAME}\n", h.local_addr().ip()));
+            }
         }
+        let tmp = self.hosts.with_extension("tmp");
+        std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, &self.hosts)
+            .with_context(|| format!("renaming to {}", self.hosts.display()))
     }
 
     /// Stops every replica.
@@ -152,4 +144,17 @@ impl Fleet {
             }
         }
     }
+}
+
+/// One replica on 127.0.0.`octet`:`port` (0: any port), seeded by its address.
+async fn bind(cfg: SimConfig, octet: u8, port: u16) -> anyhow::Result<SimHandle> {
+    let cfg = SimConfig {
+        seed: u64::from(octet),
+        ..cfg
+    };
+    let addr = SocketAddr::from((Ipv4Addr::new(127, 0, 0, octet), port));
+    let s = SimServer::bind(cfg, addr)
+        .await
+        .with_context(|| format!("binding a replica on {addr}"))?;
+    Ok(s.spawn())
 }

@@ -3,7 +3,8 @@
 //! fleet of simulated engines behind a fresh proxy (in this process, on 127.0.0.1), a load
 //! that warms, ramps, holds, spikes and falls, and a scaler loop that reads the proxy's admin
 //! `/metrics` like an HPA and adds or removes replicas through the proxy's DNS discovery, each
-//! new one serving only after a start delay.
+//! new one serving only after a start delay. The proxy is the real binary (a child process,
+//! as in the soak); the engines and the load live in this process.
 //!
 //! Time is compressed `--compress` times for everything that paces scaling: the load's phases,
 //! the start delay, the scaler's period and stabilization window, discovery, engine scrapes,
@@ -23,8 +24,6 @@ use std::time::Duration;
 use anyhow::Context;
 use goodput_measure::prom;
 use goodput_measure::slo::{judge, Slo};
-use goodput_proxy::app::App;
-use goodput_proxy::config::RawConfig;
 use goodput_sim::SimConfig;
 use http::Uri;
 use rand::rngs::SmallRng;
@@ -33,6 +32,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::client::{self, http_client, Outgoing};
+use crate::soak::proxy::{default_bin, ProxyProcess};
 use fleet::Fleet;
 use policy::{Hpa, Signal};
 use profile::Done;
@@ -52,7 +52,7 @@ pub struct AutoscaleArgs {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "queue,demand,tokens,desired"
+        default_value = "queue,demand,desired"
     )]
     pub signals: Vec<Signal>,
     /// Time compression: one second of the run is this many seconds of the model.
@@ -64,6 +64,9 @@ pub struct AutoscaleArgs {
     /// Requests per second at the start, at the plateau, and the spike's multiple of it.
     #[arg(long, default_value_t = 4.0)]
     pub base_rate: f64,
+    /// Requests per second of the opening burst (about twice what one replica carries).
+    #[arg(long, default_value_t = 18.0)]
+    pub burst_rate: f64,
     #[arg(long, default_value_t = 36.0)]
     pub hold_rate: f64,
     #[arg(long, default_value_t = 1.6)]
@@ -89,6 +92,9 @@ pub struct AutoscaleArgs {
     /// SLO attainment target (`[scale] target`).
     #[arg(long, default_value_t = 0.95)]
     pub target: f64,
+    /// The proxy binary (default: `goodput-proxy` beside this executable).
+    #[arg(long)]
+    pub proxy_bin: Option<PathBuf>,
 }
 
 /// The engine replica: 8 decode slots, 20 ms per token plus 2 ms per sequence in the batch,
@@ -162,7 +168,7 @@ fn real_phases(args: &AutoscaleArgs) -> Vec<profile::Phase> {
 }
 
 fn model_phases(args: &AutoscaleArgs) -> Vec<profile::Phase> {
-    profile::phases(args.base_rate, args.hold_rate, args.spike)
+    profile::phases(args.base_rate, args.burst_rate, args.hold_rate, args.spike)
 }
 
 /// What one signal's run produced (times in model seconds).
@@ -205,39 +211,67 @@ pub async fn run(args: AutoscaleArgs) -> anyhow::Result<()> {
     report::write(&args, &model_phases(&args), &runs)
 }
 
-fn proxy_config(args: &AutoscaleArgs) -> RawConfig {
+/// The proxy's configuration file: discovery from the fleet's hosts file, the SLOs, and
+/// every interval compressed.
+fn proxy_config(args: &AutoscaleArgs, port: u16, hosts: &std::path::Path) -> String {
     let k = args.compress;
     let ms = |model_ms: f64| ((model_ms / k).round() as u64).max(10);
-    let mut c = RawConfig::default();
-    c.server.listen = ([127, 0, 0, 1], 0).into();
-    c.server.admin_listen = ([127, 0, 0, 1], 0).into();
-    c.server.drain_delay_ms = 0;
-    c.server.grace_period_ms = 2_000;
-    c.log.access = false;
-    c.upstream.discover = vec!["dns://fleet:8000".into()];
-    c.upstream.discover_interval_ms = ms(5_000.0);
-    c.upstream.health_interval_ms = ms(2_000.0);
-    c.measure.models = vec![MODEL.into()];
-    c.engine.scrape_interval_ms = ms(5_000.0);
-    c.engine.scrape_timeout_ms = ms(2_000.0);
     let s = slo();
-    c.slo.ttft_ms = limit(s.ttft);
-    c.slo.tpot_ms = limit(s.tpot);
-    c.slo.e2e_ms = limit(s.e2e);
-    c.slo.valid_tool_calls = false;
-    c.scale.target = args.target;
-    c.scale.tick_ms = ms(1_000.0);
-    c.scale.load_window_ms = ms(10_000.0);
-    c.scale.short_window_s = ((30.0 / k).ceil() as u64).max(1);
-    c.scale.long_window_s = ((300.0 / k).ceil() as u64).max(c.scale.short_window_s + 1);
-    c
-}
+    let limit =
+        |d: Option<Duration>| d.map_or("\"none\"".to_string(), |d| d.as_millis().to_string());
+    let short = ((30.0 / k).ceil() as u64).max(1);
+    let long = ((300.0 / k).ceil() as u64).max(short + 1);
+    format!(
+        r#"[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+drain_delay_ms = 0
+grace_period_ms = 2000
 
-fn limit(d: Option<Duration>) -> goodput_proxy::config::Limit {
-    match d {
-        Some(d) => goodput_proxy::config::Limit::Ms(d.as_millis() as u64),
-        None => goodput_proxy::config::Limit::None,
-    }
+[upstream]
+discover = ["dns://{name}:{port}"]
+discover_hosts_file = "{hosts}"
+discover_interval_ms = {discover}
+health_interval_ms = {health}
+
+[measure]
+models = ["{MODEL}"]
+
+[slo]
+ttft_ms = {ttft}
+tpot_ms = {tpot}
+e2e_ms = {e2e}
+valid_tool_calls = false
+
+[engine]
+scrape_interval_ms = {scrape}
+scrape_timeout_ms = {scrape_timeout}
+
+[log]
+access = false
+
+[scale]
+target = {target}
+short_window_s = {short}
+long_window_s = {long}
+tick_ms = {tick}
+load_window_ms = {load_window}
+# The run is short: a load bin counts from 10 requests.
+min_requests = 10
+"#,
+        name = fleet::NAME,
+        hosts = hosts.display(),
+        discover = ms(5_000.0),
+        health = ms(2_000.0),
+        ttft = limit(s.ttft),
+        tpot = limit(s.tpot),
+        e2e = limit(s.e2e),
+        scrape = ms(5_000.0),
+        scrape_timeout = ms(2_000.0),
+        target = args.target,
+        tick = ms(1_000.0),
+        load_window = ms(10_000.0),
+    )
 }
 
 async fn run_one(
@@ -248,19 +282,29 @@ async fn run_one(
 ) -> anyhow::Result<SignalRun> {
     let k = args.compress;
     let real = |model_s: f64| Duration::from_secs_f64(model_s / k);
-    let mut fleet = Fleet::new(replica(), real(args.start_delay_s), real(30.0));
-    for _ in 0..args.min_replicas.max(1) {
-        fleet.add_now().await?;
-    }
-    let config = proxy_config(args)
-        .check()
-        .map_err(|e| anyhow::anyhow!("proxy config: {e}"))?;
-    let app = App::bind_with_resolver(config, fleet.ready.clone()).await?;
-    let (addr, admin) = (app.local_addr(), app.admin_addr());
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let proxy = tokio::spawn(app.run(async move {
-        let _ = stop_rx.await;
-    }));
+    let dir = args.out.join(signal.as_str());
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let hosts = std::fs::canonicalize(&dir)?.join("fleet.hosts");
+    let mut fleet = Fleet::start(
+        replica(),
+        real(args.start_delay_s),
+        real(30.0),
+        hosts.clone(),
+    )
+    .await?;
+    fleet.scale_to(args.min_replicas.max(1))?;
+    let config = dir.join("goodput-proxy.toml");
+    std::fs::write(&config, proxy_config(args, fleet.port(), &hosts))
+        .with_context(|| format!("writing {}", config.display()))?;
+    let bin = args.proxy_bin.clone().unwrap_or_else(default_bin);
+    let mut cmd = tokio::process::Command::new(&bin);
+    cmd.arg("serve")
+        .env("GOODPUT_PROXY_CONFIG", &config)
+        .env("RUST_LOG", "warn,goodput_proxy=info");
+    let proxy = ProxyProcess::start(cmd, &dir.join("proxy.log"))
+        .await
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let (addr, admin) = (proxy.addr, proxy.admin);
     let http = http_client(256);
     let uri: Uri = format!("http://{addr}/v1/chat/completions").parse()?;
     let metrics_url = format!("http://{admin}/metrics");
@@ -276,7 +320,7 @@ async fn run_one(
                 tokio::time::sleep_until(t0 + Duration::from_secs_f64(planned[i].at)).await;
                 let (http, uri, done, planned) =
                     (http.clone(), uri.clone(), done.clone(), planned.clone());
-                let slo = slo.clone();
+                let slo = slo;
                 tasks.push(tokio::spawn(async move {
                     let p = &planned[i];
                     let id = format!("as-{i}");
@@ -335,7 +379,7 @@ async fn run_one(
             values.push((now, value));
             let n = hpa.decide(now, value, fleet.len());
             if n != fleet.len() {
-                fleet.scale_to(n);
+                fleet.scale_to(n)?;
             }
         }
         if replicas.last().is_some_and(|r| r.1 != fleet.len()) {
@@ -351,8 +395,7 @@ async fn run_one(
     ready.push((end, fleet.ready_count()));
     // Requests still in flight finish against the fleet as it stands.
     let _ = tokio::time::timeout(Duration::from_secs(60), driver).await;
-    let _ = stop_tx.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(10), proxy).await;
+    proxy.stop(Duration::from_secs(5)).await;
     fleet.stop().await;
     let mut done = done.lock().map(|d| d.clone()).unwrap_or_default();
     done.sort_by(|a, b| a.start.total_cmp(&b.start));

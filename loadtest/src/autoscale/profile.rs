@@ -14,9 +14,10 @@ pub struct Phase {
     pub to: f64,
 }
 
-/// Ramp up, hold, spike, hold again, fall: `hold` requests/s at the plateau, `spike` x that
-/// during the spike.
-pub fn phases(base: f64, hold: f64, spike: f64) -> Vec<Phase> {
+/// A burst, then ramp up, hold, spike, hold again, fall: `burst` requests/s for the opening
+/// minute (past what the first replica carries: where the proxy first sees the limit),
+/// `hold` at the plateau, `spike` x that during the spike.
+pub fn phases(base: f64, burst: f64, hold: f64, spike: f64) -> Vec<Phase> {
     let p = |name, minutes: f64, from, to| Phase {
         name,
         seconds: minutes * 60.0,
@@ -25,6 +26,8 @@ pub fn phases(base: f64, hold: f64, spike: f64) -> Vec<Phase> {
     };
     vec![
         p("warm", 1.0, base, base),
+        p("burst", 1.0, burst, burst),
+        p("calm", 2.0, base, base),
         p("ramp", 4.0, base, hold),
         p("hold", 10.0, hold, hold),
         p("spike", 1.0, hold * spike, hold * spike),
@@ -168,17 +171,24 @@ mod tests {
 
     #[test]
     fn the_profile_and_its_windows() {
-        let ph = phases(2.0, 10.0, 1.5);
-        assert_eq!(total(&ph), 20.0 * 60.0);
-        assert_eq!(window(&ph, "spike"), Some((900.0, 960.0)));
+        let ph = phases(2.0, 8.0, 10.0, 1.5);
+        assert_eq!(total(&ph), 23.0 * 60.0);
+        assert_eq!(window(&ph, "spike"), Some((1080.0, 1140.0)));
         assert_eq!(rate_at(&ph, 30.0), 2.0);
-        assert_eq!(rate_at(&ph, 60.0 + 120.0), 6.0);
-        assert_eq!(rate_at(&ph, 930.0), 15.0);
+        assert_eq!(rate_at(&ph, 90.0), 8.0);
+        assert_eq!(rate_at(&ph, 240.0 + 120.0), 6.0);
+        assert_eq!(rate_at(&ph, 1110.0), 15.0);
         // Same seed, same arrivals; about the integral of the rate.
         let a = arrivals(&ph, 7);
         assert_eq!(a, arrivals(&ph, 7));
-        let want =
-            2.0 * 60.0 + 6.0 * 240.0 + 10.0 * 600.0 + 15.0 * 60.0 + 10.0 * 120.0 + 6.0 * 120.0;
+        let want = 2.0 * 60.0
+            + 8.0 * 60.0
+            + 2.0 * 120.0
+            + 6.0 * 240.0
+            + 10.0 * 600.0
+            + 15.0 * 60.0
+            + 10.0 * 120.0
+            + 6.0 * 120.0;
         assert!(
             (a.len() as f64 - want).abs() < 4.0 * want.sqrt(),
             "{} vs {want}",
