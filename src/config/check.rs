@@ -24,7 +24,7 @@ pub fn check(raw: &RawConfig, origin: &dyn Fn(&str) -> Origin) -> Result<Config,
     let config = Config {
         server: c.server(&raw.server),
         limits: c.limits(&raw.limits),
-        upstream: c.upstream(&raw.upstream),
+        upstream: c.upstream(&raw.upstream, &raw.balance),
         auth: c.auth(&raw.auth, raw.measure.enabled),
         log: raw.log.clone(),
         measure: c.measure(&raw.measure),
@@ -40,6 +40,7 @@ pub fn check(raw: &RawConfig, origin: &dyn Fn(&str) -> Origin) -> Result<Config,
             balance_on_queue: e.balance_on_queue,
             kind: c.engine_kind(e),
             kinds: c.engine_kinds(e, &raw.upstream),
+            usage_unasked: c.usage_unasked(e, &raw.upstream),
         },
         clickhouse: raw.sink.clickhouse.as_ref().and_then(|ch| c.clickhouse(ch)),
         sim: raw.sim.clone(),
@@ -143,6 +144,23 @@ impl Checker<'_> {
         out
     }
 
+    /// `engine.usage_unasked`: each one of `upstream.urls`.
+    fn usage_unasked(&mut self, e: &RawEngine, u: &RawUpstream) -> Vec<String> {
+        let mut out = Vec::new();
+        for url in &e.usage_unasked {
+            let url = url.trim_end_matches('/');
+            if u.urls.iter().any(|c| c.trim_end_matches('/') == url) {
+                out.push(url.to_string());
+            } else {
+                self.bad(
+                    "engine.usage_unasked",
+                    &format!("`{url}` is not one of upstream.urls"),
+                );
+            }
+        }
+        out
+    }
+
     fn base_url(&mut self, field: &str, url: &str) -> Option<BaseUrl> {
         BaseUrl::parse(url)
             .map_err(|m| self.bad(field, &format!("`{url}`: {m}")))
@@ -204,7 +222,10 @@ impl Checker<'_> {
         limits
     }
 
-    fn upstream(&mut self, u: &RawUpstream) -> UpstreamConfig {
+    fn upstream(&mut self, u: &RawUpstream, balance: &super::BalanceConfig) -> UpstreamConfig {
+        for (field, message) in balance.problems() {
+            self.bad(field, message);
+        }
         let urls = u
             .urls
             .iter()
@@ -237,6 +258,7 @@ impl Checker<'_> {
             health_interval: self.positive_ms("upstream.health_interval_ms", u.health_interval_ms),
             authorization: u.api_key.as_deref().and_then(|k| self.upstream_key(k)),
             tls: self.upstream_tls(u),
+            balance: balance.clone(),
         }
     }
 

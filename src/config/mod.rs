@@ -12,6 +12,7 @@
 //! - [`check`]: what serde cannot check; raw -> checked.
 //! - [`target`]: base URLs and DNS targets.
 
+pub mod balance;
 pub mod check;
 pub mod env;
 pub mod layers;
@@ -25,6 +26,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use crate::auth::{AuthConfig, TenantConfig};
+pub use balance::{BalanceConfig, Strategy};
 pub use env::{ENV_CONFIG_FILE, ENV_PREFIX};
 pub use raw::{
     Limit, LogConfig, LogFormat, RawAuth, RawClickHouse, RawConfig, RawEngine, RawLimits,
@@ -106,6 +108,8 @@ pub struct UpstreamConfig {
     /// `upstream.api_key` as the header value sent (`Bearer <key>`, marked sensitive so it is
     /// never printed).
     pub authorization: Option<http::HeaderValue>,
+    /// `[balance]`: how each request's replica is chosen.
+    pub balance: BalanceConfig,
 }
 
 /// Upstream TLS files (`upstream.tls_ca`, `tls_client_cert` + `tls_client_key`).
@@ -159,6 +163,9 @@ pub struct EngineConfig {
     pub kind: Option<EngineKind>,
     /// Per configured replica URL (as written, without a trailing `/`): its engine.
     pub kinds: Vec<(String, EngineKind)>,
+    /// Replica URLs (as written, without a trailing `/`) whose engine adds usage to every
+    /// stream, asked or not: usage is never stripped from their streams.
+    pub usage_unasked: Vec<String>,
 }
 
 impl EngineConfig {

@@ -26,6 +26,8 @@ pub struct RawConfig {
     pub engine: RawEngine,
     /// The autoscaling signals (`[scale]`, docs/autoscaling.md).
     pub scale: crate::config::ScaleConfig,
+    /// How a replica is chosen for each request (`[balance]`, docs/routing.md).
+    pub balance: crate::config::BalanceConfig,
     /// Record sinks besides the JSONL file of `[measure]`: `[sink.clickhouse]`.
     pub sink: RawSink,
     /// The built-in simulated engine used in demo mode (no `upstream.urls`); see the sim's
@@ -319,7 +321,7 @@ impl Default for RawMeasure {
     }
 }
 
-/// `[trace]`: token-level traces of streams (issue 13). A request is traced when it sends
+/// `[trace]`: token-level traces of streams. A request is traced when it sends
 /// `x-goodput-trace: 1` (the header is the proxy's: it is not forwarded) or when it is
 /// sampled; its trace is kept beside its record in the `/stats` ring (admin
 /// `GET /trace/<request-id>`) and written with its record to the JSONL sink.
@@ -425,7 +427,7 @@ pub struct RawSlo {
     pub tpot_ms: Limit,
     pub e2e_ms: Limit,
     /// A tool call that is not valid JSON, breaks its function's schema in the request's
-    /// `tools`, or names an unknown function makes the request not good (issue 13).
+    /// `tools`, or names an unknown function makes the request not good.
     pub valid_tool_calls: bool,
     /// Per-model overrides (`[slo.models."llama-70b"]`); a field left out keeps the global value.
     pub models: BTreeMap<String, SloOverride>,
@@ -517,6 +519,11 @@ pub struct RawEngine {
     /// Per replica, by its URL as written in `upstream.urls`: the engine it runs (same values
     /// as `kind`, which applies to every replica not listed here).
     pub kinds: BTreeMap<String, String>,
+    /// Replicas (URLs as written in `upstream.urls`) that end every stream with a usage
+    /// chunk whether the client asked or not (SGLang `--stream-response-default-include-usage`):
+    /// the proxy never strips usage from their streams, so their clients get it as they would
+    /// straight from the engine.
+    pub usage_unasked: Vec<String>,
 }
 
 impl Default for RawEngine {
@@ -531,6 +538,7 @@ impl Default for RawEngine {
             balance_on_queue: true,
             kind: "auto".into(),
             kinds: BTreeMap::new(),
+            usage_unasked: Vec::new(),
         }
     }
 }

@@ -559,7 +559,7 @@ impl StreamMeter {
         }
     }
 
-    /// Usage reported outside the stream this meter saw (the usage chunk a strip body removed
+    /// Usage reported outside the stream this meter saw (a usage chunk removed
     /// before the client, and so this meter, got it). The last usage seen wins.
     pub fn on_usage(&mut self, usage: Usage) {
         self.tl.on_usage(usage);
@@ -674,6 +674,8 @@ fn div_duration(d: Duration, n: u64) -> Duration {
 
 mod strip;
 
+#[cfg(test)]
+mod engine_streams;
 #[cfg(test)]
 mod repeat_differential;
 #[cfg(test)]

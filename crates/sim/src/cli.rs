@@ -8,6 +8,7 @@ use anyhow::Context as _;
 
 use super::config::{Jitter, SimConfig};
 use super::faults::FaultRule;
+use super::personality::Personality;
 use super::SimServer;
 
 /// Flags of `goodput-proxy sim`. Every timing flag is in milliseconds.
@@ -64,6 +65,12 @@ pub struct SimArgs {
     /// A fault drawn per request: `PROB:FAULTS`, e.g. `0.05:status=503` (repeatable).
     #[arg(long = "fault")]
     pub faults: Vec<FaultRule>,
+    /// Answer as this engine: its /metrics families and stream differences.
+    #[arg(long, value_enum)]
+    pub personality: Option<Personality>,
+    /// SGLang's flag: every stream ends with a usage chunk, asked for or not.
+    #[arg(long)]
+    pub stream_response_default_include_usage: bool,
     /// Turn automatic prefix caching off (vLLM `--no-prefix-caching`).
     #[arg(long)]
     pub no_prefix_caching: bool,
@@ -143,6 +150,10 @@ impl SimArgs {
             cfg.max_num_queued_reqs = self.max_num_queued_reqs;
         }
         cfg.legacy_metric_names |= self.legacy_metric_names;
+        if let Some(p) = self.personality {
+            cfg.personality = p;
+        }
+        cfg.stream_response_default_include_usage |= self.stream_response_default_include_usage;
         cfg.enable_prefix_caching &= !self.no_prefix_caching;
         cfg.enable_prompt_tokens_details |= self.enable_prompt_tokens_details;
         if !self.faults.is_empty() {

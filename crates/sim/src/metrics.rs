@@ -101,7 +101,41 @@ impl Histogram {
     pub fn sum(&self) -> f64 {
         self.sum.get()
     }
+
+    /// `(upper bound, cumulative count)` per bucket, `+Inf` left out (it is `count`).
+    pub fn cumulative(&self) -> Vec<(f64, u64)> {
+        let mut cum = 0;
+        self.bounds
+            .iter()
+            .zip(self.counts.iter())
+            .map(|(b, c)| {
+                cum += c.load(Relaxed);
+                (*b, cum)
+            })
+            .collect()
+    }
 }
+
+/// The bucket grids of the latency histograms (an engine other than vLLM has its own).
+#[derive(Debug, Clone, Copy)]
+pub struct Grids {
+    pub ttft: &'static [f64],
+    pub itl: &'static [f64],
+    pub tpot: &'static [f64],
+    pub e2e: &'static [f64],
+    pub queue: &'static [f64],
+    pub inference: &'static [f64],
+}
+
+/// vLLM's grids.
+pub const VLLM_GRIDS: Grids = Grids {
+    ttft: TTFT_BUCKETS,
+    itl: TPOT_BUCKETS,
+    tpot: TPOT_BUCKETS,
+    e2e: LATENCY_BUCKETS,
+    queue: LATENCY_BUCKETS,
+    inference: LATENCY_BUCKETS,
+};
 
 /// The series of one `model_name`.
 #[derive(Debug)]
@@ -137,7 +171,7 @@ pub struct ModelMetrics {
 }
 
 impl ModelMetrics {
-    fn new() -> Self {
+    fn new(g: &Grids) -> Self {
         ModelMetrics {
             running: AtomicI64::new(0),
             waiting: AtomicI64::new(0),
@@ -148,12 +182,12 @@ impl ModelMetrics {
             admission_rejections: AtomicU64::new(0),
             generation_tokens: AtomicU64::new(0),
             success: Default::default(),
-            ttft: Histogram::new(TTFT_BUCKETS),
-            itl: Histogram::new(TPOT_BUCKETS),
-            tpot: Histogram::new(TPOT_BUCKETS),
-            e2e: Histogram::new(LATENCY_BUCKETS),
-            queue: Histogram::new(LATENCY_BUCKETS),
-            inference: Histogram::new(LATENCY_BUCKETS),
+            ttft: Histogram::new(g.ttft),
+            itl: Histogram::new(g.itl),
+            tpot: Histogram::new(g.tpot),
+            e2e: Histogram::new(g.e2e),
+            queue: Histogram::new(g.queue),
+            inference: Histogram::new(g.inference),
             prefill: Histogram::new(LATENCY_BUCKETS),
             decode: Histogram::new(LATENCY_BUCKETS),
             req_prompt_tokens: Histogram::new(TOKEN_BUCKETS),
@@ -304,14 +338,36 @@ impl Out<'_> {
 
 impl EngineMetrics {
     pub fn new(names: &[String], kv_capacity: u64, legacy: bool, created: f64) -> Self {
+        Self::with_grids(names, kv_capacity, legacy, created, VLLM_GRIDS)
+    }
+
+    /// As [`EngineMetrics::new`], with the latency histograms on other grids (another
+    /// engine's, see `personality.rs`, which also renders such an engine's page).
+    pub fn with_grids(
+        names: &[String],
+        kv_capacity: u64,
+        legacy: bool,
+        created: f64,
+        grids: Grids,
+    ) -> Self {
         EngineMetrics {
             names: names.to_vec(),
-            models: names.iter().map(|_| ModelMetrics::new()).collect(),
+            models: names.iter().map(|_| ModelMetrics::new(&grids)).collect(),
             kv_tokens: AtomicI64::new(0),
             kv_capacity,
             legacy,
             created,
         }
+    }
+
+    /// The served model names, one per [`ModelMetrics`].
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// Unix time the families were created.
+    pub fn created(&self) -> f64 {
+        self.created
     }
 
     pub fn kv_usage(&self) -> f64 {

@@ -136,11 +136,13 @@ pub async fn handle(
         (&Method::GET, "/health") => full(200, None, Bytes::new()),
         (&Method::GET, "/version") => json(200, "{\"version\":\"0.32.0\"}"),
         (&Method::GET, "/load") => json(200, format!("{{\"server_load\":{}}}", eng.load())),
-        (&Method::GET, "/metrics") => full(
+        (&Method::GET, path) if path == eng.cfg.personality.metrics_path() => full(
             200,
             Some("text/plain; version=1.0.0; charset=utf-8"),
-            eng.metrics.render(),
+            eng.cfg.personality.render_metrics(&eng.metrics),
         ),
+        // trtllm-serve's /metrics: JSON iteration statistics (none kept here).
+        (&Method::GET, "/metrics") => json(200, "[]"),
         // vLLM's SageMaker-style liveness probe: 200 with an empty body, GET or POST.
         (&Method::GET | &Method::POST, "/ping") => full(200, None, Bytes::new()),
         (_, path) => match allowed_methods(path) {
@@ -156,7 +158,9 @@ pub async fn handle(
 fn allowed_methods(path: &str) -> Option<&'static str> {
     match path {
         "/v1/chat/completions" | "/v1/completions" => Some("POST"),
-        "/v1/models" | "/health" | "/version" | "/load" | "/metrics" => Some("GET"),
+        "/v1/models" | "/health" | "/version" | "/load" | "/metrics" | "/prometheus/metrics" => {
+            Some("GET")
+        }
         "/ping" => Some("GET, POST"),
         _ => None,
     }
@@ -216,7 +220,7 @@ async fn generate(
         return error(&ApiError::injected(status));
     }
     let cfg = &eng.cfg;
-    let greq = match request::parse(api, &body, &cfg.models, cfg.max_model_len, cfg.seed) {
+    let mut greq = match request::parse(api, &body, &cfg.models, cfg.max_model_len, cfg.seed) {
         Ok(r) => r,
         Err(e) => return error(&e),
     };
@@ -231,6 +235,8 @@ async fn generate(
         }
         return error(&ApiError::queue_overflow());
     }
+    // SGLang's `--stream-response-default-include-usage`: usage as if the client asked.
+    greq.include_usage |= cfg.stream_response_default_include_usage;
     let tmpl = Templates::new(&greq, &cfg.models[greq.model_idx], eng.created);
     let run = Run::new(eng.clone(), &greq, arrival, arrival_no);
     let agents = agent::plans(&greq, faults.reasoning, faults.tool_call);
