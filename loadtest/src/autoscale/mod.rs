@@ -52,7 +52,7 @@ pub struct AutoscaleArgs {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "queue,demand,desired"
+        default_value = "queue,demand,tokens,desired"
     )]
     pub signals: Vec<Signal>,
     /// Time compression: one second of the run is this many seconds of the model.
