@@ -98,6 +98,11 @@ impl Gauges {
         Ok(g)
     }
 
+    /// The `window` label of window `i` (0: short, 1: long).
+    pub(super) fn window(&self, i: usize) -> &str {
+        &self.windows[i]
+    }
+
     /// Window `i`'s attainment series at `now`.
     pub(super) fn set_attainment(
         &self,

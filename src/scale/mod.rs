@@ -277,6 +277,30 @@ impl Scale {
             .collect();
     }
 
+    /// The `window` labels, short then long.
+    pub fn window_labels(&self) -> [String; 2] {
+        [
+            self.gauges.window(0).to_string(),
+            self.gauges.window(1).to_string(),
+        ]
+    }
+
+    /// Each model's attainment at `now` over each window: (window label, model, share).
+    pub fn model_attainment(&self, now: Instant) -> Vec<(String, Arc<str>, f64)> {
+        let Ok(ws) = self.windows.lock() else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (i, w) in ws.iter().enumerate() {
+            for (model, a) in w.model.per_key(now) {
+                if let Some(a) = a {
+                    out.push((self.gauges.window(i).to_string(), model, a));
+                }
+            }
+        }
+        out
+    }
+
     /// Each model's estimate as of the last tick.
     pub fn estimates(&self) -> Vec<(Arc<str>, Estimate)> {
         self.state
