@@ -675,6 +675,8 @@ fn div_duration(d: Duration, n: u64) -> Duration {
 mod strip;
 
 #[cfg(test)]
+mod engine_streams;
+#[cfg(test)]
 mod repeat_differential;
 #[cfg(test)]
 mod strip_tests;
