@@ -24,6 +24,7 @@ use tokio::time::Instant;
 
 use crate::context::RequestContext;
 use crate::metrics::{Metrics, OTHER_MODEL};
+use crate::scale::Scale;
 use crate::sink::Sinks;
 use goodput_measure::record::{RecordRing, RequestRecord, DEFAULT_GAP_CAPACITY};
 use goodput_measure::slo::SloTable;
@@ -53,6 +54,8 @@ pub struct Recorder {
     /// `[trace] sample_rate` and `max_tokens`.
     trace_rate: f64,
     trace_bounds: TraceBounds,
+    /// The autoscaling signals, when counted (`[scale]`).
+    scale: Option<Arc<Scale>>,
 }
 
 impl Recorder {
@@ -76,6 +79,7 @@ impl Recorder {
             unknown_model: Notify::new(),
             trace_rate: 0.0,
             trace_bounds: TraceBounds::default(),
+            scale: None,
         }
     }
 
@@ -92,6 +96,16 @@ impl Recorder {
     pub fn with_instance(mut self, instance: &str) -> Self {
         self.instance = Arc::from(instance);
         self
+    }
+
+    /// Counts every finished request in the autoscaling signals.
+    pub fn with_scale(mut self, scale: Arc<Scale>) -> Self {
+        self.scale = Some(scale);
+        self
+    }
+
+    pub fn scale(&self) -> Option<&Arc<Scale>> {
+        self.scale.as_ref()
     }
 
     /// Forward without metering (`[measure] enabled = false`): nothing is recorded.
