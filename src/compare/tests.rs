@@ -205,3 +205,31 @@ fn text_and_json_show_every_column() {
     assert_eq!(doc["groups"][0]["rows"][0]["cells"][0]["proxy_hist"], 0.05);
     assert_eq!(doc["groups"][0]["engine"]["requests_per_s"], 2.0);
 }
+
+#[test]
+fn grids_say_what_is_compared() {
+    let vllm = vec![0.001, 0.005, 0.1];
+    let sglang = vec![0.1, 0.2, 0.4];
+    let cases = [
+        (vec![vllm.clone()], vec![vllm.clone()], Grid::Same),
+        (
+            vec![vllm.clone()],
+            vec![sglang.clone()],
+            Grid::EngineDiffers,
+        ),
+        (
+            vec![vllm.clone()],
+            vec![vllm.clone(), sglang.clone()],
+            Grid::EnginesDiffer,
+        ),
+        (vec![vllm.clone()], vec![], Grid::NoEngine),
+    ];
+    for (proxy, engine, want) in cases {
+        let g = Grid::of(&proxy, &engine);
+        assert_eq!(g, want, "{proxy:?} {engine:?}");
+        assert_eq!(
+            g.note().is_some(),
+            matches!(want, Grid::EngineDiffers | Grid::EnginesDiffer)
+        );
+    }
+}
