@@ -10,6 +10,12 @@
 //! `,"system_fingerprint":<value>` before the finish chunk's closing `}` and drops the usage
 //! chunk; anything else releases the held chunk unchanged.
 //!
+//! What the engine sends of its own accord is never removed: an engine that puts `usage` on
+//! chunks with choices (vLLM's `--enable-force-include-usage`, which also forces continuous
+//! usage; the proxy never injects continuous usage) sends the final usage chunk whatever the
+//! request says, so once such a chunk passed, the usage chunk passes too. SSE comment frames
+//! (`: keep-alive`) that arrive while a finish chunk is held stay behind it, in order.
+//!
 //! Pure: request bytes in, request bytes out; frames in, frames out. Frames holding only whole
 //! events that pass are returned as the same `Bytes` (no copy).
 
@@ -257,6 +263,12 @@ pub struct UsageStripper {
     /// A finish chunk waiting to see whether the usage chunk follows.
     held: Option<Bytes>,
     held_has_fingerprint: bool,
+    /// Comment-only events that came while a finish chunk was held: they go out right after
+    /// it, whatever happens to the usage chunk.
+    held_comments: BytesMut,
+    /// A chunk with choices carried `usage`: the engine reports usage of its own accord, so
+    /// its final usage chunk is the client's too and passes.
+    engine_usage: bool,
     /// The last event ended on a `\r` at the end of a frame: a leading `\n` shares its fate.
     trailing_cr: Option<Fate>,
     /// The held bytes passed [`MAX_LINE_BYTES`]: everything was released and the rest of the
@@ -379,7 +391,7 @@ impl UsageStripper {
         if start < frame.len() {
             self.partial.extend_from_slice(&frame[start..]);
         }
-        let held = self.held.as_ref().map_or(0, Bytes::len);
+        let held = self.held.as_ref().map_or(0, Bytes::len) + self.held_comments.len();
         if self.partial.len() + held > MAX_LINE_BYTES {
             self.gave_up = true;
             self.release_held(&frame, &mut out);
@@ -412,12 +424,15 @@ impl UsageStripper {
         if let Some(h) = self.held.take() {
             out.extend_from_slice(&h);
         }
+        out.extend_from_slice(&self.held_comments.split());
         out.extend_from_slice(&self.partial.split());
         out.freeze()
     }
 
     fn extend_held(&mut self, bytes: &[u8]) {
-        if let Some(h) = self.held.take() {
+        if !self.held_comments.is_empty() {
+            self.held_comments.extend_from_slice(bytes);
+        } else if let Some(h) = self.held.take() {
             let mut b = BytesMut::with_capacity(h.len() + bytes.len());
             b.extend_from_slice(&h);
             b.extend_from_slice(bytes);
@@ -429,6 +444,13 @@ impl UsageStripper {
         if let Some(h) = self.held.take() {
             out.piece(frame, h);
         }
+        self.release_comments(frame, out);
+    }
+
+    fn release_comments(&mut self, frame: &Bytes, out: &mut Out) {
+        if !self.held_comments.is_empty() {
+            out.piece(frame, self.held_comments.split().freeze());
+        }
     }
 
     fn on_event(
@@ -438,7 +460,19 @@ impl UsageStripper {
         out: &mut Out,
         range: Option<(usize, usize)>,
     ) -> Fate {
+        if self.held.is_some() && comment_only(&event) {
+            self.held_comments.extend_from_slice(&event);
+            return Fate::Held;
+        }
         match self.classify(&event) {
+            Class::Usage(..) if self.engine_usage => {
+                self.release_held(frame, out);
+                match range {
+                    Some((a, b)) => out.range(frame, a, b),
+                    None => out.piece(frame, event),
+                }
+                Fate::Passed
+            }
             Class::Usage(fingerprint, usage) => {
                 if usage.is_some() {
                     self.removed = usage;
@@ -449,6 +483,7 @@ impl UsageStripper {
                         None => out.piece(frame, h),
                     }
                 }
+                self.release_comments(frame, out);
                 Fate::Dropped
             }
             Class::Finish { has_fingerprint } => {
@@ -495,12 +530,14 @@ impl UsageStripper {
     /// Classifies by one scan of the event's data (no prefilter).
     fn classify_scanned(&mut self, event: &[u8]) -> Class {
         let mut class = Class::Other;
+        let mut engine_usage = false;
         let mut on_data = |data: &[u8]| {
             let scan = scan_event(data);
             let info = &scan.info;
             if info.kind != ChunkKind::Chunk {
                 return;
             }
+            engine_usage |= info.choice_count > 0 && info.usage.is_some();
             if info.choice_count == 0 && info.usage.is_some() {
                 let fp = scan
                     .fingerprint
@@ -515,8 +552,16 @@ impl UsageStripper {
         };
         self.parser.feed(event, |ev| on_data(ev.data));
         self.parser.finish(|ev| on_data(ev.data));
+        self.engine_usage |= engine_usage;
         class
     }
+}
+
+/// Every line of `event` is an SSE comment (`:` first) or blank: no data, nothing to classify.
+fn comment_only(event: &[u8]) -> bool {
+    event
+        .split(|b| *b == b'\n' || *b == b'\r')
+        .all(|line| line.is_empty() || line[0] == b':')
 }
 
 /// `event` is one `data:` line and its line ends: no byte outside its JSON holds a quote, so
@@ -764,6 +809,73 @@ mod tests {
             strip_all(&[b"data: {nope\n\n", b"data: half"]),
             b"data: {nope\n\ndata: half"
         );
+    }
+
+    /// Every way of cutting `body` into frames the tests use: whole, per line, per byte.
+    fn framings(body: &[u8]) -> Vec<Vec<&[u8]>> {
+        vec![
+            vec![body],
+            body.split_inclusive(|b| *b == b'\n').collect(),
+            body.chunks(1).collect(),
+        ]
+    }
+
+    #[test]
+    fn an_engine_that_forces_usage_keeps_its_usage_chunk() {
+        // `--enable-force-include-usage`: the engine sends usage on every chunk and the final
+        // usage chunk whatever the request says, so the injected request gets exactly what the
+        // client would have got directly; nothing may be removed.
+        for name in [
+            "options/force-stream-chat.txt",
+            "options/force-stream-chat-options-empty.txt",
+            "options/force-stream-completions.txt",
+            "options/force-stream-chat-logprobs-usage.txt",
+            "options/all-stream-chat.txt",
+            "options/all-stream-chat-queued.txt",
+        ] {
+            let body = capture(name).body;
+            for frames in framings(body) {
+                let (out, removed) = strip_all_usage(&frames);
+                assert_eq!(out, body, "{name}, {} frames", frames.len());
+                assert_eq!(removed, None, "{name}");
+            }
+        }
+    }
+
+    #[test]
+    fn keep_alive_comments_pass_in_place_around_a_stripped_usage_chunk() {
+        let (usage, plain) = chat_pair();
+        const KA: &str = ": keep-alive\n\n";
+        // Before the first event, between events, and between the finish chunk and the
+        // usage chunk (where the finish chunk is held): each comment stays where it was.
+        let put = |body: &[u8], before_last: &str| {
+            let text = std::str::from_utf8(body).unwrap();
+            let first = text.find("data: ").unwrap();
+            let second = first + text[first..].find("\n\n").unwrap() + 2;
+            let last = text.rfind(before_last).unwrap();
+            format!(
+                "{KA}{}{KA}{}{KA}{KA}{}",
+                &text[..second],
+                &text[second..last],
+                &text[last..]
+            )
+            .into_bytes()
+        };
+        let usage = put(&usage, "data: {\"id\":\"chatcmpl-a45afd70d01f6372\",\"object\":\"chat.completion.chunk\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[],");
+        let plain = put(&plain, "data: [DONE]");
+        for frames in framings(&usage) {
+            assert_eq!(
+                String::from_utf8(strip_all(&frames)).unwrap(),
+                String::from_utf8(plain.clone()).unwrap(),
+                "{} frames",
+                frames.len()
+            );
+        }
+        // The real queued stream: comments before the first event, usage asked by the client.
+        let body = capture("options/keepalive-stream-chat-queued.txt").body;
+        for frames in framings(body) {
+            assert_eq!(strip_all(&frames), body);
+        }
     }
 
     #[test]
