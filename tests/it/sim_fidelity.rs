@@ -25,15 +25,15 @@ fn capture_path(name: &str) -> String {
     }
 }
 
-struct Capture {
-    method: String,
-    path: String,
-    body: String,
-    head: String,
-    resp_body: String,
+pub(crate) struct Capture {
+    pub method: String,
+    pub path: String,
+    pub body: String,
+    pub head: String,
+    pub resp_body: String,
 }
 
-fn load(name: &str) -> Capture {
+pub(crate) fn load(name: &str) -> Capture {
     let raw = std::fs::read_to_string(capture_path(name)).unwrap();
     let mut method = String::new();
     let mut path = String::new();
@@ -175,7 +175,7 @@ impl Sk<'_> {
     }
 }
 
-fn skeleton(json: &str) -> String {
+pub(crate) fn skeleton(json: &str) -> String {
     let mut out = String::new();
     Sk {
         b: json.as_bytes(),
@@ -185,11 +185,18 @@ fn skeleton(json: &str) -> String {
     out
 }
 
-/// Event skeletons with consecutive duplicates collapsed.
-fn stream_shape(body: &str) -> Vec<String> {
+/// Event skeletons with consecutive duplicates collapsed; an SSE comment (`: keep-alive`) is
+/// its own text.
+pub(crate) fn stream_shape(body: &str) -> Vec<String> {
     assert!(body.ends_with("\n\n"), "events end with a blank line");
     let mut out: Vec<String> = Vec::new();
     for ev in body.split("\n\n").filter(|e| !e.is_empty()) {
+        if ev.starts_with(':') {
+            if out.last().map(String::as_str) != Some(ev) {
+                out.push(ev.to_string());
+            }
+            continue;
+        }
         let data = ev
             .strip_prefix("data: ")
             .unwrap_or_else(|| panic!("not a data line: {ev}"));
@@ -206,14 +213,14 @@ fn stream_shape(body: &str) -> Vec<String> {
     out
 }
 
-fn header_names(head: &str) -> Vec<String> {
+pub(crate) fn header_names(head: &str) -> Vec<String> {
     head.split("\r\n")
         .skip(1)
         .map(|l| l.split_once(": ").unwrap().0.to_ascii_lowercase())
         .collect()
 }
 
-fn fixed_headers(head: &str) -> Vec<String> {
+pub(crate) fn fixed_headers(head: &str) -> Vec<String> {
     head.split("\r\n")
         .skip(1)
         .filter(|l| !l.starts_with("date:") && !l.starts_with("content-length:"))
@@ -222,14 +229,19 @@ fn fixed_headers(head: &str) -> Vec<String> {
 }
 
 async fn replay(name: &str) -> (Capture, Resp) {
+    replay_with(name, SimConfig::fast()).await
+}
+
+/// Sends the captured request to a simulator started with `cfg`.
+pub(crate) async fn replay_with(name: &str, cfg: SimConfig) -> (Capture, Resp) {
     let cap = load(name);
-    let sim = start(SimConfig::fast()).await;
+    let sim = start(cfg).await;
     let r = send(sim.local_addr(), &cap.method, &cap.path, &[], &cap.body).await;
     sim.shutdown().await;
     (cap, r)
 }
 
-fn sim_head(r: &Resp) -> String {
+pub(crate) fn sim_head(r: &Resp) -> String {
     let mut h = r.status_line.clone();
     // Our client asks for `connection: close`; the captures' client kept the connection.
     for (k, v) in r.headers.iter().filter(|(k, _)| k != "connection") {

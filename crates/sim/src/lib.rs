@@ -22,6 +22,7 @@ pub mod faults;
 pub mod gen;
 pub mod metrics;
 pub mod nonstream;
+pub mod per_request;
 pub mod render;
 pub mod request;
 pub mod routes;
