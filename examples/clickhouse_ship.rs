@@ -56,7 +56,7 @@ fn record(i: u64) -> Arc<RequestRecord> {
         Some(format!("http://vllm-{}:8000", i % 4).into()),
         start,
         tokio::time::Instant::now(),
-        &m,
+        m,
         v,
     );
     Arc::new(rec.with_instance("proxy-bench"))

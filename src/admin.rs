@@ -67,7 +67,10 @@ fn readyz(state: &AppState) -> Response<Full<Bytes>> {
 fn metrics(state: &AppState) -> Response<Full<Bytes>> {
     use prometheus::Encoder;
     state.engines.refresh_gauges(Instant::now());
-    state.meter.metrics().refresh_goodput_ratio(Instant::now());
+    state
+        .recorder
+        .metrics()
+        .refresh_goodput_ratio(Instant::now());
     let encoder = prometheus::TextEncoder::new();
     let families = state.registry.gather();
     let mut buf = Vec::new();
@@ -98,11 +101,11 @@ fn stats(state: &AppState, query: Option<&str>) -> Response<Full<Bytes>> {
             let urls = q
                 .upstream
                 .as_deref()
-                .map(|l| state.meter.metrics().upstreams.urls_of(l));
+                .map(|l| state.recorder.metrics().upstreams.urls_of(l));
             let urls: Option<Vec<&str>> = urls
                 .as_ref()
                 .map(|u| u.iter().map(|s| s.as_str()).collect());
-            let doc = state.meter.ring().stats_for(
+            let doc = state.recorder.ring().stats_for(
                 Instant::now(),
                 q.window,
                 q.model.as_deref(),
@@ -128,7 +131,7 @@ fn stats(state: &AppState, query: Option<&str>) -> Response<Full<Bytes>> {
 /// in the OpenAI error shape.
 fn trace(state: &AppState, raw_id: &str) -> Response<Full<Bytes>> {
     let id = percent_decode(raw_id);
-    match state.meter.ring().trace(&id) {
+    match state.recorder.ring().trace(&id) {
         Some((record, trace)) => {
             let doc = serde_json::json!({ "id": id, "record": record, "trace": trace });
             json(StatusCode::OK, &doc)

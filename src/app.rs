@@ -13,9 +13,9 @@ use crate::auth::Auth;
 use crate::config::{BaseUrl, Config, UsageInjection};
 use crate::discover::{Discovery, Resolver, SystemResolver};
 use crate::engine::{self, Engines};
-use crate::layer::measure::Meter;
 use crate::listener::{self, ReloadableTls, ServeOptions};
 use crate::metrics::{Metrics, ModelLabels};
+use crate::recorder::Recorder;
 use crate::sink::clickhouse::{ClickHouseSink, SinkCounters};
 use crate::sink::jsonl::{RecordSink, SinkConfig};
 use crate::sink::Sinks;
@@ -84,18 +84,18 @@ impl App {
                 )
             })?;
         let registry = prometheus::Registry::new();
-        let meter = Arc::new(build_meter(&config, &registry)?);
+        let recorder = Arc::new(build_recorder(&config, &registry)?);
         let engines = Engines::new(&config.engine, &upstreams, &registry)
             .context("registering engine metrics")?;
         // The proxy's own families carry the same `upstream` value as the engine families of
         // that replica, so the two join in PromQL.
-        meter
+        recorder
             .metrics()
             .upstreams
             .add(engines.sync(&upstreams.replicas()));
         let state = Arc::new(AppState {
             registry,
-            meter,
+            recorder,
             draining: AtomicBool::new(false),
             upstreams: Arc::new(upstreams),
             engines: Arc::new(engines),
@@ -105,7 +105,7 @@ impl App {
             // Every configured tenant's series exists from the start (a zero is a signal too).
             for name in auth.tenant_names() {
                 state
-                    .meter
+                    .recorder
                     .metrics()
                     .tenant_tokens
                     .with_label_values(&[&name]);
@@ -118,7 +118,7 @@ impl App {
             let mut d = Discovery::new(
                 state.upstreams.clone(),
                 state.engines.clone(),
-                state.meter.metrics().upstreams.clone(),
+                state.recorder.metrics().upstreams.clone(),
                 resolver,
                 targets,
             );
@@ -196,7 +196,7 @@ impl App {
             &limits,
             forwarded,
             state.upstreams.clone(),
-            state.meter.clone(),
+            state.recorder.clone(),
             state.auth.clone(),
         );
         let health = tokio::spawn(health::run(state.upstreams.clone()));
@@ -224,11 +224,14 @@ impl App {
         // Learn the served models before the first request is taken (connections wait in the
         // backlog meanwhile), so its `model` label is right; bounded, so a replica that is slow
         // to answer delays startup by at most STARTUP_LEARNING.
-        let _ = tokio::time::timeout(STARTUP_LEARNING, learn_once(&state.upstreams, &state.meter))
-            .await;
+        let _ = tokio::time::timeout(
+            STARTUP_LEARNING,
+            learn_once(&state.upstreams, &state.recorder),
+        )
+        .await;
         let models = tokio::spawn(learn_models(
             state.upstreams.clone(),
-            state.meter.clone(),
+            state.recorder.clone(),
             config.measure.models_refresh,
         ));
         // The admin port runs the same accept loop; it keeps answering while the public port
@@ -302,8 +305,8 @@ impl App {
 /// How long admin requests (a scrape, a probe) get to finish once the public port has drained.
 const ADMIN_GRACE: Duration = Duration::from_secs(1);
 
-/// Registers the goodput_proxy_* families and builds the meter (ring, SLOs, sinks).
-fn build_meter(config: &Config, registry: &prometheus::Registry) -> anyhow::Result<Meter> {
+/// Registers the goodput_proxy_* families and builds the recorder (ring, SLOs, sinks).
+fn build_recorder(config: &Config, registry: &prometheus::Registry) -> anyhow::Result<Recorder> {
     let m = &config.measure;
     // A model with its own SLOs is a configured model too: its label (and so its SLOs) must
     // not depend on learning.
@@ -321,7 +324,7 @@ fn build_meter(config: &Config, registry: &prometheus::Registry) -> anyhow::Resu
             queue: jsonl.queue,
         };
         let dropped = metrics.records_dropped.with_label_values(&["jsonl"]);
-        // The writer task ends by itself once the last sender (the meter) is dropped.
+        // The writer task ends by itself once the last sender (the recorder) is dropped.
         let (sink, _task) = RecordSink::spawn(cfg, dropped)
             .with_context(|| format!("measure.sink_path: cannot open {}", path.display()))?;
         sinks.jsonl = Some(sink);
@@ -333,13 +336,13 @@ fn build_meter(config: &Config, registry: &prometheus::Registry) -> anyhow::Resu
             shipped: metrics.records_shipped.with_label_values(&l),
             errors: metrics.sink_errors.with_label_values(&l),
         };
-        // The shipper ends by itself once the meter is dropped and the queue is shipped.
+        // The shipper ends by itself once the recorder is dropped and the queue is shipped.
         let (sink, _task) = ClickHouseSink::spawn(ch, counters)
             .map_err(|e| anyhow::anyhow!("sink.clickhouse: {e}"))?;
         tracing::info!(url = %ch.url, database = %ch.database, table = %ch.table, "clickhouse sink on");
         sinks.clickhouse = Some(sink);
     }
-    let meter = Meter::new(
+    let recorder = Recorder::new(
         metrics,
         config.slo.clone(),
         m.records,
@@ -352,7 +355,11 @@ fn build_meter(config: &Config, registry: &prometheus::Registry) -> anyhow::Resu
         config.trace.bounds,
         config.trace.max_traces,
     );
-    Ok(if m.enabled { meter } else { meter.disabled() })
+    Ok(if m.enabled {
+        recorder
+    } else {
+        recorder.disabled()
+    })
 }
 
 /// The longest `run` waits for the upstreams' model lists before it starts serving.
@@ -363,21 +370,21 @@ const STARTUP_LEARNING: Duration = Duration::from_secs(2);
 /// a label (at most once per second, so a flood of random names costs one listing a second)
 /// and every `every`. Names are only added (a replica that is briefly down keeps its series),
 /// bounded by `MAX_LEARNED_MODELS`.
-async fn learn_models(upstreams: Arc<Upstreams>, meter: Arc<Meter>, every: Duration) {
+async fn learn_models(upstreams: Arc<Upstreams>, recorder: Arc<Recorder>, every: Duration) {
     const DEBOUNCE: Duration = Duration::from_secs(1);
     loop {
         tokio::select! {
-            _ = meter.unknown_model_seen() => {}
+            _ = recorder.unknown_model_seen() => {}
             _ = tokio::time::sleep(every) => {}
         }
-        learn_once(&upstreams, &meter).await;
+        learn_once(&upstreams, &recorder).await;
         tokio::time::sleep(DEBOUNCE).await;
     }
 }
 
 /// Lists every replica's models (concurrently) and adds the names to the label set.
-async fn learn_once(upstreams: &Upstreams, meter: &Meter) {
-    let labels = &meter.metrics().models;
+async fn learn_once(upstreams: &Upstreams, recorder: &Recorder) {
+    let labels = &recorder.metrics().models;
     let replicas = upstreams.replicas();
     let lists = replicas
         .iter()

@@ -28,7 +28,7 @@ pub enum Command {
     /// Run the proxy (the default). With no upstream, starts the built-in simulated engine.
     Serve(ServeArgs),
     /// Run the simulated vLLM engine on its own (see `sim --help`).
-    Sim(goodput_sim::SimArgs),
+    Sim(Box<goodput_sim::SimArgs>),
     /// Load a config file (plus GOODPUT_PROXY_* overrides), validate it, and exit.
     CheckConfig {
         /// The TOML file to check.

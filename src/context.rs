@@ -1,7 +1,7 @@
 //! The request context: one per request, created by the outermost layer and carried as ONE
 //! request extension (`Arc<RequestContext>`). It holds what is known at arrival (id, `t0`,
 //! peer) and write-once cells for what inner layers learn on the way down (collect: the
-//! body's facts; usage injection: the strip report; the moment the request is forwarded).
+//! body's facts; auth: the tenant; the moment the request is handed to forwarding).
 //! Readers: the access log, the measure layer, forwarding (the id), tenant limits (the tenant
 //! auth accepted).
 //!
@@ -16,7 +16,6 @@ use http::Extensions;
 use tokio::time::Instant;
 
 use crate::auth::Tenant;
-use crate::body::strip::StripReport;
 use goodput_measure::agent::ToolSet;
 
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -57,7 +56,6 @@ pub struct RequestContext {
     pub peer: Option<ConnInfo>,
     facts: OnceLock<RequestFacts>,
     forwarded: OnceLock<Instant>,
-    strip: OnceLock<Arc<StripReport>>,
     tenant: OnceLock<Arc<Tenant>>,
 }
 
@@ -69,7 +67,6 @@ impl RequestContext {
             peer,
             facts: OnceLock::new(),
             forwarded: OnceLock::new(),
-            strip: OnceLock::new(),
             tenant: OnceLock::new(),
         }
     }
@@ -99,11 +96,6 @@ impl RequestContext {
         let _ = self.forwarded.set(at);
     }
 
-    /// Usage was injected and the response body is stripped: what the strip body reports.
-    pub fn strip_report(&self) -> Option<&Arc<StripReport>> {
-        self.strip.get()
-    }
-
     /// The tenant whose key the request presented (auth on and the key valid).
     pub fn tenant(&self) -> Option<&Arc<Tenant>> {
         self.tenant.get()
@@ -112,11 +104,6 @@ impl RequestContext {
     /// Auth, once the key is accepted.
     pub fn set_tenant(&self, tenant: Arc<Tenant>) {
         let _ = self.tenant.set(tenant);
-    }
-
-    /// Usage injection, when it wraps the response body in a strip body.
-    pub fn set_strip_report(&self, report: Arc<StripReport>) {
-        let _ = self.strip.set(report);
     }
 }
 

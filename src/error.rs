@@ -10,6 +10,7 @@ use http_body_util::{BodyExt, Full};
 
 use crate::auth::tenant::Refusal;
 use crate::body::{BoxError, ProxyBody};
+use goodput_measure::outcome::Outcome;
 
 /// Why a request's API key was not accepted. The messages never include the key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,6 +100,37 @@ pub enum ProxyError {
 }
 
 impl ProxyError {
+    /// The outcome of a request that ended in this error (DESIGN.md "Outcome"): the one
+    /// classification of the proxy's own errors.
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            ProxyError::UpstreamConnect { .. } | ProxyError::Upstream { .. } => {
+                Outcome::UpstreamError
+            }
+            ProxyError::FirstByteTimeout { .. } => Outcome::Timeout,
+            // The request body could not be read: the client went away (or broke its upload).
+            ProxyError::ClientBody(_) => Outcome::ClientAbort,
+            ProxyError::NotFound { .. }
+            | ProxyError::Unauthorized(_)
+            | ProxyError::RateLimited { .. }
+            | ProxyError::BodyTooLarge { .. }
+            // A stalled upload is the client's doing, answered by the proxy (408).
+            | ProxyError::BodyTimeout { .. }
+            | ProxyError::Overloaded { .. } => Outcome::Rejected,
+        }
+    }
+
+    /// The proxy answered the request itself, as opposed to an error from forwarding it (a
+    /// non-generation path is recorded only then: it never reached an engine).
+    pub fn answered_by_proxy(&self) -> bool {
+        !matches!(
+            self,
+            ProxyError::UpstreamConnect { .. }
+                | ProxyError::Upstream { .. }
+                | ProxyError::FirstByteTimeout { .. }
+        )
+    }
+
     pub fn status(&self) -> StatusCode {
         match self {
             ProxyError::NotFound { .. } => StatusCode::NOT_FOUND,
@@ -274,6 +306,75 @@ mod tests {
             m.contains("team-a") && m.contains("600 / min") && m.contains("7s"),
             "{m}"
         );
+    }
+
+    #[test]
+    fn every_error_has_one_outcome() {
+        for (e, want, by_proxy) in [
+            (
+                ProxyError::NotFound { path: "/x".into() },
+                Outcome::Rejected,
+                true,
+            ),
+            (
+                ProxyError::BodyTooLarge { limit: 1 },
+                Outcome::Rejected,
+                true,
+            ),
+            (ProxyError::BodyTimeout { ms: 1 }, Outcome::Rejected, true),
+            (
+                ProxyError::Overloaded {
+                    limit: 1,
+                    retry_after_s: 1,
+                },
+                Outcome::Rejected,
+                true,
+            ),
+            (
+                ProxyError::ClientBody("gone".into()),
+                Outcome::ClientAbort,
+                true,
+            ),
+            (
+                ProxyError::Unauthorized(AuthFailure::Missing),
+                Outcome::Rejected,
+                true,
+            ),
+            (
+                ProxyError::RateLimited {
+                    tenant: "a".into(),
+                    refusal: Refusal::InFlight { limit: 1 },
+                    retry_after_s: 1,
+                },
+                Outcome::Rejected,
+                true,
+            ),
+            (
+                ProxyError::UpstreamConnect {
+                    source: "refused".into(),
+                },
+                Outcome::UpstreamError,
+                false,
+            ),
+            (
+                ProxyError::Upstream {
+                    source: "reset".into(),
+                },
+                Outcome::UpstreamError,
+                false,
+            ),
+            (
+                ProxyError::FirstByteTimeout { ms: 1 },
+                Outcome::Timeout,
+                false,
+            ),
+        ] {
+            assert_eq!(
+                (e.outcome(), e.answered_by_proxy()),
+                (want, by_proxy),
+                "{e}"
+            );
+        }
     }
 
     #[test]

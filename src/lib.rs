@@ -18,6 +18,7 @@ pub mod limits;
 pub mod listener;
 pub mod logging;
 pub mod metrics;
+pub mod recorder;
 pub mod reload;
 pub mod report;
 pub mod sink;

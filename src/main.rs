@@ -25,7 +25,7 @@ fn main() -> ExitCode {
         Some(Command::Serve(args)) => serve(args),
         Some(Command::CheckConfig { file }) => check_config(&file),
         Some(Command::HashKey { generate }) => hash_key(generate),
-        Some(Command::Sim(args)) => sim(args),
+        Some(Command::Sim(args)) => sim(*args),
         Some(Command::Report(args)) => report(args),
         Some(Command::Compare(args)) => compare(&args),
     };

@@ -20,12 +20,13 @@ use crate::layer::collect::CollectLayer;
 use crate::layer::context::ContextLayer;
 use crate::layer::error_response::ErrorResponseLayer;
 use crate::layer::limit::InFlightLimitLayer;
-use crate::layer::measure::{MeasureLayer, Meter};
+use crate::layer::measure::MeasureLayer;
 use crate::layer::route::RouteLayer;
 use crate::layer::tenant_limit::TenantLimitLayer;
 use crate::layer::usage::UsageLayer;
 use crate::layer::BoxFuture;
 use crate::limits::Limits;
+use crate::recorder::Recorder;
 use crate::upstream::headers::Forwarded;
 use crate::upstream::{Forward, Upstreams};
 
@@ -108,7 +109,7 @@ where
     Boxed(Box::new(service))
 }
 
-/// Builds the public stack for `config`, forwarding to `upstreams`, measured by `meter`.
+/// Builds the public stack for `config`, forwarding to `upstreams`, measured by `recorder`.
 /// Inner first (each stage boxes the one below, see [`Stage`]); read the comments bottom-up for
 /// the order a request travels, outermost first. With `[measure] enabled = false` the measure
 /// and usage stages are left out: the proxy forwards without metering. `auth`: the live keys
@@ -118,18 +119,18 @@ pub fn build(
     limits: &Limits,
     forwarded: Forwarded,
     upstreams: Arc<Upstreams>,
-    meter: Arc<Meter>,
+    recorder: Arc<Recorder>,
     auth: Option<Arc<Auth>>,
 ) -> ProxyService {
     use tower::Layer;
     let s = &config.server;
-    let measured = meter.enabled();
+    let measured = recorder.enabled();
     let forward = Forward::new(upstreams, forwarded);
     // Innermost, right before forwarding: it rewrites the collected body (usage injection),
     // wraps the upstream body in the usage strip when it did, and marks in the context when
     // the request is handed over (the end of the proxy's own overhead).
     let inner: Stage<Bytes> = if measured {
-        stage(UsageLayer::new(meter.usage_injection()).layer(forward))
+        stage(UsageLayer::new(recorder.usage_injection()).layer(forward))
     } else {
         stage(forward)
     };
@@ -157,7 +158,7 @@ pub fn build(
     // (rejections of the layers below, forwarding errors), outside everything that can answer
     // on its own; it wraps the response body to finish the record at its end or drop.
     let inner: Stage<Incoming> = if measured {
-        stage(MeasureLayer::new(meter).layer(inner))
+        stage(MeasureLayer::new(recorder).layer(inner))
     } else {
         inner
     };

@@ -1,4 +1,4 @@
-//! What the admin routes and the meter share with the running proxy. Its own module so that
+//! What the admin routes and the recorder share with the running proxy. Its own module so that
 //! `app` (which builds it) and `admin` (which reads it) do not depend on each other.
 
 use std::sync::atomic::AtomicBool;
@@ -6,15 +6,15 @@ use std::sync::Arc;
 
 use crate::auth::Auth;
 use crate::engine::Engines;
-use crate::layer::measure::Meter;
+use crate::recorder::Recorder;
 use crate::upstream::Upstreams;
 
-/// What the admin routes and the meter share with the running proxy.
+/// What the admin routes and the recorder share with the running proxy.
 pub struct AppState {
     /// The proxy's own metrics; `metrics.rs` registers the goodput_proxy_* families here.
     pub registry: prometheus::Registry,
     /// Metric handles, SLOs and the record ring behind `/stats`.
-    pub meter: Arc<Meter>,
+    pub recorder: Arc<Recorder>,
     /// Set at SIGTERM/SIGINT: `/readyz` answers 503 from then on.
     pub draining: AtomicBool,
     pub upstreams: Arc<Upstreams>,

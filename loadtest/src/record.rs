@@ -66,7 +66,7 @@ pub struct RequestRecord {
     /// shape): phase timings, reasoning tokens, the worst tool call's outcome and violation.
     /// Absent when the response carried neither.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub agent: Option<goodput_measure::record::AgentRecord>,
+    pub agent: Option<goodput_measure::agent::AgentSummary>,
     /// Success and every applicable SLO held.
     pub good: bool,
     /// Transport error text, when the request failed before or while reading the response.

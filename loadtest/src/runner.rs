@@ -8,7 +8,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use goodput_measure::record::AgentRecord;
 use goodput_measure::{judge, Slo};
 use http::Uri;
 use tokio::sync::Semaphore;
@@ -520,7 +519,7 @@ async fn one_request(
         prompt_tokens: m.prompt_tokens,
         completion_tokens: m.completion_tokens,
         tokens_exact: m.tokens_exact,
-        agent: m.agent.as_ref().map(AgentRecord::new),
+        agent: m.agent.as_deref().cloned(),
         good: verdict.good,
         error: sent.error,
         itl_seconds: sent.itl,

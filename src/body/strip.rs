@@ -1,12 +1,10 @@
 //! `StripBody`: the upstream body of a request whose usage was injected, with the injected
 //! usage chunk removed (the pure [`UsageStripper`] does the work, see `measure::usage`). It
 //! changes the bytes, so it sits inside the metered body, which then sees exactly what the
-//! client gets; the usage it removed reaches the meter through a [`StripReport`].
+//! client gets; what it removed is read off it by the metered body ([`StripBody::facts`]).
 
 use std::collections::VecDeque;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, PoisonError};
 use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
@@ -16,29 +14,13 @@ use pin_project_lite::pin_project;
 use goodput_measure::inspect::Usage;
 use goodput_measure::usage::UsageStripper;
 
-/// What a strip body tells the meter: the usage it removed (the client never sees that chunk)
-/// and whether it gave up stripping at its memory bound. Shared by the strip body (writer) and
-/// the metered body outside it (reader, when the request finishes).
-#[derive(Debug, Default)]
-pub struct StripReport {
-    usage: Mutex<Option<Usage>>,
-    gave_up: AtomicBool,
-}
-
-impl StripReport {
-    /// The usage of the last chunk removed, if any.
-    pub fn usage(&self) -> Option<Usage> {
-        *self.usage.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The stripper stopped stripping: the rest of the stream, usage chunk included, passed.
-    pub fn gave_up(&self) -> bool {
-        self.gave_up.load(Ordering::Acquire)
-    }
-
-    fn removed(&self, usage: Usage) {
-        *self.usage.lock().unwrap_or_else(PoisonError::into_inner) = Some(usage);
-    }
+/// What a strip body did: the usage of the last chunk it removed (the client never sees that
+/// chunk, the meter takes its usage from here) and whether it gave up stripping at its memory
+/// bound (the rest of the stream, usage chunk included, passed).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StripFacts {
+    pub usage: Option<Usage>,
+    pub gave_up: bool,
 }
 
 pin_project! {
@@ -50,7 +32,7 @@ pin_project! {
         // What the stripper let out and the client has not polled yet, one frame each (slices
         // of the upstream frame: the stripper never copies what passes unchanged).
         out: VecDeque<Bytes>,
-        report: std::sync::Arc<StripReport>,
+        facts: StripFacts,
         // An inner error waiting behind the bytes the stripper released at the error.
         error: Option<B::Error>,
         // Trailers waiting behind the bytes the stripper released when they came.
@@ -60,12 +42,12 @@ pin_project! {
 }
 
 impl<B: Body<Data = Bytes>> StripBody<B> {
-    pub fn new(inner: B, report: std::sync::Arc<StripReport>) -> Self {
+    pub fn new(inner: B) -> Self {
         Self {
             inner,
             stripper: UsageStripper::new(),
             out: VecDeque::new(),
-            report,
+            facts: StripFacts::default(),
             error: None,
             trailers: None,
             done: false,
@@ -73,14 +55,19 @@ impl<B: Body<Data = Bytes>> StripBody<B> {
     }
 }
 
-/// Reports what the stripper learnt from the last push.
-fn report(stripper: &mut UsageStripper, report: &StripReport) {
+impl<B: Body> StripBody<B> {
+    /// What it removed so far, and whether it gave up.
+    pub fn facts(&self) -> StripFacts {
+        self.facts
+    }
+}
+
+/// Notes what the stripper learnt from the last push.
+fn note(stripper: &mut UsageStripper, facts: &mut StripFacts) {
     if let Some(u) = stripper.take_removed_usage() {
-        report.removed(u);
+        facts.usage = Some(u);
     }
-    if stripper.gave_up() {
-        report.gave_up.store(true, Ordering::Release);
-    }
+    facts.gave_up |= stripper.gave_up();
 }
 
 impl<B: Body<Data = Bytes>> Body for StripBody<B> {
@@ -109,7 +96,7 @@ impl<B: Body<Data = Bytes>> Body for StripBody<B> {
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) => {
                         this.stripper.push_into(data, this.out);
-                        report(this.stripper, this.report);
+                        note(this.stripper, this.facts);
                         continue; // what it let out goes first; none: wait for more
                     }
                     // Trailers end the body: what the stripper holds goes out first.
@@ -144,7 +131,6 @@ impl<B: Body<Data = Bytes>> Body for StripBody<B> {
 #[cfg(test)]
 mod tests {
     use std::convert::Infallible;
-    use std::sync::Arc;
 
     use futures_util::stream;
     use http_body_util::{BodyExt, StreamBody};
@@ -173,12 +159,11 @@ mod tests {
         let body = capture(include_bytes!(
             "../../tests/fixtures/vllm-0.32/stream-chat-usage.txt"
         ));
-        let report = Arc::new(StripReport::default());
-        let out = StripBody::new(frames(body), report.clone())
-            .collect()
-            .await
-            .unwrap()
-            .to_bytes();
+        let mut strip = StripBody::new(frames(body));
+        let mut out = Vec::new();
+        while let Some(f) = strip.frame().await {
+            out.extend_from_slice(&f.unwrap().into_data().unwrap());
+        }
         let text = std::str::from_utf8(&out).unwrap();
         assert!(!text.contains(r#""choices":[]"#), "{text}");
         assert!(text.ends_with("data: [DONE]\n\n"));
@@ -187,7 +172,8 @@ mod tests {
             completion_tokens: Some(16),
             reasoning_tokens: None,
         };
-        assert_eq!((report.usage(), report.gave_up()), (Some(want), false));
+        let facts = strip.facts();
+        assert_eq!((facts.usage, facts.gave_up), (Some(want), false));
     }
 
     #[tokio::test]
@@ -195,13 +181,12 @@ mod tests {
         let body = capture(include_bytes!(
             "../../tests/fixtures/vllm-0.32/stream-chat.txt"
         ));
-        let report = Arc::new(StripReport::default());
-        let out = StripBody::new(frames(body), report.clone())
-            .collect()
-            .await
-            .unwrap()
-            .to_bytes();
+        let mut strip = StripBody::new(frames(body));
+        let mut out = Vec::new();
+        while let Some(f) = strip.frame().await {
+            out.extend_from_slice(&f.unwrap().into_data().unwrap());
+        }
         assert_eq!(&out[..], body);
-        assert_eq!(report.usage(), None);
+        assert_eq!(strip.facts(), StripFacts::default());
     }
 }

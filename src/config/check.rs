@@ -4,11 +4,11 @@
 use std::time::Duration;
 
 use super::raw::{
-    Limit, RawAuth, RawClickHouse, RawConfig, RawLimits, RawMeasure, RawServer, RawSlo, RawTrace,
-    RawUpstream,
+    Limit, RawAuth, RawClickHouse, RawConfig, RawEngine, RawLimits, RawMeasure, RawServer, RawSlo,
+    RawTrace, RawUpstream,
 };
 use super::{
-    AuthConfig, BaseUrl, ClickHouseConfig, Config, DnsTarget, EngineConfig, JsonlSink,
+    AuthConfig, BaseUrl, ClickHouseConfig, Config, DnsTarget, EngineConfig, EngineKind, JsonlSink,
     MeasureConfig, Origin, Problem, ServerConfig, TenantConfig, TlsFiles, TraceConfig,
     UpstreamConfig,
 };
@@ -38,6 +38,8 @@ pub fn check(raw: &RawConfig, origin: &dyn Fn(&str) -> Origin) -> Result<Config,
             max_bytes: c.positive("engine.max_bytes", e.max_bytes),
             upstream_label: e.upstream_label,
             balance_on_queue: e.balance_on_queue,
+            kind: c.engine_kind(e),
+            kinds: c.engine_kinds(e, &raw.upstream),
         },
         clickhouse: raw.sink.clickhouse.as_ref().and_then(|ch| c.clickhouse(ch)),
         sim: raw.sim.clone(),
@@ -52,6 +54,11 @@ pub fn check(raw: &RawConfig, origin: &dyn Fn(&str) -> Origin) -> Result<Config,
     } else {
         Err(c.problems)
     }
+}
+
+fn kind_choices(got: &str) -> String {
+    let names: Vec<&str> = EngineKind::ALL.iter().map(|k| k.as_str()).collect();
+    format!("`{got}`: expected `auto` or one of {}", names.join(", "))
 }
 
 struct Checker<'a> {
@@ -100,6 +107,36 @@ impl Checker<'_> {
             self.bad(field, &format!("`{p}` must start with `/`"));
         }
         p.to_string()
+    }
+
+    /// `engine.kind`: `auto` is `None` (detected per replica).
+    fn engine_kind(&mut self, e: &RawEngine) -> Option<EngineKind> {
+        if e.kind == "auto" {
+            return None;
+        }
+        let kind = EngineKind::parse(&e.kind);
+        if kind.is_none() {
+            self.bad("engine.kind", &kind_choices(&e.kind));
+        }
+        kind
+    }
+
+    /// `engine.kinds`: each key one of `upstream.urls`, each value an engine.
+    fn engine_kinds(&mut self, e: &RawEngine, u: &RawUpstream) -> Vec<(String, EngineKind)> {
+        let mut out = Vec::new();
+        for (url, kind) in &e.kinds {
+            let field = format!("engine.kinds.\"{url}\"");
+            let url = url.trim_end_matches('/');
+            if !u.urls.iter().any(|c| c.trim_end_matches('/') == url) {
+                self.bad(&field, &format!("`{url}` is not one of upstream.urls"));
+                continue;
+            }
+            match EngineKind::parse(kind) {
+                Some(k) => out.push((url.to_string(), k)),
+                None => self.bad(&field, &kind_choices(kind)),
+            }
+        }
+        out
     }
 
     fn base_url(&mut self, field: &str, url: &str) -> Option<BaseUrl> {

@@ -149,6 +149,58 @@ pub struct EngineConfig {
     pub max_bytes: usize,
     pub upstream_label: UpstreamLabel,
     pub balance_on_queue: bool,
+    /// The engine of every replica not in `kinds`; `None`: told from its families.
+    pub kind: Option<EngineKind>,
+    /// Per configured replica URL (as written, without a trailing `/`): its engine.
+    pub kinds: Vec<(String, EngineKind)>,
+}
+
+impl EngineConfig {
+    /// The configured engine of the replica at `url`, if any (else it is detected).
+    pub fn kind_of(&self, url: &str) -> Option<EngineKind> {
+        let url = url.trim_end_matches('/');
+        self.kinds
+            .iter()
+            .find(|(u, _)| u == url)
+            .map(|(_, k)| *k)
+            .or(self.kind)
+    }
+}
+
+/// The inference engines whose metric families the proxy reads (`engine::signals` maps each
+/// one's names onto the same signals).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EngineKind {
+    Vllm,
+    Sglang,
+    Llamacpp,
+    Tgi,
+    Trtllm,
+}
+
+impl EngineKind {
+    pub const ALL: [EngineKind; 5] = [
+        EngineKind::Vllm,
+        EngineKind::Sglang,
+        EngineKind::Llamacpp,
+        EngineKind::Tgi,
+        EngineKind::Trtllm,
+    ];
+
+    /// The name in the configuration and in the `kind` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EngineKind::Vllm => "vllm",
+            EngineKind::Sglang => "sglang",
+            EngineKind::Llamacpp => "llamacpp",
+            EngineKind::Tgi => "tgi",
+            EngineKind::Trtllm => "trtllm",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<EngineKind> {
+        EngineKind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -499,9 +499,17 @@ pub struct RawEngine {
     /// The `upstream` label value: `url` (the configured URL) or `index` (`0`, `1`, ... in the
     /// order of `upstream.urls`).
     pub upstream_label: UpstreamLabel,
-    /// Add the engine's waiting queue (`vllm:num_requests_waiting`) to a replica's in-flight
-    /// count when balancing.
+    /// Add the engine's waiting queue (its canonical queue signal, e.g.
+    /// `vllm:num_requests_waiting`, `sglang:num_queue_reqs`) to a replica's in-flight count
+    /// when balancing.
     pub balance_on_queue: bool,
+    /// Which engine the replicas run, for reading their queue, running batch and KV-cache use
+    /// from their own metric families: `auto` (told from the families each one serves), or
+    /// `vllm`, `sglang`, `llamacpp`, `tgi`, `trtllm`.
+    pub kind: String,
+    /// Per replica, by its URL as written in `upstream.urls`: the engine it runs (same values
+    /// as `kind`, which applies to every replica not listed here).
+    pub kinds: BTreeMap<String, String>,
 }
 
 impl Default for RawEngine {
@@ -514,6 +522,8 @@ impl Default for RawEngine {
             max_bytes: 8 * 1024 * 1024,
             upstream_label: UpstreamLabel::Url,
             balance_on_queue: true,
+            kind: "auto".into(),
+            kinds: BTreeMap::new(),
         }
     }
 }

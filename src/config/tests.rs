@@ -259,6 +259,46 @@ fn engine_settings() {
 }
 
 #[test]
+fn engine_kinds_per_replica_and_their_problems() {
+    use crate::config::EngineKind;
+    assert_eq!(Config::default().engine.kind, None);
+    let c = Config::from_toml(
+        "[upstream]\nurls = [\"http://a:1\", \"http://b:2/\"]\n\
+         [engine]\nkind = \"vllm\"\n[engine.kinds]\n\"http://b:2\" = \"llamacpp\"\n",
+        "k.toml",
+    )
+    .unwrap();
+    assert_eq!(c.engine.kind_of("http://a:1"), Some(EngineKind::Vllm));
+    assert_eq!(c.engine.kind_of("http://b:2/"), Some(EngineKind::Llamacpp));
+    assert_eq!(
+        c.engine.kind_of("http://discovered:3"),
+        Some(EngineKind::Vllm)
+    );
+    let auto = Config::from_toml("[upstream]\nurls = [\"http://a:1\"]\n", "a.toml").unwrap();
+    assert_eq!(auto.engine.kind_of("http://a:1"), None);
+    for (toml, field) in [
+        ("[engine]\nkind = \"ollama\"\n", "engine.kind"),
+        (
+            "[upstream]\nurls = [\"http://a:1\"]\n[engine.kinds]\n\"http://a:1\" = \"VLLM\"\n",
+            "engine.kinds.\"http://a:1\"",
+        ),
+        (
+            "[upstream]\nurls = [\"http://a:1\"]\n[engine.kinds]\n\"http://c:3\" = \"tgi\"\n",
+            "engine.kinds.\"http://c:3\"",
+        ),
+    ] {
+        let p = problems(toml, &[]);
+        assert_eq!(p.len(), 1, "{toml}: {p:?}");
+        assert_eq!(p[0].field, field, "{toml}");
+    }
+    let p = problems(
+        "[engine]\nkind = \"x\"\n",
+        &[("GOODPUT_PROXY_ENGINE_KIND", "sglang")],
+    );
+    assert!(p.is_empty(), "{p:?}");
+}
+
+#[test]
 fn clickhouse_sink_settings() {
     let c = Config::from_toml(
         "[server]\ninstance = \"p-1\"\n[sink.clickhouse]\nurl = \"http://ch:8123\"\nbatch_size = 500\n",

@@ -1,9 +1,10 @@
 //! Engine metrics: each replica's `/metrics` scraped in the background ([`scrape`]), parsed
 //! ([`parse`]), kept as the latest snapshot per replica, and read three ways: the admin
 //! `/metrics` serves every engine's families after the proxy's own, relabelled
-//! `upstream="<replica>"`; the balancer reads each engine's waiting queue (one atomic per
-//! replica, set here, read in `Replica::load`); autoscalers read the `goodput_proxy_upstream_*`
-//! and `goodput_proxy_demand` gauges ([`signals`]).
+//! `upstream="<replica>"`; the balancer reads each engine's canonical signals (queue, running
+//! batch, KV use: `Replica::engine_load`, set here after each scrape); autoscalers read the
+//! `goodput_proxy_upstream_*` and `goodput_proxy_demand` gauges. Whatever the engine (vLLM,
+//! SGLang, llama.cpp, TGI, TensorRT-LLM), [`signals`] maps its own families onto these.
 
 pub mod parse;
 pub mod scrape;
@@ -15,7 +16,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use prometheus::{Gauge, GaugeVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 use tokio::time::Instant;
 
-use crate::config::{EngineConfig, UpstreamLabel};
+use crate::config::{EngineConfig, EngineKind, UpstreamLabel};
 use crate::upstream::{Replica, Upstreams};
 use parse::{Family, Source};
 use signals::Signals;
@@ -33,13 +34,16 @@ struct EngineReplica {
     /// The replica this belongs to (by identity: two configured replicas may share a URL).
     replica: Arc<Replica>,
     upstream: Arc<str>,
+    /// The engine configured for it (`engine.kinds`, `engine.kind`); `None`: detected.
+    configured: Option<EngineKind>,
     state: RwLock<ReplicaState>,
 }
 
 impl EngineReplica {
-    fn new(replica: &Arc<Replica>, upstream: Arc<str>) -> Self {
+    fn new(replica: &Arc<Replica>, upstream: Arc<str>, config: &EngineConfig) -> Self {
         Self {
             replica: replica.clone(),
+            configured: config.kind_of(&replica.url),
             upstream,
             state: RwLock::new(ReplicaState::default()),
         }
@@ -77,6 +81,7 @@ struct EngineMetrics {
     kv_cache: GaugeVec,
     in_flight: IntGaugeVec,
     healthy: IntGaugeVec,
+    kind: IntGaugeVec,
     demand: Gauge,
 }
 
@@ -108,21 +113,21 @@ impl EngineMetrics {
             queue_depth: GaugeVec::new(
                 Opts::new(
                     "goodput_proxy_upstream_queue_depth",
-                    "Requests waiting in the engine (vllm:num_requests_waiting), last scrape.",
+                    "Requests waiting in the engine's queue (vllm:num_requests_waiting, sglang:num_queue_reqs, llamacpp:requests_deferred, tgi_queue_size, trtllm_num_requests_waiting), last scrape.",
                 ),
                 &up,
             )?,
             running: GaugeVec::new(
                 Opts::new(
                     "goodput_proxy_upstream_running",
-                    "Requests in the engine's running batch (vllm:num_requests_running), last scrape.",
+                    "Requests in the engine's running batch (vllm:num_requests_running, sglang:num_running_reqs, llamacpp:requests_processing, tgi_batch_current_size, trtllm_num_requests_running), last scrape.",
                 ),
                 &up,
             )?,
             kv_cache: GaugeVec::new(
                 Opts::new(
                     "goodput_proxy_upstream_kv_cache_usage",
-                    "Engine KV-cache usage, 0..1 (vllm:kv_cache_usage_perc), last scrape.",
+                    "Engine KV-cache usage, 0..1 (vllm:kv_cache_usage_perc, sglang:token_usage, trtllm_kv_cache_utilization; none from TGI or recent llama.cpp), last scrape.",
                 ),
                 &up,
             )?,
@@ -140,6 +145,13 @@ impl EngineMetrics {
                 ),
                 &up,
             )?,
+            kind: IntGaugeVec::new(
+                Opts::new(
+                    "goodput_proxy_engine_kind",
+                    "1 for the engine a replica runs (configured, or told from the families its /metrics serves), last good scrape.",
+                ),
+                &["upstream", "kind"],
+            )?,
             demand: Gauge::new(
                 "goodput_proxy_demand",
                 "In-flight requests (all replicas) plus every scraped engine's waiting queue: one autoscaling signal.",
@@ -153,6 +165,7 @@ impl EngineMetrics {
         registry.register(Box::new(m.kv_cache.clone()))?;
         registry.register(Box::new(m.in_flight.clone()))?;
         registry.register(Box::new(m.healthy.clone()))?;
+        registry.register(Box::new(m.kind.clone()))?;
         registry.register(Box::new(m.demand.clone()))?;
         Ok(m)
     }
@@ -203,7 +216,7 @@ impl Engines {
         let replicas: Vec<Arc<EngineReplica>> = upstream_labels(&urls, config.upstream_label)
             .into_iter()
             .zip(configured.iter())
-            .map(|(l, r)| Arc::new(EngineReplica::new(r, Arc::from(l))))
+            .map(|(l, r)| Arc::new(EngineReplica::new(r, Arc::from(l), config)))
             .collect();
         let e = Engines {
             discovered_labels: Mutex::new((HashMap::new(), replicas.len())),
@@ -257,7 +270,7 @@ impl Engines {
                             }
                         })
                         .clone();
-                    let e = Arc::new(EngineReplica::new(r, label));
+                    let e = Arc::new(EngineReplica::new(r, label, &self.config));
                     self.count_from_zero(&e);
                     e
                 }
@@ -276,6 +289,7 @@ impl Engines {
                 let _ = g.remove_label_values(&l);
             }
             let _ = m.scrape_errors.remove_label_values(&l);
+            remove_kind(&m.kind, &gone.upstream);
         }
         let out = next
             .iter()
@@ -303,6 +317,26 @@ impl Engines {
         self.find(replica).map(|r| r.upstream.clone())
     }
 
+    /// The engine configured for a replica (`None`: detected from its page).
+    pub fn configured_kind(&self, replica: &Arc<Replica>) -> Option<EngineKind> {
+        self.find(replica).and_then(|r| r.configured)
+    }
+
+    /// The path scraped on a replica: `engine.path`, except that TensorRT-LLM's `trtllm-serve`
+    /// serves Prometheus text on `/prometheus/metrics` (its `/metrics` is JSON), so a replica
+    /// configured as `trtllm` is scraped there while `engine.path` keeps its default.
+    pub fn scrape_path(&self, replica: &Arc<Replica>) -> &str {
+        match self.configured_kind(replica) {
+            Some(EngineKind::Trtllm) if self.config.path == DEFAULT_PATH => TRTLLM_PATH,
+            _ => &self.config.path,
+        }
+    }
+
+    /// A replica's canonical signals from its latest good scrape (`None`: no good scrape).
+    pub fn signals(&self, replica: &Arc<Replica>) -> Option<Signals> {
+        self.snapshot(replica).map(|s| s.signals)
+    }
+
     /// The latest good snapshot of a replica.
     pub fn snapshot(&self, replica: &Arc<Replica>) -> Option<Arc<Snapshot>> {
         let r = self.find(replica)?;
@@ -319,9 +353,16 @@ impl Engines {
         let l = [&*r.upstream];
         let m = &self.metrics;
         m.up.with_label_values(&l).set(1);
-        set_or_remove(&m.queue_depth, &l, snap.signals.waiting);
-        set_or_remove(&m.running, &l, snap.signals.running);
-        set_or_remove(&m.kv_cache, &l, snap.signals.kv_cache_usage);
+        let load = snap.signals.load;
+        set_or_remove(&m.queue_depth, &l, load.waiting);
+        set_or_remove(&m.running, &l, load.running);
+        set_or_remove(&m.kv_cache, &l, load.kv_cache_usage);
+        remove_kind(&m.kind, &r.upstream);
+        if let Some(kind) = snap.signals.kind {
+            m.kind
+                .with_label_values(&[&*r.upstream, kind.as_str()])
+                .set(1);
+        }
         let Ok(mut st) = r.state.write() else {
             return false;
         };
@@ -345,6 +386,7 @@ impl Engines {
         for g in [&m.queue_depth, &m.running, &m.kv_cache] {
             let _ = g.remove_label_values(&l);
         }
+        remove_kind(&m.kind, &r.upstream);
         let Ok(mut st) = r.state.write() else {
             return false;
         };
@@ -373,7 +415,7 @@ impl Engines {
                 let age = now.saturating_duration_since(ok).as_secs_f64();
                 m.age.with_label_values(&l).set(age);
             }
-            if let Some(w) = st.latest.as_ref().and_then(|s| s.signals.waiting) {
+            if let Some(w) = st.latest.as_ref().and_then(|s| s.signals.load.waiting) {
                 queues.push(w);
             }
         }
@@ -399,6 +441,18 @@ impl Engines {
             })
             .collect();
         parse::merge_into(out, reserved, &sources);
+    }
+}
+
+/// The default of `engine.path`.
+const DEFAULT_PATH: &str = "/metrics";
+/// Where `trtllm-serve` serves Prometheus text.
+const TRTLLM_PATH: &str = "/prometheus/metrics";
+
+/// Removes every `kind` series of one replica (at most one is set).
+fn remove_kind(g: &IntGaugeVec, upstream: &str) {
+    for kind in EngineKind::ALL {
+        let _ = g.remove_label_values(&[upstream, kind.as_str()]);
     }
 }
 
@@ -430,7 +484,7 @@ mod tests {
     fn snap(page: &str) -> Snapshot {
         let families = parse::parse(page).unwrap();
         Snapshot {
-            signals: Signals::from_families(&families),
+            signals: Signals::read(&families, None),
             families,
             at: Instant::now(),
         }
@@ -484,6 +538,73 @@ mod tests {
         assert_eq!(value("goodput_proxy_demand"), 6.0);
         assert_eq!(value("goodput_proxy_upstream_queue_depth"), 4.0);
         assert_eq!(value("goodput_proxy_upstream_in_flight"), 2.0);
+    }
+
+    #[test]
+    fn every_engine_feeds_the_same_gauges_and_its_kind() {
+        let urls = ["http://a:1", "http://b:2", "http://c:3"];
+        let cfg = UpstreamConfig {
+            urls: urls.iter().map(|u| BaseUrl::parse(u).unwrap()).collect(),
+            ..UpstreamConfig::default()
+        };
+        let up = Upstreams::new(&cfg).unwrap();
+        let registry = Registry::new();
+        let engine_cfg = EngineConfig {
+            kinds: vec![("http://c:3".into(), EngineKind::Trtllm)],
+            ..EngineConfig::default()
+        };
+        let e = Engines::new(&engine_cfg, &up, &registry).unwrap();
+        let r = up.replicas();
+        let read = |i: usize, page: &str| {
+            let families = parse::parse(page).unwrap();
+            Snapshot {
+                signals: Signals::read(&families, e.configured_kind(&r[i])),
+                families,
+                at: Instant::now(),
+            }
+        };
+        e.record_success(&r[0], read(0, "sglang:num_queue_reqs{tp_rank=\"0\"} 4\n"));
+        e.record_success(&r[1], read(1, "llamacpp:requests_deferred 2\n"));
+        e.record_success(&r[2], read(2, "trtllm_num_requests_waiting 1\n"));
+        e.refresh_gauges(Instant::now());
+        let fams = registry.gather();
+        let series = |name: &str| -> Vec<String> {
+            fams.iter()
+                .filter(|f| f.name() == name)
+                .flat_map(|f| f.get_metric().iter())
+                .map(|m| {
+                    let labels: Vec<&str> = m.get_label().iter().map(|l| l.value()).collect();
+                    format!("{} {}", labels.join(","), m.get_gauge().get_value())
+                })
+                .collect()
+        };
+        assert_eq!(
+            series("goodput_proxy_upstream_queue_depth"),
+            ["http://a:1 4", "http://b:2 2", "http://c:3 1"]
+        );
+        assert_eq!(
+            series("goodput_proxy_engine_kind"),
+            [
+                "llamacpp,http://b:2 1",
+                "sglang,http://a:1 1",
+                "trtllm,http://c:3 1"
+            ]
+        );
+        assert_eq!(series("goodput_proxy_demand"), [" 7"]);
+        // trtllm-serve's Prometheus page is not at /metrics.
+        assert_eq!(e.scrape_path(&r[0]), "/metrics");
+        assert_eq!(e.scrape_path(&r[2]), "/prometheus/metrics");
+        e.record_failure(&r[0]);
+        e.refresh_gauges(Instant::now());
+        assert_eq!(
+            registry
+                .gather()
+                .iter()
+                .filter(|f| f.name() == "goodput_proxy_engine_kind")
+                .flat_map(|f| f.get_metric().iter())
+                .count(),
+            2
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The background scraper: every `engine.scrape_interval_ms`, each replica's `/metrics` is
-//! fetched (bounded in time and size), parsed and stored; the replica's waiting queue goes to
-//! the balancer. A failed scrape is counted, its families are dropped, its queue reads 0.
+//! fetched (bounded in time and size), parsed and stored; the replica's canonical signals
+//! (queue, running batch, KV use, read through [`Signals::read`]) go to the balancer. A failed
+//! scrape is counted, its families are dropped, its signals read unknown (queue 0).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +13,7 @@ use http_body_util::Full;
 use tokio::time::Instant;
 
 use super::parse::{self, ParseError};
-use super::signals::Signals;
+use super::signals::{EngineLoad, Signals};
 use super::{Engines, Snapshot};
 use crate::upstream::{Replica, UpstreamClient, Upstreams};
 
@@ -51,7 +52,7 @@ async fn scrape_replica(client: &UpstreamClient, engines: &Engines, replica: &Ar
     let page = fetch(
         client,
         replica,
-        &cfg.path,
+        engines.scrape_path(replica),
         cfg.scrape_timeout,
         cfg.max_bytes,
     )
@@ -67,13 +68,12 @@ async fn scrape_replica(client: &UpstreamClient, engines: &Engines, replica: &Ar
     };
     match parsed {
         Ok(families) => {
-            let signals = Signals::from_families(&families);
-            let queue = if cfg.balance_on_queue {
-                signals.queue()
-            } else {
-                0
-            };
-            replica.set_engine_queue(queue);
+            let signals = Signals::read(&families, engines.configured_kind(replica));
+            let mut load = signals.load;
+            if !cfg.balance_on_queue {
+                load.waiting = None;
+            }
+            replica.set_engine_load(load);
             let snap = Snapshot {
                 families,
                 signals,
@@ -85,7 +85,7 @@ async fn scrape_replica(client: &UpstreamClient, engines: &Engines, replica: &Ar
         }
         Err(error) => {
             // Unknown is not busy: a stale queue must not keep traffic away.
-            replica.set_engine_queue(0);
+            replica.set_engine_load(EngineLoad::default());
             if engines.record_failure(replica) {
                 tracing::warn!(upstream, %error, "engine metrics scrape failed");
             } else {

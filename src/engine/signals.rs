@@ -1,47 +1,223 @@
-//! What the balancer and autoscalers read from an engine's `/metrics`: its waiting queue,
-//! running batch and KV-cache usage. Pure: families in, numbers out.
+//! What the balancer and autoscalers read from an engine's `/metrics`, the same whatever the
+//! engine: its waiting queue, running batch and KV-cache use. Each engine names these facts
+//! differently; [`TABLE`] maps every engine's own families onto them, and [`detect`] tells the
+//! engine from the families its page serves. Pure: families in, numbers out.
+//!
+//! Health is not read from the page: it is the replica's probe of `upstream.health_path`
+//! (`/health` on all five engines, `Replica::is_healthy`) and whether its last scrape
+//! succeeded (`goodput_proxy_engine_up`).
+
+use goodput_measure::prom::Sample;
 
 use super::parse::Family;
+pub use crate::config::EngineKind;
+pub use crate::upstream::EngineLoad;
 
-/// vLLM V1 names; the v0 name of the KV-cache gauge is read too.
-pub const WAITING: &str = "vllm:num_requests_waiting";
-pub const RUNNING: &str = "vllm:num_requests_running";
-pub const KV_CACHE: &str = "vllm:kv_cache_usage_perc";
-pub const KV_CACHE_V0: &str = "vllm:gpu_cache_usage_perc";
+/// How series of one family that differ in labels are combined into one number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ranks {
+    /// Every series is a rank of its own: they add up.
+    Sum,
+    /// Series with equal values of these labels are one rank (its value reported by several
+    /// workers, e.g. every tensor-parallel rank); distinct values add up (data-parallel ranks).
+    By(&'static [&'static str]),
+}
 
-/// One replica's engine signals; `None` where its page lacks the family (not a vLLM engine).
+/// One engine's names for the canonical signals.
+#[derive(Debug)]
+pub struct Mapping {
+    pub kind: EngineKind,
+    /// Every family of this engine starts with it (detection when no signal family is served).
+    pub prefix: &'static str,
+    /// Requests waiting for admission; the first family present is read.
+    pub waiting: &'static [&'static str],
+    /// Requests in the running batch.
+    pub running: &'static [&'static str],
+    /// KV-cache use 0..1 (the fullest series counts); empty when the engine exports none.
+    pub kv_cache_usage: &'static [&'static str],
+    /// How the queue and running series add up.
+    pub ranks: Ranks,
+    /// Series with a non-empty value of one of these labels break a total down (and are left
+    /// out: the total is its own series).
+    pub breakdowns: &'static [&'static str],
+}
+
+/// The mapping table; the sources each row was read from are cited in docs/engines.md.
+pub const TABLE: &[Mapping] = &[
+    Mapping {
+        kind: EngineKind::Vllm,
+        prefix: "vllm:",
+        waiting: &["vllm:num_requests_waiting"],
+        running: &["vllm:num_requests_running"],
+        // V1 name first; V0 called it gpu_cache_usage_perc.
+        kv_cache_usage: &["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"],
+        // One series per data-parallel engine (`engine` label).
+        ranks: Ranks::Sum,
+        breakdowns: &[],
+    },
+    Mapping {
+        kind: EngineKind::Sglang,
+        prefix: "sglang:",
+        waiting: &["sglang:num_queue_reqs"],
+        running: &["sglang:num_running_reqs"],
+        // The fullest of its KV pools (full, sliding-window, mamba): what stalls admissions.
+        kv_cache_usage: &["sglang:token_usage"],
+        // With `--enable-metrics-for-all-schedulers` every tensor-parallel rank reports the
+        // same queue; data-parallel ranks each have their own.
+        ranks: Ranks::By(&["dp_rank"]),
+        // With priority scheduling the total sits under priority="" and each priority has a
+        // series of its own.
+        breakdowns: &["priority"],
+    },
+    Mapping {
+        kind: EngineKind::Llamacpp,
+        prefix: "llamacpp:",
+        // Tasks deferred for want of a free slot; only served with `--metrics`.
+        waiting: &["llamacpp:requests_deferred"],
+        running: &["llamacpp:requests_processing"],
+        // Removed from recent llama-server builds; read when an older one serves it.
+        kv_cache_usage: &["llamacpp:kv_cache_usage_ratio"],
+        ranks: Ranks::Sum,
+        breakdowns: &[],
+    },
+    Mapping {
+        kind: EngineKind::Tgi,
+        prefix: "tgi_",
+        waiting: &["tgi_queue_size"],
+        running: &["tgi_batch_current_size"],
+        // TGI exports no KV-cache use (only token budgets: tgi_batch_current_max_tokens).
+        kv_cache_usage: &[],
+        ranks: Ranks::Sum,
+        breakdowns: &[],
+    },
+    Mapping {
+        kind: EngineKind::Trtllm,
+        prefix: "trtllm_",
+        waiting: &["trtllm_num_requests_waiting"],
+        running: &["trtllm_num_requests_running"],
+        kv_cache_usage: &["trtllm_kv_cache_utilization"],
+        ranks: Ranks::Sum,
+        breakdowns: &[],
+    },
+];
+
+/// The row of one engine.
+pub fn mapping(kind: EngineKind) -> &'static Mapping {
+    TABLE.iter().find(|m| m.kind == kind).unwrap_or(&TABLE[0])
+}
+
+/// One replica's engine signals: which engine (configured or detected; `None` when the page
+/// is no known engine's) and its load.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Signals {
-    /// Requests queued in the engine, summed over its series (`engine` = data-parallel ranks,
-    /// `model_name` = served names).
-    pub waiting: Option<f64>,
-    /// Requests in the engine's running batch, summed likewise.
-    pub running: Option<f64>,
-    /// KV-cache usage 0..1, the fullest series (one full rank is what stalls admissions).
-    pub kv_cache_usage: Option<f64>,
+    pub kind: Option<EngineKind>,
+    pub load: EngineLoad,
 }
 
 impl Signals {
-    pub fn from_families(families: &[Family]) -> Signals {
-        let values = |name: &str| {
-            families
-                .iter()
-                .find(|f| f.name == name)
-                .map(|f| f.samples.iter().map(|s| s.value).filter(|v| v.is_finite()))
+    /// Reads a page's families as `configured` says, else as the detected engine's.
+    pub fn read(families: &[Family], configured: Option<EngineKind>) -> Signals {
+        let Some(kind) = configured.or_else(|| detect(families)) else {
+            return Signals::default();
         };
-        let sum = |name: &str| values(name).map(|v| v.sum::<f64>().max(0.0));
-        let max = |name: &str| values(name).and_then(|v| v.reduce(f64::max));
+        let m = mapping(kind);
+        let family = |names: &[&str]| {
+            names
+                .iter()
+                .find_map(|n| families.iter().find(|f| f.name == *n))
+        };
+        let count = |names: &[&str]| family(names).map(|f| count(m, &f.samples));
         Signals {
-            waiting: sum(WAITING),
-            running: sum(RUNNING),
-            kv_cache_usage: max(KV_CACHE).or_else(|| max(KV_CACHE_V0)),
+            kind: Some(kind),
+            load: EngineLoad {
+                waiting: count(m.waiting),
+                running: count(m.running),
+                kv_cache_usage: family(m.kv_cache_usage).and_then(|f| fullest(m, &f.samples)),
+            },
         }
     }
 
     /// The queue the balancer adds to in-flight: whole requests, 0 when unknown.
     pub fn queue(&self) -> usize {
-        self.waiting.map_or(0, |w| w.round() as usize)
+        self.load.queue()
     }
+}
+
+/// The engine whose signal families the page serves (most of them wins; ties go to the
+/// earlier row), else the one most of whose families it serves by name prefix; `None` for a
+/// page of no known engine.
+pub fn detect(families: &[Family]) -> Option<EngineKind> {
+    let has = |n: &&str| families.iter().any(|f| f.name == *n);
+    let best = |score: &dyn Fn(&Mapping) -> usize| {
+        TABLE
+            .iter()
+            .map(|m| (score(m), m.kind))
+            .filter(|(s, _)| *s > 0)
+            .fold(
+                None,
+                |best: Option<(usize, EngineKind)>, (s, k)| match best {
+                    Some((b, _)) if b >= s => best,
+                    _ => Some((s, k)),
+                },
+            )
+            .map(|(_, k)| k)
+    };
+    best(&|m| {
+        [m.waiting, m.running, m.kv_cache_usage]
+            .iter()
+            .filter(|names| names.iter().any(has))
+            .count()
+    })
+    .or_else(|| {
+        best(&|m| {
+            families
+                .iter()
+                .filter(|f| f.name.starts_with(m.prefix))
+                .count()
+        })
+    })
+}
+
+fn label<'a>(s: &'a Sample, name: &str) -> Option<&'a str> {
+    s.labels
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+/// The series that count: finite values, totals rather than their breakdowns.
+fn counted<'a>(m: &'a Mapping, samples: &'a [Sample]) -> impl Iterator<Item = &'a Sample> {
+    samples.iter().filter(|s| {
+        s.value.is_finite()
+            && m.breakdowns
+                .iter()
+                .all(|b| label(s, b).is_none_or(str::is_empty))
+    })
+}
+
+/// Requests over all ranks (never negative).
+fn count(m: &Mapping, samples: &[Sample]) -> f64 {
+    let total = match m.ranks {
+        Ranks::Sum => counted(m, samples).map(|s| s.value).sum::<f64>(),
+        Ranks::By(keys) => {
+            // Largest value per rank (the workers of one rank agree), ranks summed.
+            let mut ranks: Vec<(Vec<Option<&str>>, f64)> = Vec::new();
+            for s in counted(m, samples) {
+                let key: Vec<Option<&str>> = keys.iter().map(|k| label(s, k)).collect();
+                match ranks.iter_mut().find(|(k, _)| *k == key) {
+                    Some((_, v)) => *v = v.max(s.value),
+                    None => ranks.push((key, s.value)),
+                }
+            }
+            ranks.iter().map(|(_, v)| v).sum()
+        }
+    };
+    total.max(0.0)
+}
+
+/// The fullest series (one full rank is what stalls admissions).
+fn fullest(m: &Mapping, samples: &[Sample]) -> Option<f64> {
+    counted(m, samples).map(|s| s.value).reduce(f64::max)
 }
 
 /// `goodput_proxy_demand`: what the replicas are asked to carry now, for an autoscaler.
@@ -53,82 +229,4 @@ pub fn demand(in_flight: usize, queues: impl IntoIterator<Item = f64>) -> f64 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::engine::parse::parse;
-
-    #[test]
-    fn signals_from_pages() {
-        let cases: &[(&str, Signals)] = &[
-            ("", Signals::default()),
-            (
-                "not_vllm 1\n",
-                Signals {
-                    waiting: None,
-                    running: None,
-                    kv_cache_usage: None,
-                },
-            ),
-            (
-                "vllm:num_requests_waiting{engine=\"0\"} 3.0\n\
-                 vllm:num_requests_running{engine=\"0\"} 2.0\n\
-                 vllm:kv_cache_usage_perc{engine=\"0\"} 0.25\n",
-                Signals {
-                    waiting: Some(3.0),
-                    running: Some(2.0),
-                    kv_cache_usage: Some(0.25),
-                },
-            ),
-            // data-parallel ranks: queues add up, the fullest cache counts
-            (
-                "vllm:num_requests_waiting{engine=\"0\"} 3.0\n\
-                 vllm:num_requests_waiting{engine=\"1\"} 4.0\n\
-                 vllm:kv_cache_usage_perc{engine=\"0\"} 0.5\n\
-                 vllm:kv_cache_usage_perc{engine=\"1\"} 0.75\n",
-                Signals {
-                    waiting: Some(7.0),
-                    running: None,
-                    kv_cache_usage: Some(0.75),
-                },
-            ),
-            // vLLM v0 cache name; NaN ignored
-            (
-                "vllm:gpu_cache_usage_perc 0.5\nvllm:num_requests_waiting NaN\n",
-                Signals {
-                    waiting: Some(0.0),
-                    running: None,
-                    kv_cache_usage: Some(0.5),
-                },
-            ),
-        ];
-        for (page, want) in cases {
-            let s = Signals::from_families(&parse(page).unwrap());
-            assert_eq!(&s, want, "{page:?}");
-        }
-    }
-
-    #[test]
-    fn the_real_capture_reads_idle() {
-        let raw = include_str!("../../tests/sim_fixtures/vllm-0.32/metrics.txt");
-        let body = &raw[raw.find("\r\n\r\n").unwrap() + 4..];
-        let s = Signals::from_families(&parse(body).unwrap());
-        assert_eq!(s.waiting, Some(0.0));
-        assert_eq!(s.running, Some(0.0));
-        assert_eq!(s.kv_cache_usage, Some(0.0));
-        assert_eq!(s.queue(), 0);
-    }
-
-    #[test]
-    fn queue_and_demand() {
-        for (waiting, queue) in [(None, 0), (Some(0.0), 0), (Some(2.0), 2), (Some(2.6), 3)] {
-            let s = Signals {
-                waiting,
-                ..Signals::default()
-            };
-            assert_eq!(s.queue(), queue, "{waiting:?}");
-        }
-        assert_eq!(demand(0, []), 0.0);
-        assert_eq!(demand(3, [2.0, 5.0]), 10.0);
-        assert_eq!(demand(1, [f64::NAN, 4.0]), 5.0);
-    }
-}
+mod tests;

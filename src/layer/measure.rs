@@ -1,259 +1,35 @@
-//! The measure layer: every request becomes exactly one [`RequestRecord`] (metrics, `/stats`
-//! ring, sinks), never zero, never two. It is the one place that records.
+//! The measure layer: opens each request's record ([`Recording`]) and hands it what it needs
+//! to finish exactly once (the lifecycle itself is the recorder's, `crate::recorder`).
 //!
 //! It sits inside the error mapping (so it sees typed errors) and outside everything that can
-//! answer on its own (auth, limits, route, collect), and finishes the record from whichever
+//! answer on its own (auth, limits, route, collect), so the record is finished from whichever
 //! comes first:
 //! - a typed error from any layer inside it: a rejection (404, 413, 503 shed) is `rejected`, a
-//!   forwarding error `upstream_error` or `timeout`, a broken request body `client_abort`;
-//! - for generation requests, the response head: the body is wrapped in a [`MeteredBody`]
-//!   that finishes the record at the body's end, error or drop;
+//!   forwarding error `upstream_error` or `timeout`, a broken request body `client_abort`
+//!   ([`ProxyError::outcome`]);
+//! - for generation requests, the response head: the body finishes the record at its end,
+//!   error or drop;
 //! - the drop of its future before the head (the client went away).
 //!
-//! The end-of-request state is one `Option` ([`MeasureFuture`]'s `open`, then the body's
-//! `active`), taken on every exit. What inner layers learn (model, stream, usage injection)
-//! comes through the [`RequestContext`].
+//! What inner layers learn (model, stream, tenant, the hand-over to forwarding) comes through
+//! the [`RequestContext`]; that usage was injected comes up with the response
+//! ([`UsageInjected`](crate::recorder::UsageInjected)).
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{Request, Response};
-use http_body_util::BodyExt;
 use pin_project_lite::pin_project;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 use tower::{Layer, Service};
 
 use super::ResponseFuture;
-use crate::auth::{Tenant, NO_TENANT};
-use crate::body::metered::{MeteredBody, OnFinish};
-use crate::body::BoxError;
 use crate::body::ProxyBody;
 use crate::context::{RequestContext, X_GOODPUT_TRACE};
 use crate::error::ProxyError;
-use crate::metrics::{Metrics, RequestMetrics, OTHER_MODEL};
-use crate::sink::Sinks;
-use crate::upstream::deadline::DeadlineError;
-use crate::upstream::forward::ServedBy;
-use goodput_measure::meter::{Measurement, StreamMeter};
-use goodput_measure::outcome::{Ending, Outcome};
-use goodput_measure::record::{RecordRing, RequestRecord, DEFAULT_GAP_CAPACITY};
-use goodput_measure::slo::{judge, Slo, SloTable};
-use goodput_measure::trace::TraceBounds;
-
-/// ITL gaps kept per request for exact `/stats` percentiles (beyond, the histogram still
-/// counts every gap).
-const GAPS_KEPT_PER_REQUEST: usize = 16_384;
-
-/// What every metered request shares: metric families, SLOs, the record ring, the sink.
-pub struct Meter {
-    metrics: Metrics,
-    slo: SloTable,
-    ring: RecordRing,
-    sinks: Sinks,
-    /// This replica's name (`server.instance`), written into every record.
-    instance: Arc<str>,
-    usage_injection: bool,
-    /// `[measure] enabled`: when false the stack leaves the measure and usage layers out.
-    enabled: bool,
-    /// Woken when a request names a model that has no label yet: the model learner re-reads
-    /// the upstreams' `/v1/models` (see `app.rs`).
-    unknown_model: Notify,
-    /// `[trace] sample_rate` and `max_tokens`.
-    trace_rate: f64,
-    trace_bounds: TraceBounds,
-}
-
-impl Meter {
-    /// `records`: ring capacity. `usage_injection`: inject `include_usage` into streaming
-    /// requests that did not ask for it (and strip the usage chunk again).
-    pub fn new(
-        metrics: Metrics,
-        slo: SloTable,
-        records: usize,
-        sinks: Sinks,
-        usage_injection: bool,
-    ) -> Self {
-        Self {
-            metrics,
-            slo,
-            ring: RecordRing::new(records, DEFAULT_GAP_CAPACITY, Instant::now()),
-            sinks,
-            instance: Arc::from(""),
-            usage_injection,
-            enabled: true,
-            unknown_model: Notify::new(),
-            trace_rate: 0.0,
-            trace_bounds: TraceBounds::default(),
-        }
-    }
-
-    /// `[trace]`: trace this share of streams besides those that ask (`x-goodput-trace`),
-    /// each within `bounds`, and keep at most `max_traces` traces in the ring.
-    pub fn with_trace(mut self, sample_rate: f64, bounds: TraceBounds, max_traces: usize) -> Self {
-        self.trace_rate = sample_rate;
-        self.trace_bounds = bounds;
-        self.ring = self.ring.with_trace_capacity(max_traces);
-        self
-    }
-
-    /// Whether a stream is traced: asked for, or sampled.
-    fn traced(&self, asked: bool) -> bool {
-        asked || (self.trace_rate > 0.0 && rand::random::<f64>() < self.trace_rate)
-    }
-
-    /// Names this replica in every record (`server.instance`).
-    pub fn with_instance(mut self, instance: &str) -> Self {
-        self.instance = Arc::from(instance);
-        self
-    }
-
-    /// Forward without metering (`[measure] enabled = false`): nothing is recorded.
-    pub fn disabled(mut self) -> Self {
-        self.enabled = false;
-        self
-    }
-
-    /// `[measure] enabled`.
-    pub fn enabled(&self) -> bool {
-        self.enabled
-    }
-
-    /// Inject `include_usage` where it applies (see `measure::usage`).
-    pub fn usage_injection(&self) -> bool {
-        self.usage_injection
-    }
-
-    /// Resolves when a request named a model without a label since the last call.
-    pub async fn unknown_model_seen(&self) {
-        self.unknown_model.notified().await;
-    }
-
-    pub fn metrics(&self) -> &Metrics {
-        &self.metrics
-    }
-
-    pub fn ring(&self) -> &RecordRing {
-        &self.ring
-    }
-
-    /// Starts one request's record: handles resolved once, counted in flight. `tenant`: the
-    /// one auth accepted (read when the record starts, after auth ran).
-    fn begin(
-        self: &Arc<Self>,
-        id: Arc<str>,
-        model: Option<&str>,
-        t0: Instant,
-        tenant: Option<Arc<Tenant>>,
-    ) -> Pending {
-        let rm = self.metrics.for_request(model.unwrap_or(""));
-        if model.is_some_and(|m| !m.is_empty()) && &**rm.model() == OTHER_MODEL {
-            self.unknown_model.notify_one();
-        }
-        let slo = *self.slo.for_model(rm.model());
-        Pending {
-            meter: self.clone(),
-            rm,
-            id,
-            start_unix_ms: unix_ms_at(t0),
-            slo,
-            tenant,
-        }
-    }
-}
-
-/// Wall-clock milliseconds at the monotonic instant `t0` (for humans and log joins only).
-fn unix_ms_at(t0: Instant) -> u64 {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    now.saturating_sub(t0.elapsed()).as_millis() as u64
-}
-
-/// One request on its way to its record. Consumed by [`Pending::record`].
-struct Pending {
-    meter: Arc<Meter>,
-    rm: RequestMetrics,
-    id: Arc<str>,
-    start_unix_ms: u64,
-    slo: Slo,
-    tenant: Option<Arc<Tenant>>,
-}
-
-impl Pending {
-    fn record(self, m: Measurement, upstream: Option<&Arc<str>>) {
-        let v = judge(&m, &self.slo);
-        let tenant = self.tenant.as_ref().map(|t| t.name.clone());
-        let tokens = m.prompt_tokens.unwrap_or(0) + m.completion_tokens.unwrap_or(0);
-        if let Some(t) = &self.tenant {
-            // The token budget is charged with what the request used (see auth::tenant).
-            t.charge(tokens, Instant::now());
-        }
-        self.meter.metrics.tenant_finished(
-            tenant.as_deref().unwrap_or(NO_TENANT),
-            m.outcome,
-            tokens,
-        );
-        let rec = Arc::new(
-            RequestRecord::new(
-                self.id.clone(),
-                self.rm.model().clone(),
-                upstream.cloned(),
-                self.start_unix_ms,
-                Instant::now(),
-                &m,
-                v,
-            )
-            .with_instance(self.meter.instance.clone())
-            .with_tenant(tenant),
-        );
-        self.rm.finish(&m, &v);
-        match m.trace {
-            // A traced request: the sinks get the record with its trace, the ring keeps the
-            // trace beside the record under its own bound.
-            Some(trace) => {
-                let trace = Arc::new(trace);
-                let mut full = (*rec).clone();
-                full.trace = Some(trace.clone());
-                self.meter.sinks.send(&Arc::new(full));
-                self.meter.ring.push_traced(rec, m.itl_gaps, Some(trace));
-            }
-            None => {
-                self.meter.sinks.send(&rec);
-                self.meter.ring.push(rec, m.itl_gaps);
-            }
-        }
-    }
-}
-
-/// The outcome of a request the proxy answered with an error itself.
-fn error_outcome(e: &ProxyError) -> Outcome {
-    match e {
-        ProxyError::UpstreamConnect { .. } | ProxyError::Upstream { .. } => Outcome::UpstreamError,
-        ProxyError::FirstByteTimeout { .. } => Outcome::Timeout,
-        // The request body could not be read: the client went away (or broke its upload).
-        ProxyError::ClientBody(_) => Outcome::ClientAbort,
-        ProxyError::NotFound { .. }
-        | ProxyError::Unauthorized(_)
-        | ProxyError::RateLimited { .. }
-        | ProxyError::BodyTooLarge { .. }
-        // A stalled upload is the client's doing, answered by the proxy (408).
-        | ProxyError::BodyTimeout { .. }
-        | ProxyError::Overloaded { .. } => Outcome::Rejected,
-    }
-}
-
-/// A body error from the proxy's own stream deadlines is a timeout; any other is a break.
-fn body_error_ending(e: &BoxError) -> Ending {
-    if e.downcast_ref::<DeadlineError>().is_some() {
-        Ending::Timeout
-    } else {
-        Ending::BodyError
-    }
-}
+use crate::recorder::{Recorder, Recording};
 
 /// Requests the meter times: the OpenAI generation endpoints (`/v1/chat/completions`,
 /// `/v1/completions`). Other forwarded paths (`/v1/models`, `/health`, `/tokenize`, ...) have
@@ -273,24 +49,14 @@ fn trace_asked(headers: &http::HeaderMap) -> bool {
     })
 }
 
-/// A request the proxy answered itself (as opposed to an error from forwarding it).
-fn answered_by_proxy(e: &ProxyError) -> bool {
-    !matches!(
-        e,
-        ProxyError::UpstreamConnect { .. }
-            | ProxyError::Upstream { .. }
-            | ProxyError::FirstByteTimeout { .. }
-    )
-}
-
 #[derive(Clone)]
 pub struct MeasureLayer {
-    meter: Arc<Meter>,
+    recorder: Arc<Recorder>,
 }
 
 impl MeasureLayer {
-    pub fn new(meter: Arc<Meter>) -> Self {
-        Self { meter }
+    pub fn new(recorder: Arc<Recorder>) -> Self {
+        Self { recorder }
     }
 }
 
@@ -298,7 +64,7 @@ impl<S> Layer<S> for MeasureLayer {
     type Service = Measure<S>;
     fn layer(&self, inner: S) -> Self::Service {
         Measure {
-            meter: self.meter.clone(),
+            recorder: self.recorder.clone(),
             inner,
         }
     }
@@ -306,7 +72,7 @@ impl<S> Layer<S> for MeasureLayer {
 
 #[derive(Clone)]
 pub struct Measure<S> {
-    meter: Arc<Meter>,
+    recorder: Arc<Recorder>,
     inner: S,
 }
 
@@ -334,35 +100,25 @@ where
                 ctx
             }
         };
-        let open = Open {
-            meter: self.meter.clone(),
-            generation: is_generation(req.uri().path()),
-            trace_asked: trace_asked(req.headers()),
+        let recording = self.recorder.open(
             ctx,
-            pending: None,
-        };
+            is_generation(req.uri().path()),
+            trace_asked(req.headers()),
+        );
         Box::pin(MeasureFuture {
             inner: self.inner.call(req),
-            open: Some(open),
+            recording: Some(recording),
         })
     }
 }
 
 pin_project! {
-    /// The inner future, plus the request's record until the head or an error arrives. Dropped
-    /// while still open: the client went away before the response head.
+    /// The inner future, plus the request's record until the head or an error arrives.
+    /// Dropped before that, the recording finishes itself (the client went away).
     pub struct MeasureFuture<F> {
         #[pin]
         inner: F,
-        open: Option<Open>,
-    }
-
-    impl<F> PinnedDrop for MeasureFuture<F> {
-        fn drop(this: Pin<&mut Self>) {
-            if let Some(open) = this.project().open.take() {
-                open.client_gone();
-            }
-        }
+        recording: Option<Recording>,
     }
 }
 
@@ -374,132 +130,43 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
-        let polled = this.inner.poll(cx);
-        let result = match polled {
+        let result = match this.inner.poll(cx) {
             Poll::Pending => {
-                if let Some(open) = this.open.as_mut() {
-                    open.begin_once_forwarded();
+                if let Some(r) = this.recording.as_mut() {
+                    r.poll_pending();
                 }
                 return Poll::Pending;
             }
             Poll::Ready(result) => result,
         };
-        let Some(open) = this.open.take() else {
+        let Some(recording) = this.recording.take() else {
             return Poll::Ready(result); // polled after completion: nothing left to record
         };
         Poll::Ready(match result {
-            Ok(resp) => Ok(open.on_head(resp)),
+            Ok(resp) => Ok(recording.respond(resp)),
             Err(e) => {
-                open.on_error(&e);
+                recording.failed(&e);
                 Err(e)
             }
         })
     }
 }
 
-/// One request on its way to its response head.
-struct Open {
-    meter: Arc<Meter>,
-    ctx: Arc<RequestContext>,
-    /// Generation requests are timed from their body; other paths are recorded only when the
-    /// proxy answered them itself (404, 413, 503: they never reached an engine).
-    generation: bool,
-    /// Started once collect has read the model (see [`Open::begin_once_forwarded`]).
-    pending: Option<Pending>,
-    /// The client sent `x-goodput-trace: 1`.
-    trace_asked: bool,
-}
-
-impl Open {
-    /// A generation request that reached forwarding is counted in flight from there, under
-    /// its model's label: collect has just written the model into the context (in the same
-    /// poll of the inner future, so no wake-up is missed).
-    fn begin_once_forwarded(&mut self) {
-        if self.generation && self.pending.is_none() && self.ctx.forwarded_at().is_some() {
-            self.pending = Some(self.begin());
-        }
-    }
-
-    fn begin(&self) -> Pending {
-        let model = self.ctx.facts().and_then(|f| f.model.as_deref());
-        if let Some(at) = self.ctx.forwarded_at() {
-            self.meter
-                .metrics
-                .observe_overhead(at.saturating_duration_since(self.ctx.t0));
-        }
-        let tenant = self.ctx.tenant().cloned();
-        self.meter
-            .begin(self.ctx.id.clone(), model, self.ctx.t0, tenant)
-    }
-
-    fn take_pending(&mut self) -> Pending {
-        match self.pending.take() {
-            Some(p) => p,
-            None => self.begin(),
-        }
-    }
-
-    fn without_body(mut self, outcome: Outcome, status: Option<u16>) {
-        let m = Measurement::without_body(outcome, status, self.ctx.t0.elapsed());
-        self.take_pending().record(m, None);
-    }
-
-    fn on_error(self, e: &ProxyError) {
-        if self.generation || answered_by_proxy(e) {
-            self.without_body(error_outcome(e), Some(e.status().as_u16()));
-        }
-    }
-
-    fn client_gone(self) {
-        if self.generation {
-            self.without_body(Outcome::ClientAbort, None);
-        }
-    }
-
-    /// The response head: a generation request's record is finished by its body from here.
-    fn on_head(mut self, resp: Response<ProxyBody>) -> Response<ProxyBody> {
-        if !self.generation {
-            return resp;
-        }
-        let mut pending = self.take_pending();
-        let ctx = self.ctx;
-        let stream = ctx.facts().is_some_and(|f| f.stream);
-        let (parts, body) = resp.into_parts();
-        let tools = ctx.facts().and_then(|f| f.tools.clone());
-        let mut sm = StreamMeter::new(ctx.t0, stream)
-            .keep_gaps(GAPS_KEPT_PER_REQUEST)
-            .with_tools(tools);
-        // Only streams have events to trace (a JSON body is one moment).
-        if stream && self.meter.traced(self.trace_asked) {
-            sm = sm.trace(self.meter.trace_bounds);
-        }
-        sm.on_head(Instant::now(), parts.status.as_u16());
-        let upstream = parts.extensions.get::<ServedBy>().map(|s| s.0.clone());
-        if let Some(u) = &upstream {
-            pending.rm.set_upstream(u);
-        }
-        let mut itl = pending.rm.itl_buffer();
-        let on_finish: OnFinish =
-            Box::new(move |m: Measurement| pending.record(m, upstream.as_ref()));
-        let mut body = MeteredBody::new(body, sm, on_finish)
-            .with_gap_observer(Box::new(move |g: Duration| itl.observe(g)))
-            .with_error_ending(body_error_ending);
-        if let Some(report) = ctx.strip_report() {
-            body = body.with_strip_report(report.clone());
-        }
-        Response::from_parts(parts, body.boxed_unsync())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::body::BoxError;
     use crate::context::RequestFacts;
-    use crate::metrics::ModelLabels;
+    use crate::metrics::{Metrics, ModelLabels, OTHER_MODEL};
+    use crate::sink::Sinks;
     use bytes::Bytes;
     use futures_util::stream;
+    use goodput_measure::outcome::Outcome;
+    use goodput_measure::slo::SloTable;
     use http_body::Frame;
+    use http_body_util::BodyExt;
     use http_body_util::StreamBody;
+    use std::time::Duration;
     use tokio::sync::mpsc;
     use tower::ServiceExt;
 
@@ -522,10 +189,10 @@ mod tests {
 
     type Item = Result<Frame<Bytes>, BoxError>;
 
-    fn meter() -> Arc<Meter> {
+    fn meter() -> Arc<Recorder> {
         let metrics = Metrics::register(&prometheus::Registry::new(), ModelLabels::default())
             .expect("metrics");
-        Arc::new(Meter::new(
+        Arc::new(Recorder::new(
             metrics,
             SloTable::default(),
             16,
@@ -545,7 +212,7 @@ mod tests {
     /// The layers below measure as far as it can tell: collect writes the facts, usage
     /// injection marks the hand-over, forwarding answers per `inner`.
     fn service(
-        meter: Arc<Meter>,
+        meter: Arc<Recorder>,
         inner: Inner,
         frames: Option<mpsc::UnboundedReceiver<Item>>,
     ) -> Measure<
@@ -613,14 +280,14 @@ mod tests {
         req
     }
 
-    fn outcomes(meter: &Meter) -> Vec<Outcome> {
+    fn outcomes(meter: &Recorder) -> Vec<Outcome> {
         let entries = meter
             .ring()
             .snapshot(Instant::now(), Duration::from_secs(3600));
-        entries.iter().map(|e| e.record.outcome).collect()
+        entries.iter().map(|e| e.record.measured.outcome).collect()
     }
 
-    fn in_flight(meter: &Meter) -> i64 {
+    fn in_flight(meter: &Recorder) -> i64 {
         let g = &meter.metrics().in_flight;
         g.with_label_values(&[OTHER_MODEL]).get() + g.with_label_values(&["tiny"]).get()
     }
@@ -675,9 +342,9 @@ mod tests {
         drop(tx);
         let got = m.ring().snapshot(Instant::now(), Duration::from_secs(3600));
         assert_eq!(got.len(), 1);
-        assert_eq!(got[0].record.outcome, Outcome::ClientAbort);
+        assert_eq!(got[0].record.measured.outcome, Outcome::ClientAbort);
         assert!(
-            got[0].record.ttft_s.is_some(),
+            got[0].record.measured.ttft.is_some(),
             "the event it served was timed"
         );
         assert_eq!(in_flight(&m), 0);
@@ -704,63 +371,6 @@ mod tests {
         let fut = Box::pin(service(m.clone(), Inner::NoHead, None).oneshot(request("/health")));
         drop(fut);
         assert!(outcomes(&m).is_empty(), "forwarded, not measured");
-    }
-
-    #[test]
-    fn error_outcomes() {
-        for (e, want) in [
-            (
-                ProxyError::NotFound { path: "/x".into() },
-                Outcome::Rejected,
-            ),
-            (ProxyError::BodyTooLarge { limit: 1 }, Outcome::Rejected),
-            (ProxyError::BodyTimeout { ms: 1 }, Outcome::Rejected),
-            (
-                ProxyError::Overloaded {
-                    limit: 1,
-                    retry_after_s: 1,
-                },
-                Outcome::Rejected,
-            ),
-            (ProxyError::ClientBody("gone".into()), Outcome::ClientAbort),
-            (
-                ProxyError::Unauthorized(crate::error::AuthFailure::Missing),
-                Outcome::Rejected,
-            ),
-            (
-                ProxyError::RateLimited {
-                    tenant: "a".into(),
-                    refusal: crate::auth::tenant::Refusal::InFlight { limit: 1 },
-                    retry_after_s: 1,
-                },
-                Outcome::Rejected,
-            ),
-            (
-                ProxyError::UpstreamConnect {
-                    source: "refused".into(),
-                },
-                Outcome::UpstreamError,
-            ),
-            (
-                ProxyError::Upstream {
-                    source: "reset".into(),
-                },
-                Outcome::UpstreamError,
-            ),
-            (ProxyError::FirstByteTimeout { ms: 1 }, Outcome::Timeout),
-        ] {
-            assert_eq!(error_outcome(&e), want, "{e}");
-        }
-    }
-
-    #[test]
-    fn deadline_errors_are_timeouts() {
-        let e: BoxError = DeadlineError::Idle(Duration::from_secs(1)).into();
-        assert_eq!(body_error_ending(&e), Ending::Timeout);
-        let e: BoxError = DeadlineError::FirstByte.into();
-        assert_eq!(body_error_ending(&e), Ending::Timeout);
-        let e: BoxError = "connection reset".into();
-        assert_eq!(body_error_ending(&e), Ending::BodyError);
     }
 
     #[test]

@@ -1,27 +1,24 @@
 //! Usage injection: for a streaming generation request whose client did not ask for usage, the
 //! collected body gets `stream_options.include_usage` (see `measure::usage` for when it
-//! applies) and a 2xx response body is wrapped in a [`StripBody`] that removes the usage chunk
-//! again, so the client gets the stream it asked for and the meter exact token counts. The
-//! strip report goes into the request context for the measure layer.
+//! applies), and a 2xx response says so in its extensions ([`UsageInjected`]): the recorder's
+//! body then strips the usage chunk again, so the client gets the stream it asked for and the
+//! meter exact token counts.
 //!
 //! Innermost, after collect (it rewrites the collected body) and right before forwarding: it
 //! also marks in the context when the request is handed to forwarding (the end of the proxy's
 //! own overhead).
 
-use std::sync::Arc;
-
 use bytes::Bytes;
 use http::{Request, Response};
-use http_body_util::BodyExt;
 use tokio::time::Instant;
 use tower::{Layer, Service};
 
 use super::measure::is_generation;
 use super::{Around, ResponseFuture, Wrapped};
-use crate::body::strip::{StripBody, StripReport};
 use crate::body::ProxyBody;
 use crate::context::RequestContext;
 use crate::error::ProxyError;
+use crate::recorder::UsageInjected;
 use goodput_measure::usage::inject_include_usage;
 
 #[derive(Debug, Clone, Copy)]
@@ -73,14 +70,12 @@ where
         *req.body_mut() = Bytes::from(body);
         let fut = inner.call(req);
         Box::pin(async move {
-            let resp = fut.await?;
+            let mut resp = fut.await?;
             // An error body (4xx/5xx JSON) carries no usage chunk to strip.
-            if !resp.status().is_success() {
-                return Ok(resp);
+            if resp.status().is_success() {
+                resp.extensions_mut().insert(UsageInjected);
             }
-            let report = Arc::new(StripReport::default());
-            ctx.set_strip_report(report.clone());
-            Ok(resp.map(|b| StripBody::new(b, report).boxed_unsync()))
+            Ok(resp)
         })
     }
 }

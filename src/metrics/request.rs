@@ -165,7 +165,7 @@ impl RequestMetrics {
             .get_or_insert_with(|| sh.handles(pm, model, upstream))
     }
 
-    /// The request's ITL observer (`MeteredBody::with_gap_observer`): the histogram, buffered
+    /// The request's ITL observer (fed by the recorder's body): the histogram, buffered
     /// (see [`ItlBuffer`]).
     pub fn itl_buffer(&mut self) -> ItlBuffer {
         ItlBuffer {

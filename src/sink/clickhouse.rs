@@ -220,7 +220,7 @@ mod tests {
             None,
             0,
             Instant::now(),
-            &m,
+            m,
             Default::default(),
         ))
     }

@@ -150,7 +150,7 @@ mod tests {
             None,
             0,
             end,
-            &m,
+            m,
             SloVerdict::default(),
         ))
     }

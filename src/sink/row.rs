@@ -100,10 +100,10 @@ mod tests {
         m.prompt_tokens = Some(5);
         m.completion_tokens = Some(10);
         m.tokens_exact = true;
-        m.choice_tpots = vec![d(10_000_001), d(20_000_003)];
+        m.choice_tpots = vec![d(10_000_001), d(20_000_003)].into();
         m.usage_injected = true;
         m.usage_stripped = true;
-        m.agent = Some(AgentSummary {
+        m.agent = Some(Box::new(AgentSummary {
             ttf_reasoning: Some(d(100_000_001)),
             ttf_answer: Some(d(300_000_000)),
             ttf_tool_call: Some(d(200_000_002)),
@@ -112,8 +112,8 @@ mod tests {
             tool_calls: 1,
             tool_call_outcome: Some(ToolCallOutcome::SchemaViolation),
             tool_call_violation: Some("/unit: not one of".into()),
-        });
-        m.logprobs = Some(LogprobSummary {
+        }));
+        m.logprobs = Some(Box::new(LogprobSummary {
             tokens: 10,
             mean: -1.25,
             min: -4.5,
@@ -121,7 +121,7 @@ mod tests {
             largest_drop: Some(3.0),
             largest_drop_at: Some(3),
             tool_call_min: Some(-2.0),
-        });
+        }));
         let v = judge(&m, &Slo::default());
         let end = tokio::time::Instant::now();
         RequestRecord::new(
@@ -130,7 +130,7 @@ mod tests {
             Some("http://u:1".into()),
             1_700_000_000_123,
             end,
-            &m,
+            m,
             v,
         )
         .with_instance("proxy-a")
@@ -167,12 +167,12 @@ mod tests {
         assert_eq!(r["logprobs_min"], -4.5);
         // A trace is not columns: left out of the row.
         let mut traced = full_record();
-        traced.trace = Some(std::sync::Arc::new(Trace::default()));
+        traced.measured.trace = Some(std::sync::Arc::new(Trace::default()));
         assert_eq!(row_of(&traced), r);
 
         let m = Measurement::without_body(Outcome::UpstreamError, None, Duration::from_millis(3));
         let end = tokio::time::Instant::now();
-        let bare = RequestRecord::new("r".into(), "m".into(), None, 0, end, &m, Default::default());
+        let bare = RequestRecord::new("r".into(), "m".into(), None, 0, end, m, Default::default());
         let r = row_of(&bare);
         for absent in [
             "upstream",
@@ -271,5 +271,64 @@ mod tests {
                 "no ALIAS column {alias}"
             );
         }
+    }
+
+    /// The fullest record as the JSONL sink writes it (a trace included), and as ClickHouse
+    /// gets it: every key and value exactly as before the record became one type (taken from
+    /// that code). A renamed or lost field fails here; a new field is added to both.
+    const GOLDEN_JSONL: &str = r#"{"id":"req-1","model":"tiny","upstream":"http://u:1","stream":true,"status":200,"outcome":"success","finish_reason":"stop","start_unix_ms":1700000000123,"ttft_s":0.250000001,"ttfc_s":0.2,"tpot_s":0.020000003,"choice_tpot_s":[0.010000001,0.020000003],"e2e_s":1.234567891,"itl_count":9,"itl_max_s":0.04,"prompt_tokens":5,"completion_tokens":10,"tokens_exact":true,"usage_injected":true,"usage_stripped":true,"agent":{"ttf_reasoning_s":0.100000001,"ttf_answer_s":0.3,"ttf_tool_call_s":0.200000002,"tool_call_s":0.050000003,"reasoning_tokens":4,"tool_calls":1,"tool_call_outcome":"schema_violation","tool_call_violation":"/unit: not one of"},"logprobs":{"tokens":10,"mean":-1.25,"min":-4.5,"min_at":3,"largest_drop":3.0,"largest_drop_at":3,"tool_call_min":-2.0},"trace":{"events":[],"kept_tokens":0,"dropped_tokens":0},"slo":{"ttft_ok":true,"tpot_ok":true,"e2e_ok":true,"tool_calls_ok":false,"good":false},"instance":"proxy-a","tenant":"team-a"}"#;
+    const GOLDEN_ROW: &str = r#"{"agent_reasoning_tokens":4,"agent_tool_call_ns":50000003,"agent_tool_call_outcome":"schema_violation","agent_tool_call_violation":"/unit: not one of","agent_tool_calls":1,"agent_ttf_answer_ns":300000000,"agent_ttf_reasoning_ns":100000001,"agent_ttf_tool_call_ns":200000002,"choice_tpot_ns":[10000001,20000003],"completion_tokens":10,"e2e_ns":1234567891,"finish_reason":"stop","id":"req-1","instance":"proxy-a","itl_count":9,"itl_max_ns":40000000,"logprobs_largest_drop":3.0,"logprobs_largest_drop_at":3,"logprobs_mean":-1.25,"logprobs_min":-4.5,"logprobs_min_at":3,"logprobs_tokens":10,"logprobs_tool_call_min":-2.0,"model":"tiny","outcome":"success","prompt_tokens":5,"slo_e2e_ok":true,"slo_good":false,"slo_tool_calls_ok":false,"slo_tpot_ok":true,"slo_ttft_ok":true,"start_unix_ms":1700000000123,"status":200,"stream":true,"tenant":"team-a","tokens_exact":true,"tpot_ns":20000003,"ttfc_ns":200000000,"ttft_ns":250000001,"uid":"u-1","upstream":"http://u:1","usage_injected":true,"usage_stripped":true}"#;
+
+    /// Keys in document order, nested ones as `parent.key`.
+    fn keys(v: &Value, prefix: &str, out: &mut Vec<String>) {
+        if let Value::Object(m) = v {
+            for (k, inner) in m {
+                let path = format!("{prefix}{k}");
+                keys(inner, &format!("{path}."), out);
+                out.push(path);
+            }
+        }
+    }
+
+    #[test]
+    fn the_stored_record_is_byte_identical_to_the_golden_one() {
+        let mut rec = full_record();
+        rec.measured.trace = Some(std::sync::Arc::new(Trace::default()));
+        let line = serde_json::to_string(&rec).unwrap();
+        let (got, want): (Value, Value) = (
+            serde_json::from_str(&line).unwrap(),
+            serde_json::from_str(GOLDEN_JSONL).unwrap(),
+        );
+        assert_eq!(got, want, "{line}");
+        let (mut got_keys, mut want_keys) = (Vec::new(), Vec::new());
+        keys(&got, "", &mut got_keys);
+        keys(&want, "", &mut want_keys);
+        got_keys.sort();
+        want_keys.sort();
+        assert_eq!(got_keys, want_keys);
+        // Every value as written (numbers byte for byte, not only as equal floats).
+        for (k, v) in want
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter(|(_, v)| !v.is_object())
+        {
+            assert!(
+                line.contains(&format!("\"{k}\":{v}")),
+                "{k}: {v} not written as before in {line}"
+            );
+        }
+        let mut out = Vec::new();
+        write_row(&rec, "u-1", &mut out);
+        assert_eq!(
+            String::from_utf8(out).unwrap().trim_end(),
+            GOLDEN_ROW,
+            "the ClickHouse row"
+        );
+        // And it reads back as the same record (the load generator reads the JSONL sink).
+        let back: RequestRecord = serde_json::from_str(&line).unwrap();
+        let mut want_back = rec.clone();
+        want_back.end = back.end;
+        assert_eq!(back, want_back);
     }
 }

@@ -5,8 +5,9 @@
 //! always picking the global minimum.
 //!
 //! Load of a replica: `score = in_flight + engine_queue`, where `in_flight` is what this proxy
-//! has sent and not yet finished there, and `engine_queue` is the engine's
-//! `vllm:num_requests_waiting` from its last scrape (0 when unknown, stale or turned off).
+//! has sent and not yet finished there, and `engine_queue` is the engine's canonical waiting
+//! queue from its last scrape (`Replica::engine_load`, mapped from each engine's own family by
+//! `engine::signals`; 0 when unknown, stale or turned off).
 //! A request that waits in the engine queue is counted twice on purpose: at equal in-flight,
 //! the replica whose engine is already saturated (queueing) loses, and traffic the engine gets
 //! from elsewhere (other proxies, direct clients) shows up at all.

@@ -7,7 +7,7 @@ pub mod headers;
 pub mod health;
 pub mod tls;
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
@@ -49,9 +49,60 @@ pub struct Replica {
     prefix: String,
     in_flight: AtomicUsize,
     healthy: AtomicBool,
-    /// The engine's waiting queue from its latest `/metrics` scrape (0 when unknown or stale);
-    /// written by the engine scraper, read by the balancer: one atomic load per pick.
-    engine_queue: AtomicUsize,
+    /// The engine's canonical signals from its latest `/metrics` scrape; written by the engine
+    /// scraper, read by the balancer: a few atomic loads per pick.
+    engine: EngineCell,
+}
+
+/// One replica's engine load as the engine itself reports it, the same whatever the engine
+/// (`engine::signals` maps each engine's own families onto these). `None`: unknown (no good
+/// scrape yet, the last one failed, or the engine has no such family).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EngineLoad {
+    /// Requests waiting in the engine's queue.
+    pub waiting: Option<f64>,
+    /// Requests in the engine's running batch.
+    pub running: Option<f64>,
+    /// KV-cache use, 0..1 (the fullest rank).
+    pub kv_cache_usage: Option<f64>,
+}
+
+impl EngineLoad {
+    /// The queue the balancer adds to in-flight: whole requests, 0 when unknown.
+    pub fn queue(&self) -> usize {
+        self.waiting.map_or(0, |w| w.max(0.0).round() as usize)
+    }
+}
+
+/// [`EngineLoad`] in atomics (f64 bits, NaN for `None`): the scraper writes whole loads, the
+/// balancer reads them without a lock. A read between two writes may mix fields of two
+/// scrapes, which a balancer tolerates (each field is a reading of its own).
+#[derive(Debug)]
+struct EngineCell([AtomicU64; 3]);
+
+impl EngineCell {
+    fn new() -> Self {
+        let none = || AtomicU64::new(f64::NAN.to_bits());
+        EngineCell([none(), none(), none()])
+    }
+
+    fn load(&self) -> EngineLoad {
+        let get = |i: usize| {
+            let v = f64::from_bits(self.0[i].load(Ordering::Relaxed));
+            (!v.is_nan()).then_some(v)
+        };
+        EngineLoad {
+            waiting: get(0),
+            running: get(1),
+            kv_cache_usage: get(2),
+        }
+    }
+
+    fn store(&self, l: EngineLoad) {
+        for (cell, v) in self.0.iter().zip([l.waiting, l.running, l.kv_cache_usage]) {
+            cell.store(v.unwrap_or(f64::NAN).to_bits(), Ordering::Relaxed);
+        }
+    }
 }
 
 impl Replica {
@@ -66,7 +117,7 @@ impl Replica {
             prefix,
             in_flight: AtomicUsize::new(0),
             healthy: AtomicBool::new(false),
-            engine_queue: AtomicUsize::new(0),
+            engine: EngineCell::new(),
         })
     }
 
@@ -91,13 +142,19 @@ impl Replica {
         self.healthy.store(v, Ordering::Relaxed);
     }
 
-    /// Requests waiting in the engine's own queue, as last scraped (0 when unknown).
-    pub fn engine_queue(&self) -> usize {
-        self.engine_queue.load(Ordering::Relaxed)
+    /// The engine's canonical signals as last scraped (all `None` when unknown).
+    pub fn engine_load(&self) -> EngineLoad {
+        self.engine.load()
     }
 
-    pub fn set_engine_queue(&self, waiting: usize) {
-        self.engine_queue.store(waiting, Ordering::Relaxed);
+    /// Set by the engine scraper after each scrape (`EngineLoad::default()` when it failed).
+    pub fn set_engine_load(&self, load: EngineLoad) {
+        self.engine.store(load);
+    }
+
+    /// Requests waiting in the engine's own queue, as last scraped (0 when unknown).
+    pub fn engine_queue(&self) -> usize {
+        self.engine_load().queue()
     }
 
     /// What the balancer compares (see `balance::score`).

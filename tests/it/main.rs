@@ -25,6 +25,7 @@ mod proxy_lifecycle;
 mod proxy_sim;
 mod proxy_tls;
 mod sim_agent;
+mod sim_cache;
 mod sim_cli;
 mod sim_engine;
 mod sim_faults;

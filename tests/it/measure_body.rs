@@ -1,25 +1,74 @@
-//! `MeteredBody` with hand-made bodies: it returns the frames it got, timestamps them as they
-//! are polled, and finishes exactly once (end, error, drop).
+//! The recorder's response body with hand-made upstream bodies, through the shipped path
+//! (`Recorder::open`, then `Recording::respond`): it returns the frames it got, timestamps
+//! them as they are polled, strips injected usage, and finishes the record exactly once (end,
+//! error, drop).
 
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::stream;
-use goodput_measure::{Ending, Measurement, Outcome, StreamMeter};
-use goodput_proxy::body::{MeteredBody, StripBody, StripReport};
+use goodput_measure::record::Entry;
+use goodput_measure::slo::SloTable;
+use goodput_measure::{Measurement, Outcome};
+use goodput_proxy::body::{BoxError, ProxyBody};
+use goodput_proxy::context::{RequestContext, RequestFacts};
+use goodput_proxy::metrics::{Metrics, ModelLabels};
+use goodput_proxy::recorder::{Recorder, UsageInjected};
+use goodput_proxy::sink::Sinks;
+use goodput_proxy::upstream::deadline::DeadlineError;
+use http::Response;
 use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Empty, StreamBody};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-type Finished = Arc<Mutex<Vec<Measurement>>>;
+fn recorder() -> Arc<Recorder> {
+    let metrics = Metrics::register(&prometheus::Registry::new(), ModelLabels::default()).unwrap();
+    Arc::new(Recorder::new(
+        metrics,
+        SloTable::default(),
+        64,
+        Sinks::default(),
+        false,
+    ))
+}
 
-fn hook() -> (Finished, goodput_proxy::body::metered::OnFinish) {
-    let got: Finished = Arc::default();
-    let g = got.clone();
-    (got, Box::new(move |m| g.lock().unwrap().push(m)))
+/// The body the client gets for one generation request answered with `status` and `inner`;
+/// `injected`: usage injection marked the response (the body strips the usage chunk).
+fn respond<B>(rec: &Arc<Recorder>, stream: bool, status: u16, inner: B, injected: bool) -> ProxyBody
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let ctx = Arc::new(RequestContext::new(Arc::from("req"), Instant::now(), None));
+    ctx.set_facts(RequestFacts {
+        model: Some("tiny".into()),
+        stream,
+        n: 1,
+        tools: None,
+    });
+    let recording = rec.open(ctx, true, false);
+    let mut resp = Response::new(inner.map_err(Into::into).boxed_unsync());
+    *resp.status_mut() = http::StatusCode::from_u16(status).unwrap();
+    if injected {
+        resp.extensions_mut().insert(UsageInjected);
+    }
+    recording.respond(resp).into_body()
+}
+
+/// The records finished so far, with their kept ITL gaps.
+fn entries(rec: &Recorder) -> Vec<Entry> {
+    rec.ring()
+        .snapshot(Instant::now(), Duration::from_secs(3600))
+}
+
+fn finished(rec: &Recorder) -> Vec<Measurement> {
+    entries(rec)
+        .iter()
+        .map(|e| e.record.measured.clone())
+        .collect()
 }
 
 fn fixture(name: &str) -> Vec<u8> {
@@ -40,33 +89,22 @@ fn event_frames(body: &[u8]) -> Vec<Bytes> {
         .collect()
 }
 
-fn meter(streaming: bool) -> StreamMeter {
-    let t0 = Instant::now();
-    let mut m = StreamMeter::new(t0, streaming);
-    m.on_head(t0, 200);
-    m
+fn frames_body(frames: Vec<Bytes>) -> impl Body<Data = Bytes, Error = Infallible> + Send {
+    StreamBody::new(stream::iter(
+        frames
+            .into_iter()
+            .map(|b| Ok::<_, Infallible>(Frame::data(b))),
+    ))
 }
 
-/// The proxy's composition when usage was injected: the strip body inside (it changes the
-/// bytes), the metered body outside (it watches what the client gets), one report between.
-fn stripped<B: Body<Data = Bytes>>(
-    inner: B,
-    meter: StreamMeter,
-    on_finish: goodput_proxy::body::metered::OnFinish,
-) -> MeteredBody<StripBody<B>> {
-    let report = Arc::new(StripReport::default());
-    MeteredBody::new(StripBody::new(inner, report.clone()), meter, on_finish)
-        .with_strip_report(report)
-}
-
-type Item = Result<Frame<Bytes>, std::io::Error>;
+type Item = Result<Frame<Bytes>, BoxError>;
 
 /// A body fed through a channel, so the test decides when each frame exists.
 struct ChannelBody(mpsc::UnboundedReceiver<Item>);
 
 impl Body for ChannelBody {
     type Data = Bytes;
-    type Error = std::io::Error;
+    type Error = BoxError;
     fn poll_frame(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
@@ -80,21 +118,23 @@ fn channel_body() -> (mpsc::UnboundedSender<Item>, ChannelBody) {
     (tx, ChannelBody(rx))
 }
 
+fn chunk(c: &str, f: &str) -> Frame<Bytes> {
+    Frame::data(Bytes::from(format!(
+        "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{c}\"}},\"finish_reason\":{f}}}]}}\n\n"
+    )))
+}
+
 #[tokio::test]
 async fn frames_pass_unchanged_and_the_request_finishes_once() {
+    let rec = recorder();
     let body = fixture("stream-chat.txt");
-    let frames = event_frames(&body);
-    let inner = StreamBody::new(stream::iter(
-        frames
-            .clone()
-            .into_iter()
-            .map(|b| Ok::<_, Infallible>(Frame::data(b))),
-    ));
-    let (got, on_finish) = hook();
-    let metered = MeteredBody::new(inner, meter(true), on_finish);
-    let out = metered.collect().await.unwrap().to_bytes();
+    let out = respond(&rec, true, 200, frames_body(event_frames(&body)), false)
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes();
     assert_eq!(out, body);
-    let got = got.lock().unwrap();
+    let got = finished(&rec);
     assert_eq!(got.len(), 1, "exactly once");
     assert_eq!(got[0].outcome, Outcome::Success);
     assert_eq!(
@@ -105,17 +145,9 @@ async fn frames_pass_unchanged_and_the_request_finishes_once() {
 
 #[tokio::test]
 async fn frames_are_timestamped_when_polled() {
+    let rec = recorder();
     let (tx, inner) = channel_body();
-    let (got, on_finish) = hook();
-    let gaps = Arc::new(Mutex::new(Vec::new()));
-    let g = gaps.clone();
-    let mut body = MeteredBody::new(inner, meter(true), on_finish)
-        .with_gap_observer(Box::new(move |d| g.lock().unwrap().push(d)));
-    let chunk = |c: &str, f: &str| {
-        Frame::data(Bytes::from(format!(
-            "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{c}\"}},\"finish_reason\":{f}}}]}}\n\n"
-        )))
-    };
+    let mut body = respond(&rec, true, 200, inner, false);
     let started = Instant::now();
     tokio::time::sleep(Duration::from_millis(60)).await;
     tx.send(Ok(chunk("a", "null"))).unwrap();
@@ -127,35 +159,30 @@ async fn frames_are_timestamped_when_polled() {
     drop(tx);
     while body.frame().await.is_some() {}
     let e2e_bound = started.elapsed();
-    let m = got.lock().unwrap().pop().unwrap();
+    let e = entries(&rec).pop().unwrap();
+    let m = &e.record.measured;
     assert_eq!(m.outcome, Outcome::Success);
     let ttft = m.ttft.unwrap();
     assert!(
         ttft >= Duration::from_millis(60) && ttft <= e2e_bound,
         "{ttft:?}"
     );
-    let gaps = gaps.lock().unwrap();
+    let gaps = e.gaps.expect("the gap is kept beside the record");
     assert_eq!(gaps.len(), 1);
-    assert!(gaps[0] >= Duration::from_millis(40), "{:?}", gaps[0]);
-    assert_eq!(m.itl_max, Some(gaps[0]));
+    assert!(gaps[0] >= 0.04, "{:?}", gaps[0]);
+    assert_eq!(m.itl_max.map(|d| d.as_secs_f32()), Some(gaps[0]));
 }
 
 #[tokio::test]
 async fn dropping_mid_stream_is_a_client_abort() {
+    let rec = recorder();
     let (tx, inner) = channel_body();
-    let (got, on_finish) = hook();
-    let mut body = MeteredBody::new(inner, meter(true), on_finish);
-    tx.send(Ok(Frame::data(Bytes::from_static(
-        b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n",
-    ))))
-    .unwrap();
+    let mut body = respond(&rec, true, 200, inner, false);
+    tx.send(Ok(chunk("a", "null"))).unwrap();
     body.frame().await.unwrap().unwrap();
-    assert!(
-        got.lock().unwrap().is_empty(),
-        "not finished while streaming"
-    );
+    assert!(finished(&rec).is_empty(), "not finished while streaming");
     drop(body);
-    let got = got.lock().unwrap();
+    let got = finished(&rec);
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].outcome, Outcome::ClientAbort);
     assert!(got[0].ttft.is_some());
@@ -163,13 +190,13 @@ async fn dropping_mid_stream_is_a_client_abort() {
 
 #[tokio::test]
 async fn an_inner_error_is_passed_on_and_ends_the_request() {
+    let rec = recorder();
     let (tx, inner) = channel_body();
-    let (got, on_finish) = hook();
-    let mut body = MeteredBody::new(inner, meter(true), on_finish);
-    tx.send(Err(std::io::Error::other("reset"))).unwrap();
+    let mut body = respond(&rec, true, 200, inner, false);
+    tx.send(Err(std::io::Error::other("reset").into())).unwrap();
     assert!(body.frame().await.unwrap().is_err());
     drop(body);
-    let got = got.lock().unwrap();
+    let got = finished(&rec);
     assert_eq!(
         got.len(),
         1,
@@ -179,51 +206,37 @@ async fn an_inner_error_is_passed_on_and_ends_the_request() {
 }
 
 #[tokio::test]
-async fn an_error_can_be_mapped_to_a_timeout() {
+async fn a_stream_deadline_error_is_a_timeout() {
+    let rec = recorder();
     let (tx, inner) = channel_body();
-    let (got, on_finish) = hook();
-    let mut body =
-        MeteredBody::new(inner, meter(true), on_finish).with_error_ending(|e: &std::io::Error| {
-            if e.kind() == std::io::ErrorKind::TimedOut {
-                Ending::Timeout
-            } else {
-                Ending::BodyError
-            }
-        });
-    tx.send(Err(std::io::ErrorKind::TimedOut.into())).unwrap();
+    let mut body = respond(&rec, true, 200, inner, false);
+    tx.send(Err(DeadlineError::Idle(Duration::from_secs(1)).into()))
+        .unwrap();
     assert!(body.frame().await.unwrap().is_err());
-    assert_eq!(got.lock().unwrap()[0].outcome, Outcome::Timeout);
+    assert_eq!(finished(&rec)[0].outcome, Outcome::Timeout);
 }
 
 #[tokio::test]
 async fn an_empty_body_dropped_unpolled_completed() {
-    let (got, on_finish) = hook();
-    let t0 = Instant::now();
-    let mut m = StreamMeter::new(t0, false);
-    m.on_head(t0, 502);
-    let body = MeteredBody::new(Empty::<Bytes>::new(), m, on_finish);
+    let rec = recorder();
+    let body = respond(&rec, false, 502, Empty::<Bytes>::new(), false);
     assert!(body.is_end_stream());
     drop(body);
-    let got = got.lock().unwrap();
+    let got = finished(&rec);
     assert_eq!((got.len(), got[0].outcome), (1, Outcome::UpstreamError));
 }
 
 #[tokio::test]
 async fn usage_strip_gives_the_client_the_plain_bytes_and_the_meter_exact_tokens() {
+    let rec = recorder();
     let usage = fixture("stream-chat-usage.txt");
     let plain = String::from_utf8(fixture("stream-chat.txt"))
         .unwrap()
         .replace("chatcmpl-a45afd70d01f6372", "chatcmpl-ba42e38baeaee861");
-    let inner = StreamBody::new(stream::iter(
-        event_frames(&usage)
-            .into_iter()
-            .map(|b| Ok::<_, Infallible>(Frame::data(b))),
-    ));
-    let (got, on_finish) = hook();
-    let body = stripped(inner, meter(true), on_finish);
+    let body = respond(&rec, true, 200, frames_body(event_frames(&usage)), true);
     let out = body.collect().await.unwrap().to_bytes();
     assert_eq!(out, plain.as_bytes());
-    let m = got.lock().unwrap().pop().unwrap();
+    let m = finished(&rec).pop().unwrap();
     assert_eq!(m.outcome, Outcome::Success);
     assert_eq!(
         (m.completion_tokens, m.prompt_tokens, m.tokens_exact),
@@ -232,41 +245,40 @@ async fn usage_strip_gives_the_client_the_plain_bytes_and_the_meter_exact_tokens
 }
 
 #[tokio::test]
+async fn the_record_says_whether_usage_was_injected_and_stripped() {
+    for injected in [false, true] {
+        let rec = recorder();
+        let usage = fixture("stream-chat-usage.txt");
+        let body = respond(&rec, true, 200, frames_body(event_frames(&usage)), injected);
+        let out = body.collect().await.unwrap().to_bytes();
+        assert_eq!(
+            out.len() < usage.len(),
+            injected,
+            "stripped only when injected"
+        );
+        let m = finished(&rec).pop().unwrap();
+        assert_eq!((m.usage_injected, m.usage_stripped), (injected, injected));
+        assert_eq!(m.completion_tokens, Some(16), "usage seen either way");
+    }
+}
+
+#[tokio::test]
 async fn non_streaming_json_body() {
+    let rec = recorder();
     let body = fixture("nonstream-chat.txt");
     let (a, b) = body.split_at(300);
     let frames = vec![Bytes::copy_from_slice(a), Bytes::copy_from_slice(b)];
-    let inner = StreamBody::new(stream::iter(
-        frames
-            .into_iter()
-            .map(|b| Ok::<_, Infallible>(Frame::data(b))),
-    ));
-    let (got, on_finish) = hook();
-    let out = MeteredBody::new(inner, meter(false), on_finish)
+    let out = respond(&rec, false, 200, frames_body(frames), false)
         .collect()
         .await
         .unwrap()
         .to_bytes();
     assert_eq!(out, body);
-    let m = got.lock().unwrap().pop().unwrap();
+    let m = finished(&rec).pop().unwrap();
     assert_eq!(
         (m.outcome, m.completion_tokens, m.ttft),
         (Outcome::Success, Some(8), None)
     );
-}
-
-#[test]
-fn the_metered_body_can_be_boxed_send_and_sync() {
-    fn boxable<B: Body<Data = Bytes> + Send + Sync + 'static>(_: &B) {}
-    let (_got, on_finish) = hook();
-    let body = stripped(
-        http_body_util::Full::new(Bytes::new()),
-        meter(false),
-        on_finish,
-    )
-    .with_gap_observer(Box::new(|_| {}));
-    boxable(&body);
-    let _boxed = http_body_util::combinators::BoxBody::new(body);
 }
 
 mod split {
@@ -292,12 +304,11 @@ mod split {
                 frames.push(Bytes::copy_from_slice(&usage[at..c]));
                 at = c;
             }
-            let inner = StreamBody::new(stream::iter(frames.into_iter().map(|b| Ok::<_, Infallible>(Frame::data(b)))));
-            let (got, on_finish) = hook();
-            let body = stripped(inner, meter(true), on_finish);
+            let rec = recorder();
+            let body = respond(&rec, true, 200, frames_body(frames), true);
             let out = body.collect().now_or_never().unwrap().unwrap().to_bytes();
             prop_assert_eq!(&out[..], plain.as_bytes());
-            let m = got.lock().unwrap().pop().unwrap();
+            let m = finished(&rec).pop().unwrap();
             prop_assert_eq!(m.outcome, Outcome::Success);
             prop_assert_eq!((m.output_events, m.completion_tokens, m.tokens_exact), (16, Some(16), true));
         }
@@ -308,6 +319,7 @@ mod split {
 async fn trailers_after_held_bytes_keep_their_order() {
     // The stripper holds a finish chunk until it sees what follows; trailers that come then
     // must go out after the held bytes, never before them.
+    let rec = recorder();
     let body = fixture("stream-chat-usage.txt");
     let frames = event_frames(&body);
     let finish_at = frames
@@ -325,8 +337,7 @@ async fn trailers_after_held_bytes_keep_their_order() {
         .map(|b| Ok(Frame::data(b)))
         .collect();
     items.push(Ok(Frame::trailers(trailers)));
-    let (got, on_finish) = hook();
-    let mut b = stripped(StreamBody::new(stream::iter(items)), meter(true), on_finish);
+    let mut b = respond(&rec, true, 200, StreamBody::new(stream::iter(items)), true);
     let mut data = Vec::new();
     let mut saw_trailers = false;
     while let Some(f) = b.frame().await {
@@ -344,7 +355,7 @@ async fn trailers_after_held_bytes_keep_their_order() {
         data, want,
         "the held finish chunk went out before the trailers"
     );
-    let m = got.lock().unwrap();
+    let m = finished(&rec);
     assert_eq!(m.len(), 1);
     assert!(m[0].usage_injected && m[0].usage_stripped);
 }

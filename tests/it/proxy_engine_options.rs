@@ -1,5 +1,6 @@
 //! Every engine option passes through exactly: for each vLLM option that changes the stream
-//! (per-request metrics, forced usage, stream interval, keep-alive comments, and combinations),
+//! (per-request metrics, prompt token details, forced usage, stream interval, keep-alive
+//! comments, an admission rejection, and combinations),
 //! and each way a client may ask for usage, the bytes a client gets through the proxy (usage
 //! injection on) equal the bytes the simulated engine sends it directly for the same request.
 //! Only what differs from one response to the next is masked: the engine's timings in
@@ -122,8 +123,22 @@ fn engines() -> Vec<(&'static str, SimConfig)> {
         sse_keep_alive_interval: 0.04,
         ..SimConfig::with_timing(130.0, 2.0)
     };
+    let details = SimConfig {
+        enable_prompt_tokens_details: true,
+        ..base.clone()
+    };
+    // Every request over the cap: 503 JSON, or for streams the in-band error event.
+    let rejected = SimConfig {
+        max_num_queued_reqs: Some(0),
+        ..base.clone()
+    };
+    let rejected_inband = SimConfig {
+        admission_inband_prob: 1.0,
+        ..rejected.clone()
+    };
     let all = SimConfig {
         enable_per_request_metrics: true,
+        enable_prompt_tokens_details: true,
         enable_force_include_usage: true,
         stream_interval: 3,
         ..keep_alive.clone()
@@ -136,7 +151,10 @@ fn engines() -> Vec<(&'static str, SimConfig)> {
     vec![
         ("plain", base),
         ("per-request metrics", metrics),
+        ("prompt tokens details", details),
         ("force include usage", force),
+        ("admission rejection", rejected),
+        ("admission rejection in-band", rejected_inband),
         ("stream interval 4", interval),
         ("keep-alive", keep_alive),
         ("metrics + interval", metrics_interval),

@@ -150,8 +150,10 @@ async fn requests_beyond_max_num_seqs_wait_fifo_and_a_waiter_can_leave() {
 
 #[tokio::test]
 async fn kv_cache_usage_follows_tokens_held() {
+    // Usage counts whole blocks, as vLLM's does: small blocks make growth visible.
     let cfg = SimConfig {
         kv_cache_tokens: 100,
+        block_size: 4,
         ..SimConfig::with_timing(0.0, 10.0)
     };
     let sim = start(cfg).await;
@@ -159,7 +161,7 @@ async fn kv_cache_usage_follows_tokens_held() {
     assert_eq!(sample(&sim.metrics_text(), series), 0.0);
     let s = open_stream(sim.local_addr(), &long_stream(2000), 5).await;
     let held = sample(&sim.metrics_text(), series);
-    // 15 prompt tokens plus at least 4 generated, of 100.
+    // 15 prompt tokens plus at least 4 generated: at least 5 blocks of 4, of 100 tokens.
     assert!(held >= 0.19, "{held}");
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(

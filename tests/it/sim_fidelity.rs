@@ -26,11 +26,11 @@ fn capture_path(name: &str) -> String {
 }
 
 pub(crate) struct Capture {
-    pub method: String,
-    pub path: String,
-    pub body: String,
-    pub head: String,
-    pub resp_body: String,
+    pub(crate) method: String,
+    pub(crate) path: String,
+    pub(crate) body: String,
+    pub(crate) head: String,
+    pub(crate) resp_body: String,
 }
 
 pub(crate) fn load(name: &str) -> Capture {

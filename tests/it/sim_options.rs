@@ -98,3 +98,46 @@ async fn keep_alive_comments_go_out_while_the_stream_waits() {
     ];
     streams_match(&cfg, &names, false).await;
 }
+
+#[tokio::test]
+async fn per_request_metrics_and_prompt_details_ride_where_vllm_puts_them() {
+    // The CPU engine's blocks are 128 tokens (the captures' `created_cache_tokens`).
+    let cfg = SimConfig {
+        enable_per_request_metrics: true,
+        enable_prompt_tokens_details: true,
+        block_size: 128,
+        ..SimConfig::with_timing(1.0, 0.5)
+    };
+    let names = [
+        "metrics-stream-chat.txt",
+        "metrics-stream-chat-usage.txt",
+        "metrics-stream-chat-options-empty.txt",
+        "metrics-stream-chat-usage-continuous.txt",
+        "metrics-stream-chat-logprobs-usage.txt",
+        "metrics-stream-chat-max1.txt",
+        "metrics-stream-completions.txt",
+        "metrics-stream-completions-usage.txt",
+    ];
+    streams_match(&cfg, &names, false).await;
+    // `n = 2`: no metrics on the usage chunk (the choices' interleaving was the engine's timing).
+    let name = "options/metrics-stream-chat-n2-usage.txt";
+    let (cap, r) = replay_with(name, cfg.clone()).await;
+    let last = |s: &str| {
+        stream_shape(s)
+            .iter()
+            .rev()
+            .take(2)
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(last(&r.text()), last(&cap.resp_body), "{name}");
+    assert!(!r.text().contains("\"metrics\""), "{name}");
+    for name in [
+        "metrics-nonstream-chat.txt",
+        "metrics-nonstream-chat-n2.txt",
+        "metrics-nonstream-completions.txt",
+    ] {
+        let (cap, r) = replay_with(&format!("options/{name}"), cfg.clone()).await;
+        assert_eq!(skeleton(&r.text()), skeleton(&cap.resp_body), "{name}");
+    }
+}

@@ -154,9 +154,9 @@ async fn a_traced_logprobs_stream_has_every_token_with_offset_and_logprob() {
 
     // The JSONL line carries the trace and reads back as a RequestRecord.
     let line: RequestRecord = serde_json::from_str(&sink_lines(&path, 1).await[0]).unwrap();
-    let t = line.trace.expect("the trace in the sink");
+    let t = line.measured.trace.expect("the trace in the sink");
     assert_eq!(t.tokens().count(), want.len());
-    assert_eq!(line.logprobs.map(|s| s.min), Some(min));
+    assert_eq!(line.measured.logprobs.map(|s| s.min), Some(min));
     if let Some(dir) = path.parent() {
         std::fs::remove_dir_all(dir).unwrap();
     }

@@ -226,24 +226,30 @@ fn bounded(mut s: String) -> String {
     s
 }
 
-/// What agent traffic showed in one request (a part of its measurement).
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+/// What agent traffic showed in one request (a part of its measurement, and so of its
+/// record: the serde names are the record's `agent.*` keys, durations in seconds).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct AgentSummary {
     /// First reasoning token - t0.
+    #[serde(rename = "ttf_reasoning_s", with = "crate::seconds::opt")]
     pub ttf_reasoning: Option<Duration>,
     /// First answer token (output that is neither reasoning nor a tool call) - t0.
+    #[serde(rename = "ttf_answer_s", with = "crate::seconds::opt")]
     pub ttf_answer: Option<Duration>,
     /// First tool-call token - t0.
+    #[serde(rename = "ttf_tool_call_s", with = "crate::seconds::opt")]
     pub ttf_tool_call: Option<Duration>,
     /// Last tool-call event - first tool-call event: how long the arguments streamed.
+    #[serde(rename = "tool_call_s", with = "crate::seconds::opt")]
     pub tool_call_duration: Option<Duration>,
     /// Reasoning tokens: the larger of usage `completion_tokens_details.reasoning_tokens` and
     /// the reasoning events counted.
     pub reasoning_tokens: Option<u64>,
     /// Tool calls seen (all of them, also past [`MAX_CALLS`]).
     pub tool_calls: u32,
-    /// The worst outcome over the calls (`None` without calls). Without the request's tools
-    /// only the JSON is judged.
+    /// The worst outcome over the calls (`valid`, `invalid_json`, `schema_violation`,
+    /// `unknown_function`; `None` without calls). Without the request's tools only the JSON
+    /// is judged.
     pub tool_call_outcome: Option<ToolCallOutcome>,
     /// The first violation (JSON error, schema path and message, unknown name), bounded.
     pub tool_call_violation: Option<String>,

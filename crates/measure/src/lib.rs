@@ -12,6 +12,7 @@ pub mod prom;
 pub mod record;
 pub mod request;
 pub mod scan;
+pub mod seconds;
 pub mod slo;
 pub mod sse;
 pub mod stats;

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::agent::{response_agent, AgentMeter, AgentSummary, ToolSet};
@@ -25,60 +25,85 @@ pub const MAX_JSON_BODY: usize = 16 << 20;
 /// hostile input: at most this many small per-choice timelines per request).
 const MAX_CHOICE_INDEX: u32 = 4095;
 
-/// Everything measured about one request: plain data.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// Everything measured about one request: plain data, and the measured part of the stored
+/// record ([`crate::record::RequestRecord`] embeds it whole). The serde names are the record's
+/// JSON keys (and, flattened, the ClickHouse columns): durations are seconds (`*_s`); fields
+/// marked `skip` feed metrics only and are not stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Measurement {
-    pub status: Option<u16>,
+    #[serde(rename = "stream")]
     pub streaming: bool,
+    pub status: Option<u16>,
     pub outcome: Outcome,
     /// The finish reason label: the last one seen, except that a choice the engine gave up on
     /// (`abort`, `error`) names the request.
     pub finish_reason: Option<FinishReason>,
     /// `t_first_token - t0`: the first output event of any choice. None when no output token
     /// arrived (never E2E as a fallback).
+    #[serde(rename = "ttft_s", with = "crate::seconds::opt")]
     pub ttft: Option<Duration>,
     /// `t_first_chunk - t0`: first data event carrying a `choices` entry (role chunk counts).
+    #[serde(rename = "ttfc_s", with = "crate::seconds::opt")]
     pub ttfc: Option<Duration>,
     /// TPOT as the SLO judges it: the request's one choice's TPOT; with several choices the
     /// largest of theirs (the SLO holds when every choice's holds). None when undefined.
+    #[serde(rename = "tpot_s", with = "crate::seconds::opt")]
     pub tpot: Option<Duration>,
     /// With several choices, every choice's defined TPOT (one histogram observation each, as
-    /// vLLM records one per child request); empty with one choice.
-    pub choice_tpots: Vec<Duration>,
+    /// vLLM records one per child request); empty (and absent from the JSON) with one choice.
+    #[serde(
+        rename = "choice_tpot_s",
+        with = "crate::seconds::list",
+        default,
+        skip_serializing_if = "<[Duration]>::is_empty"
+    )]
+    pub choice_tpots: Box<[Duration]>,
     /// `t_end - t0`.
+    #[serde(rename = "e2e_s", with = "crate::seconds::one")]
     pub e2e: Duration,
     /// Number of ITL gaps (output events after the first, per choice).
     pub itl_count: u64,
+    #[serde(rename = "itl_max_s", with = "crate::seconds::opt")]
     pub itl_max: Option<Duration>,
     pub prompt_tokens: Option<u64>,
     pub completion_tokens: Option<u64>,
     /// `completion_tokens` came from the engine's `usage` (exact), not from counting events
     /// (a lower bound when the engine packs several tokens into one event).
     pub tokens_exact: bool,
+    /// The proxy injected `stream_options.include_usage` into the request...
+    pub usage_injected: bool,
+    /// ...and removed the usage chunk again (false when the stripper gave up at its memory
+    /// bound and the client's stream passed unchanged, usage chunk included).
+    pub usage_stripped: bool,
+    /// Reasoning and tool-call phases and validity, when the response carried reasoning or a
+    /// tool call (boxed: most records have none, and the ring keeps 100,000 records).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<Box<AgentSummary>>,
+    /// The logprob summary (min, mean, largest drop, minimum inside tool-call arguments), when
+    /// the response carried logprobs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<Box<LogprobSummary>>,
+    /// The token-level trace of a traced stream ([`StreamMeter::trace`]). On the record the
+    /// sinks get; the `/stats` ring keeps it beside the record instead, under its own bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<Arc<Trace>>,
     /// `t_headers - t0`, when the response head arrived.
+    #[serde(skip)]
     pub ttfb: Option<Duration>,
     /// Output events seen (streams).
+    #[serde(skip)]
     pub output_events: u64,
     /// Choice indices seen (streams).
+    #[serde(skip)]
     pub choices: u32,
     /// SSE lines or events the parser dropped (over its line limit): an engine misbehaving.
+    #[serde(skip)]
     pub sse_discarded: u64,
-    /// The proxy injected `stream_options.include_usage` into the request.
-    pub usage_injected: bool,
-    /// It did, and the usage chunk was removed again (false when the stripper gave up at its
-    /// memory bound and the stream passed unchanged).
-    pub usage_stripped: bool,
     /// Every ITL gap in seconds, in order, when [`StreamMeter::keep_gaps`] asked for them
-    /// (the proxy keeps them for exact `/stats` ITL percentiles); empty otherwise.
+    /// (the proxy keeps them beside the record for exact `/stats` ITL percentiles); empty
+    /// otherwise.
     #[serde(skip)]
     pub itl_gaps: Vec<f32>,
-    /// Reasoning and tool-call phases and validity (issue 13), when the response carried
-    /// reasoning or a tool call.
-    pub agent: Option<AgentSummary>,
-    /// The logprob summary, when the response carried logprobs.
-    pub logprobs: Option<LogprobSummary>,
-    /// The token-level trace of a traced stream ([`StreamMeter::trace`]).
-    pub trace: Option<Trace>,
 }
 
 impl Measurement {
@@ -93,7 +118,7 @@ impl Measurement {
             ttft: None,
             ttfc: None,
             tpot: None,
-            choice_tpots: Vec::new(),
+            choice_tpots: Box::default(),
             e2e,
             itl_count: 0,
             itl_max: None,
@@ -406,18 +431,18 @@ impl Timeline {
 
     /// Per-choice TPOTs: with one choice, its tokens are the request's output tokens (usage
     /// when present); with several, each counts its own (logprobs entries, else events).
-    fn tpots(&self, completion_tokens: Option<u64>) -> (Option<Duration>, Vec<Duration>) {
+    fn tpots(&self, completion_tokens: Option<u64>) -> (Option<Duration>, Box<[Duration]>) {
         let seen = self.all_choices().count();
         if seen <= 1 {
             let tokens = completion_tokens.unwrap_or(self.choice0.tokens);
             let one = self.all_choices().next().and_then(|c| c.tpot(tokens));
-            return (one, Vec::new());
+            return (one, Box::default());
         }
         let each: Vec<Duration> = self
             .all_choices()
             .filter_map(|c| c.tpot(c.tokens))
             .collect();
-        (each.iter().max().copied(), each)
+        (each.iter().max().copied(), each.into())
     }
 }
 
@@ -564,11 +589,11 @@ impl StreamMeter {
             m.itl_max = tl.itl_max;
             m.output_events = tl.output_events;
             m.itl_gaps = std::mem::take(&mut tl.gaps);
-            m.logprobs = tl.logprobs.finish();
-            m.trace = tl.trace.take().map(TraceBuilder::finish);
+            m.logprobs = tl.logprobs.finish().map(Box::new);
+            m.trace = tl.trace.take().map(|t| Arc::new(t.finish()));
             let a = tl.agent.finish(self.tools.as_deref());
             if a.tool_calls > 0 || a.reasoning_tokens.is_some() {
-                m.agent = Some(a);
+                m.agent = Some(Box::new(a));
             }
             m.prompt_tokens = tl.prompt_tokens;
             m.tokens_exact = tl.usage_completion.is_some();
@@ -610,9 +635,10 @@ impl StreamMeter {
         if info.parsed {
             let mut logprobs = LogprobAcc::default();
             logprobs.add(&log);
-            m.logprobs = logprobs.finish();
+            m.logprobs = logprobs.finish().map(Box::new);
             let tools = self.tools.as_deref();
-            m.agent = response_agent(&log.calls, info.usage.as_ref(), &self.body, tools);
+            m.agent =
+                response_agent(&log.calls, info.usage.as_ref(), &self.body, tools).map(Box::new);
         }
         self.body = Vec::new();
         m.finish_reason = info.finish_reason;
@@ -1009,7 +1035,7 @@ mod tests {
         assert!(gaps.iter().all(|g| *g == ms(30)), "{gaps:?}");
         assert_eq!((m.itl_count, m.itl_max), (12, Some(ms(30))));
         // TPOT per choice: 120 ms over 4 tokens-1 for choices 0 and 1, over 9 for choice 2.
-        assert_eq!(m.choice_tpots, vec![ms(30), ms(30), ms(120) / 9]);
+        assert_eq!(&*m.choice_tpots, [ms(30), ms(30), ms(120) / 9]);
         assert_eq!(
             m.tpot,
             Some(ms(30)),

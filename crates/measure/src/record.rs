@@ -12,12 +12,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use tokio::time::Instant;
 
-use crate::agent::{AgentSummary, ToolCallOutcome};
+use crate::agent::ToolCallOutcome;
 use crate::meter::Measurement;
-use crate::outcome::{FinishReason, Outcome};
+use crate::outcome::Outcome;
 use crate::slo::SloVerdict;
 use crate::stats::summarize;
-use crate::trace::{LogprobSummary, Trace};
+use crate::trace::Trace;
 
 /// Records the ring keeps by default.
 pub const DEFAULT_RING_CAPACITY: usize = 100_000;
@@ -26,53 +26,24 @@ pub const DEFAULT_GAP_CAPACITY: usize = 4 << 20;
 /// Traces the ring keeps by default (`[trace] max_traces`).
 pub const DEFAULT_TRACE_CAPACITY: usize = 64;
 
-/// One finished request. Durations are in seconds. Deserializable: the load generator reads
-/// the JSONL sink back into this type (its `end` instant is not on disk: read back as now).
+/// One finished request: who asked and who answered, the [`Measurement`] itself, and the SLO
+/// verdict. This one type is what the `/stats` ring keeps, the JSONL sink writes (one line)
+/// and ClickHouse stores (flattened, `sink/row.rs`). The measurement is embedded whole
+/// (`serde(flatten)`): its serde names are the record's keys, so a measured field is added
+/// once, in `Measurement`, plus its ClickHouse column. Deserializable: the load generator
+/// reads the JSONL sink back into this type (its `end` instant is not on disk: read back as
+/// now).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RequestRecord {
     /// Shared with the request (`Arc`): a record costs no copy of its id, model or replica.
     pub id: Arc<str>,
     pub model: Arc<str>,
     pub upstream: Option<Arc<str>>,
-    pub stream: bool,
-    pub status: Option<u16>,
-    pub outcome: Outcome,
-    pub finish_reason: Option<FinishReason>,
     /// Wall-clock start, milliseconds since the Unix epoch (for humans and log joins only).
     pub start_unix_ms: u64,
-    pub ttft_s: Option<f64>,
-    pub ttfc_s: Option<f64>,
-    /// TPOT as judged: the one choice's, or with several choices the largest of theirs.
-    pub tpot_s: Option<f64>,
-    /// With several choices: each choice's defined TPOT (`/stats` and the histogram take one
-    /// value per choice). Absent with one choice.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub choice_tpot_s: Option<Vec<f64>>,
-    pub e2e_s: f64,
-    pub itl_count: u64,
-    pub itl_max_s: Option<f64>,
-    pub prompt_tokens: Option<u64>,
-    pub completion_tokens: Option<u64>,
-    /// `completion_tokens` is the engine's `usage` (exact), not a count of output events.
-    pub tokens_exact: bool,
-    /// The proxy added `stream_options.include_usage` to the request...
-    pub usage_injected: bool,
-    /// ...and removed the usage chunk again (false: the stripper hit its memory bound and the
-    /// client's stream passed unchanged, usage chunk included).
-    pub usage_stripped: bool,
-    /// Reasoning and tool-call phases and validity (issue 13); absent when the response carried
-    /// neither reasoning nor a tool call.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub agent: Option<AgentRecord>,
-    /// What the tokens' logprobs say (min, mean, largest drop, minimum inside tool-call
-    /// arguments); absent when the response carried no logprobs.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub logprobs: Option<LogprobSummary>,
-    /// The token-level trace of a traced request, on the record the sinks get (the JSONL
-    /// line carries it); the `/stats` ring keeps it beside the record instead
-    /// ([`RecordRing::push_traced`]), under its own bound.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub trace: Option<Arc<Trace>>,
+    /// What was measured (keys `stream`, `status`, `outcome`, ..., `ttft_s`, `agent`, ...).
+    #[serde(flatten)]
+    pub measured: Measurement,
     /// Which SLOs held (`null`: not applicable), and whether the request was good.
     pub slo: SloVerdict,
     /// The proxy replica that measured it (`server.instance`, default the hostname).
@@ -86,40 +57,6 @@ pub struct RequestRecord {
     pub end: Instant,
 }
 
-/// The record's view of an [`AgentSummary`]: seconds, as the rest of the record.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct AgentRecord {
-    pub ttf_reasoning_s: Option<f64>,
-    pub ttf_answer_s: Option<f64>,
-    pub ttf_tool_call_s: Option<f64>,
-    /// First to last tool-call event: how long the arguments streamed.
-    pub tool_call_s: Option<f64>,
-    pub reasoning_tokens: Option<u64>,
-    pub tool_calls: u32,
-    /// The worst call's outcome: `valid`, `invalid_json`, `schema_violation`,
-    /// `unknown_function`.
-    pub tool_call_outcome: Option<ToolCallOutcome>,
-    /// The first violation (JSON error, schema path and message, unknown name), bounded.
-    pub tool_call_violation: Option<String>,
-}
-
-impl AgentRecord {
-    /// Also the load generator's record of what its client saw.
-    pub fn new(a: &AgentSummary) -> Self {
-        let secs = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
-        Self {
-            ttf_reasoning_s: secs(a.ttf_reasoning),
-            ttf_answer_s: secs(a.ttf_answer),
-            ttf_tool_call_s: secs(a.ttf_tool_call),
-            tool_call_s: secs(a.tool_call_duration),
-            reasoning_tokens: a.reasoning_tokens,
-            tool_calls: a.tool_calls,
-            tool_call_outcome: a.tool_call_outcome,
-            tool_call_violation: a.tool_call_violation.clone(),
-        }
-    }
-}
-
 impl RequestRecord {
     /// Build a record from a finished measurement. `end` is when the request finished.
     pub fn new(
@@ -128,35 +65,15 @@ impl RequestRecord {
         upstream: Option<Arc<str>>,
         start_unix_ms: u64,
         end: Instant,
-        m: &Measurement,
+        measured: Measurement,
         slo: SloVerdict,
     ) -> Self {
-        let secs = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
         Self {
             id,
             model,
             upstream,
-            stream: m.streaming,
-            status: m.status,
-            outcome: m.outcome,
-            finish_reason: m.finish_reason,
             start_unix_ms,
-            ttft_s: secs(m.ttft),
-            ttfc_s: secs(m.ttfc),
-            tpot_s: secs(m.tpot),
-            choice_tpot_s: (!m.choice_tpots.is_empty())
-                .then(|| m.choice_tpots.iter().map(Duration::as_secs_f64).collect()),
-            e2e_s: m.e2e.as_secs_f64(),
-            itl_count: m.itl_count,
-            itl_max_s: secs(m.itl_max),
-            prompt_tokens: m.prompt_tokens,
-            completion_tokens: m.completion_tokens,
-            tokens_exact: m.tokens_exact,
-            usage_injected: m.usage_injected,
-            usage_stripped: m.usage_stripped,
-            agent: m.agent.as_ref().map(AgentRecord::new),
-            logprobs: m.logprobs.clone(),
-            trace: None,
+            measured,
             slo,
             instance: Arc::from(""),
             tenant: None,
@@ -176,21 +93,15 @@ impl RequestRecord {
         self
     }
 
-    /// The TPOT values this record adds to statistics: one per choice with a defined TPOT.
+    /// The TPOT values (seconds) this record adds to statistics: one per choice with a
+    /// defined TPOT.
     pub fn tpot_values(&self) -> impl Iterator<Item = f64> + '_ {
-        let single = self
-            .choice_tpot_s
-            .is_none()
-            .then_some(self.tpot_s)
-            .flatten();
-        single
-            .into_iter()
-            .chain(self.choice_tpot_s.iter().flatten().copied())
+        self.measured.tpot_observations().map(|d| d.as_secs_f64())
     }
 
     /// Rejections caused by the client (4xx other than 429) do not count against goodput.
     pub fn rejected_by_client(&self) -> bool {
-        crate::outcome::rejected_by_client(self.outcome, self.status)
+        crate::outcome::rejected_by_client(self.measured.outcome, self.measured.status)
     }
 }
 
@@ -365,6 +276,10 @@ impl RecordRing {
     }
 }
 
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
 fn summary_json(values: &mut [f64]) -> Value {
     match summarize(values) {
         Some(s) => json!({
@@ -477,31 +392,32 @@ pub fn compute_stats(
     let mut tool_calls = [0u64; ToolCallOutcome::ALL.len()];
     for e in in_window {
         let r = &e.record;
+        let m = &r.measured;
         requests += 1;
-        if let Some(i) = Outcome::ALL.iter().position(|o| *o == r.outcome) {
+        if let Some(i) = Outcome::ALL.iter().position(|o| *o == m.outcome) {
             outcomes[i] += 1;
         }
         good += u64::from(r.slo.good);
         client_rejected += u64::from(r.rejected_by_client());
-        if r.outcome == Outcome::Rejected {
+        if m.outcome == Outcome::Rejected {
             continue; // answered by the proxy itself (or refused): not a latency
         }
-        ttft.extend(r.ttft_s);
-        ttfc.extend(r.ttfc_s);
+        ttft.extend(m.ttft.map(secs));
+        ttfc.extend(m.ttfc.map(secs));
         tpot.extend(r.tpot_values());
-        e2e.push(r.e2e_s);
+        e2e.push(m.e2e.as_secs_f64());
         if let Some(g) = &e.gaps {
             itl.extend(g.iter().map(|v| f64::from(*v)));
         }
-        if let Some(a) = &r.agent {
+        if let Some(a) = &m.agent {
             let values = [
-                a.ttf_reasoning_s,
-                a.ttf_answer_s,
-                a.ttf_tool_call_s,
-                a.tool_call_s,
+                a.ttf_reasoning,
+                a.ttf_answer,
+                a.ttf_tool_call,
+                a.tool_call_duration,
             ];
             for (into, v) in phases.iter_mut().zip(values) {
-                into.extend(v);
+                into.extend(v.map(secs));
             }
             if let Some(i) = a
                 .tool_call_outcome
@@ -523,8 +439,12 @@ pub fn compute_stats(
     }
     let denominator = requests - client_rejected;
     let ratio = (denominator > 0).then(|| good as f64 / denominator as f64);
-    let secs = elapsed.as_secs_f64();
-    let per_second = if secs > 0.0 { good as f64 / secs } else { 0.0 };
+    let elapsed_s = elapsed.as_secs_f64();
+    let per_second = if elapsed_s > 0.0 {
+        good as f64 / elapsed_s
+    } else {
+        0.0
+    };
     json!({
         "window_seconds": window.as_secs_f64(),
         "model": model,
@@ -547,7 +467,9 @@ pub fn compute_stats(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::AgentSummary;
     use crate::slo::{judge, Slo};
+    use crate::trace::LogprobSummary;
 
     fn secs(s: f64) -> Duration {
         Duration::from_secs_f64(s)
@@ -572,7 +494,7 @@ mod tests {
             None,
             0,
             end,
-            &m,
+            m,
             v,
         ))
     }
@@ -696,7 +618,7 @@ mod tests {
 
     fn traced(id: &str, now: Instant) -> (Arc<RequestRecord>, Trace) {
         let m = Measurement::without_body(Outcome::Success, Some(200), secs(1.0));
-        let r = RequestRecord::new(id.into(), "m".into(), None, 0, now, &m, Default::default());
+        let r = RequestRecord::new(id.into(), "m".into(), None, 0, now, m, Default::default());
         let t = Trace {
             kept_tokens: 1,
             ..Trace::default()
@@ -740,7 +662,7 @@ mod tests {
         let now = Instant::now();
         let (r, t) = traced("t", now);
         let mut r = (*r).clone();
-        r.logprobs = Some(LogprobSummary {
+        r.measured.logprobs = Some(Box::new(LogprobSummary {
             tokens: 2,
             mean: -1.5,
             min: -2.0,
@@ -748,11 +670,14 @@ mod tests {
             largest_drop: Some(1.0),
             largest_drop_at: Some(1),
             tool_call_min: None,
-        });
-        r.trace = Some(Arc::new(t));
+        }));
+        r.measured.trace = Some(Arc::new(t));
         let line = serde_json::to_string(&r).unwrap();
         let back: RequestRecord = serde_json::from_str(&line).unwrap();
-        assert_eq!((back.logprobs, back.trace), (r.logprobs, r.trace));
+        assert_eq!(
+            (back.measured.logprobs, back.measured.trace),
+            (r.measured.logprobs, r.measured.trace)
+        );
         let plain = serde_json::to_value(&*rec_now(now)).unwrap();
         assert!(plain.get("trace").is_none() && plain.get("logprobs").is_none());
     }
@@ -761,11 +686,11 @@ mod tests {
     fn stats_have_agent_phase_percentiles_and_tool_call_outcomes() {
         let now = Instant::now();
         let ring = RecordRing::new(10, 10, now);
-        let agent = |ttf_tool: Option<f64>, outcome: Option<ToolCallOutcome>| AgentRecord {
-            ttf_reasoning_s: Some(0.1),
-            ttf_answer_s: None,
-            ttf_tool_call_s: ttf_tool,
-            tool_call_s: ttf_tool.map(|t| t / 10.0),
+        let agent = |ttf_tool: Option<f64>, outcome: Option<ToolCallOutcome>| AgentSummary {
+            ttf_reasoning: Some(secs(0.1)),
+            ttf_answer: None,
+            ttf_tool_call: ttf_tool.map(secs),
+            tool_call_duration: ttf_tool.map(|t| secs(t / 10.0)),
             reasoning_tokens: Some(3),
             tool_calls: u32::from(outcome.is_some()),
             tool_call_outcome: outcome,
@@ -778,7 +703,7 @@ mod tests {
             agent(None, None),
         ] {
             let mut r = (*rec("m", Outcome::Success, 200, Some(0.1), 1.0, now)).clone();
-            r.agent = Some(a);
+            r.measured.agent = Some(Box::new(a));
             ring.push(Arc::new(r), vec![]);
         }
         ring.push(rec("m", Outcome::Success, 200, Some(0.1), 1.0, now), vec![]);
@@ -803,10 +728,10 @@ mod tests {
         let mut m = Measurement::without_body(Outcome::Success, Some(200), secs(1.0));
         m.streaming = true;
         m.tpot = Some(secs(0.03));
-        m.choice_tpots = vec![secs(0.01), secs(0.03)];
+        m.choice_tpots = vec![secs(0.01), secs(0.03)].into();
         let v = judge(&m, &Slo::default());
-        let r = RequestRecord::new("id".into(), "m".into(), None, 0, now, &m, v);
-        assert_eq!(r.choice_tpot_s, Some(vec![0.01, 0.03]));
+        let r = RequestRecord::new("id".into(), "m".into(), None, 0, now, m.clone(), v);
+        assert_eq!(&*r.measured.choice_tpots, [secs(0.01), secs(0.03)]);
         assert_eq!(r.tpot_values().collect::<Vec<_>>(), [0.01, 0.03]);
         let ring = RecordRing::new(10, 10, now);
         ring.push(Arc::new(r), vec![]);
@@ -815,8 +740,8 @@ mod tests {
         assert_eq!(s["tpot_seconds"]["count"], 2);
         assert_eq!(s["tpot_seconds"]["p50"], 0.02);
         // One choice: the record's TPOT itself.
-        m.choice_tpots.clear();
-        let r = RequestRecord::new("id".into(), "m".into(), None, 0, now, &m, v);
+        m.choice_tpots = Box::default();
+        let r = RequestRecord::new("id".into(), "m".into(), None, 0, now, m, v);
         assert_eq!(r.tpot_values().collect::<Vec<_>>(), [0.03]);
         assert!(serde_json::to_value(&r)
             .unwrap()

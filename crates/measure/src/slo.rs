@@ -217,7 +217,7 @@ mod tests {
         };
         let slo = Slo::default();
         assert_eq!(judge(&m, &slo).tool_calls_ok, None);
-        m.agent = Some(with(ToolCallOutcome::Valid));
+        m.agent = Some(Box::new(with(ToolCallOutcome::Valid)));
         let v = judge(&m, &slo);
         assert_eq!((v.tool_calls_ok, v.good), (Some(true), true));
         for bad in [
@@ -225,7 +225,7 @@ mod tests {
             ToolCallOutcome::SchemaViolation,
             ToolCallOutcome::UnknownFunction,
         ] {
-            m.agent = Some(with(bad));
+            m.agent = Some(Box::new(with(bad)));
             let v = judge(&m, &slo);
             assert_eq!((v.tool_calls_ok, v.good), (Some(false), false), "{bad:?}");
             let off = Slo {

@@ -76,6 +76,27 @@ pub struct SimArgs {
     /// Seconds of stream idleness before a `: keep-alive` comment (0: off).
     #[arg(long)]
     pub sse_keep_alive_interval: Option<f64>,
+    /// Turn automatic prefix caching off (vLLM `--no-prefix-caching`).
+    #[arg(long)]
+    pub no_prefix_caching: bool,
+    /// Tokens per KV block (vLLM `--block-size`).
+    #[arg(long)]
+    pub block_size: Option<u64>,
+    /// Tokens one engine step computes at most: decodes first, then prefill chunks.
+    #[arg(long)]
+    pub max_num_batched_tokens: Option<u64>,
+    /// Engine speed: every cost is divided by it (0.5 is half speed).
+    #[arg(long)]
+    pub speed: Option<f64>,
+    /// Cap on unfinished sequences; over it, vLLM's 503 (admission rejection).
+    #[arg(long)]
+    pub max_num_queued_reqs: Option<u64>,
+    /// Share of over-cap streams rejected in-band (200, one error event) instead of with 503.
+    #[arg(long)]
+    pub admission_inband_prob: Option<f64>,
+    /// Add usage.prompt_tokens_details (cached_tokens) as vLLM's flag of that name.
+    #[arg(long)]
+    pub enable_prompt_tokens_details: bool,
     /// TOML config file; its `[sim]` table is read.
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -126,11 +147,20 @@ impl SimArgs {
             empty_delta_prob,
             coalesce_prob,
             stream_interval,
-            sse_keep_alive_interval
+            sse_keep_alive_interval,
+            block_size,
+            max_num_batched_tokens,
+            speed,
+            admission_inband_prob
         );
+        if self.max_num_queued_reqs.is_some() {
+            cfg.max_num_queued_reqs = self.max_num_queued_reqs;
+        }
         cfg.legacy_metric_names |= self.legacy_metric_names;
         cfg.enable_per_request_metrics |= self.enable_per_request_metrics;
         cfg.enable_force_include_usage |= self.enable_force_include_usage;
+        cfg.enable_prefix_caching &= !self.no_prefix_caching;
+        cfg.enable_prompt_tokens_details |= self.enable_prompt_tokens_details;
         if !self.faults.is_empty() {
             cfg.faults = self.faults.clone();
         }
@@ -221,6 +251,16 @@ mod tests {
             "0.5",
             "--coalesce-prob",
             "0.3",
+            "--no-prefix-caching",
+            "--block-size",
+            "128",
+            "--speed",
+            "0.5",
+            "--max-num-queued-reqs",
+            "4",
+            "--max-num-batched-tokens",
+            "512",
+            "--enable-prompt-tokens-details",
         ]);
         let cfg = t.sim.to_config().unwrap();
         assert_eq!(cfg.ttft_ms, 7.0);
@@ -230,6 +270,9 @@ mod tests {
         assert!(cfg.enable_per_request_metrics && cfg.enable_force_include_usage);
         assert_eq!((cfg.stream_interval, cfg.sse_keep_alive_interval), (4, 0.5));
         assert_eq!(cfg.coalesce_prob, 0.3);
+        assert!(!cfg.enable_prefix_caching && cfg.enable_prompt_tokens_details);
+        assert_eq!((cfg.block_size, cfg.max_num_batched_tokens), (128, 512));
+        assert_eq!((cfg.speed, cfg.max_num_queued_reqs), (0.5, Some(4)));
         let bad = T::parse_from(["x", "--max-num-seqs", "0"]);
         assert!(bad.sim.to_config().is_err());
     }

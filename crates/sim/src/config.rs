@@ -74,6 +74,28 @@ pub struct SimConfig {
     /// whenever a stream has been idle this long. vLLM takes whole seconds; fractions are
     /// allowed here for tests.
     pub sse_keep_alive_interval: f64,
+    /// Automatic prefix caching (vLLM V1's default; `--no-prefix-caching` turns it off): full
+    /// prompt blocks stay cached after their request ends until evicted, least recently used
+    /// first, and a later prompt with the same prefix skips their prefill.
+    pub enable_prefix_caching: bool,
+    /// Tokens per KV block (vLLM `--block-size`; 16 on GPUs, 128 on vLLM's CPU backend).
+    pub block_size: u64,
+    /// Tokens one engine step computes at most (vLLM `--max-num-batched-tokens`): one per
+    /// decoding sequence, the rest for prompts in prefill, chunk by chunk.
+    pub max_num_batched_tokens: u64,
+    /// Speed of this engine: every cost is divided by it (0.5: half speed, every cost doubled).
+    pub speed: f64,
+    /// Cap on unfinished sequences (running + waiting; vLLM `--max-num-queued-reqs`): a request
+    /// that would exceed it is rejected with vLLM's 503 and counted in
+    /// `vllm:admission_rejections_total`. `None`: no cap.
+    pub max_num_queued_reqs: Option<u64>,
+    /// Share of over-cap streaming requests rejected in-band (a 200 stream whose only event is
+    /// the 503 error) instead of with a 503 status, as vLLM answers requests that raced past
+    /// its API server's first check.
+    pub admission_inband_prob: f64,
+    /// `usage.prompt_tokens_details` (`cached_tokens`, ...) as vLLM's
+    /// `--enable-prompt-tokens-details` adds it.
+    pub enable_prompt_tokens_details: bool,
 }
 
 impl Default for SimConfig {
@@ -99,6 +121,13 @@ impl Default for SimConfig {
             enable_force_include_usage: false,
             stream_interval: 1,
             sse_keep_alive_interval: 0.0,
+            enable_prefix_caching: true,
+            block_size: 16,
+            max_num_batched_tokens: 2048,
+            speed: 1.0,
+            max_num_queued_reqs: None,
+            admission_inband_prob: 0.0,
+            enable_prompt_tokens_details: false,
         }
     }
 }
@@ -183,10 +212,26 @@ impl SimConfig {
             "must be between 0 (off) and 86400 seconds",
         )?;
         check(self.kv_cache_tokens >= 1, "kv_cache_tokens", "must be >= 1")?;
+        check(
+            (1..=1 << 16).contains(&self.block_size),
+            "block_size",
+            "must be between 1 and 65536",
+        )?;
+        check(
+            self.max_num_batched_tokens >= 1,
+            "max_num_batched_tokens",
+            "must be >= 1",
+        )?;
+        check(
+            self.speed.is_finite() && self.speed > 0.0,
+            "speed",
+            "must be a finite number > 0",
+        )?;
         for (field, p) in [
             ("stop_prob", self.stop_prob),
             ("empty_delta_prob", self.empty_delta_prob),
             ("coalesce_prob", self.coalesce_prob),
+            ("admission_inband_prob", self.admission_inband_prob),
         ] {
             check(
                 (0.0..=1.0).contains(&p),
@@ -268,6 +313,27 @@ mod tests {
                     ..Default::default()
                 },
                 "sse_keep_alive_interval",
+            ),
+            (
+                SimConfig {
+                    speed: 0.0,
+                    ..Default::default()
+                },
+                "speed",
+            ),
+            (
+                SimConfig {
+                    block_size: 0,
+                    ..Default::default()
+                },
+                "block_size",
+            ),
+            (
+                SimConfig {
+                    max_num_batched_tokens: 0,
+                    ..Default::default()
+                },
+                "max_num_batched_tokens",
             ),
         ];
         for (cfg, field) in cases {

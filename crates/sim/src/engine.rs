@@ -1,9 +1,11 @@
 //! The engine: continuous-batching admission (at most `max_num_seqs` sequences running, the
-//! rest waiting FIFO), the timing model, KV-cache accounting, and per-request metric records
+//! rest waiting FIFO; an optional cap on unfinished requests answered with vLLM's 503), the
+//! timing model (prefill through the shared step budget, [`sched`](super::sched)), the KV
+//! cache with prefix caching ([`kvcache`](super::kvcache)), and per-request metric records
 //! measured from arrival as vLLM measures them.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -11,10 +13,12 @@ use tokio::time::Instant;
 
 use super::config::SimConfig;
 use super::gen::{Generation, TokenOut};
+use super::kvcache::{block_hashes, Held, KvCache};
 use super::metrics::{EngineMetrics, FinishedReason};
 use super::per_request::EngineTimes;
-use super::render::Finish;
+use super::render::{Finish, PromptDetails};
 use super::request::GenRequest;
+use super::sched::{self, PrefillLine};
 use super::text::{jitter_factor, SplitMix};
 
 /// Counters for tests and operators (not exported as metrics).
@@ -39,6 +43,11 @@ pub struct Engine {
     pub stats: Stats,
     seqs: Arc<Semaphore>,
     arrivals: AtomicU64,
+    /// Sequences of accepted requests not finished yet (running or waiting): what
+    /// `max_num_queued_reqs` caps.
+    unfinished: AtomicU64,
+    cache: Mutex<KvCache>,
+    line: PrefillLine,
 }
 
 impl Engine {
@@ -46,9 +55,14 @@ impl Engine {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
+        let cache = KvCache::new(
+            cfg.kv_cache_tokens,
+            cfg.block_size,
+            cfg.enable_prefix_caching,
+        );
         let metrics = EngineMetrics::new(
             &cfg.models,
-            cfg.kv_cache_tokens,
+            cache.capacity_tokens(),
             cfg.legacy_metric_names,
             now.as_secs_f64(),
         );
@@ -58,8 +72,45 @@ impl Engine {
             metrics,
             stats: Stats::default(),
             arrivals: AtomicU64::new(0),
+            unfinished: AtomicU64::new(0),
+            cache: Mutex::new(cache),
+            line: PrefillLine::new(Instant::now()),
             cfg,
         }
+    }
+
+    fn cache(&self) -> MutexGuard<'_, KvCache> {
+        // A panic while holding the lock leaves the pool consistent enough for a simulator.
+        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Publishes the pool's usage as `kv_cache_usage_perc`.
+    fn sync_kv(&self, cache: &KvCache) {
+        self.metrics
+            .kv_tokens
+            .store(cache.used_tokens() as i64, Relaxed);
+    }
+
+    /// Prompt tokens the prefix cache holds for these token ids now (tests, operators).
+    pub fn cached_prefix_tokens(&self, prompt_ids: &[u32]) -> u64 {
+        let cache = self.cache();
+        let hashes = block_hashes(prompt_ids, cache.block_size());
+        cache.lookup(&hashes, prompt_ids.len() as u64)
+    }
+
+    /// Admission control (vLLM's `check_admission`): `None` when a request of `n` sequences
+    /// fits under `max_num_queued_reqs`, else the rejection is counted and returned.
+    pub fn check_admission(&self, model: usize, n: u64) -> Result<(), Rejected> {
+        let Some(cap) = self.cfg.max_num_queued_reqs else {
+            return Ok(());
+        };
+        if self.unfinished.load(Relaxed) + n > cap {
+            self.metrics.models[model]
+                .admission_rejections
+                .fetch_add(1, Relaxed);
+            return Err(Rejected);
+        }
+        Ok(())
     }
 
     /// Arrival number of a new request (seeds its timing jitter and fault draw).
@@ -87,12 +138,20 @@ impl Engine {
     }
 }
 
+/// A request over the engine's `max_num_queued_reqs`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rejected;
+
 /// The timeline and engine resources of one request; dropping it mid-way is an abort.
 pub struct Run {
     eng: Arc<Engine>,
     model: usize,
     n: u64,
     prompt_tokens: u64,
+    /// Chain hashes of the prompt's full blocks.
+    hashes: Vec<u64>,
+    /// Prompt tokens found in the prefix cache at admission.
+    cached: u64,
     max_tokens_param: u64,
     pub gen: Generation,
     rng: SplitMix,
@@ -102,8 +161,12 @@ pub struct Run {
     last: Option<Instant>,
     permit: Option<OwnedSemaphorePermit>,
     waiting: bool,
-    kv_held: i64,
+    /// KV blocks held while running, and the tokens they hold.
+    held: Held,
+    kv_tokens: u64,
     done: bool,
+    /// Still counted in the engine's unfinished sequences.
+    unfinished: bool,
 }
 
 pub type Acquire = std::pin::Pin<
@@ -116,12 +179,20 @@ pub type Acquire = std::pin::Pin<
 impl Run {
     pub fn new(eng: Arc<Engine>, req: &GenRequest, arrival: Instant, arrival_no: u64) -> Self {
         eng.stats.started.fetch_add(1, Relaxed);
+        eng.unfinished.fetch_add(req.n as u64, Relaxed);
         let gen = Generation::new(req, eng.cfg.stop_prob, eng.cfg.empty_delta_prob);
+        let hashes = if eng.cfg.enable_prefix_caching {
+            block_hashes(&req.prompt_ids, eng.cfg.block_size)
+        } else {
+            Vec::new()
+        };
         Run {
             rng: SplitMix::new(eng.cfg.seed ^ arrival_no.wrapping_mul(0x2545_f491_4f6c_dd1d)),
             model: req.model_idx,
             n: req.n as u64,
             prompt_tokens: req.prompt_tokens,
+            hashes,
+            cached: 0,
             max_tokens_param: req.max_tokens_param,
             gen,
             arrival,
@@ -130,10 +201,31 @@ impl Run {
             last: None,
             permit: None,
             waiting: false,
-            kv_held: 0,
+            held: Held::default(),
+            kv_tokens: 0,
             done: false,
+            unfinished: true,
             eng,
         }
+    }
+
+    /// What `usage.prompt_tokens_details` says, when the engine reports it: the prompt tokens
+    /// found cached, and those this request newly cached (its full prompt blocks that were
+    /// not cached before, as vLLM counts `created_cache_tokens`).
+    pub fn prompt_details(&self) -> Option<PromptDetails> {
+        if !self.eng.cfg.enable_prompt_tokens_details {
+            return None;
+        }
+        let full = self.hashes.len() as u64 * self.eng.cfg.block_size;
+        Some(PromptDetails {
+            cached_tokens: self.cached,
+            created_cache_tokens: full.saturating_sub(self.cached),
+        })
+    }
+
+    /// Prompt tokens found in the prefix cache (0 until admitted).
+    pub fn cached_tokens(&self) -> u64 {
+        self.cached
     }
 
     /// Queues for `n` decode slots (FIFO); the future resolves when they are granted.
@@ -146,34 +238,54 @@ impl Run {
         Box::pin(self.eng.seqs.clone().acquire_many_owned(want))
     }
 
-    /// Slots granted: the request is running from `now`; returns its prefill time.
+    /// Slots granted: the request is running from `now`; returns its time to first token:
+    /// the wait for the prefill queued before it, then the base cost and its uncached prompt
+    /// tokens through the step budget.
     pub fn admitted(&mut self, permit: OwnedSemaphorePermit, extra: Duration) -> Duration {
         let m = &self.eng.metrics.models[self.model];
         if self.waiting {
             self.waiting = false;
             m.waiting.fetch_sub(self.n as i64, Relaxed);
         }
+        let decoding = self.eng.running().saturating_sub(self.n as usize) as u64;
         m.running.fetch_add(self.n as i64, Relaxed);
         self.permit = Some(permit);
-        self.kv_held = (self.prompt_tokens * self.n) as i64;
-        self.eng.metrics.kv_tokens.fetch_add(self.kv_held, Relaxed);
-        self.scheduled = Some(Instant::now());
+        let now = Instant::now();
+        self.scheduled = Some(now);
+        {
+            let mut cache = self.eng.cache();
+            self.cached = cache.admit(&self.hashes, self.prompt_tokens, &mut self.held);
+            self.kv_tokens = self.prompt_tokens;
+            self.eng.sync_kv(&cache);
+        }
+        if self.eng.cfg.enable_prefix_caching {
+            // vLLM counts each child request of `n > 1` as its own query.
+            m.prefix_queries
+                .fetch_add(self.prompt_tokens * self.n, Relaxed);
+            m.prefix_hits.fetch_add(self.cached * self.n, Relaxed);
+        }
         let c = &self.eng.cfg;
-        let ms = (c.ttft_ms + c.prefill_ms_per_token * self.prompt_tokens as f64)
-            * jitter_factor(c.jitter, c.jitter_cv, &mut self.rng);
-        ms_to_duration(ms) + extra
+        let uncached = self.prompt_tokens.saturating_sub(self.cached);
+        let work_ms = sched::prefill_work_ms(c, uncached, decoding);
+        let wait = self.eng.line.reserve(now, ms_to_duration(work_ms));
+        let ms =
+            (c.ttft_ms / c.speed + work_ms) * jitter_factor(c.jitter, c.jitter_cv, &mut self.rng);
+        wait + ms_to_duration(ms) + extra
     }
 
-    /// Time of the next decode step, growing with the running batch.
+    /// Time of the next decode step: grows with the running batch, and carries a chunk of
+    /// the prefill queued on the engine while there is some.
     pub fn step_time(&mut self, extra: Duration) -> Duration {
         let c = &self.eng.cfg;
-        if c.tpot_ms == 0.0 && c.tpot_ms_per_seq == 0.0 {
+        if c.tpot_ms == 0.0 && c.tpot_ms_per_seq == 0.0 && c.prefill_ms_per_token == 0.0 {
             return extra;
         }
-        let others = self.eng.running().saturating_sub(1) as f64;
-        let ms = (c.tpot_ms + c.tpot_ms_per_seq * others)
-            * jitter_factor(c.jitter, c.jitter_cv, &mut self.rng);
-        ms_to_duration(ms) + extra
+        let running = self.eng.running() as u64;
+        let others = running.saturating_sub(1);
+        let ms = sched::step_ms(c, others) * jitter_factor(c.jitter, c.jitter_cv, &mut self.rng);
+        let share = ms_to_duration(sched::prefill_share_ms(c, running));
+        let prefill = self.eng.line.backlog(Instant::now()).min(share);
+        ms_to_duration(ms) + prefill + extra
     }
 
     /// Generates one step (one token per unfinished choice) and records its metrics;
@@ -191,6 +303,10 @@ impl Run {
                 self.first = Some(now);
                 m.prompt_tokens
                     .fetch_add(self.prompt_tokens * self.n, Relaxed);
+                m.prompt_cached.fetch_add(self.cached * self.n, Relaxed);
+                // The prompt's blocks are computed: later prompts may reuse them.
+                let mut cache = self.eng.cache();
+                cache.commit(&self.held, &self.hashes);
             }
             Some(prev) => {
                 m.itl
@@ -205,8 +321,13 @@ impl Run {
             }
         }
         m.generation_tokens.fetch_add(active, Relaxed);
-        self.kv_held += active as i64;
-        self.eng.metrics.kv_tokens.fetch_add(active as i64, Relaxed);
+        self.kv_tokens += active;
+        // Only a step that fills the last block takes the pool's lock.
+        if !self.held.fits(self.kv_tokens, self.eng.cfg.block_size) {
+            let mut cache = self.eng.cache();
+            cache.grow(&mut self.held, self.kv_tokens);
+            self.eng.sync_kv(&cache);
+        }
     }
 
     pub fn steps_done(&self) -> u64 {
@@ -264,7 +385,8 @@ impl Run {
             };
             m.tpot.observe(tpot);
             m.req_prompt_tokens.observe(self.prompt_tokens as f64);
-            m.prefill_kv_computed.observe(self.prompt_tokens as f64);
+            m.prefill_kv_computed
+                .observe(self.prompt_tokens.saturating_sub(self.cached) as f64);
             m.req_generation_tokens.observe(toks as f64);
             m.params_max_tokens.observe(self.max_tokens_param as f64);
             m.num_preemptions.observe(0.0);
@@ -276,12 +398,17 @@ impl Run {
     }
 
     fn release(&mut self) {
+        if std::mem::take(&mut self.unfinished) {
+            self.eng.unfinished.fetch_sub(self.n, Relaxed);
+        }
         if self.permit.take().is_some() {
             self.eng.metrics.models[self.model]
                 .running
                 .fetch_sub(self.n as i64, Relaxed);
-            self.eng.metrics.kv_tokens.fetch_sub(self.kv_held, Relaxed);
-            self.kv_held = 0;
+            let mut cache = self.eng.cache();
+            cache.free(&mut self.held);
+            self.eng.sync_kv(&cache);
+            self.kv_tokens = 0;
         }
     }
 }

@@ -102,6 +102,17 @@ impl ApiError {
         }
     }
 
+    /// vLLM 0.32's `QueueOverflowError`: the answer to a request over `max_num_queued_reqs`
+    /// (`nonstream-chat-admission-rejected.txt`).
+    pub fn queue_overflow() -> Self {
+        ApiError {
+            status: 503,
+            kind: "Service Unavailable",
+            message: QUEUE_OVERFLOW.to_string(),
+            param: None,
+        }
+    }
+
     pub fn to_json(&self) -> String {
         let mut s = String::with_capacity(96 + self.message.len());
         s.push_str("{\"error\":{\"message\":");
@@ -145,6 +156,19 @@ pub fn py_repr(s: &str) -> String {
     }
     out.push(quote);
     out
+}
+
+const QUEUE_OVERFLOW: &str = "The engine is currently busy and cannot accept new requests. Please try again later or on a different instance.";
+
+/// The whole body of a stream rejected in-band by admission control: the error event, then
+/// `[DONE]` (`stream-chat-admission-rejected-inband.txt`).
+pub fn queue_overflow_stream() -> String {
+    let mut s = String::from("data: {\"error\": {\"message\": ");
+    push_json_str(&mut s, QUEUE_OVERFLOW);
+    s.push_str(
+        ", \"type\": \"Service Unavailable\", \"param\": null, \"code\": 503}}\n\ndata: [DONE]\n\n",
+    );
+    s
 }
 
 /// The in-band error event vLLM sends inside a 200 stream (Python `json.dumps` spacing).

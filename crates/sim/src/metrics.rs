@@ -109,6 +109,13 @@ pub struct ModelMetrics {
     pub running: AtomicI64,
     pub waiting: AtomicI64,
     pub prompt_tokens: AtomicU64,
+    /// Of `prompt_tokens`, those found in the prefix cache (counted with them, at prefill end).
+    pub prompt_cached: AtomicU64,
+    /// Prefix-cache lookups and hits in tokens, counted at admission as vLLM counts them.
+    pub prefix_queries: AtomicU64,
+    pub prefix_hits: AtomicU64,
+    /// Requests rejected by `max_num_queued_reqs`.
+    pub admission_rejections: AtomicU64,
     pub generation_tokens: AtomicU64,
     pub success: [AtomicU64; 5],
     pub ttft: Histogram,
@@ -135,6 +142,10 @@ impl ModelMetrics {
             running: AtomicI64::new(0),
             waiting: AtomicI64::new(0),
             prompt_tokens: AtomicU64::new(0),
+            prompt_cached: AtomicU64::new(0),
+            prefix_queries: AtomicU64::new(0),
+            prefix_hits: AtomicU64::new(0),
+            admission_rejections: AtomicU64::new(0),
             generation_tokens: AtomicU64::new(0),
             success: Default::default(),
             ttft: Histogram::new(TTFT_BUCKETS),
@@ -405,10 +416,18 @@ impl EngineMetrics {
                 "CPU KV-cache usage. 1 means 100 percent usage.",
                 &zeros,
             );
+            let rate = per(&|m| {
+                let q = m.prefix_queries.load(Relaxed);
+                if q == 0 {
+                    0.0
+                } else {
+                    m.prefix_hits.load(Relaxed) as f64 / q as f64
+                }
+            });
             o.gauge(
                 "gpu_prefix_cache_hit_rate",
                 "GPU prefix cache block hit rate.",
-                &zeros,
+                &rate,
             );
         } else {
             o.gauge(
@@ -418,16 +437,18 @@ impl EngineMetrics {
             );
         }
         let prompt = per(&|m| m.prompt_tokens.load(Relaxed) as f64);
+        let cached = per(&|m| m.prompt_cached.load(Relaxed) as f64);
+        let computed: Vec<f64> = prompt.iter().zip(&cached).map(|(p, c)| p - c).collect();
         if !self.legacy {
             o.per_model_counter(
                 "prefix_cache_queries",
                 "Prefix cache queries, in terms of number of queried tokens.",
-                &prompt,
+                &per(&|m| m.prefix_queries.load(Relaxed) as f64),
             );
             o.per_model_counter(
                 "prefix_cache_hits",
                 "Prefix cache hits, in terms of number of cached tokens.",
-                &zeros,
+                &per(&|m| m.prefix_hits.load(Relaxed) as f64),
             );
             o.per_model_counter("external_prefix_cache_queries", "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of queried tokens.", &zeros);
             o.per_model_counter("external_prefix_cache_hits", "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens.", &zeros);
@@ -458,8 +479,8 @@ impl EngineMetrics {
                 "",
                 "source",
                 &[
-                    ("local_compute", prompt.clone()),
-                    ("local_cache_hit", zeros.clone()),
+                    ("local_compute", computed),
+                    ("local_cache_hit", cached.clone()),
                     ("external_kv_transfer", zeros.clone()),
                 ],
             );
@@ -471,14 +492,14 @@ impl EngineMetrics {
             o.per_model_counter(
                 "prompt_tokens_cached",
                 "Number of cached prompt tokens (local + external).",
-                &zeros,
+                &cached,
             );
             let s = with(
                 &o,
                 "",
                 "source",
                 &[
-                    ("device", zeros.clone()),
+                    ("device", cached.clone()),
                     ("host", zeros.clone()),
                     ("p2p", zeros.clone()),
                     ("disk", zeros.clone()),
@@ -507,11 +528,12 @@ impl EngineMetrics {
             let help = "Number of admission attempts rejected by a queue limit, by reason.";
             let mut series = Vec::new();
             for reason in ["max_num_queued_reqs", "max_num_queued_tokens"] {
-                for name in o.names.iter() {
-                    series.push((
-                        format!("{{model_name=\"{name}\",reason=\"{reason}\"}}"),
-                        0.0,
-                    ));
+                for (name, m) in o.names.iter().zip(ms) {
+                    let v = match reason {
+                        "max_num_queued_reqs" => m.admission_rejections.load(Relaxed) as f64,
+                        _ => 0.0,
+                    };
+                    series.push((format!("{{model_name=\"{name}\",reason=\"{reason}\"}}"), v));
                 }
             }
             o.counter("admission_rejections", help, &series);

@@ -138,6 +138,7 @@ pub async fn run(
     let mut tmpl = tmpl;
     let tokens = choices.iter().map(|c| c.tokens).sum();
     tmpl.set_engine_metrics(PerRequestMetrics::new(&run.times(), tokens));
+    tmpl.set_prompt_details(run.prompt_details());
     let body = Bytes::from(tmpl.json_body(&choices));
     if faults.truncate_after.is_some() {
         // Count it as an abort, as a real cut connection would be.

@@ -138,6 +138,15 @@ fn push_toks(buf: &mut BytesMut, toks: &[TokText]) {
     buf.extend_from_slice(b"\"");
 }
 
+/// `usage.prompt_tokens_details` when the engine reports it (vLLM's
+/// `--enable-prompt-tokens-details`): prompt tokens found in the prefix cache, and prompt
+/// tokens this request newly cached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PromptDetails {
+    pub cached_tokens: u64,
+    pub created_cache_tokens: u64,
+}
+
 /// Everything in a request's chunks that does not change from token to token.
 #[derive(Debug)]
 pub struct Templates {
@@ -155,6 +164,7 @@ pub struct Templates {
     per_request_metrics: bool,
     /// The engine's timings, once the request ended (see [`Templates::set_engine_metrics`]).
     engine_metrics: Option<PerRequestMetrics>,
+    prompt_details: Option<PromptDetails>,
 }
 
 impl Templates {
@@ -183,6 +193,7 @@ impl Templates {
             choices: req.n,
             per_request_metrics: false,
             engine_metrics: None,
+            prompt_details: None,
         }
     }
 
@@ -212,6 +223,37 @@ impl Templates {
     fn reported_metrics(&self) -> Option<PerRequestMetrics> {
         self.engine_metrics
             .filter(|_| self.per_request_metrics && self.choices == 1)
+    }
+
+    /// What the final usage reports of the prompt (known once the engine admitted it).
+    pub fn set_prompt_details(&mut self, details: Option<PromptDetails>) {
+        self.prompt_details = details;
+    }
+
+    /// `,"prompt_tokens_details":...` as vLLM 0.32 writes it: streams leave out the unset keys
+    /// (completions streams report only `cached_tokens`); JSON bodies keep every key, `null`
+    /// for the object when details are off.
+    fn push_prompt_details(&self, buf: &mut BytesMut, stream: bool) {
+        let Some(d) = self.prompt_details else {
+            if !stream {
+                buf.extend_from_slice(b",\"prompt_tokens_details\":null");
+            }
+            return;
+        };
+        buf.extend_from_slice(b",\"prompt_tokens_details\":{\"cached_tokens\":");
+        push_u64(buf, d.cached_tokens);
+        match (self.api, stream) {
+            (Api::Chat, _) => {
+                buf.extend_from_slice(b",\"created_cache_tokens\":");
+                push_u64(buf, d.created_cache_tokens);
+            }
+            (Api::Completions, true) => {}
+            (Api::Completions, false) => buf.extend_from_slice(b",\"created_cache_tokens\":null"),
+        }
+        if !stream {
+            buf.extend_from_slice(b",\"multimodal_tokens\":null");
+        }
+        buf.extend_from_slice(b"}");
     }
 
     fn push_continuous_usage(&self, buf: &mut BytesMut, completion: u64) {
@@ -312,6 +354,7 @@ impl Templates {
         buf.extend_from_slice(&self.head);
         buf.extend_from_slice(b"],\"usage\":{");
         push_usage_counts(buf, self.prompt_tokens, completion);
+        self.push_prompt_details(buf, true);
         if let Some(r) = reasoning {
             buf.extend_from_slice(b",\"completion_tokens_details\":{\"reasoning_tokens\":");
             push_u64(buf, r);
@@ -370,14 +413,15 @@ impl Templates {
         push_fingerprint(&mut b);
         b.extend_from_slice(b",\"usage\":{");
         push_usage_counts(&mut b, self.prompt_tokens, completion);
+        self.push_prompt_details(&mut b, false);
         match (self.api, reasoning) {
             (Api::Chat, Some(r)) => {
-                b.extend_from_slice(b",\"prompt_tokens_details\":null,\"completion_tokens_details\":{\"reasoning_tokens\":");
+                b.extend_from_slice(b",\"completion_tokens_details\":{\"reasoning_tokens\":");
                 push_u64(&mut b, r);
                 b.extend_from_slice(b"}},\"prompt_logprobs\":null,\"prompt_token_ids\":null,\"prompt_text\":null,\"kv_transfer_params\":null,\"ec_transfer_params\":null,\"metrics\":null}");
             }
-            (Api::Chat, None) => b.extend_from_slice(b",\"prompt_tokens_details\":null,\"completion_tokens_details\":null},\"prompt_logprobs\":null,\"prompt_token_ids\":null,\"prompt_text\":null,\"kv_transfer_params\":null,\"ec_transfer_params\":null,\"metrics\":null}"),
-            (Api::Completions, _) => b.extend_from_slice(b",\"prompt_tokens_details\":null,\"completion_tokens_details\":null},\"kv_transfer_params\":null,\"ec_transfer_params\":null,\"metrics\":null}"),
+            (Api::Chat, None) => b.extend_from_slice(b",\"completion_tokens_details\":null},\"prompt_logprobs\":null,\"prompt_token_ids\":null,\"prompt_text\":null,\"kv_transfer_params\":null,\"ec_transfer_params\":null,\"metrics\":null}"),
+            (Api::Completions, _) => b.extend_from_slice(b",\"completion_tokens_details\":null},\"kv_transfer_params\":null,\"ec_transfer_params\":null,\"metrics\":null}"),
         }
         if let Some(m) = self.reported_metrics() {
             // Every layout above ends in `"metrics":null}`: the object takes the null's place.

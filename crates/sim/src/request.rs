@@ -31,6 +31,9 @@ pub struct GenRequest {
     /// `max_tokens` exactly as requested, for `request_params_max_tokens`.
     pub max_tokens_param: u64,
     pub prompt_tokens: u64,
+    /// The prompt as token ids (one per counted unit; `prompt_ids.len() == prompt_tokens`),
+    /// hashed in blocks by the prefix cache.
+    pub prompt_ids: Vec<u32>,
     pub include_usage: bool,
     pub continuous_usage: bool,
     /// Chat: `Some(top_logprobs)` when `logprobs: true`. Completions: `Some(logprobs)`.
@@ -519,6 +522,7 @@ pub fn parse(
 
     // Ids ignore stream_options so that a proxy that injects `include_usage` gets the same id
     // as a direct request; serde_json's sorted maps make the bytes canonical.
+    let prompt_ids = super::prompt::prompt_ids(api, obj);
     obj.remove("stream_options");
     let canonical = serde_json::to_vec(&value).unwrap_or_default();
     let id_hash = hash_bytes(seed, &canonical);
@@ -535,6 +539,7 @@ pub fn parse(
         max_tokens,
         max_tokens_param: max_tokens,
         prompt_tokens,
+        prompt_ids,
         include_usage,
         continuous_usage,
         logprobs: logprobs.map(|k| k as u32),

@@ -17,12 +17,13 @@ use tokio::time::Instant;
 use super::agent;
 use super::coalesce::Packing;
 use super::engine::{Engine, Run};
-use super::errors::ApiError;
+use super::errors::{queue_overflow_stream, ApiError};
 use super::faults::{self, Faults, FAULT_HEADER};
 use super::nonstream::{self, NonStream};
 use super::render::Templates;
 use super::request::{self, Api};
 use super::stream::{SseBody, Truncated};
+use super::text::SplitMix;
 
 /// Largest request body read (vLLM has no small limit; this bounds memory).
 const MAX_BODY: usize = 32 * 1024 * 1024;
@@ -220,6 +221,17 @@ async fn generate(
         Ok(r) => r,
         Err(e) => return error(&e),
     };
+    if eng.check_admission(greq.model_idx, greq.n as u64).is_err() {
+        let inband = cfg.admission_inband_prob > 0.0
+            && SplitMix::new(cfg.seed ^ arrival_no.wrapping_mul(0xad31_5510)).next_f64()
+                < cfg.admission_inband_prob;
+        if greq.stream && inband {
+            return head(200, Some(EVENT_STREAM), None)
+                .body(SimBody::Full(Some(Bytes::from(queue_overflow_stream()))))
+                .unwrap_or_else(|_| Response::new(SimBody::Full(None)));
+        }
+        return error(&ApiError::queue_overflow());
+    }
     let tmpl = Templates::new(&greq, &cfg.models[greq.model_idx], eng.created).engine_options(
         cfg.enable_force_include_usage,
         cfg.enable_per_request_metrics,

@@ -363,6 +363,7 @@ impl Body for SseBody {
                         this.tmpl
                             .set_engine_metrics(PerRequestMetrics::new(&times, total));
                         let reasoning = this.reasoning_tokens();
+                        this.tmpl.set_prompt_details(this.run.prompt_details());
                         this.tmpl.usage_chunk(&mut this.buf, total, reasoning);
                     }
                     if !this.faults.no_done {

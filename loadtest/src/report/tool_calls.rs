@@ -62,13 +62,13 @@ impl Acc {
         }
         let Some(a) = &r.agent else { return };
         let v = [
-            a.ttf_reasoning_s,
-            a.ttf_answer_s,
-            a.ttf_tool_call_s,
-            a.tool_call_s,
+            a.ttf_reasoning,
+            a.ttf_answer,
+            a.ttf_tool_call,
+            a.tool_call_duration,
         ];
         for (into, v) in self.values.iter_mut().zip(v) {
-            into.extend(v);
+            into.extend(v.map(|d| d.as_secs_f64()));
         }
     }
 
@@ -190,14 +190,16 @@ pub fn render_text(out: &mut String, s: &ToolCallSection) {
 mod tests {
     use super::*;
     use crate::record::sample as rec;
-    use goodput_measure::record::AgentRecord;
+    use goodput_measure::agent::AgentSummary;
+    use std::time::Duration;
 
-    fn agent(outcome: Option<ToolCallOutcome>, ttf_tool: f64, args: f64) -> AgentRecord {
-        AgentRecord {
-            ttf_reasoning_s: None,
-            ttf_answer_s: None,
-            ttf_tool_call_s: outcome.map(|_| ttf_tool),
-            tool_call_s: outcome.map(|_| args),
+    fn agent(outcome: Option<ToolCallOutcome>, ttf_tool: f64, args: f64) -> AgentSummary {
+        let secs = Duration::from_secs_f64;
+        AgentSummary {
+            ttf_reasoning: None,
+            ttf_answer: None,
+            ttf_tool_call: outcome.map(|_| secs(ttf_tool)),
+            tool_call_duration: outcome.map(|_| secs(args)),
             reasoning_tokens: None,
             tool_calls: u32::from(outcome.is_some()),
             tool_call_outcome: outcome,
@@ -224,9 +226,9 @@ mod tests {
         }
         // Reasoning only (no call), and a rejected call: counted, its timings left out.
         let mut r = rec("p", 0.0, 1.0, Some(0.05), "success");
-        r.agent = Some(AgentRecord {
-            ttf_reasoning_s: Some(0.05),
-            ttf_answer_s: Some(0.2),
+        r.agent = Some(AgentSummary {
+            ttf_reasoning: Some(Duration::from_millis(50)),
+            ttf_answer: Some(Duration::from_millis(200)),
             reasoning_tokens: Some(7),
             ..agent(None, 0.0, 0.0)
         });

@@ -46,7 +46,9 @@ fn scanned(
     for (i, f) in frames.iter().enumerate() {
         m.on_frame(at(t0, i), f, |_| {});
     }
-    m.finish(at(t0, frames.len()), Ending::Complete).agent
+    m.finish(at(t0, frames.len()), Ending::Complete)
+        .agent
+        .map(|a| *a)
 }
 
 /// The same frames read the old way: each chunk event to [`reference::on_event`] at the

@@ -247,7 +247,7 @@ proptest! {
             let whole = traced(body, &[], TraceBounds::default());
             let split = traced(body, &[x, y], TraceBounds::default());
             let strip = |m: &Measurement| {
-                let mut t = m.trace.clone().unwrap();
+                let mut t = (**m.trace.as_ref().unwrap()).clone();
                 t.events.iter_mut().for_each(|e| e.offset_s = 0.0);
                 t
             };

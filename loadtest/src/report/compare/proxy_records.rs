@@ -20,11 +20,11 @@ impl From<ProxyRequestRecord> for ProxyRecord {
         ProxyRecord {
             id: r.id.to_string(),
             model: Some(r.model.to_string()),
-            outcome: Some(r.outcome.as_str().to_string()),
-            ttft: r.ttft_s,
-            tpot: r.tpot_s,
-            e2e: Some(r.e2e_s),
-            completion_tokens: r.completion_tokens,
+            outcome: Some(r.measured.outcome.as_str().to_string()),
+            ttft: r.measured.ttft.map(|d| d.as_secs_f64()),
+            tpot: r.measured.tpot.map(|d| d.as_secs_f64()),
+            e2e: Some(r.measured.e2e.as_secs_f64()),
+            completion_tokens: r.measured.completion_tokens,
         }
     }
 }

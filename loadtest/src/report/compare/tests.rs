@@ -186,7 +186,7 @@ fn reads_the_proxys_own_sink_records() {
         None,
         0,
         tokio::time::Instant::now(),
-        &m,
+        m,
         v,
     );
     let line = serde_json::to_string(&rec).unwrap();
@@ -226,7 +226,7 @@ fn proxy_line(
         None,
         0,
         tokio::time::Instant::now(),
-        &m,
+        m,
         v,
     );
     serde_json::to_string(&rec).unwrap()

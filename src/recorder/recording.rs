@@ -1,0 +1,257 @@
+//! One request on its way to its record (see the module docs of `recorder`).
+
+use std::sync::Arc;
+
+use http::Response;
+use http_body_util::BodyExt;
+use tokio::time::Instant;
+
+use super::body::MeteredBody;
+use super::{unix_ms_at, Recorder, GAPS_KEPT_PER_REQUEST};
+use crate::auth::{Tenant, NO_TENANT};
+use crate::body::StripFacts;
+use crate::body::{BoxError, ProxyBody};
+use crate::context::RequestContext;
+use crate::error::ProxyError;
+use crate::metrics::RequestMetrics;
+use crate::upstream::deadline::DeadlineError;
+use crate::upstream::forward::ServedBy;
+use goodput_measure::meter::{Measurement, StreamMeter};
+use goodput_measure::outcome::{Ending, Outcome};
+use goodput_measure::record::RequestRecord;
+use goodput_measure::slo::{judge, Slo};
+
+/// A request's record until the response head or an error arrives. Dropped unfinished: the
+/// client went away before the head.
+pub struct Recording {
+    open: Option<Open>,
+}
+
+struct Open {
+    recorder: Arc<Recorder>,
+    ctx: Arc<RequestContext>,
+    /// Generation requests are timed from their body; other paths are recorded only when the
+    /// proxy answered them itself (404, 413, 503: they never reached an engine).
+    generation: bool,
+    /// The client sent `x-goodput-trace: 1`.
+    trace_asked: bool,
+    /// Counted in flight, under its model's label, from the hand-over to forwarding.
+    started: Option<Started>,
+}
+
+/// A request counted in flight: its metric handles and what its record is judged by.
+struct Started {
+    rm: RequestMetrics,
+    slo: Slo,
+    tenant: Option<Arc<Tenant>>,
+    start_unix_ms: u64,
+}
+
+/// What finishes a generation request's record once its response body is done: the
+/// [`MeteredBody`] holds it and calls [`Finish::record`] exactly once.
+pub struct Finish {
+    recorder: Arc<Recorder>,
+    id: Arc<str>,
+    started: Started,
+    upstream: Option<Arc<str>>,
+}
+
+impl Recording {
+    pub(super) fn new(
+        recorder: Arc<Recorder>,
+        ctx: Arc<RequestContext>,
+        generation: bool,
+        trace_asked: bool,
+    ) -> Self {
+        Self {
+            open: Some(Open {
+                recorder,
+                ctx,
+                generation,
+                trace_asked,
+                started: None,
+            }),
+        }
+    }
+
+    /// The inner service is still working: once a generation request has been handed to
+    /// forwarding (collect has written its model into the context, in the same poll), it is
+    /// counted in flight under its model's label.
+    pub fn poll_pending(&mut self) {
+        if let Some(open) = self.open.as_mut() {
+            if open.generation && open.started.is_none() && open.ctx.forwarded_at().is_some() {
+                open.started = Some(open.start());
+            }
+        }
+    }
+
+    /// A typed error from a layer inside the measure layer, or from forwarding.
+    pub fn failed(mut self, e: &ProxyError) {
+        if let Some(open) = self.open.take() {
+            if open.generation || e.answered_by_proxy() {
+                open.without_body(e.outcome(), Some(e.status().as_u16()));
+            }
+        }
+    }
+
+    /// The response head: a generation request's record is finished by its body from here.
+    /// When the response carries [`UsageInjected`], the body strips the injected usage chunk
+    /// on its way to the client.
+    pub fn respond(mut self, resp: Response<ProxyBody>) -> Response<ProxyBody> {
+        match self.open.take() {
+            Some(open) if open.generation => open.respond(resp),
+            _ => resp,
+        }
+    }
+}
+
+impl Drop for Recording {
+    fn drop(&mut self) {
+        if let Some(open) = self.open.take() {
+            if open.generation {
+                open.without_body(Outcome::ClientAbort, None);
+            }
+        }
+    }
+}
+
+impl Open {
+    fn start(&self) -> Started {
+        let recorder = &self.recorder;
+        let ctx = &self.ctx;
+        let model = ctx.facts().and_then(|f| f.model.as_deref());
+        if let Some(at) = ctx.forwarded_at() {
+            recorder
+                .metrics
+                .observe_overhead(at.saturating_duration_since(ctx.t0));
+        }
+        let rm = recorder.metrics.for_request(model.unwrap_or(""));
+        recorder.saw_model(model, rm.model());
+        Started {
+            slo: *recorder.slo.for_model(rm.model()),
+            rm,
+            tenant: ctx.tenant().cloned(),
+            start_unix_ms: unix_ms_at(ctx.t0),
+        }
+    }
+
+    fn finish(self) -> Finish {
+        let started = match self.started {
+            Some(s) => s,
+            None => self.start(),
+        };
+        Finish {
+            recorder: self.recorder,
+            id: self.ctx.id.clone(),
+            started,
+            upstream: None,
+        }
+    }
+
+    fn without_body(self, outcome: Outcome, status: Option<u16>) {
+        let m = Measurement::without_body(outcome, status, self.ctx.t0.elapsed());
+        self.finish().record(m, None);
+    }
+
+    fn respond(self, resp: Response<ProxyBody>) -> Response<ProxyBody> {
+        let ctx = self.ctx.clone();
+        let (recorder, trace_asked) = (self.recorder.clone(), self.trace_asked);
+        let mut finish = self.finish();
+        let facts = ctx.facts();
+        let stream = facts.is_some_and(|f| f.stream);
+        let (parts, body) = resp.into_parts();
+        let tools = facts.and_then(|f| f.tools.clone());
+        let mut sm = StreamMeter::new(ctx.t0, stream)
+            .keep_gaps(GAPS_KEPT_PER_REQUEST)
+            .with_tools(tools);
+        // Only streams have events to trace (a JSON body is one moment).
+        if stream && recorder.traced(trace_asked) {
+            sm = sm.trace(recorder.trace_bounds);
+        }
+        sm.on_head(Instant::now(), parts.status.as_u16());
+        finish.upstream = parts.extensions.get::<ServedBy>().map(|s| s.0.clone());
+        if let Some(u) = &finish.upstream {
+            finish.started.rm.set_upstream(u);
+        }
+        let itl = finish.started.rm.itl_buffer();
+        let body = match parts.extensions.get::<UsageInjected>() {
+            Some(_) => MeteredBody::stripped(body, sm, finish, itl).boxed_unsync(),
+            None => MeteredBody::new(body, sm, finish, itl).boxed_unsync(),
+        };
+        Response::from_parts(parts, body)
+    }
+}
+
+/// A response extension: usage injection added `stream_options.include_usage` to the request,
+/// so the body carries a usage chunk the client did not ask for (the recorder's body strips it).
+#[derive(Debug, Clone, Copy)]
+pub struct UsageInjected;
+
+impl Finish {
+    /// The request's record: metrics, the tenant's token budget, sinks and the ring. `strip`:
+    /// what the usage strip did, when usage was injected.
+    pub fn record(self, mut m: Measurement, strip: Option<StripFacts>) {
+        if let Some(s) = strip {
+            m.usage_injected = true;
+            m.usage_stripped = !s.gave_up;
+        }
+        let Started {
+            rm,
+            slo,
+            tenant,
+            start_unix_ms,
+        } = self.started;
+        let v = judge(&m, &slo);
+        let tenant_name = tenant.as_ref().map(|t| t.name.clone());
+        let tokens = m.prompt_tokens.unwrap_or(0) + m.completion_tokens.unwrap_or(0);
+        if let Some(t) = &tenant {
+            // The token budget is charged with what the request used (see auth::tenant).
+            t.charge(tokens, Instant::now());
+        }
+        let recorder = self.recorder;
+        recorder.metrics.tenant_finished(
+            tenant_name.as_deref().unwrap_or(NO_TENANT),
+            m.outcome,
+            tokens,
+        );
+        let model = rm.model().clone();
+        rm.finish(&m, &v);
+        let rec = RequestRecord::new(
+            self.id,
+            model,
+            self.upstream,
+            start_unix_ms,
+            Instant::now(),
+            m,
+            v,
+        )
+        .with_instance(recorder.instance.clone())
+        .with_tenant(tenant_name);
+        recorder.store(rec);
+    }
+}
+
+/// A body error from the proxy's own stream deadlines is a timeout; any other is a break.
+pub(super) fn body_error_ending(e: &BoxError) -> Ending {
+    if e.downcast_ref::<DeadlineError>().is_some() {
+        Ending::Timeout
+    } else {
+        Ending::BodyError
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn deadline_errors_are_timeouts() {
+        let e: BoxError = DeadlineError::Idle(Duration::from_secs(1)).into();
+        assert_eq!(body_error_ending(&e), Ending::Timeout);
+        let e: BoxError = DeadlineError::FirstByte.into();
+        assert_eq!(body_error_ending(&e), Ending::Timeout);
+        let e: BoxError = "connection reset".into();
+        assert_eq!(body_error_ending(&e), Ending::BodyError);
+    }
+}
