@@ -1,13 +1,9 @@
-//! Response bodies shared by the layers: the boxed body every response is, and the usage
-//! strip body (changes the bytes). The metered body that wraps it is the recorder's
-//! (`recorder::body`); the SSE parser the meter feeds is `goodput_measure::sse`.
+//! The response body type every layer returns (boxed, so the recorder's metered body can be
+//! slotted in) and its error. The metered body is the recorder's (`recorder::body`); the SSE
+//! parser and the usage strip it drives are `goodput_measure`'s (`sse`, `meter::strip`).
 
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
-
-pub mod strip;
-
-pub use strip::{StripBody, StripFacts};
 
 /// The error of a boxed body or service: any error, sendable.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -1,47 +1,29 @@
-//! `MeteredBody`: the response body the client polls, wrapped so that every data frame is
-//! timestamped (`Instant::now()` inside `poll_frame`, i.e. when the client is served) and fed
-//! to the request's [`StreamMeter`]. It only watches: the frame it returns is the frame it
-//! got, and `is_end_stream` / `size_hint` are the inner body's. It finishes the request's
-//! record exactly once, on the end of the stream, on an error, or on drop (the client went
-//! away). When usage was injected, the inner body is a [`StripBody`] that removed the usage
-//! chunk before this body saw the stream; its [`StripFacts`] are read off it at the end.
+//! `MeteredBody`: the response body the client polls. Every data frame is timestamped
+//! (`Instant::now()` inside `poll_frame`, i.e. when the client is served) and fed to the
+//! request's [`StreamMeter`]; it finishes the request's record exactly once, on the end of the
+//! stream, on an error, or on drop (the client went away).
+//!
+//! Two configurations, chosen when the response head arrives:
+//! - watching (usage not injected): the frame it returns is the frame it got, and
+//!   `is_end_stream` / `size_hint` are the inner body's;
+//! - stripping (usage injected, [`StreamMeter::strip_usage`]): the meter's one pass over each
+//!   upstream frame decides what the client gets (the injected usage chunk removed) and
+//!   meters exactly that; the pieces go out one frame each, as the client polls.
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
+use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::Instant;
 
 use super::recording::{body_error_ending, Finish};
-use crate::body::strip::{StripBody, StripFacts};
 use crate::body::{BoxError, ProxyBody};
 use crate::metrics::ItlBuffer;
 use goodput_measure::meter::StreamMeter;
 use goodput_measure::outcome::Ending;
-
-/// The upstream body as the client gets it: as it came, or with the injected usage stripped
-/// (boxed: the stripper's state is large, and most bodies are plain).
-enum Upstream {
-    Plain(ProxyBody),
-    Stripped(Box<StripBody<ProxyBody>>),
-}
-
-impl Upstream {
-    fn strip_facts(&self) -> Option<StripFacts> {
-        match self {
-            Upstream::Plain(_) => None,
-            Upstream::Stripped(s) => Some(s.facts()),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            Upstream::Plain(b) => b.is_end_stream(),
-            Upstream::Stripped(b) => b.is_end_stream(),
-        }
-    }
-}
 
 /// The request's meter, its ITL histogram buffer and what finishes its record.
 struct Active {
@@ -50,42 +32,42 @@ struct Active {
     finish: Finish,
 }
 
+/// What a stripping body still has to hand the client after the upstream body's end.
+#[derive(Default)]
+struct Stripping {
+    /// What the meter let out and the client has not polled yet, one frame each (slices of
+    /// the upstream frames: bytes that pass unchanged are never copied).
+    out: VecDeque<Bytes>,
+    /// An upstream error waiting behind the bytes released at the error.
+    error: Option<BoxError>,
+    /// Trailers waiting behind the bytes released when they came.
+    trailers: Option<HeaderMap>,
+    /// The upstream body said its last.
+    done: bool,
+}
+
 /// See the module docs.
 pub struct MeteredBody {
-    inner: Upstream,
+    inner: ProxyBody,
     active: Option<Active>,
+    /// `Some` in the stripping configuration.
+    stripping: Option<Box<Stripping>>,
 }
 
 impl MeteredBody {
-    /// Wrap `inner`. `meter` already carries `t0` and the response head (`on_head`).
+    /// Wrap `inner`. `meter` already carries `t0` and the response head (`on_head`); when it
+    /// strips usage ([`StreamMeter::strips`]) the body is the stripping configuration.
     pub(super) fn new(
         inner: ProxyBody,
         meter: StreamMeter,
         finish: Finish,
         itl: ItlBuffer,
     ) -> Self {
-        Self::with(Upstream::Plain(inner), meter, finish, itl)
-    }
-
-    /// Wrap `inner` with its injected usage chunk stripped.
-    pub(super) fn stripped(
-        inner: ProxyBody,
-        meter: StreamMeter,
-        finish: Finish,
-        itl: ItlBuffer,
-    ) -> Self {
-        Self::with(
-            Upstream::Stripped(Box::new(StripBody::new(inner))),
-            meter,
-            finish,
-            itl,
-        )
-    }
-
-    fn with(inner: Upstream, meter: StreamMeter, finish: Finish, itl: ItlBuffer) -> Self {
+        let stripping = meter.strips().then(Box::default);
         Self {
             inner,
             active: Some(Active { meter, itl, finish }),
+            stripping,
         }
     }
 
@@ -93,14 +75,57 @@ impl MeteredBody {
         let Some(mut a) = self.active.take() else {
             return;
         };
-        let t_end = Instant::now();
-        let strip = self.inner.strip_facts();
-        if let Some(u) = strip.and_then(|s| s.usage) {
-            a.meter.on_usage(u);
-        }
-        let m = a.meter.finish(t_end, ending);
+        let m = a.meter.finish(Instant::now(), ending);
         drop(a.itl); // its buffered gaps reach the histogram before the record
-        a.finish.record(m, strip);
+        a.finish.record(m);
+    }
+
+    /// The stripping configuration's poll: pieces the meter let out first, then what waits
+    /// behind them, then the next upstream frame.
+    fn poll_stripped(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        loop {
+            let Some(s) = self.stripping.as_deref_mut() else {
+                return Poll::Ready(None);
+            };
+            if let Some(piece) = s.out.pop_front() {
+                return Poll::Ready(Some(Ok(Frame::data(piece))));
+            }
+            if let Some(e) = s.error.take() {
+                self.finish(body_error_ending(&e));
+                return Poll::Ready(Some(Err(e)));
+            }
+            if let Some(t) = s.trailers.take() {
+                return Poll::Ready(Some(Ok(Frame::trailers(t))));
+            }
+            if s.done {
+                self.finish(Ending::Complete);
+                return Poll::Ready(None);
+            }
+            let polled = ready!(Pin::new(&mut self.inner).poll_frame(cx));
+            let t = Instant::now();
+            let Some(a) = self.active.as_mut() else {
+                // Finished already (cannot happen before `done`): pass the rest through.
+                return Poll::Ready(polled);
+            };
+            let Active { meter, itl, .. } = a;
+            match polled {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => {
+                        meter.on_upstream_frame(t, data, &mut s.out, |g| itl.observe(g));
+                        continue;
+                    }
+                    // Trailers end the body: what the meter holds goes out first.
+                    Err(frame) => s.trailers = frame.into_trailers().ok(),
+                },
+                Some(Err(e)) => s.error = Some(e),
+                None => {}
+            }
+            meter.end_of_upstream(t, &mut s.out);
+            s.done = true;
+        }
     }
 }
 
@@ -108,7 +133,7 @@ impl Drop for MeteredBody {
     fn drop(&mut self) {
         // A body that was already at its end and is dropped unpolled (hyper does that for
         // empty bodies) completed; anything else means the client went away.
-        let ending = if self.inner.is_end_stream() {
+        let ending = if self.is_end_stream() {
             Ending::Complete
         } else {
             Ending::ClientGone
@@ -126,10 +151,10 @@ impl Body for MeteredBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
-        let polled = ready!(match &mut this.inner {
-            Upstream::Plain(b) => Pin::new(b).poll_frame(cx),
-            Upstream::Stripped(b) => Pin::new(&mut **b).poll_frame(cx),
-        });
+        if this.stripping.is_some() {
+            return this.poll_stripped(cx);
+        }
+        let polled = ready!(Pin::new(&mut this.inner).poll_frame(cx));
         let Some(a) = this.active.as_mut() else {
             return Poll::Ready(polled); // finished already: pass the rest through
         };
@@ -147,13 +172,17 @@ impl Body for MeteredBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        match self.stripping.as_deref() {
+            // Held bytes are only known to be none once the upstream body has said its last.
+            Some(s) => s.done && s.out.is_empty() && s.error.is_none() && s.trailers.is_none(),
+            None => self.inner.is_end_stream(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        match &self.inner {
-            Upstream::Plain(b) => b.size_hint(),
-            Upstream::Stripped(b) => b.size_hint(),
+        match self.stripping {
+            Some(_) => SizeHint::default(), // stripping changes the length
+            None => self.inner.size_hint(),
         }
     }
 }

@@ -9,7 +9,6 @@ use tokio::time::Instant;
 use super::body::MeteredBody;
 use super::{unix_ms_at, Recorder, GAPS_KEPT_PER_REQUEST};
 use crate::auth::{Tenant, NO_TENANT};
-use crate::body::StripFacts;
 use crate::body::{BoxError, ProxyBody};
 use crate::context::RequestContext;
 use crate::error::ProxyError;
@@ -150,7 +149,7 @@ impl Open {
 
     fn without_body(self, outcome: Outcome, status: Option<u16>) {
         let m = Measurement::without_body(outcome, status, self.ctx.t0.elapsed());
-        self.finish().record(m, None);
+        self.finish().record(m);
     }
 
     fn respond(self, resp: Response<ProxyBody>) -> Response<ProxyBody> {
@@ -173,11 +172,11 @@ impl Open {
         if let Some(u) = &finish.upstream {
             finish.started.rm.set_upstream(u);
         }
+        if parts.extensions.get::<UsageInjected>().is_some() {
+            sm = sm.strip_usage();
+        }
         let itl = finish.started.rm.itl_buffer();
-        let body = match parts.extensions.get::<UsageInjected>() {
-            Some(_) => MeteredBody::stripped(body, sm, finish, itl).boxed_unsync(),
-            None => MeteredBody::new(body, sm, finish, itl).boxed_unsync(),
-        };
+        let body = MeteredBody::new(body, sm, finish, itl).boxed_unsync();
         Response::from_parts(parts, body)
     }
 }
@@ -188,13 +187,8 @@ impl Open {
 pub struct UsageInjected;
 
 impl Finish {
-    /// The request's record: metrics, the tenant's token budget, sinks and the ring. `strip`:
-    /// what the usage strip did, when usage was injected.
-    pub fn record(self, mut m: Measurement, strip: Option<StripFacts>) {
-        if let Some(s) = strip {
-            m.usage_injected = true;
-            m.usage_stripped = !s.gave_up;
-        }
+    /// The request's record: metrics, the tenant's token budget, sinks and the ring.
+    pub fn record(self, m: Measurement) {
         let Started {
             rm,
             slo,

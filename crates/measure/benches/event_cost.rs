@@ -5,7 +5,8 @@
 //! - `inspect`: the SSE parser and `inspect_chunk` per event;
 //! - `repeat`: the SSE parser and `RepeatCache::inspect` (what the meter calls) per event;
 //! - `meter`: `StreamMeter::on_frame` (parser, inspection, timeline);
-//! - `strip`: `UsageStripper::push` (what runs when the proxy injected usage).
+//! - `strip`: `StreamMeter::on_upstream_frame` with the usage strip (what runs when the proxy
+//!   injected usage: one pass frames, strips and meters).
 //!
 //! ```text
 //! cargo bench -p goodput-measure --bench event_cost --no-run
@@ -21,7 +22,6 @@ use std::time::Instant as WallClock;
 use bytes::Bytes;
 use goodput_measure::inspect::RepeatCache;
 use goodput_measure::sse::SseParser;
-use goodput_measure::usage::UsageStripper;
 use goodput_measure::{inspect_chunk, Ending, StreamMeter};
 use tokio::time::Instant;
 
@@ -89,12 +89,20 @@ fn run(mode: &str, frames: &[Bytes]) -> u64 {
             0
         }
         "strip" => {
-            let mut s = UsageStripper::new();
+            let t0 = Instant::now();
+            let mut m = StreamMeter::new(t0, true).strip_usage();
+            m.on_head(t0, 200);
+            let mut out = std::collections::VecDeque::new();
             let mut bytes = 0u64;
             for f in frames {
-                bytes += s.push(f.clone()).len() as u64;
+                m.on_upstream_frame(t0, f.clone(), &mut out, |g| {
+                    black_box(g);
+                });
+                bytes += out.drain(..).map(|b| b.len() as u64).sum::<u64>();
             }
-            bytes + s.finish().len() as u64
+            m.end_of_upstream(t0, &mut out);
+            black_box(m.finish(t0, Ending::Complete));
+            bytes + out.drain(..).map(|b| b.len() as u64).sum::<u64>()
         }
         other => {
             eprintln!("unknown mode {other}: inspect, repeat, meter or strip");

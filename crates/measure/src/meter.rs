@@ -204,13 +204,11 @@ struct Timeline {
     /// Events that repeat the last scanned one but for their text are not scanned again
     /// (untraced requests: a trace notes each event's text).
     repeat: RepeatCache,
-    /// Tests: every event scanned and shown to the agent meter (the reference the cached
-    /// path is held against, `meter/repeat_differential.rs`).
-    #[cfg(test)]
-    repeat_off: bool,
-    /// Tests: events framed by the template (`Timeline::on_repeat_at`).
-    #[cfg(test)]
-    one_look: usize,
+    /// The repeat cache is used (the fast path; off, every event is framed by the parser and
+    /// scanned: the reference the differential tests hold the fast path to).
+    repeat_on: bool,
+    /// Events framed and judged by the template in one look (`Timeline::on_repeat_at`).
+    one_look: u64,
 }
 
 impl Timeline {
@@ -239,9 +237,7 @@ impl Timeline {
             logprobs: LogprobAcc::default(),
             trace: None,
             repeat: RepeatCache::new(),
-            #[cfg(test)]
-            repeat_off: false,
-            #[cfg(test)]
+            repeat_on: true,
             one_look: 0,
         }
     }
@@ -268,19 +264,25 @@ impl Timeline {
             self.inband_error = true;
             return;
         }
-        let info = match self.repeated(ev.data) {
-            Some((info, _)) => info,
-            None => {
-                let info = scan_event_logged(ev.data, &mut self.log).info;
-                // A template must log nothing (no logprobs, no tool calls): its repeats skip
-                // the log, so they must have nothing to log.
-                if self.log.is_empty() && self.cacheable() {
-                    self.repeat.learn(ev.data, &info);
-                }
-                info
-            }
-        };
+        let (info, _) = self.look(ev.data);
         self.on_info(t, &info, ev.data, on_gap);
+    }
+
+    /// What an event's payload says: the template's answer when it repeats it, else a scan's
+    /// (which notes the event's tokens in `self.log` and may become the template), with the
+    /// range of its `system_fingerprint` value (scans only; a repeat finishes nothing, so
+    /// the usage strip never needs it).
+    fn look(&mut self, data: &[u8]) -> (ChunkInfo, Option<std::ops::Range<usize>>) {
+        if let Some((info, _)) = self.repeated(data) {
+            return (info, None);
+        }
+        let scan = scan_event_logged(data, &mut self.log);
+        // A template must log nothing (no logprobs, no tool calls): its repeats skip the
+        // log, so they must have nothing to log.
+        if self.log.is_empty() && self.cacheable() {
+            self.repeat.learn(data, &scan.info);
+        }
+        (scan.info, scan.fingerprint)
     }
 
     /// An event at `buf`'s start that repeats the template, framed and checked in one look
@@ -294,10 +296,7 @@ impl Timeline {
     ) -> Option<usize> {
         let (len, data) = self.repeat.repeats_event(buf)?;
         let info = *self.repeat.info(); // one copy: `on_info` borrows the timeline whole
-        #[cfg(test)]
-        {
-            self.one_look += 1;
-        }
+        self.one_look += 1;
         self.on_info(t, &info, &buf[data], on_gap);
         Some(len)
     }
@@ -346,11 +345,7 @@ impl Timeline {
     }
 
     fn cacheable(&self) -> bool {
-        #[cfg(test)]
-        if self.repeat_off {
-            return false;
-        }
-        !self.log.detail
+        self.repeat_on && !self.log.detail
     }
 
     fn on_chunk(&mut self, t: Instant, info: &ChunkInfo, on_gap: &mut impl FnMut(Duration)) {
@@ -460,6 +455,8 @@ pub struct StreamMeter {
     last_frame: Option<Instant>,
     /// The request's `tools`, to judge tool calls by.
     tools: Option<Arc<ToolSet>>,
+    /// The usage strip, when the proxy injected usage ([`StreamMeter::strip_usage`]).
+    strip: Option<Box<strip::Strip>>,
 }
 
 impl StreamMeter {
@@ -478,7 +475,15 @@ impl StreamMeter {
             body_overflow: false,
             last_frame: None,
             tools: None,
+            strip: None,
         }
+    }
+
+    /// Every event framed by the SSE parser and scanned: no repeat cache (the reference the
+    /// differential tests hold the fast path to).
+    pub fn without_repeat_cache(mut self) -> Self {
+        self.tl.repeat_on = false;
+        self
     }
 
     /// Judge tool calls against the request's `tools` (their JSON Schemas).
@@ -602,6 +607,10 @@ impl StreamMeter {
             m.sse_discarded = self.parser.discarded();
             (m.tpot, m.choice_tpots) = tl.tpots(m.completion_tokens);
         }
+        if let Some(strip) = &self.strip {
+            m.usage_injected = true;
+            m.usage_stripped = !strip.gave_up;
+        }
         m
     }
 
@@ -663,8 +672,12 @@ fn div_duration(d: Duration, n: u64) -> Duration {
     Duration::from_nanos((d.as_nanos() / u128::from(n.max(1))).min(u128::from(u64::MAX)) as u64)
 }
 
+mod strip;
+
 #[cfg(test)]
 mod repeat_differential;
+#[cfg(test)]
+mod strip_tests;
 #[cfg(test)]
 mod trace_tests;
 

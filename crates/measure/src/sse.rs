@@ -50,8 +50,9 @@ pub struct SseParser {
     /// The current event's data went over the cap: drop it at dispatch.
     event_oversized: bool,
     discarded: u64,
-    /// Events dispatched so far (how [`SseParser::feed_one`] knows when to stop).
-    events: u64,
+    /// Blank lines seen so far, each the end of a block (an event, or comments and fields
+    /// that dispatch nothing): how [`SseParser::feed_one`] knows when to stop.
+    blocks: u64,
     /// Bytes of a leading UTF-8 BOM matched so far; `None` once past the stream's start.
     bom: Option<usize>,
 }
@@ -77,7 +78,7 @@ impl SseParser {
             skipping_line: false,
             event_oversized: false,
             discarded: 0,
-            events: 0,
+            blocks: 0,
             bom: Some(0),
         }
     }
@@ -92,13 +93,27 @@ impl SseParser {
         self.feed_until(bytes, false, &mut on_event);
     }
 
-    /// [`SseParser::feed`] up to the end of the line that completes the first event (its
-    /// line end included): returns how many bytes of `bytes` it took (all of them when no
-    /// event completes). Feeding the rest afterwards is feeding `bytes` whole; in between, the
-    /// caller may look at the rest itself when [`SseParser::at_event_start`] (the meter frames
-    /// an event that repeats its template without the parser).
+    /// [`SseParser::feed`] up to the end of the blank line that completes the first block
+    /// (an event, or a block that dispatches nothing: comments, `id:`), its line end included:
+    /// returns how many bytes of `bytes` it took (all of them when no block completes; see
+    /// [`SseParser::blocks`]). The bytes taken are the block's own (from where the previous
+    /// one ended), so a caller can pass, hold or drop each event's bytes as they came. Feeding
+    /// the rest afterwards is feeding `bytes` whole; in between, the caller may look at the
+    /// rest itself when [`SseParser::at_event_start`] (the meter frames an event that repeats
+    /// its template without the parser).
     pub fn feed_one(&mut self, bytes: &[u8], mut on_event: impl FnMut(SseEvent<'_>)) -> usize {
         self.feed_until(bytes, true, &mut on_event)
+    }
+
+    /// Blocks completed so far (blank lines seen).
+    pub fn blocks(&self) -> u64 {
+        self.blocks
+    }
+
+    /// The last byte fed was the `\r` of a line end: a `\n` that opens the next chunk belongs
+    /// to that line end (and so to the block it ended).
+    pub fn pending_cr(&self) -> bool {
+        self.after_cr
     }
 
     /// Nothing of an event, line or line end is pending, and the stream's start (a BOM) is
@@ -149,7 +164,7 @@ impl SseParser {
         if bytes.is_empty() {
             return 0; // keeps `after_cr`: the `\n` of a CRLF may come in the next chunk
         }
-        let events = self.events;
+        let blocks = self.blocks;
         let mut pos = 0;
         if self.after_cr {
             self.after_cr = false;
@@ -186,7 +201,7 @@ impl SseParser {
                             None => self.after_cr = true,
                         }
                     }
-                    if one && self.events != events {
+                    if one && self.blocks != blocks {
                         break;
                     }
                 }
@@ -316,6 +331,7 @@ impl SseParser {
     }
 
     fn dispatch(&mut self, input: &[u8], on_event: &mut impl FnMut(SseEvent<'_>)) {
+        self.blocks += 1;
         let event = if self.has_event {
             Some(self.event.as_slice())
         } else {
@@ -324,20 +340,14 @@ impl SseParser {
         match self.state {
             Data::None => {}
             _ if self.event_oversized => {}
-            Data::Borrowed(s, e) => {
-                self.events += 1;
-                on_event(SseEvent {
-                    data: &input[s..e],
-                    event,
-                })
-            }
-            Data::Buffered => {
-                self.events += 1;
-                on_event(SseEvent {
-                    data: &self.data,
-                    event,
-                })
-            }
+            Data::Borrowed(s, e) => on_event(SseEvent {
+                data: &input[s..e],
+                event,
+            }),
+            Data::Buffered => on_event(SseEvent {
+                data: &self.data,
+                event,
+            }),
         }
         self.state = Data::None;
         self.has_event = false;

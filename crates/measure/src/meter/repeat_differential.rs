@@ -19,7 +19,9 @@ use crate::outcome::Ending;
 fn measure(frames: &[&[u8]], cached: bool) -> Measurement {
     let t0 = Instant::now();
     let mut m = StreamMeter::new(t0, true).keep_gaps(1 << 14);
-    m.tl.repeat_off = !cached;
+    if !cached {
+        m = m.without_repeat_cache();
+    }
     m.on_head(t0, 200);
     let mut t = t0;
     for f in frames {
@@ -48,7 +50,7 @@ fn framed_by_template(body: &[u8]) -> usize {
     let mut m = StreamMeter::new(t0, true);
     m.on_head(t0, 200);
     m.on_frame(t0, body, |_| {});
-    m.tl.one_look
+    m.tl.one_look as usize
 }
 
 #[test]

@@ -1,0 +1,404 @@
+//! The usage strip, in the meter's own pass over a stream whose usage the proxy injected
+//! (`usage::inject_include_usage`): the client gets byte for byte the stream it would have got
+//! without injection, and the meter watches exactly those bytes.
+//!
+//! What injection changes in a vLLM 0.32 stream (fixtures `stream-chat.txt` vs
+//! `stream-chat-usage.txt`): one extra `"choices":[]` usage chunk before `[DONE]`, and
+//! `"system_fingerprint"` moves from the finish chunk to that usage chunk. So each finish chunk
+//! is held back until the next event: when that is the usage chunk, `,"system_fingerprint":<v>`
+//! is put back before the finish chunk's closing `}` and the usage chunk is dropped (its usage
+//! goes to the timeline: exact token counts); anything else releases the held chunk unchanged.
+//!
+//! One framing pass per event: where an event starts, one that repeats the meter's template
+//! is framed, judged (an ordinary output event: it passes) and metered in one look; any other
+//! event is framed by the meter's SSE parser, which hands over the event's own bytes, scanned
+//! once for both the meter and the strip's decision. Only a held finish chunk is looked at a
+//! second time, when it is released (metered then, as the client gets it then).
+//!
+//! What the engine sends of its own accord is never removed: an engine that puts `usage` on
+//! chunks with choices (vLLM's `--enable-force-include-usage`, which forces continuous usage;
+//! the proxy never injects continuous usage) sends the final usage chunk whatever the request
+//! says, so once such a chunk passed, the usage chunk passes too. Comment blocks
+//! (`: keep-alive`) that arrive while a finish chunk is held stay behind it, in order: the
+//! engine asked directly would have sent the finish chunk (with its fingerprint) before them.
+//!
+//! Bytes that pass unchanged go out as slices of the upstream frame (no copy). Memory is
+//! bounded: when an incomplete event and a held finish chunk together pass
+//! [`MAX_LINE_BYTES`], both are released unchanged and the rest of the stream passes as it
+//! comes (the usage chunk, if any, reaches the client; the record says so).
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::time::Instant;
+
+use super::{StreamMeter, Timeline};
+use crate::inspect::{ChunkKind, TokenLog};
+use crate::sse::{SseParser, MAX_LINE_BYTES};
+
+/// What happened to the last complete event (for a `\n` that arrives in the next frame).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    Passed,
+    Held,
+    Dropped,
+}
+
+/// What one block of the stream (an event, or comments that dispatch nothing) is to the strip.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Class {
+    /// An ordinary event (or a block without data): it passes, releasing a held chunk.
+    Other,
+    /// A chunk where some choice finishes, without usage; whether it has a fingerprint.
+    Finish { has_fingerprint: bool },
+    /// A `choices:[]` chunk with usage: the injected one, with `system_fingerprint`'s raw
+    /// JSON text, if any.
+    Usage(Option<Bytes>),
+}
+
+/// The strip's state (see the module docs); boxed in the meter, which has one only when
+/// usage was injected.
+#[derive(Debug, Default)]
+pub(super) struct Strip {
+    /// The bytes of an event not complete yet.
+    pub(super) partial: BytesMut,
+    /// A finish chunk waiting to see whether the usage chunk follows.
+    held: Option<Bytes>,
+    held_has_fingerprint: bool,
+    /// Comment blocks that came while a finish chunk was held: they go out right after it.
+    held_comments: BytesMut,
+    /// A chunk with choices carried `usage`: the engine reports usage of its own accord, so
+    /// its final usage chunk is the client's too and passes.
+    engine_usage: bool,
+    /// The last event ended on a `\r` at the end of a frame: a leading `\n` shares its fate.
+    trailing_cr: Option<Fate>,
+    /// The held and incomplete bytes passed [`MAX_LINE_BYTES`]: the rest passes unchanged.
+    pub(super) gave_up: bool,
+    /// The scan log of the current event while a released held chunk is metered before it.
+    spare_log: TokenLog,
+}
+
+/// The output of one frame: one slice of the frame when possible, else a list of pieces
+/// (slices of the frame and the few bytes the strip holds or rewrites). Never a copy of the
+/// frame: when the engine packs a whole stream into one frame, the part before a held finish
+/// chunk stays a slice of it.
+enum Out {
+    Empty,
+    Range(usize, usize),
+    Pieces(Vec<Bytes>),
+}
+
+impl Out {
+    #[inline]
+    fn range(&mut self, frame: &Bytes, a: usize, b: usize) {
+        if a == b {
+            return;
+        }
+        match self {
+            Out::Empty => *self = Out::Range(a, b),
+            Out::Range(x, y) if *y == a => *self = Out::Range(*x, b),
+            _ => self.piece(frame, frame.slice(a..b)),
+        }
+    }
+
+    fn piece(&mut self, frame: &Bytes, piece: Bytes) {
+        if piece.is_empty() {
+            return;
+        }
+        match self {
+            Out::Empty => *self = Out::Pieces(vec![piece]),
+            Out::Range(x, y) => *self = Out::Pieces(vec![frame.slice(*x..*y), piece]),
+            Out::Pieces(v) => v.push(piece),
+        }
+    }
+
+    fn into_pieces(self, frame: &Bytes, out: &mut VecDeque<Bytes>) {
+        match self {
+            Out::Empty => {}
+            Out::Range(a, b) => out.push_back(frame.slice(a..b)),
+            Out::Pieces(v) => out.extend(v),
+        }
+    }
+}
+
+impl Strip {
+    fn extend_held(&mut self, bytes: &[u8]) {
+        if !self.held_comments.is_empty() {
+            self.held_comments.extend_from_slice(bytes);
+        } else if let Some(h) = self.held.take() {
+            let mut b = BytesMut::with_capacity(h.len() + bytes.len());
+            b.extend_from_slice(&h);
+            b.extend_from_slice(bytes);
+            self.held = Some(b.freeze());
+        }
+    }
+}
+
+/// The held finish chunk (`held`, possibly rewritten) and the comments held behind it go out.
+fn release(strip: &mut Strip, held: Option<Bytes>, frame: &Bytes, acc: &mut Out) {
+    if let Some(h) = held {
+        acc.piece(frame, h);
+    }
+    if !strip.held_comments.is_empty() {
+        acc.piece(frame, strip.held_comments.split().freeze());
+    }
+}
+
+/// Meters a held finish chunk as the client gets it (at `t`, when it is released). The
+/// current event's scan log, if any, is kept aside meanwhile.
+fn meter_held(tl: &mut Timeline, strip: &mut Strip, t: Instant, on_gap: &mut impl FnMut(Duration)) {
+    let Some(held) = strip.held.as_ref() else {
+        return;
+    };
+    strip.spare_log.detail = tl.log.detail;
+    std::mem::swap(&mut tl.log, &mut strip.spare_log);
+    let mut parser = SseParser::new();
+    parser.feed(held, |ev| tl.on_event(t, ev, on_gap));
+    parser.finish(|ev| tl.on_event(t, ev, on_gap));
+    std::mem::swap(&mut tl.log, &mut strip.spare_log);
+}
+
+/// `,"system_fingerprint":<fp>` before the last `}` of the event (its JSON object's end).
+fn insert_fingerprint(event: &[u8], fp: &[u8]) -> Bytes {
+    match event.iter().rposition(|b| *b == b'}') {
+        Some(at) => {
+            let mut out = BytesMut::with_capacity(event.len() + fp.len() + 22);
+            out.extend_from_slice(&event[..at]);
+            out.extend_from_slice(br#","system_fingerprint":"#);
+            out.extend_from_slice(fp);
+            out.extend_from_slice(&event[at..]);
+            out.freeze()
+        }
+        None => Bytes::copy_from_slice(event),
+    }
+}
+
+impl StreamMeter {
+    /// Strip the usage chunk the proxy injected (see the module docs): frames go through
+    /// [`StreamMeter::on_upstream_frame`], not [`StreamMeter::on_frame`].
+    pub fn strip_usage(mut self) -> Self {
+        if self.streaming {
+            self.strip = Some(Box::default());
+        }
+        self
+    }
+
+    /// The meter strips injected usage (and so changes the bytes the client gets).
+    pub fn strips(&self) -> bool {
+        self.strip.is_some()
+    }
+
+    /// An upstream frame arrived at `t`: the bytes the client gets for it are appended to
+    /// `out` (pieces in order, possibly none), and metered. Without a strip (or for an error
+    /// body), the frame passes whole and is metered as [`StreamMeter::on_frame`] does.
+    pub fn on_upstream_frame(
+        &mut self,
+        t: Instant,
+        frame: Bytes,
+        out: &mut VecDeque<Bytes>,
+        mut on_gap: impl FnMut(Duration),
+    ) {
+        let stripping = self.status_ok() && self.strip.as_ref().is_some_and(|s| !s.gave_up);
+        if !stripping {
+            self.on_frame(t, &frame, on_gap);
+            if !frame.is_empty() {
+                out.push_back(frame);
+            }
+            return;
+        }
+        if frame.is_empty() {
+            return; // keeps a pending `\r`: the `\n` of its line end may open the next frame
+        }
+        self.last_frame = Some(t);
+        let on_gap = &mut on_gap;
+        let mut acc = Out::Empty;
+        let mut start = 0;
+        if let Some(strip) = self.strip.as_deref_mut() {
+            if let Some(fate) = strip.trailing_cr.take() {
+                if frame.first() == Some(&b'\n') {
+                    // The parser takes it as the end of the line it already ended.
+                    self.parser.feed(&frame[..1], |_| {});
+                    start = 1;
+                    match fate {
+                        Fate::Passed => acc.range(&frame, 0, 1),
+                        Fate::Held => strip.extend_held(b"\n"),
+                        Fate::Dropped => {}
+                    }
+                }
+            }
+        }
+        while start < frame.len() {
+            start = self.strip_next(t, &frame, start, &mut acc, on_gap);
+        }
+        let Some(strip) = self.strip.as_deref_mut() else {
+            return;
+        };
+        let held = strip.held.as_ref().map_or(0, Bytes::len) + strip.held_comments.len();
+        if strip.partial.len() + held > MAX_LINE_BYTES {
+            strip.gave_up = true;
+            meter_held(&mut self.tl, strip, t, on_gap);
+            let h = strip.held.take();
+            release(strip, h, &frame, &mut acc);
+            let partial = std::mem::take(&mut strip.partial);
+            acc.piece(&frame, partial.freeze());
+        }
+        acc.into_pieces(&frame, out);
+    }
+
+    /// The next event of `frame` from `start`: framed, metered and judged; returns where the
+    /// rest begins.
+    fn strip_next(
+        &mut self,
+        t: Instant,
+        frame: &Bytes,
+        start: usize,
+        acc: &mut Out,
+        on_gap: &mut impl FnMut(Duration),
+    ) -> usize {
+        let Some(strip) = self.strip.as_deref_mut() else {
+            return frame.len();
+        };
+        let tl = &mut self.tl;
+        let rest = &frame[start..];
+        if strip.partial.is_empty() && tl.cacheable() && self.parser.at_event_start() {
+            if let Some((len, data)) = tl.repeat.repeats_event(rest) {
+                // An ordinary output event: what the template said, and it passes.
+                meter_held(tl, strip, t, on_gap);
+                let h = strip.held.take();
+                release(strip, h, frame, acc);
+                let info = *tl.repeat.info();
+                tl.one_look += 1;
+                tl.on_info(t, &info, &rest[data], on_gap);
+                acc.range(frame, start, start + len);
+                return start + len;
+            }
+        }
+        let blocks = self.parser.blocks();
+        // `None`: the block dispatched no event (comments, fields without data).
+        let mut class = None;
+        let took = self.parser.feed_one(rest, |ev| {
+            class = Some(judge(tl, strip, t, ev, on_gap));
+        });
+        let end = start + took;
+        if self.parser.blocks() == blocks {
+            // No event ends in this frame: its bytes wait for the rest of it.
+            strip.partial.extend_from_slice(&frame[start..end]);
+            return end;
+        }
+        let event = if strip.partial.is_empty() {
+            None
+        } else {
+            strip.partial.extend_from_slice(&frame[start..end]);
+            Some(strip.partial.split().freeze())
+        };
+        let fate = match class {
+            // A block without an event (comments) behind a held finish chunk waits with it.
+            None if strip.held.is_some() => {
+                let bytes = event.unwrap_or_else(|| frame.slice(start..end));
+                strip.held_comments.extend_from_slice(&bytes);
+                Fate::Held
+            }
+            None | Some(Class::Other) => {
+                let h = strip.held.take();
+                release(strip, h, frame, acc);
+                match event {
+                    Some(e) => acc.piece(frame, e),
+                    None => acc.range(frame, start, end),
+                }
+                Fate::Passed
+            }
+            Some(Class::Finish { has_fingerprint }) => {
+                let h = strip.held.take();
+                release(strip, h, frame, acc);
+                strip.held = Some(event.unwrap_or_else(|| frame.slice(start..end)));
+                strip.held_has_fingerprint = has_fingerprint;
+                Fate::Held
+            }
+            Some(Class::Usage(fingerprint)) => {
+                let fp = fingerprint.filter(|_| !strip.held_has_fingerprint);
+                let h = strip.held.take().map(|h| match fp {
+                    Some(fp) => insert_fingerprint(&h, &fp),
+                    None => h,
+                });
+                release(strip, h, frame, acc);
+                Fate::Dropped
+            }
+        };
+        if end == frame.len() && self.parser.pending_cr() {
+            strip.trailing_cr = Some(fate);
+        }
+        end
+    }
+
+    /// The upstream body ended (or broke, or sent trailers) at `t`: what the strip still
+    /// holds goes out unchanged, and a held chunk is metered as the client gets it now.
+    pub fn end_of_upstream(&mut self, t: Instant, out: &mut VecDeque<Bytes>) {
+        let Some(strip) = self.strip.as_deref_mut() else {
+            return;
+        };
+        let mut noop = |_| {};
+        meter_held(&mut self.tl, strip, t, &mut noop);
+        if let Some(h) = strip.held.take() {
+            out.push_back(h);
+        }
+        if !strip.held_comments.is_empty() {
+            out.push_back(strip.held_comments.split().freeze());
+        }
+        if !strip.partial.is_empty() {
+            out.push_back(strip.partial.split().freeze());
+        }
+    }
+}
+
+/// One event the parser completed: its payload scanned once, for the meter and for the
+/// strip's decision. An ordinary event is metered now (after a held chunk it releases); a
+/// finish chunk waits (metered when released); the usage chunk's usage goes to the timeline.
+fn judge(
+    tl: &mut Timeline,
+    strip: &mut Strip,
+    t: Instant,
+    ev: crate::sse::SseEvent<'_>,
+    on_gap: &mut impl FnMut(Duration),
+) -> Class {
+    if ev.event == Some(b"error") {
+        meter_held(tl, strip, t, on_gap);
+        tl.inband_error = true;
+        return Class::Other;
+    }
+    let (info, fingerprint) = tl.look(ev.data);
+    if info.kind == ChunkKind::Chunk && info.choice_count > 0 && info.usage.is_some() {
+        strip.engine_usage = true;
+    }
+    let class = if info.kind != ChunkKind::Chunk {
+        Class::Other
+    } else if info.choice_count == 0 && info.usage.is_some() && !strip.engine_usage {
+        Class::Usage(fingerprint_bytes(ev.data, fingerprint))
+    } else if info.finished_count > 0 && info.usage.is_none() {
+        Class::Finish {
+            has_fingerprint: fingerprint.is_some(),
+        }
+    } else {
+        Class::Other
+    };
+    match class {
+        Class::Other => {
+            meter_held(tl, strip, t, on_gap);
+            tl.on_info(t, &info, ev.data, on_gap);
+        }
+        Class::Finish { .. } | Class::Usage(_) => {
+            // Not metered now: the log is the held chunk's to fill again on release.
+            tl.log.clear();
+            meter_held(tl, strip, t, on_gap);
+            if let (Class::Usage(_), Some(u)) = (&class, info.usage) {
+                tl.on_usage(u);
+            }
+        }
+    }
+    class
+}
+
+fn fingerprint_bytes(data: &[u8], at: Option<Range<usize>>) -> Option<Bytes> {
+    at.and_then(|r| data.get(r)).map(Bytes::copy_from_slice)
+}
