@@ -8,7 +8,7 @@
 FROM rust:1-slim-bookworm AS build
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked -p goodput-proxy --bin goodput-proxy \
+RUN cargo build --release --locked -p goodput-proxy --bin goodput-proxy --features jemalloc \
  && cp target/release/goodput-proxy /goodput-proxy
 
 FROM debian:bookworm-slim

@@ -8,10 +8,12 @@
 //! acknowledgement) and this process's CPU time per record (user + system from
 //! /proc/self/stat, so it includes encoding on the blocking thread, gzip, HTTP and the
 //! runtime). Needs `goodput.records` (scripts/clickhouse.sh start applies schema.sql).
-#![forbid(unsafe_code)]
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tokio::time::Instant;
 
 use goodput_measure::meter::Measurement;
 use goodput_measure::outcome::{FinishReason, Outcome};
@@ -63,31 +65,31 @@ fn record(i: u64) -> Arc<RequestRecord> {
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
+async fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let url = args
         .next()
         .unwrap_or_else(|| "http://127.0.0.1:18123".into());
     let n: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(200_000);
     let records: Vec<_> = (0..n).map(record).collect();
-    let c = |name: &str| IntCounter::new(name, name).unwrap();
+    let c = |name: &str| IntCounter::new(name, name);
     let counters = SinkCounters {
-        dropped: c("dropped"),
-        shipped: c("shipped"),
-        errors: c("errors"),
+        dropped: c("dropped")?,
+        shipped: c("shipped")?,
+        errors: c("errors")?,
     };
     let cfg = ClickHouseConfig {
-        url: goodput_proxy::config::BaseUrl::parse(&url).expect("an http:// URL"),
+        url: goodput_proxy::config::BaseUrl::parse(&url).map_err(anyhow::Error::msg)?,
         queue: n as usize,
         ..ClickHouseConfig::default()
     };
-    let (sink, task) = ClickHouseSink::spawn(&cfg, counters.clone()).expect("sink");
+    let (sink, task) = ClickHouseSink::spawn(&cfg, counters.clone()).map_err(anyhow::Error::msg)?;
     let (cpu0, t0) = (cpu_seconds(), Instant::now());
     for r in &records {
         sink.send(r);
     }
     drop(sink);
-    task.await.expect("shipper");
+    task.await.context("shipper")?;
     let (wall, cpu) = (t0.elapsed().as_secs_f64(), cpu_seconds() - cpu0);
     assert_eq!(
         counters.dropped.get(),
@@ -104,4 +106,5 @@ async fn main() {
         cfg.gzip,
         counters.errors.get()
     );
+    Ok(())
 }

@@ -25,7 +25,7 @@ SECS="${SECS:-8}"
 # Several engineers may run this at once on one machine: OUT and BASE_PORT keep runs apart.
 W="${OUT:-/tmp/goodput-instructions}"; rm -rf "$W"; mkdir -p "$W"
 SIM=${BASE_PORT:-18510}; PORT=$((SIM + 1)); ADMIN=$((SIM + 2))
-bins=("$@"); [[ ${#bins[@]} -gt 0 ]] || { cargo build --profile bench-build -q -p goodput-proxy; bins=(target/bench-build/goodput-proxy); }
+bins=("$@"); [[ ${#bins[@]} -gt 0 ]] || { cargo build --profile bench-build -q -p goodput-proxy --features jemalloc; bins=(target/bench-build/goodput-proxy); }
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
 trap cleanup EXIT INT TERM

@@ -31,7 +31,7 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 
 trap cleanup EXIT INT TERM
 
 log "building release binaries"
-cargo build --release --workspace --quiet
+cargo build --release --workspace --features goodput-proxy/jemalloc --quiet
 BIN=target/release
 rm -rf "$OUT"; mkdir -p "$OUT"
 

@@ -80,7 +80,7 @@ if [[ -z "${PROXY_BIN:-}" ]]; then
     # `--release`'s time (more codegen units, no debug info), so that a clean checkout fits.
     log "cargo build --profile bench-build (goodput-proxy, goodput-loadtest), in the background"
     b0=$(date +%s)
-    cargo build --profile bench-build -q -p goodput-proxy -p goodput-loadtest >"$W/build.log" 2>&1 &
+    cargo build --profile bench-build -q -p goodput-proxy -p goodput-loadtest --features goodput-proxy/jemalloc >"$W/build.log" 2>&1 &
     build_pid=$!; pids+=("$build_pid")
 fi
 litellm_py=""; litellm_note="off (LITELLM=off)"

@@ -98,7 +98,7 @@ if [[ "${E2E_NO_BUILD:-0}" == 1 ]]; then
 else
   step "cargo build --release --workspace"
   T_B=$(date +%s.%N)
-  cargo build --release --workspace --quiet
+  cargo build --release --workspace --features goodput-proxy/jemalloc --quiet
   step "build done in $(elapsed "$T_B") s"
 fi
 PROXY_BIN="$ROOT/target/release/goodput-proxy"

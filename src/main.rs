@@ -1,5 +1,3 @@
-#![forbid(unsafe_code)]
-
 // The allocator of the binary (the library and the tests use whatever their binary has):
 // measured against the system one on RSS per open stream, RSS after the streams end and CPU
 // per request (BENCHMARKS.md, "Allocator").

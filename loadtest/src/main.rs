@@ -1,5 +1,4 @@
 //! goodput-loadtest: phased load with exact client-side percentiles (issue 5).
-#![forbid(unsafe_code)]
 
 use clap::Parser;
 use goodput_loadtest::cli::{Cli, Command};

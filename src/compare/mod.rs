@@ -9,7 +9,6 @@
 //! (e.g. ClickHouse records) can fill the same [`Window`].
 
 pub mod admin;
-pub mod hist;
 pub mod render;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -17,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::Serialize;
 
 use crate::engine::parse::{Family, Sample};
-use hist::Buckets;
+use goodput_measure::prom::hist::{self, Buckets};
 
 /// The quantiles every row shows.
 pub const QUANTILES: [f64; 3] = [0.5, 0.9, 0.99];

@@ -280,7 +280,7 @@ mod tests {
         };
         let c = counters();
         let (sink, task) = ClickHouseSink::spawn(&cfg, c.clone()).unwrap();
-        let t = std::time::Instant::now();
+        let t = tokio::time::Instant::now();
         for i in 0..1000 {
             sink.send(&record(i));
         }

@@ -1,6 +1,10 @@
 //! The root crate's integration tests, in ONE binary (one link instead of one per file).
 //! Add a test file as a module here; shared helpers live in `support/`.
 
+// Test code through and through: its helpers unwrap too (clippy's allow-unwrap-in-tests covers
+// only `#[test]` functions and `#[cfg(test)]` modules).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support;
 
 mod attack;

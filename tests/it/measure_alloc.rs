@@ -1,58 +1,16 @@
 //! The per-event path allocates nothing of its own: SSE parsing, chunk inspection and the
-//! StreamMeter, once warm (serde_json's skip stack aside, see below). Counted with a global allocator wrapper
-//! that counts only on the thread that asked (the other tests of this binary allocate freely
-//! on their own threads meanwhile).
-
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+//! StreamMeter, once warm (serde_json's skip stack aside, see below). Counted per thread by
+//! allocation-counter's global allocator (see [`allocations`]).
 
 use goodput_measure::sse::SseParser;
 use goodput_measure::{inspect_chunk, Ending, Outcome, StreamMeter};
 use tokio::time::Instant;
 
-struct Counting;
-
-thread_local! {
-    // Const-initialised, no destructor: reading it never allocates (nor recurses into `alloc`).
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-    static ALLOCS: Cell<usize> = const { Cell::new(0) };
-}
-
-fn count_one() {
-    // `try_with`: a thread being torn down has no locals left; it is not counting either.
-    if COUNTING.try_with(Cell::get).unwrap_or(false) {
-        let _ = ALLOCS.try_with(|n| n.set(n.get() + 1));
-    }
-}
-
-// SAFETY: delegates every call unchanged to the system allocator; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count_one();
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count_one();
-        // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
-
-/// Allocations made by `f` on this thread (`f` must not hand work to other threads).
-fn allocations(f: impl FnOnce()) -> usize {
-    ALLOCS.with(|n| n.set(0));
-    COUNTING.with(|c| c.set(true));
-    f();
-    COUNTING.with(|c| c.set(false));
-    ALLOCS.with(Cell::get)
+/// Allocations made by `f` on this thread (`f` must not hand work to other threads). Linking
+/// allocation-counter makes its counting allocator this binary's global allocator; it counts
+/// per thread, so the other tests of this binary allocate freely on theirs meanwhile.
+fn allocations(f: impl FnOnce()) -> u64 {
+    allocation_counter::measure(f).count_total
 }
 
 fn frames() -> Vec<Vec<u8>> {
@@ -133,7 +91,7 @@ fn the_per_event_path_does_not_allocate() {
     assert_eq!(a, 0, "inspect_chunk");
     let a = allocations(|| inspect_all(&with_logprobs));
     assert!(
-        a <= with_logprobs.len(),
+        a <= with_logprobs.len() as u64,
         "at most one per logprobs chunk: {a}"
     );
 
@@ -149,7 +107,7 @@ fn the_per_event_path_does_not_allocate() {
         }
     });
     assert!(
-        a <= with_logprobs.len(),
+        a <= with_logprobs.len() as u64,
         "StreamMeter::on_frame: only serde_json's scratch: {a}"
     );
     assert_eq!(gaps, 1000);

@@ -236,12 +236,12 @@ async fn sigterm_drains_streams_refuses_new_connections_and_exits_0() {
         assert!(rest.ends_with(b"data: [DONE]\n\n"));
     }
     // And the process exits 0.
-    let deadline = std::time::Instant::now() + SLOW;
+    let deadline = tokio::time::Instant::now() + SLOW;
     let code = loop {
         if let Some(status) = bin.child.try_wait().unwrap() {
             break status;
         }
-        assert!(std::time::Instant::now() < deadline, "proxy did not exit");
+        assert!(tokio::time::Instant::now() < deadline, "proxy did not exit");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert_eq!(code.code(), Some(0));
@@ -277,9 +277,9 @@ async fn access_lines_are_written_unless_switched_off() {
         );
         // The line is written when the response body is dropped, as the record is: by now
         // it is there, or (switched off) it never comes.
-        let deadline = std::time::Instant::now() + Duration::from_millis(500);
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
         let mut line = None;
-        while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+        while let Some(left) = deadline.checked_duration_since(tokio::time::Instant::now()) {
             match proxy.lines.recv_timeout(left) {
                 Ok(l) if l.contains("goodput_proxy::access") => {
                     line = Some(l);

@@ -17,7 +17,6 @@
 //! the wall time per event (noisy here; callgrind's count is the figure to compare).
 
 use std::hint::black_box;
-use std::time::Instant as WallClock;
 
 use bytes::Bytes;
 use goodput_measure::inspect::RepeatCache;
@@ -119,7 +118,7 @@ fn main() {
     let mode = args.first().map_or("meter", String::as_str);
     let events: usize = args.get(1).and_then(|n| n.parse().ok()).unwrap_or(20_000);
     let frames = chat_stream(events);
-    let start = WallClock::now();
+    let start = Instant::now();
     let out = run(mode, &frames);
     let per_event = start.elapsed().as_nanos() as f64 / frames.len() as f64;
     println!(

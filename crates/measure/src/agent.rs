@@ -13,16 +13,18 @@
 //! opens with `{"id", "type", "index", "function": {"name"}}`, then `function.arguments`
 //! fragments by `index`; reasoning is `delta.reasoning` (older vLLM: `reasoning_content`).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use serde_json::Value;
 use tokio::time::Instant;
 
 use crate::inspect::{ChunkInfo, LoggedCall, Phases, Usage};
+use schema::Schema;
+pub use schema::JUDGES_SCHEMAS;
+
+mod schema;
 
 /// Tool calls assembled per request (further ones are counted, not kept).
 pub const MAX_CALLS: usize = 16;
@@ -65,7 +67,7 @@ impl ToolCallOutcome {
 
 /// The functions a request offered (`tools[].function`): name and `parameters` schema, the
 /// validator found on first use (only requests that got a tool call pay for it; see
-/// [`compiled`]).
+/// `schema.rs`).
 #[derive(Debug, Default)]
 pub struct ToolSet {
     functions: Vec<Function>,
@@ -74,9 +76,9 @@ pub struct ToolSet {
 #[derive(Debug)]
 struct Function {
     name: String,
-    /// The `parameters` schema as the request wrote it (JSON text; `{}` when absent).
-    parameters: Box<RawValue>,
-    validator: OnceLock<Option<Arc<jsonschema::Validator>>>,
+    /// The `parameters` schema as the request wrote it (JSON text); absent: any arguments.
+    parameters: Option<Box<RawValue>>,
+    schema: Schema,
 }
 
 #[derive(Deserialize)]
@@ -105,8 +107,8 @@ impl ToolSet {
             .filter_map(|t| t.function)
             .map(|f| Function {
                 name: f.name,
-                parameters: f.parameters.unwrap_or_else(empty_schema),
-                validator: OnceLock::new(),
+                parameters: f.parameters,
+                schema: Schema::new(),
             })
             .collect();
         (!functions.is_empty()).then(|| Arc::new(ToolSet { functions }))
@@ -133,86 +135,25 @@ impl PartialEq for ToolSet {
                 .functions
                 .iter()
                 .zip(&other.functions)
-                .all(|(a, b)| a.name == b.name && a.parameters.get() == b.parameters.get())
+                .all(|(a, b)| a.name == b.name && schema_text(a) == schema_text(b))
     }
+}
+
+fn schema_text(f: &Function) -> Option<&str> {
+    f.parameters.as_deref().map(RawValue::get)
 }
 
 fn judge_arguments(f: &Function, arguments: &str) -> (ToolCallOutcome, Option<String>) {
     // The grammar first: serde_json refuses a number past f64's range (`6e40223000012`, as
     // the tiny model wrote in a real capture) although it is JSON (Python reads it as inf);
-    // such arguments are JSON that no schema of finite numbers accepts.
+    // such arguments are JSON, judged by the schema.
     if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(arguments) {
         return (ToolCallOutcome::InvalidJson, Some(bounded(e.to_string())));
     }
-    let args: Value = match serde_json::from_str(arguments) {
-        Ok(v) => v,
-        Err(e) => {
-            return (
-                ToolCallOutcome::SchemaViolation,
-                Some(bounded(format!("/: {e}"))),
-            )
-        }
-    };
-    // A schema that does not compile cannot be broken: the call is judged on its JSON.
-    let v = f.validator.get_or_init(|| compiled(&f.parameters));
-    let Some(v) = v else {
-        return (ToolCallOutcome::Valid, None);
-    };
-    let first = v.iter_errors(&args).next().map(|e| {
-        let path = e.instance_path().to_string();
-        let path = if path.is_empty() {
-            "/".to_string()
-        } else {
-            path
-        };
-        bounded(format!("{path}: {e}"))
-    });
-    match first {
+    match f.schema.violation(f.parameters.as_deref(), arguments) {
         None => (ToolCallOutcome::Valid, None),
-        Some(why) => (ToolCallOutcome::SchemaViolation, Some(why)),
+        Some(why) => (ToolCallOutcome::SchemaViolation, Some(bounded(why))),
     }
-}
-
-/// Schemas longer than this (as JSON text) are compiled for their request only.
-const MAX_CACHED_SCHEMA: usize = 16 * 1024;
-/// Compiled schemas kept (full: the cache is emptied and starts again).
-const MAX_CACHED_SCHEMAS: usize = 64;
-
-fn empty_schema() -> Box<RawValue> {
-    RawValue::from_string("{}".to_string()).expect("JSON")
-}
-
-/// The validator of a `parameters` schema (`None`: it is not JSON or does not compile), shared
-/// by the
-/// requests that write the same schema. Every request carries its own `tools`, but agents send
-/// the same few schemas again and again, and compiling one cost about 51,000 instructions
-/// (a two-property object schema, BENCHMARKS.md "Agent traffic cost"), most of what judging a
-/// call costs; a hit costs a hash of the schema's text and a lookup. Bounded by
-/// [`MAX_CACHED_SCHEMAS`] entries of at most [`MAX_CACHED_SCHEMA`] bytes; compiled outside the
-/// lock.
-fn compiled(parameters: &RawValue) -> Option<Arc<jsonschema::Validator>> {
-    type Cache = Mutex<HashMap<String, Option<Arc<jsonschema::Validator>>>>;
-    static CACHE: OnceLock<Cache> = OnceLock::new();
-    let compile = || {
-        let schema: Value = serde_json::from_str(parameters.get()).ok()?;
-        jsonschema::validator_for(&schema).ok().map(Arc::new)
-    };
-    let key = parameters.get();
-    if key.len() > MAX_CACHED_SCHEMA {
-        return compile();
-    }
-    let cache = CACHE.get_or_init(Cache::default);
-    let lock = || cache.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some(v) = lock().get(key) {
-        return v.clone();
-    }
-    let v = compile();
-    let mut c = lock();
-    if c.len() >= MAX_CACHED_SCHEMAS {
-        c.clear();
-    }
-    c.insert(key.to_string(), v.clone());
-    v
 }
 
 fn bounded(mut s: String) -> String {

@@ -2,7 +2,6 @@
 //! that client and proxy measure by one definition (DESIGN.md, "Definitions"): the SSE parser,
 //! chunk inspection, timelines, outcomes, SLOs and goodput, exact statistics, raw records, and
 //! usage-injection support. Bytes and instants in, values out; no sockets.
-#![forbid(unsafe_code)]
 
 pub mod agent;
 pub mod inspect;

@@ -10,6 +10,8 @@
 
 use std::collections::HashMap;
 
+pub mod hist;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     Counter,

@@ -1,7 +1,6 @@
 //! Sockets with explicit settings. `TcpListener::bind` takes the OS default listen backlog
 //! (tokio: 1024); a burst of new connections beyond it is refused or dropped by the kernel
 //! before the proxy sees it, so every listener here sets its backlog explicitly.
-#![forbid(unsafe_code)]
 
 pub mod fetch;
 pub use fetch::{error_chain, fetch, query_value, FetchError, Fetched};

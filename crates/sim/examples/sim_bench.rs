@@ -15,12 +15,16 @@
 //! sim holds them all, and reports the process RSS growth (sim + client sockets: an upper
 //! bound for the sim).
 
+// A benchmark tool: a failure stops it loudly rather than reporting a figure.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use goodput_sim::{SimConfig, SimServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 
 fn request(max_tokens: u32) -> Vec<u8> {
     let body = format!(

@@ -10,7 +10,6 @@
 //! sim.shutdown().await;
 //! # Ok(()) }
 //! ```
-#![forbid(unsafe_code)]
 
 pub mod agent;
 pub mod cli;

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use goodput_measure::agent::ToolCallOutcome;
+use goodput_measure::agent::{ToolCallOutcome, JUDGES_SCHEMAS};
 use serde::{Deserialize, Serialize};
 
 use super::html::esc;
@@ -40,6 +40,11 @@ pub struct ToolCallSection {
     /// Every request with reasoning or a tool call (also the ones without a call).
     pub all: PhaseTimings,
 }
+
+/// Said under the section by a build that does not judge schemas: its `valid` calls include
+/// the ones the proxy counts as `schema_violation`.
+const UNJUDGED: &str = "schemas not judged by this build (feature tool-schema): \
+                        schema violations count as valid";
 
 /// The outcome's key in `by_outcome`: its metric label without the `tool_call_` prefix (as in
 /// the proxy's `/stats`).
@@ -159,6 +164,9 @@ pub fn render_html(name: &str, s: &ToolCallSection) -> String {
         );
     }
     h.push_str("</table>");
+    if !JUDGES_SCHEMAS {
+        h.push_str(&format!("<p class=meta>{}</p>", esc(UNJUDGED)));
+    }
     h
 }
 
@@ -184,6 +192,9 @@ pub fn render_text(out: &mut String, s: &ToolCallSection) {
         ms(&t.ttf_reasoning_seconds, |s| s.p50),
         ms(&t.ttf_answer_seconds, |s| s.p50),
     );
+    if !JUDGES_SCHEMAS {
+        let _ = writeln!(out, "  {UNJUDGED}");
+    }
 }
 
 #[cfg(test)]

@@ -18,7 +18,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use goodput_loadtest::runner::{self, CompareTargets, RunConfig, RunResult};
 use goodput_loadtest::scenario::Scenario;

@@ -4,6 +4,10 @@
 //! are `#[ignore]`d too (they need a server): `.ci/run` runs them as
 //! `cargo test -p goodput-loadtest --test it clickhouse:: -- --ignored --test-threads=1`.
 
+// Test code through and through: its helpers unwrap too (clippy's allow-unwrap-in-tests covers
+// only `#[test]` functions and `#[cfg(test)]` modules).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod chromium;
 mod clickhouse;
 mod client_stub;

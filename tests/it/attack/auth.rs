@@ -290,8 +290,8 @@ async fn the_clients_key_is_not_forwarded_and_the_upstream_key_replaces_it() {
 
 /// Waits for a stderr line of the binary containing `what`; every line read is kept in `seen`.
 fn wait_line(bin: &binary::Binary, what: &str, seen: &mut Vec<String>) -> bool {
-    let deadline = std::time::Instant::now() + QUICK;
-    while std::time::Instant::now() < deadline {
+    let deadline = tokio::time::Instant::now() + QUICK;
+    while tokio::time::Instant::now() < deadline {
         if let Ok(line) = bin.lines.recv_timeout(Duration::from_millis(100)) {
             let hit = line.contains(what);
             seen.push(line);

@@ -3,7 +3,9 @@
 //! the admin port on the same accept loop and drain.
 
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use goodput_proxy::limits::Limits;

@@ -10,7 +10,9 @@
 //! `attack::limits::a_stalled_upload_is_408_...`.
 
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::support::binary;
 use crate::support::proxy::*;

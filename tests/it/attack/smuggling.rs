@@ -104,7 +104,7 @@ async fn content_length_with_transfer_encoding_is_framed_by_te_and_closed() {
         let before = fake.stats.requests.load(Ordering::SeqCst);
         let bytes = format!("{post}{framing}\r\n\r\n0\r\n\r\n{HIDDEN}");
         // exchange returns at EOF: the proxy closed the connection (else it waits QUICK).
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         let raw = exchange(proxy.addr, bytes.as_bytes(), QUICK).await;
         assert!(started.elapsed() < QUICK, "{name}: connection kept open");
         let text = String::from_utf8_lossy(&raw);

@@ -48,8 +48,8 @@ fn presented(tls: &TlsStream<TcpStream>) -> Vec<u8> {
 
 /// Waits for a stderr line of the binary containing `what`.
 fn wait_line(bin: &binary::Binary, what: &str) -> bool {
-    let deadline = std::time::Instant::now() + QUICK;
-    while std::time::Instant::now() < deadline {
+    let deadline = tokio::time::Instant::now() + QUICK;
+    while tokio::time::Instant::now() < deadline {
         if let Ok(line) = bin.lines.recv_timeout(Duration::from_millis(100)) {
             if line.contains(what) {
                 return true;

@@ -5,7 +5,7 @@
 use goodput_measure::prom::{self, Family};
 
 // One histogram arithmetic for the proxy's `compare` and this comparison.
-pub use goodput_proxy::compare::hist::{delta, quantile, Buckets};
+pub use goodput_measure::prom::hist::{delta, quantile, Buckets};
 
 fn families(text: &str) -> Option<Vec<Family>> {
     match prom::parse(text) {
@@ -30,7 +30,7 @@ pub fn histogram(
         Some(m) => model_keys.iter().any(|k| s.has_labels(&[(k, m)])),
         None => true,
     };
-    goodput_proxy::compare::hist::buckets(&families, family, &keep).filter(|b| !b.is_empty())
+    prom::hist::buckets(&families, family, &keep).filter(|b| !b.is_empty())
 }
 
 /// Sum of every series of a counter or gauge `name` (e.g. `vllm:generation_tokens_total`), or

@@ -1,11 +1,11 @@
 //! Histogram estimates from Prometheus exposition: a family's cumulative buckets summed over the
 //! series a filter keeps, the delta between two scrapes, and PromQL's `histogram_quantile`
-//! interpolation. Pure: parsed families in, numbers out (the load generator's comparison uses
-//! [`delta`] and [`quantile`] too).
+//! interpolation. Pure: parsed families in, numbers out; one arithmetic for `goodput-proxy compare`
+//! and the load generator's comparison.
 
 use std::collections::BTreeMap;
 
-use crate::engine::parse::{Family, Sample};
+use super::{Family, Sample};
 
 /// Cumulative bucket counts of one histogram: `(le, count)` ascending, `+Inf` last.
 pub type Buckets = Vec<(f64, f64)>;
@@ -122,7 +122,7 @@ pub fn bucket_width(b: &Buckets, value: f64) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::parse::parse;
+    use crate::prom::parse;
 
     const PAGE: &str = "\
 # TYPE h histogram
