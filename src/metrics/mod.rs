@@ -24,6 +24,8 @@ mod request;
 
 mod agent;
 pub use agent::AgentMetrics;
+mod engine_view;
+pub use engine_view::EngineViewMetrics;
 
 pub const TTFT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -226,6 +228,7 @@ struct Shared {
     in_flight: IntGaugeVec,
     sse_discarded: IntCounter,
     agent: AgentMetrics,
+    engine_view: EngineViewMetrics,
     upstreams: UpstreamLabels,
     window: Mutex<RatioWindow>,
     /// Every request's handles, resolved once per label value (see `request::HandleCache`).
@@ -353,6 +356,7 @@ impl Metrics {
             "SSE lines or events from the engines that the parser dropped (over its 4 MiB line limit).",
         )?;
         let agent = AgentMetrics::register(registry)?;
+        let engine_view = EngineViewMetrics::register(registry)?;
         let m = Self {
             requests: requests.clone(),
             goodput: goodput.clone(),
@@ -440,6 +444,7 @@ impl Metrics {
                 in_flight,
                 sse_discarded,
                 agent,
+                engine_view,
                 upstreams,
                 window: Mutex::new(RatioWindow::new(DEFAULT_GOODPUT_WINDOW, Instant::now())),
                 cache: HandleCache::default(),
@@ -570,7 +575,17 @@ mod tests {
         let (r, m) = setup(&["tiny"]);
         let mut rm = m.for_request("tiny");
         rm.observe_gap(Duration::from_millis(5));
-        let meas = success(100, 3);
+        let mut meas = success(100, 3);
+        let ms = Duration::from_millis;
+        meas.engine = goodput_measure::engine::EngineView {
+            queue: Some(ms(10)),
+            ttft: Some(ms(50)),
+            cached_prompt_tokens: Some(16),
+            ..Default::default()
+        };
+        meas.ttft_split =
+            goodput_measure::engine::TtftSplit::of(meas.ttft, Some(ms(1)), &meas.engine);
+        meas.stalls = 1;
         rm.finish(&meas, &judge(&meas, &Slo::default()));
         m.observe_overhead(Duration::from_micros(30));
         m.refresh_goodput_ratio(Instant::now());
@@ -581,7 +596,10 @@ mod tests {
         assert_eq!(
             names,
             [
+                "goodput_proxy_cached_prompt_tokens_total",
                 "goodput_proxy_e2e_request_latency_seconds",
+                "goodput_proxy_engine_prefill_seconds",
+                "goodput_proxy_engine_queue_seconds",
                 "goodput_proxy_generation_tokens_total",
                 "goodput_proxy_goodput_ratio",
                 "goodput_proxy_goodput_ratio_overall",
@@ -595,11 +613,13 @@ mod tests {
                 "goodput_proxy_requests_total",
                 "goodput_proxy_sink_errors_total",
                 "goodput_proxy_sse_discarded_total",
+                "goodput_proxy_stalls_total",
                 "goodput_proxy_tenant_requests_total",
                 "goodput_proxy_tenant_tokens_total",
                 "goodput_proxy_time_per_output_token_seconds",
                 "goodput_proxy_time_to_first_chunk_seconds",
                 "goodput_proxy_time_to_first_token_seconds",
+                "goodput_proxy_ttft_rest_seconds",
             ]
         );
         let bounds = |name: &str| -> Vec<f64> {

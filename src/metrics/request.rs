@@ -191,6 +191,7 @@ impl RequestMetrics {
         if let Some(a) = &m.agent {
             sh.agent.observe(&model, a);
         }
+        sh.engine_view.observe(&model, &upstream, m);
         for (slo, ok) in [
             ("ttft", v.ttft_ok),
             ("tpot", v.tpot_ok),

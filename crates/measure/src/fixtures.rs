@@ -109,6 +109,10 @@ pub const CAPTURES: &[(&str, &[u8])] = &[
         capture!("options/metrics-stream-chat-usage.txt"),
     ),
     (
+        "options/metrics-stream-chat-usage-continuous.txt",
+        capture!("options/metrics-stream-chat-usage-continuous.txt"),
+    ),
+    (
         "options/metrics-stream-completions-usage.txt",
         capture!("options/metrics-stream-completions-usage.txt"),
     ),

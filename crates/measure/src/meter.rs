@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::agent::{response_agent, AgentMeter, AgentSummary, ToolSet};
+use crate::engine::{EngineView, TtftSplit};
 use crate::inspect::{
     inspect_response_logged, scan_event_logged, ChunkInfo, ChunkKind, RepeatCache, Seen, TokenLog,
     Usage, TEMPLATE_ROOM,
@@ -20,6 +21,10 @@ use crate::trace::{LogprobAcc, LogprobSummary, Trace, TraceBounds, TraceBuilder}
 /// Largest non-streaming JSON body the meter buffers to judge it. A bigger body is passed
 /// through untouched and judged by its ending alone (complete => success), without tokens.
 pub const MAX_JSON_BODY: usize = 16 << 20;
+
+/// A gap between output events longer than this is a stall, unless set otherwise
+/// ([`StreamMeter::stall_threshold`]; the proxy's `measure.stall_ms`).
+pub const DEFAULT_STALL: Duration = Duration::from_secs(1);
 
 /// Highest choice index timed on its own; larger indices are folded onto it (bounded memory on
 /// hostile input: at most this many small per-choice timelines per request).
@@ -75,6 +80,21 @@ pub struct Measurement {
     /// ...and removed the usage chunk again (false when the stripper gave up at its memory
     /// bound and the client's stream passed unchanged, usage chunk included).
     pub usage_stripped: bool,
+    /// The largest gap between consecutive output events of the stream (any choice; SSE
+    /// comments and chunks without output are no events, so they never end a gap).
+    #[serde(rename = "gap_max_s", with = "crate::seconds::opt", default)]
+    pub gap_max: Option<Duration>,
+    /// Gaps between output events longer than the stall threshold (`measure.stall_ms`).
+    #[serde(default)]
+    pub stalls: u64,
+    /// What the engine reported of the request itself (its queue, TTFT, decode, mean ITL,
+    /// cached prompt tokens), when it did.
+    #[serde(flatten)]
+    pub engine: EngineView,
+    /// Where the client's TTFT went: proxy + engine queue + engine prefill + rest, when the
+    /// engine reported its timings.
+    #[serde(flatten)]
+    pub ttft_split: TtftSplit,
     /// Reasoning and tool-call phases and validity, when the response carried reasoning or a
     /// tool call (boxed: most records have none, and the ring keeps 100,000 records).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -131,6 +151,10 @@ impl Measurement {
             sse_discarded: 0,
             usage_injected: false,
             usage_stripped: false,
+            gap_max: None,
+            stalls: 0,
+            engine: EngineView::default(),
+            ttft_split: TtftSplit::default(),
             itl_gaps: Vec::new(),
             agent: None,
             logprobs: None,
@@ -193,6 +217,12 @@ struct Timeline {
     /// Choice 0 inline (no allocation for `n = 1`), the others by index.
     choice0: ChoiceTimeline,
     more: Vec<ChoiceTimeline>,
+    /// The largest gap between the stream's output events, and those over `stall`.
+    gap_max: Option<Duration>,
+    stalls: u64,
+    stall: Duration,
+    /// What the engine reported (the last report of each field wins).
+    engine: EngineView,
     /// Kept gaps (seconds) and how many at most.
     gaps: Vec<f32>,
     gap_cap: usize,
@@ -231,6 +261,10 @@ impl Timeline {
             finish_reason: None,
             choice0: ChoiceTimeline::default(),
             more: Vec::new(),
+            gap_max: None,
+            stalls: 0,
+            stall: DEFAULT_STALL,
+            engine: EngineView::default(),
             gaps: Vec::new(),
             gap_cap: 0,
             log: TokenLog::default(),
@@ -392,6 +426,11 @@ impl Timeline {
             if self.t_first_token.is_none() {
                 self.t_first_token = Some(t);
             }
+            if let Some(last) = self.t_last_token {
+                let gap = t.saturating_duration_since(last);
+                self.gap_max = Some(self.gap_max.map_or(gap, |m| m.max(gap)));
+                self.stalls += u64::from(gap > self.stall);
+            }
             self.t_last_token = Some(t);
         }
     }
@@ -399,6 +438,7 @@ impl Timeline {
     /// The last usage seen wins (with continuous usage stats every chunk carries a running one).
     fn on_usage(&mut self, u: Usage) {
         self.agent.on_usage(&u);
+        self.engine.update(&u.engine);
         if u.prompt_tokens.is_some() {
             self.prompt_tokens = u.prompt_tokens;
         }
@@ -457,6 +497,8 @@ pub struct StreamMeter {
     tools: Option<Arc<ToolSet>>,
     /// The usage strip, when the proxy injected usage ([`StreamMeter::strip_usage`]).
     strip: Option<Box<strip::Strip>>,
+    /// `t0` to the request handed to forwarding: the proxy's part of the TTFT split.
+    proxy_time: Option<Duration>,
 }
 
 impl StreamMeter {
@@ -476,7 +518,21 @@ impl StreamMeter {
             last_frame: None,
             tools: None,
             strip: None,
+            proxy_time: None,
         }
+    }
+
+    /// The proxy's own time before it handed the request to forwarding (the first part of
+    /// [`Measurement::ttft_split`]).
+    pub fn proxy_time(mut self, d: Option<Duration>) -> Self {
+        self.proxy_time = d;
+        self
+    }
+
+    /// Gaps between output events longer than `d` count as stalls ([`Measurement::stalls`]).
+    pub fn stall_threshold(mut self, d: Duration) -> Self {
+        self.tl.stall = d;
+        self
     }
 
     /// Every event framed by the SSE parser and scanned: no repeat cache (the reference the
@@ -606,6 +662,10 @@ impl StreamMeter {
             m.choices = tl.all_choices().count() as u32;
             m.sse_discarded = self.parser.discarded();
             (m.tpot, m.choice_tpots) = tl.tpots(m.completion_tokens);
+            m.gap_max = tl.gap_max;
+            m.stalls = tl.stalls;
+            m.engine = tl.engine;
+            m.ttft_split = TtftSplit::of(m.ttft, self.proxy_time, &m.engine);
         }
         if let Some(strip) = &self.strip {
             m.usage_injected = true;
@@ -655,6 +715,7 @@ impl StreamMeter {
             m.prompt_tokens = u.prompt_tokens;
             m.completion_tokens = u.completion_tokens;
             m.tokens_exact = u.completion_tokens.is_some();
+            m.engine = u.engine;
         }
         // No TPOT for JSON: nothing the client saw tells when the first token came, and
         // E2E / tokens would put prefill into the decode series (DESIGN.md).
@@ -674,6 +735,8 @@ fn div_duration(d: Duration, n: u64) -> Duration {
 
 mod strip;
 
+#[cfg(test)]
+mod engine_tests;
 #[cfg(test)]
 mod repeat_differential;
 #[cfg(test)]

@@ -390,6 +390,12 @@ pub fn compute_stats(
     // the requests per worst tool-call outcome.
     let mut phases: [Vec<f64>; 4] = Default::default();
     let mut tool_calls = [0u64; ToolCallOutcome::ALL.len()];
+    // The engine's view (queue, TTFT, decode, mean ITL, cached prompt tokens), the TTFT split
+    // (proxy, queue, prefill, rest), and stalls.
+    let mut engine: [Vec<f64>; 5] = Default::default();
+    let mut split: [Vec<f64>; 4] = Default::default();
+    let (mut clamped, mut stalls, mut stalled) = (0u64, 0u64, 0u64);
+    let mut gap_max = Vec::new();
     for e in in_window {
         let r = &e.record;
         let m = &r.measured;
@@ -406,6 +412,21 @@ pub fn compute_stats(
         ttfc.extend(m.ttfc.map(secs));
         tpot.extend(r.tpot_values());
         e2e.push(m.e2e.as_secs_f64());
+        let ev = &m.engine;
+        let values = [ev.queue, ev.ttft, ev.decode, ev.mean_itl].map(|d| d.map(secs));
+        let cached = ev.cached_prompt_tokens.map(|n| n as f64);
+        for (into, v) in engine.iter_mut().zip(values.into_iter().chain([cached])) {
+            into.extend(v);
+        }
+        if let Some(parts) = m.ttft_split.parts() {
+            for (into, d) in split.iter_mut().zip(parts) {
+                into.push(secs(d));
+            }
+            clamped += u64::from(m.ttft_split.clamped);
+        }
+        stalls += m.stalls;
+        stalled += u64::from(m.stalls > 0);
+        gap_max.extend(m.gap_max.map(secs));
         if let Some(g) = &e.gaps {
             itl.extend(g.iter().map(|v| f64::from(*v)));
         }
@@ -433,6 +454,9 @@ pub fn compute_stats(
         tool_call_map.insert(key.to_owned(), json!(n));
     }
     let [mut ttf_reasoning, mut ttf_answer, mut ttf_tool_call, mut tool_call] = phases;
+    let [mut e_queue, mut e_ttft, mut e_decode, mut e_itl, mut e_cached] = engine;
+    let split_n = split[0].len();
+    let [mut s_proxy, mut s_queue, mut s_prefill, mut s_rest] = split;
     let mut outcome_map = Map::new();
     for (o, n) in Outcome::ALL.iter().zip(outcomes) {
         outcome_map.insert(o.as_str().to_owned(), json!(n));
@@ -461,6 +485,26 @@ pub fn compute_stats(
         "time_to_first_tool_call_token_seconds": summary_json(&mut ttf_tool_call),
         "tool_call_duration_seconds": summary_json(&mut tool_call),
         "tool_calls": tool_call_map,
+        "engine": {
+            "queue_seconds": summary_json(&mut e_queue),
+            "ttft_seconds": summary_json(&mut e_ttft),
+            "decode_seconds": summary_json(&mut e_decode),
+            "mean_itl_seconds": summary_json(&mut e_itl),
+            "cached_prompt_tokens": summary_json(&mut e_cached),
+        },
+        "ttft_split": {
+            "requests": split_n,
+            "clamped": clamped,
+            "proxy_seconds": summary_json(&mut s_proxy),
+            "queue_seconds": summary_json(&mut s_queue),
+            "prefill_seconds": summary_json(&mut s_prefill),
+            "rest_seconds": summary_json(&mut s_rest),
+        },
+        "stalls": {
+            "total": stalls,
+            "requests": stalled,
+            "gap_max_seconds": summary_json(&mut gap_max),
+        },
     })
 }
 
@@ -600,6 +644,18 @@ mod tests {
             "tokens_exact",
             "usage_injected",
             "usage_stripped",
+            "gap_max_s",
+            "stalls",
+            "engine_queue_s",
+            "engine_ttft_s",
+            "engine_decode_s",
+            "engine_mean_itl_s",
+            "cached_prompt_tokens",
+            "ttft_proxy_s",
+            "ttft_queue_s",
+            "ttft_prefill_s",
+            "ttft_rest_s",
+            "ttft_split_clamped",
             "slo",
             "instance",
             "tenant",
@@ -747,6 +803,46 @@ mod tests {
             .unwrap()
             .get("choice_tpot_s")
             .is_none());
+    }
+
+    #[test]
+    fn stats_have_the_engine_view_the_ttft_split_and_stalls() {
+        let now = Instant::now();
+        let ring = RecordRing::new(10, 10, now);
+        for (queue_ms, prefill_ms, client_ms, stalls) in [(10, 20, 100, 0), (30, 40, 60, 2)] {
+            let mut m = Measurement::without_body(Outcome::Success, Some(200), secs(1.0));
+            m.streaming = true;
+            m.ttft = Some(Duration::from_millis(client_ms));
+            m.engine = crate::engine::EngineView {
+                queue: Some(Duration::from_millis(queue_ms)),
+                ttft: Some(Duration::from_millis(prefill_ms)),
+                cached_prompt_tokens: Some(queue_ms),
+                ..Default::default()
+            };
+            m.ttft_split =
+                crate::engine::TtftSplit::of(m.ttft, Some(Duration::from_millis(5)), &m.engine);
+            m.stalls = stalls;
+            m.gap_max = Some(Duration::from_millis(500 * (stalls + 1)));
+            let v = judge(&m, &Slo::default());
+            let r = RequestRecord::new("id".into(), "m".into(), None, 0, now, m, v);
+            ring.push(Arc::new(r), vec![]);
+        }
+        // A request the engine said nothing about counts in none of them.
+        ring.push(rec("m", Outcome::Success, 200, Some(0.2), 1.0, now), vec![]);
+        let s = ring.stats(now, secs(60.0), None);
+        assert_eq!(s["engine"]["queue_seconds"]["count"], 2);
+        assert_eq!(s["engine"]["queue_seconds"]["p50"], 0.02);
+        assert_eq!(s["engine"]["cached_prompt_tokens"]["max"], 30.0);
+        assert_eq!(s["ttft_split"]["requests"], 2);
+        assert_eq!(s["ttft_split"]["clamped"], 1);
+        // (100 - 5 - 10 - 20) and (60 - 5 - 30 - 40 -> cut: 0).
+        assert_eq!(s["ttft_split"]["rest_seconds"]["max"], 0.065);
+        assert_eq!(s["ttft_split"]["rest_seconds"]["p50"], 0.0325);
+        assert_eq!(
+            (&s["stalls"]["total"], &s["stalls"]["requests"]),
+            (&2.into(), &1.into())
+        );
+        assert_eq!(s["stalls"]["gap_max_seconds"]["max"], 1.5);
     }
 
     #[test]
