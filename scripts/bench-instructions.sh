@@ -8,7 +8,7 @@
 # `net_of_idle` takes off what the process does in SECS seconds without requests (measured
 # first, once per binary): the figure to compare between runs on a busy machine.
 # Streaming (64 tokens, usage injected and stripped) and non-streaming, metering on (MEASURE=false:
-# off). KINDS picks the requests (default "stream json"); agent traffic (issue 13): `tool` (a
+# off). KINDS picks the requests (default "stream json"); agent traffic: `tool` (a
 # streamed tool call: tools + named tool_choice + x-sim-fault tool-call=valid), `logprobs`
 # (64-token stream, logprobs top 2) and `traced` (the same with x-goodput-trace: 1).
 # Each dump is kept as OUT/KIND.BIN.PID.cg (OUT=/tmp/goodput-instructions; callgrind_annotate FILE).
@@ -41,7 +41,7 @@ allocs() {
 import re, sys
 names, cur, total = {}, None, 0
 alloc = {"malloc", "calloc", "realloc", "posix_memalign", "aligned_alloc", "memalign"}
-alloc |= {"_rjem_" + a for a in alloc | {"mallocx", "rallocx"}}  # jemalloc (the default)
+alloc |= {"_rjem_" + a for a in alloc | {"mallocx", "rallocx"}}  # jemalloc (the shipped binary's, --features jemalloc)
 for line in open(sys.argv[1], errors="replace"):
     # Names uncompressed (--compress-strings=no): `fn=NAME` / `cfn=NAME`.
     m = re.match(r"(c?)fn=(.*)", line)

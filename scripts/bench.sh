@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The benchmark of issue 10, in one run: the same requests sent alternately straight to the
+# The forwarding benchmark, in one run: the same requests sent alternately straight to the
 # zero-cost simulator (direct), through nginx (one worker, proxy_buffering off: plain
 # forwarding), through goodput-proxy with metering on and with `[measure] enabled = false`, and
 # through LiteLLM (1 worker, prometheus callback) when it can be installed.

@@ -13,18 +13,39 @@
 # Environment: GOODPUT_CH_PORT (HTTP, default 18123; the native port is that + 1),
 # GOODPUT_CH_DIR (data, logs, pid; default /tmp/goodput-clickhouse). Exit code 3 from
 # `install`/`start` means "cannot install": callers print SKIPPED instead of failing.
+#
+# GOODPUT_CH_ENGINE=chdb runs a current ClickHouse engine instead of Debian's 18.16: chdb (the
+# engine in-process, PyPI, installed with pip when missing) behind ClickHouse's HTTP interface
+# (scripts/lib/chdb_http.py); defaults port 18133, directory /tmp/goodput-chdb. The same
+# tests run against it (docs/clickhouse.md, "Versions").
 set -euo pipefail
 
-PORT="${GOODPUT_CH_PORT:-18123}"
+ENGINE="${GOODPUT_CH_ENGINE:-server}"
+CHDB_VERSION=4.4.0
+if [[ "$ENGINE" == chdb ]]; then
+    PORT="${GOODPUT_CH_PORT:-18133}"
+    DIR="${GOODPUT_CH_DIR:-/tmp/goodput-chdb}"
+else
+    PORT="${GOODPUT_CH_PORT:-18123}"
+    DIR="${GOODPUT_CH_DIR:-/tmp/goodput-clickhouse}"
+fi
 TCP_PORT=$((PORT + 1))
-DIR="${GOODPUT_CH_DIR:-/tmp/goodput-clickhouse}"
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 URL="http://127.0.0.1:${PORT}"
 BIN=/usr/sbin/clickhouse-server
 
 have_server() { [[ -x "$BIN" ]] || command -v clickhouse-server >/dev/null 2>&1; }
 
+install_chdb() {
+    python3 -c 'import chdb' 2>/dev/null && return 0
+    if ! python3 -m pip install -q "chdb==$CHDB_VERSION" </dev/null >/tmp/goodput-chdb-pip.log 2>&1; then
+        echo "clickhouse.sh: pip install chdb failed (see /tmp/goodput-chdb-pip.log)" >&2
+        return 3
+    fi
+}
+
 install() {
+    [[ "$ENGINE" == chdb ]] && { install_chdb; return $?; }
     have_server && return 0
     if ! command -v apt-get >/dev/null 2>&1 || [[ "$(id -u)" != 0 ]]; then
         echo "clickhouse.sh: clickhouse-server missing and apt-get unusable (not root?)" >&2
@@ -91,11 +112,17 @@ start() {
     if [[ -f "$DIR/pid" ]] && kill -0 "$(cat "$DIR/pid")" 2>/dev/null && ping; then
         return 0
     fi
-    write_config
-    local bin="$BIN"
-    [[ -x "$bin" ]] || bin="$(command -v clickhouse-server)"
-    "$bin" --config-file="$DIR/config.xml" --pid-file="$DIR/pid" \
-        </dev/null >"$DIR/log/stdout.log" 2>&1 &
+    if [[ "$ENGINE" == chdb ]]; then
+        mkdir -p "$DIR/data" "$DIR/log"
+        python3 "$ROOT/scripts/lib/chdb_http.py" --port "$PORT" --dir "$DIR/data" \
+            </dev/null >"$DIR/log/stdout.log" 2>"$DIR/log/error.log" &
+    else
+        write_config
+        local bin="$BIN"
+        [[ -x "$bin" ]] || bin="$(command -v clickhouse-server)"
+        "$bin" --config-file="$DIR/config.xml" --pid-file="$DIR/pid" \
+            </dev/null >"$DIR/log/stdout.log" 2>&1 &
+    fi
     echo $! >"$DIR/pid"
     for _ in $(seq 1 150); do
         ping && break

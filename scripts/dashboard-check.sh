@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Grafana dashboard against a real Prometheus, plus the Prometheus rules' unit tests
-# (issue 11; docs/dashboard.md). Needs Debian's `prometheus` package (promtool comes with it):
+# (docs/dashboard.md). Needs Debian's `prometheus` package (promtool comes with it):
 # .ci/run installs it when missing. Reuses an already built proxy binary (PROXY_BIN, default
 # target/debug/goodput-proxy, which `cargo test` builds); builds it only when absent.
 set -euo pipefail

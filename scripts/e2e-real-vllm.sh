@@ -41,7 +41,7 @@ step() { echo "== [$(elapsed "$T_START") s] $*"; }
 
 RV="${REAL_VLLM_DIR:-}"
 if [[ -z "$RV" ]]; then
-  for d in "$ROOT/shared/real-vllm" "$ROOT/../shared/real-vllm" "$ROOT/../../shared/real-vllm" /work/shared/real-vllm; do
+  for d in "$ROOT/shared/real-vllm" "$ROOT/../shared/real-vllm" "$ROOT/../../shared/real-vllm"; do
     [[ -f "$d/serve.sh" ]] && { RV="$(cd "$d" && pwd)"; break; }
   done
 fi

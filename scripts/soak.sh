@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The soak (issue 14, item 7; criteria and latest results in docs/RELIABILITY.md):
+# The soak (criteria and latest results in docs/RELIABILITY.md):
 # `goodput-loadtest soak` runs the real proxy binary in front of in-process simulators with a
 # mixed fault share for a bounded time, then prints a machine-checked PASS/FAIL with figures
 # (and OUT/soak.json). Exit 0 on PASS, 2 on FAIL, 1 when it could not run.

@@ -2,7 +2,8 @@
 //! and the process is not draining), `/metrics` (Prometheus text: the proxy's families, then
 //! every engine's relabelled `upstream`), `/stats` (exact statistics
 //! over the recent request records), `/trace/<request-id>` (a traced request's token-level
-//! trace while it is kept).
+//! trace while it is kept), `/` (the live dashboard page) and `/dashboard.json` (its data; see
+//! `dashboard`).
 
 use std::collections::HashSet;
 use std::convert::Infallible;
@@ -41,6 +42,8 @@ pub async fn handle<B>(
         return Ok(text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n"));
     }
     Ok(match req.uri().path() {
+        "/" => page(req.headers()),
+        "/dashboard.json" => dashboard(&state, req.uri().query()),
         "/healthz" => text(StatusCode::OK, "ok\n"),
         "/readyz" => readyz(&state),
         "/metrics" => metrics(&state),
@@ -144,6 +147,75 @@ fn trace(state: &AppState, raw_id: &str) -> Response<Full<Bytes>> {
                 "code": 404,
             }});
             json(StatusCode::NOT_FOUND, &doc)
+        }
+    }
+}
+
+/// The dashboard page: a constant, so a browser that has it revalidates for a 304.
+fn page(headers: &http::HeaderMap) -> Response<Full<Bytes>> {
+    static ETAG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let etag = ETAG.get_or_init(|| {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        crate::dashboard::PAGE.hash(&mut h);
+        format!("\"{:016x}\"", h.finish())
+    });
+    let fresh = headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').any(|t| t.trim() == etag));
+    let mut resp = if fresh {
+        let mut r = Response::new(Full::new(Bytes::new()));
+        *r.status_mut() = StatusCode::NOT_MODIFIED;
+        r
+    } else {
+        Response::new(Full::new(Bytes::from_static(
+            crate::dashboard::PAGE.as_bytes(),
+        )))
+    };
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    h.insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-cache"),
+    );
+    if let Ok(v) = header::HeaderValue::from_str(etag) {
+        h.insert(header::ETAG, v);
+    }
+    // Everything the page needs is inline; it talks only to this port.
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        header::HeaderValue::from_static(
+            "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
+             connect-src 'self'; img-src data:; frame-ancestors 'none'",
+        ),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        header::HeaderValue::from_static("nosniff"),
+    );
+    resp
+}
+
+/// `GET /dashboard.json?window=SECONDS`: the page's data (see `dashboard::document`).
+fn dashboard(state: &AppState, query: Option<&str>) -> Response<Full<Bytes>> {
+    match crate::dashboard::parse_query(query) {
+        Ok(window) => {
+            let mut resp = json(StatusCode::OK, &crate::dashboard::document(state, window));
+            resp.headers_mut().insert(
+                header::CACHE_CONTROL,
+                header::HeaderValue::from_static("no-store"),
+            );
+            resp
+        }
+        Err(e) => {
+            let doc = serde_json::json!({
+                "error": {"message": e.to_string(), "param": e.param(), "code": 400}
+            });
+            json(StatusCode::BAD_REQUEST, &doc)
         }
     }
 }

@@ -10,10 +10,12 @@ use anyhow::Context as _;
 use tokio::net::TcpListener;
 
 use crate::auth::Auth;
+use crate::compare::history::History;
 use crate::config::{BaseUrl, Config, UsageInjection};
 use crate::discover::{Discovery, Resolver, SystemResolver};
 use crate::engine::{self, Engines};
 use crate::listener::{self, ReloadableTls, ServeOptions};
+use crate::metrics::labels::{ByTenant, Sink};
 use crate::metrics::{Metrics, ModelLabels};
 use crate::recorder::Recorder;
 use crate::sink::clickhouse::{ClickHouseSink, SinkCounters};
@@ -93,6 +95,10 @@ impl App {
             .metrics()
             .upstreams
             .add(engines.sync(&upstreams.replicas()));
+        // The balancer counts its own decisions (it lives in the upstreams, created first).
+        registry
+            .register(Box::new(upstreams.balancer.decisions.clone()))
+            .context("registering the route decision counter")?;
         let state = Arc::new(AppState {
             registry,
             recorder,
@@ -100,6 +106,7 @@ impl App {
             upstreams: Arc::new(upstreams),
             engines: Arc::new(engines),
             auth: Auth::new(&config.auth),
+            dashboard: History::new(crate::dashboard::MAX_WINDOW),
         });
         if let Some(auth) = &state.auth {
             // Every configured tenant's series exists from the start (a zero is a signal too).
@@ -108,7 +115,7 @@ impl App {
                     .recorder
                     .metrics()
                     .tenant_tokens
-                    .with_label_values(&[&name]);
+                    .get(&ByTenant { tenant: &name });
             }
         }
         let discovery = if config.upstream.discover.is_empty() {
@@ -323,18 +330,18 @@ fn build_recorder(config: &Config, registry: &prometheus::Registry) -> anyhow::R
             keep: jsonl.keep,
             queue: jsonl.queue,
         };
-        let dropped = metrics.records_dropped.with_label_values(&["jsonl"]);
+        let dropped = metrics.records_dropped.get(&Sink::Jsonl);
         // The writer task ends by itself once the last sender (the recorder) is dropped.
         let (sink, _task) = RecordSink::spawn(cfg, dropped)
             .with_context(|| format!("measure.sink_path: cannot open {}", path.display()))?;
         sinks.jsonl = Some(sink);
     }
     if let Some(ch) = &config.clickhouse {
-        let l = ["clickhouse"];
+        let l = Sink::Clickhouse;
         let counters = SinkCounters {
-            dropped: metrics.records_dropped.with_label_values(&l),
-            shipped: metrics.records_shipped.with_label_values(&l),
-            errors: metrics.sink_errors.with_label_values(&l),
+            dropped: metrics.records_dropped.get(&l),
+            shipped: metrics.records_shipped.get(&l),
+            errors: metrics.sink_errors.get(&l),
         };
         // The shipper ends by itself once the recorder is dropped and the queue is shipped.
         let (sink, _task) = ClickHouseSink::spawn(ch, counters)

@@ -9,6 +9,7 @@ pub mod cli;
 pub mod compare;
 pub mod config;
 pub mod context;
+pub mod dashboard;
 pub mod discover;
 pub mod engine;
 pub mod error;

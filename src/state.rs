@@ -5,6 +5,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use crate::auth::Auth;
+use crate::compare::history::History;
 use crate::engine::Engines;
 use crate::recorder::Recorder;
 use crate::upstream::Upstreams;
@@ -22,4 +23,6 @@ pub struct AppState {
     pub engines: Arc<Engines>,
     /// API keys and tenants, when `[auth]` is on (reloaded on SIGHUP).
     pub auth: Option<Arc<Auth>>,
+    /// The metric pages the dashboard's windows start from (kept only while a page polls).
+    pub dashboard: History,
 }

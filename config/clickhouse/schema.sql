@@ -29,6 +29,11 @@ CREATE TABLE IF NOT EXISTS goodput.records
     id String,
     model String,
     upstream String,
+    -- Why the balancer chose `upstream` ([balance]); replicas that rejected it first.
+    -- On a table made before them: ALTER TABLE goodput.records ADD COLUMN route_reason
+    -- Nullable(String), ADD COLUMN retried_from Array(String)
+    route_reason Nullable(String),
+    retried_from Array(String),
     stream UInt8,
     status Nullable(UInt16),
     outcome String,
@@ -66,7 +71,7 @@ CREATE TABLE IF NOT EXISTS goodput.records
     slo_e2e_ok Nullable(UInt8),
     slo_tool_calls_ok Nullable(UInt8),
     slo_good UInt8,
-    -- Agent traffic (issue 13; NULL without reasoning or tool calls): phase times, reasoning
+    -- Agent traffic (NULL without reasoning or tool calls): phase times, reasoning
     -- tokens, tool calls and the worst call's outcome (valid, invalid_json, schema_violation,
     -- unknown_function) with its first violation. On a table made before them:
     -- ALTER TABLE goodput.records ADD COLUMN <name> <type> for each agent_*, logprobs_* and

@@ -1,5 +1,5 @@
 //! goodput-loadtest: phased, open-loop load with exact client-side percentiles, an HTML report
-//! and a client / proxy / engine comparison (issue 5). The binary (`main.rs`) is a thin shell
+//! and a client / proxy / engine comparison. The binary (`main.rs`) is a thin shell
 //! over this library so integration tests can drive a run in-process.
 
 pub mod bench;

@@ -1,4 +1,4 @@
-//! goodput-loadtest: phased load with exact client-side percentiles (issue 5).
+//! goodput-loadtest: phased load with exact client-side percentiles.
 
 use clap::Parser;
 use goodput_loadtest::cli::{Cli, Command};

@@ -315,7 +315,7 @@ def markdown(run, loadavg, tp, pc, hd, bs, rt):
                 f"{f(r['elapsed_s'], 1)} | {f(r['e2e_p99_ms'])} | {'; '.join(r['error_samples'] or [])[:200]} |"
             )
         L.append("")
-    L.append("### Ratios (issue 10's targets)")
+    L.append("### Ratios against the targets")
     L.append("")
     c = rt["cpu_us_per_event_64"]
     L.append(f"- streams/s at 64 conns, proxy / nginx: metering on {f(rt['streams_per_s_proxy_on_over_nginx_64'], 2)}, off {f(rt['streams_per_s_proxy_off_over_nginx_64'], 2)} (target >= 0.8)")

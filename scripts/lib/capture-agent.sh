@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Capture real vLLM tool-call and reasoning streams (issue 13), same file format as
+# Capture real vLLM tool-call and reasoning streams, same file format as
 # capture-extra.sh (`### ` lines, then the raw response head and body, byte for byte), so the
 # simulator's agent shapes can be held to them. The engine must run with a tool parser (and,
 # for the reasoning captures, a reasoning parser):

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Proves config/grafana/goodput-proxy.json against a real Prometheus (issue 11, item 3).
+"""Proves config/grafana/goodput-proxy.json against a real Prometheus.
 
 Starts two simulated engines (one with vLLM V1 metric names, one with v0 names), a goodput-proxy
 in front of both, and Debian's `prometheus` scraping the proxy's admin port (the one scrape

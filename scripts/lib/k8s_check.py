@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Offline validation of config/kubernetes/ (issue 11, item 4): no cluster needed.
+"""Offline validation of config/kubernetes/: no cluster needed.
 
 1. Every built-in resource against the Kubernetes JSON schemas, strictly
    (`kubernetes-validate` from PyPI: unknown fields are errors).

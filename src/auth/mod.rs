@@ -1,4 +1,4 @@
-//! API keys and tenants (issue 14): which keys are accepted, whose they are, and the tenants'
+//! API keys and tenants: which keys are accepted, whose they are, and the tenants'
 //! limits. Off unless `[auth]` configures a tenant or a keys file.
 //!
 //! - [`keys`]: digests, hex, the constant-time lookup (pure).

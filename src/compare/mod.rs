@@ -9,6 +9,7 @@
 //! (e.g. ClickHouse records) can fill the same [`Window`].
 
 pub mod admin;
+pub mod history;
 pub mod render;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -24,7 +24,7 @@ pub fn check(raw: &RawConfig, origin: &dyn Fn(&str) -> Origin) -> Result<Config,
     let config = Config {
         server: c.server(&raw.server),
         limits: c.limits(&raw.limits),
-        upstream: c.upstream(&raw.upstream),
+        upstream: c.upstream(&raw.upstream, &raw.balance),
         auth: c.auth(&raw.auth, raw.measure.enabled),
         log: raw.log.clone(),
         measure: c.measure(&raw.measure),
@@ -200,7 +200,10 @@ impl Checker<'_> {
         limits
     }
 
-    fn upstream(&mut self, u: &RawUpstream) -> UpstreamConfig {
+    fn upstream(&mut self, u: &RawUpstream, balance: &super::BalanceConfig) -> UpstreamConfig {
+        for (field, message) in balance.problems() {
+            self.bad(field, message);
+        }
         let urls = u
             .urls
             .iter()
@@ -232,6 +235,7 @@ impl Checker<'_> {
             health_interval: self.positive_ms("upstream.health_interval_ms", u.health_interval_ms),
             authorization: u.api_key.as_deref().and_then(|k| self.upstream_key(k)),
             tls: self.upstream_tls(u),
+            balance: balance.clone(),
         }
     }
 

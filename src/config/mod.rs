@@ -12,6 +12,7 @@
 //! - [`check`]: what serde cannot check; raw -> checked.
 //! - [`target`]: base URLs and DNS targets.
 
+pub mod balance;
 pub mod check;
 pub mod env;
 pub mod layers;
@@ -24,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use crate::auth::{AuthConfig, TenantConfig};
+pub use balance::{BalanceConfig, Strategy};
 pub use env::{ENV_CONFIG_FILE, ENV_PREFIX};
 pub use raw::{
     Limit, LogConfig, LogFormat, RawAuth, RawClickHouse, RawConfig, RawEngine, RawLimits,
@@ -100,6 +102,8 @@ pub struct UpstreamConfig {
     /// `upstream.api_key` as the header value sent (`Bearer <key>`, marked sensitive so it is
     /// never printed).
     pub authorization: Option<http::HeaderValue>,
+    /// `[balance]`: how each request's replica is chosen.
+    pub balance: BalanceConfig,
 }
 
 /// Upstream TLS files (`upstream.tls_ca`, `tls_client_cert` + `tls_client_key`).

@@ -24,6 +24,8 @@ pub struct RawConfig {
     pub trace: RawTrace,
     pub slo: RawSlo,
     pub engine: RawEngine,
+    /// How a replica is chosen for each request (`[balance]`, docs/routing.md).
+    pub balance: crate::config::BalanceConfig,
     /// Record sinks besides the JSONL file of `[measure]`: `[sink.clickhouse]`.
     pub sink: RawSink,
     /// The built-in simulated engine used in demo mode (no `upstream.urls`); see the sim's
@@ -317,7 +319,7 @@ impl Default for RawMeasure {
     }
 }
 
-/// `[trace]`: token-level traces of streams (issue 13). A request is traced when it sends
+/// `[trace]`: token-level traces of streams. A request is traced when it sends
 /// `x-goodput-trace: 1` (the header is the proxy's: it is not forwarded) or when it is
 /// sampled; its trace is kept beside its record in the `/stats` ring (admin
 /// `GET /trace/<request-id>`) and written with its record to the JSONL sink.
@@ -423,7 +425,7 @@ pub struct RawSlo {
     pub tpot_ms: Limit,
     pub e2e_ms: Limit,
     /// A tool call that is not valid JSON, breaks its function's schema in the request's
-    /// `tools`, or names an unknown function makes the request not good (issue 13).
+    /// `tools`, or names an unknown function makes the request not good.
     pub valid_tool_calls: bool,
     /// Per-model overrides (`[slo.models."llama-70b"]`); a field left out keeps the global value.
     pub models: BTreeMap<String, SloOverride>,

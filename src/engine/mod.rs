@@ -13,10 +13,12 @@ pub mod signals;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 
-use prometheus::{Gauge, GaugeVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{Gauge, Registry};
 use tokio::time::Instant;
 
 use crate::config::{EngineConfig, EngineKind, UpstreamLabel};
+use crate::metrics::labels::{ByUpstream, EngineOf};
+use crate::metrics::{Counters, Gauges, IntGauges, Registrar};
 use crate::upstream::{Replica, Upstreams};
 use parse::{Family, Source};
 use signals::Signals;
@@ -73,101 +75,63 @@ pub struct Engines {
 }
 
 struct EngineMetrics {
-    scrape_errors: IntCounterVec,
-    up: IntGaugeVec,
-    age: GaugeVec,
-    queue_depth: GaugeVec,
-    running: GaugeVec,
-    kv_cache: GaugeVec,
-    in_flight: IntGaugeVec,
-    healthy: IntGaugeVec,
-    kind: IntGaugeVec,
+    scrape_errors: Counters<ByUpstream<'static>>,
+    up: IntGauges<ByUpstream<'static>>,
+    age: Gauges<ByUpstream<'static>>,
+    queue_depth: Gauges<ByUpstream<'static>>,
+    running: Gauges<ByUpstream<'static>>,
+    kv_cache: Gauges<ByUpstream<'static>>,
+    in_flight: IntGauges<ByUpstream<'static>>,
+    healthy: IntGauges<ByUpstream<'static>>,
+    kind: IntGauges<EngineOf<'static>>,
     demand: Gauge,
 }
 
 impl EngineMetrics {
     fn register(registry: &Registry) -> Result<EngineMetrics, prometheus::Error> {
-        let up = ["upstream"];
-        let m = EngineMetrics {
-            scrape_errors: IntCounterVec::new(
-                Opts::new(
-                    "goodput_proxy_engine_scrape_errors_total",
-                    "Failed scrapes of an engine's /metrics (its families are omitted until one succeeds).",
-                ),
-                &up,
+        let r = Registrar::new(registry);
+        Ok(EngineMetrics {
+            scrape_errors: r.counters(
+                "goodput_proxy_engine_scrape_errors_total",
+                "Failed scrapes of an engine's /metrics (its families are omitted until one succeeds).",
             )?,
-            up: IntGaugeVec::new(
-                Opts::new(
-                    "goodput_proxy_engine_up",
-                    "1 when the last scrape of the engine's /metrics succeeded, else 0.",
-                ),
-                &up,
+            up: r.int_gauges(
+                "goodput_proxy_engine_up",
+                "1 when the last scrape of the engine's /metrics succeeded, else 0.",
             )?,
-            age: GaugeVec::new(
-                Opts::new(
-                    "goodput_proxy_engine_scrape_age_seconds",
-                    "Seconds since the engine's /metrics was last scraped successfully.",
-                ),
-                &up,
+            age: r.gauges(
+                "goodput_proxy_engine_scrape_age_seconds",
+                "Seconds since the engine's /metrics was last scraped successfully.",
             )?,
-            queue_depth: GaugeVec::new(
-                Opts::new(
-                    "goodput_proxy_upstream_queue_depth",
-                    "Requests waiting in the engine's queue (vllm:num_requests_waiting, sglang:num_queue_reqs, llamacpp:requests_deferred, tgi_queue_size, trtllm_num_requests_waiting), last scrape.",
-                ),
-                &up,
+            queue_depth: r.gauges(
+                "goodput_proxy_upstream_queue_depth",
+                "Requests waiting in the engine's queue (vllm:num_requests_waiting, sglang:num_queue_reqs, llamacpp:requests_deferred, tgi_queue_size, trtllm_num_requests_waiting), last scrape.",
             )?,
-            running: GaugeVec::new(
-                Opts::new(
-                    "goodput_proxy_upstream_running",
-                    "Requests in the engine's running batch (vllm:num_requests_running, sglang:num_running_reqs, llamacpp:requests_processing, tgi_batch_current_size, trtllm_num_requests_running), last scrape.",
-                ),
-                &up,
+            running: r.gauges(
+                "goodput_proxy_upstream_running",
+                "Requests in the engine's running batch (vllm:num_requests_running, sglang:num_running_reqs, llamacpp:requests_processing, tgi_batch_current_size, trtllm_num_requests_running), last scrape.",
             )?,
-            kv_cache: GaugeVec::new(
-                Opts::new(
-                    "goodput_proxy_upstream_kv_cache_usage",
-                    "Engine KV-cache usage, 0..1 (vllm:kv_cache_usage_perc, sglang:token_usage, trtllm_kv_cache_utilization; none from TGI or recent llama.cpp), last scrape.",
-                ),
-                &up,
+            kv_cache: r.gauges(
+                "goodput_proxy_upstream_kv_cache_usage",
+                "Engine KV-cache usage, 0..1 (vllm:kv_cache_usage_perc, sglang:token_usage, trtllm_kv_cache_utilization; none from TGI or recent llama.cpp), last scrape.",
             )?,
-            in_flight: IntGaugeVec::new(
-                Opts::new(
-                    "goodput_proxy_upstream_in_flight",
-                    "Requests this proxy has sent to the replica and not finished.",
-                ),
-                &up,
+            in_flight: r.int_gauges(
+                "goodput_proxy_upstream_in_flight",
+                "Requests this proxy has sent to the replica and not finished.",
             )?,
-            healthy: IntGaugeVec::new(
-                Opts::new(
-                    "goodput_proxy_upstream_healthy",
-                    "1 when the replica answered its last health probe (upstream.health_path), else 0.",
-                ),
-                &up,
+            healthy: r.int_gauges(
+                "goodput_proxy_upstream_healthy",
+                "1 when the replica answered its last health probe (upstream.health_path), else 0.",
             )?,
-            kind: IntGaugeVec::new(
-                Opts::new(
-                    "goodput_proxy_engine_kind",
-                    "1 for the engine a replica runs (configured, or told from the families its /metrics serves), last good scrape.",
-                ),
-                &["upstream", "kind"],
+            kind: r.int_gauges(
+                "goodput_proxy_engine_kind",
+                "1 for the engine a replica runs (configured, or told from the families its /metrics serves), last good scrape.",
             )?,
-            demand: Gauge::new(
+            demand: r.single(Gauge::new(
                 "goodput_proxy_demand",
                 "In-flight requests (all replicas) plus every scraped engine's waiting queue: one autoscaling signal.",
-            )?,
-        };
-        registry.register(Box::new(m.scrape_errors.clone()))?;
-        registry.register(Box::new(m.up.clone()))?;
-        registry.register(Box::new(m.age.clone()))?;
-        registry.register(Box::new(m.queue_depth.clone()))?;
-        registry.register(Box::new(m.running.clone()))?;
-        registry.register(Box::new(m.kv_cache.clone()))?;
-        registry.register(Box::new(m.in_flight.clone()))?;
-        registry.register(Box::new(m.healthy.clone()))?;
-        registry.register(Box::new(m.kind.clone()))?;
-        registry.register(Box::new(m.demand.clone()))?;
-        Ok(m)
+            )?)?,
+        })
     }
 }
 
@@ -240,9 +204,9 @@ impl Engines {
     /// Zero is a signal too: the error counter exists before the first failure.
     fn count_from_zero(&self, r: &EngineReplica) {
         if self.config.scrape {
-            self.metrics
-                .scrape_errors
-                .with_label_values(&[&*r.upstream]);
+            self.metrics.scrape_errors.get(&ByUpstream {
+                upstream: &r.upstream,
+            });
         }
     }
 
@@ -281,14 +245,16 @@ impl Engines {
             .iter()
             .filter(|o| !next.iter().any(|n| Arc::ptr_eq(n, o)))
         {
-            let l = [&*gone.upstream];
+            let l = ByUpstream {
+                upstream: &gone.upstream,
+            };
             for g in [&m.age, &m.queue_depth, &m.running, &m.kv_cache] {
-                let _ = g.remove_label_values(&l);
+                g.remove(&l);
             }
             for g in [&m.up, &m.in_flight, &m.healthy] {
-                let _ = g.remove_label_values(&l);
+                g.remove(&l);
             }
-            let _ = m.scrape_errors.remove_label_values(&l);
+            m.scrape_errors.remove(&l);
             remove_kind(&m.kind, &gone.upstream);
         }
         let out = next
@@ -350,18 +316,17 @@ impl Engines {
         let Some(r) = self.find(replica) else {
             return false;
         };
-        let l = [&*r.upstream];
+        let upstream = &*r.upstream;
+        let l = ByUpstream { upstream };
         let m = &self.metrics;
-        m.up.with_label_values(&l).set(1);
+        m.up.get(&l).set(1);
         let load = snap.signals.load;
-        set_or_remove(&m.queue_depth, &l, load.waiting);
-        set_or_remove(&m.running, &l, load.running);
-        set_or_remove(&m.kv_cache, &l, load.kv_cache_usage);
-        remove_kind(&m.kind, &r.upstream);
+        m.queue_depth.set_or_remove(&l, load.waiting);
+        m.running.set_or_remove(&l, load.running);
+        m.kv_cache.set_or_remove(&l, load.kv_cache_usage);
+        remove_kind(&m.kind, upstream);
         if let Some(kind) = snap.signals.kind {
-            m.kind
-                .with_label_values(&[&*r.upstream, kind.as_str()])
-                .set(1);
+            m.kind.get(&EngineOf { upstream, kind }).set(1);
         }
         let Ok(mut st) = r.state.write() else {
             return false;
@@ -379,12 +344,14 @@ impl Engines {
         let Some(r) = self.find(replica) else {
             return false;
         };
-        let l = [&*r.upstream];
+        let l = ByUpstream {
+            upstream: &r.upstream,
+        };
         let m = &self.metrics;
-        m.scrape_errors.with_label_values(&l).inc();
-        m.up.with_label_values(&l).set(0);
+        m.scrape_errors.get(&l).inc();
+        m.up.get(&l).set(0);
         for g in [&m.queue_depth, &m.running, &m.kv_cache] {
-            let _ = g.remove_label_values(&l);
+            g.remove(&l);
         }
         remove_kind(&m.kind, &r.upstream);
         let Ok(mut st) = r.state.write() else {
@@ -403,17 +370,17 @@ impl Engines {
         let mut queues = Vec::with_capacity(engines.len());
         for r in engines.iter() {
             let replica = &r.replica;
-            let l = [&*r.upstream];
+            let l = ByUpstream {
+                upstream: &r.upstream,
+            };
             let n = replica.in_flight();
             in_flight += n;
-            m.in_flight.with_label_values(&l).set(n as i64);
-            m.healthy
-                .with_label_values(&l)
-                .set(i64::from(replica.is_healthy()));
+            m.in_flight.get(&l).set(n as i64);
+            m.healthy.get(&l).set(i64::from(replica.is_healthy()));
             let Ok(st) = r.state.read() else { continue };
             if let Some(ok) = st.last_ok {
                 let age = now.saturating_duration_since(ok).as_secs_f64();
-                m.age.with_label_values(&l).set(age);
+                m.age.get(&l).set(age);
             }
             if let Some(w) = st.latest.as_ref().and_then(|s| s.signals.load.waiting) {
                 queues.push(w);
@@ -450,18 +417,9 @@ const DEFAULT_PATH: &str = "/metrics";
 const TRTLLM_PATH: &str = "/prometheus/metrics";
 
 /// Removes every `kind` series of one replica (at most one is set).
-fn remove_kind(g: &IntGaugeVec, upstream: &str) {
+fn remove_kind(g: &IntGauges<EngineOf<'static>>, upstream: &str) {
     for kind in EngineKind::ALL {
-        let _ = g.remove_label_values(&[upstream, kind.as_str()]);
-    }
-}
-
-fn set_or_remove(g: &GaugeVec, l: &[&str], v: Option<f64>) {
-    match v {
-        Some(v) => g.with_label_values(l).set(v),
-        None => {
-            let _ = g.remove_label_values(l);
-        }
+        g.remove(&EngineOf { upstream, kind });
     }
 }
 

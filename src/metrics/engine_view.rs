@@ -6,84 +6,65 @@
 //! `measure.stall_ms`). Labels: `model` and `upstream`, from the bounded label sets.
 
 use goodput_measure::meter::Measurement;
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
 
+use super::family::{Counters, Histograms, Registrar};
+use super::labels::Served;
 use super::{E2E_BUCKETS, TTFT_BUCKETS};
 
-#[derive(Clone)]
-pub struct EngineViewMetrics {
-    queue: HistogramVec,
-    prefill: HistogramVec,
-    rest: HistogramVec,
-    cached_tokens: IntCounterVec,
-    stalls: IntCounterVec,
+pub struct EngineViewFamilies {
+    queue: Histograms<Served<'static>>,
+    prefill: Histograms<Served<'static>>,
+    rest: Histograms<Served<'static>>,
+    cached_tokens: Counters<Served<'static>>,
+    stalls: Counters<Served<'static>>,
 }
 
-fn hist(name: &str, help: &str, buckets: &[f64]) -> Result<HistogramVec, prometheus::Error> {
-    HistogramVec::new(
-        HistogramOpts::new(name, help).buckets(buckets.to_vec()),
-        &["model", "upstream"],
-    )
-}
-
-impl EngineViewMetrics {
-    pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
-        let m = EngineViewMetrics {
-            queue: hist(
+impl EngineViewFamilies {
+    pub fn register(r: &Registrar) -> Result<Self, prometheus::Error> {
+        Ok(EngineViewFamilies {
+            queue: r.histograms(
                 "goodput_proxy_engine_queue_seconds",
                 "The engine's own queue time of each request it reported (vLLM per-request metrics).",
                 E2E_BUCKETS,
             )?,
-            prefill: hist(
+            prefill: r.histograms(
                 "goodput_proxy_engine_prefill_seconds",
                 "The engine's own time to first token, from scheduling (without its queue), of each request it reported.",
                 E2E_BUCKETS,
             )?,
-            rest: hist(
+            rest: r.histograms(
                 "goodput_proxy_ttft_rest_seconds",
                 "Client TTFT minus the proxy's time, the engine's queue and its prefill: network, the engine's front end, tokenization, the way back.",
                 TTFT_BUCKETS,
             )?,
-            cached_tokens: IntCounterVec::new(
-                Opts::new(
-                    "goodput_proxy_cached_prompt_tokens_total",
-                    "Prompt tokens the engine served from its prefix cache (usage prompt_tokens_details.cached_tokens).",
-                ),
-                &["model", "upstream"],
+            cached_tokens: r.counters(
+                "goodput_proxy_cached_prompt_tokens_total",
+                "Prompt tokens the engine served from its prefix cache (usage prompt_tokens_details.cached_tokens).",
             )?,
-            stalls: IntCounterVec::new(
-                Opts::new(
-                    "goodput_proxy_stalls_total",
-                    "Gaps between a stream's output events longer than measure.stall_ms.",
-                ),
-                &["model", "upstream"],
+            stalls: r.counters(
+                "goodput_proxy_stalls_total",
+                "Gaps between a stream's output events longer than measure.stall_ms.",
             )?,
-        };
-        for h in [&m.queue, &m.prefill, &m.rest] {
-            registry.register(Box::new(h.clone()))?;
-        }
-        registry.register(Box::new(m.cached_tokens.clone()))?;
-        registry.register(Box::new(m.stalls.clone()))?;
-        Ok(m)
+        })
     }
 
     /// One finished request; `model` and `upstream` already bounded label values.
     pub fn observe(&self, model: &str, upstream: &str, m: &Measurement) {
-        let l = [model, upstream];
+        let l = Served { model, upstream };
         if let Some(d) = m.engine.queue {
-            self.queue.with_label_values(&l).observe(d.as_secs_f64());
+            self.queue.get(&l).observe(d.as_secs_f64());
         }
         if let Some(d) = m.engine.ttft {
-            self.prefill.with_label_values(&l).observe(d.as_secs_f64());
+            self.prefill.get(&l).observe(d.as_secs_f64());
         }
         if let Some(d) = m.ttft_split.rest {
-            self.rest.with_label_values(&l).observe(d.as_secs_f64());
+            self.rest.get(&l).observe(d.as_secs_f64());
         }
         if let Some(n) = m.engine.cached_prompt_tokens {
-            self.cached_tokens.with_label_values(&l).inc_by(n);
+            self.cached_tokens.get(&l).inc_by(n);
         }
         if m.stalls > 0 {
-            self.stalls.with_label_values(&l).inc_by(m.stalls);
+            self.stalls.get(&l).inc_by(m.stalls);
         }
     }
 }

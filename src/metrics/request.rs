@@ -13,9 +13,10 @@ use prometheus::local::LocalHistogram;
 use prometheus::{Histogram, IntCounter, IntGauge};
 use tokio::time::Instant;
 
+use super::labels::{ByModel, Finished, Served, SloName, Violation};
 use super::Shared;
 use goodput_measure::meter::Measurement;
-use goodput_measure::outcome::{rejected_by_client, Outcome, NO_FINISH_REASON};
+use goodput_measure::outcome::{rejected_by_client, Outcome};
 use goodput_measure::slo::SloVerdict;
 
 /// Resolved handles by label value; entries are only added (bounded by the label sets).
@@ -62,11 +63,11 @@ fn cached<V>(
 impl Shared {
     fn model_handles(&self, model: &Arc<str>) -> Arc<ModelHandles> {
         cached(&self.cache.models, model, || {
-            let l = [&**model];
+            let (f, l) = (&self.families, ByModel { model });
             ModelHandles {
-                in_flight: self.in_flight.with_label_values(&l),
-                prompt_tokens: self.prompt_tokens.with_label_values(&l),
-                generation_tokens: self.generation_tokens.with_label_values(&l),
+                in_flight: f.in_flight.get(&l),
+                prompt_tokens: f.prompt_tokens.get(&l),
+                generation_tokens: f.generation_tokens.get(&l),
                 upstreams: RwLock::default(),
             }
         })
@@ -74,14 +75,14 @@ impl Shared {
 
     fn handles(&self, per_model: &ModelHandles, model: &str, upstream: &Arc<str>) -> Arc<Handles> {
         cached(&per_model.upstreams, upstream, || {
-            let l = [model, &**upstream];
+            let (f, l) = (&self.families, Served { model, upstream });
             Handles {
-                ttft: self.ttft.with_label_values(&l),
-                ttfc: self.ttfc.with_label_values(&l),
-                tpot: self.tpot.with_label_values(&l),
-                itl: self.itl.with_label_values(&l),
-                e2e: self.e2e.with_label_values(&l),
-                goodput: self.goodput.with_label_values(&l),
+                ttft: f.ttft.get(&l),
+                ttfc: f.ttfc.get(&l),
+                tpot: f.tpot.get(&l),
+                itl: f.itl.get(&l),
+                e2e: f.e2e.get(&l),
+                goodput: f.goodput.get(&l),
             }
         })
     }
@@ -182,31 +183,41 @@ impl RequestMetrics {
     /// outcome, as vLLM does for TTFT); E2E for every outcome except `rejected`. ITL gaps are
     /// observed as they happen (see [`RequestMetrics::itl_buffer`]).
     pub fn finish(mut self, m: &Measurement, v: &SloVerdict) {
-        let finish = m.finish_reason.map_or(NO_FINISH_REASON, |f| f.as_str());
-        let (model, upstream) = (self.model.clone(), self.upstream.clone());
+        let (model_label, upstream_label) = (self.model.clone(), self.upstream.clone());
+        let (model, upstream) = (&*model_label, &*upstream_label);
         let sh = self.shared.clone();
-        sh.requests
-            .with_label_values(&[&*model, &*upstream, m.outcome.as_str(), finish])
+        let f = &sh.families;
+        f.requests
+            .get(&Finished {
+                model,
+                upstream,
+                outcome: m.outcome,
+                finish_reason: m.finish_reason,
+            })
             .inc();
         if let Some(a) = &m.agent {
-            sh.agent.observe(&model, a);
+            f.agent.observe(model, a);
         }
-        sh.engine_view.observe(&model, &upstream, m);
+        f.engine_view.observe(model, upstream, m);
         for (slo, ok) in [
-            ("ttft", v.ttft_ok),
-            ("tpot", v.tpot_ok),
-            ("e2e", v.e2e_ok),
-            ("tool_calls", v.tool_calls_ok),
+            (SloName::Ttft, v.ttft_ok),
+            (SloName::Tpot, v.tpot_ok),
+            (SloName::E2e, v.e2e_ok),
+            (SloName::ToolCalls, v.tool_calls_ok),
         ] {
             if ok == Some(false) {
-                sh.slo_violations
-                    .with_label_values(&[&*model, &*upstream, slo])
+                f.slo_violations
+                    .get(&Violation {
+                        model,
+                        upstream,
+                        slo,
+                    })
                     .inc();
             }
         }
         if !rejected_by_client(m.outcome, m.status) {
             if let Ok(mut w) = sh.window.lock() {
-                w.add(&model, v.good, Instant::now());
+                w.add(&model_label, v.good, Instant::now());
             }
         }
         let h = self.handles();
@@ -233,7 +244,7 @@ impl RequestMetrics {
             self.per_model.generation_tokens.inc_by(n);
         }
         if m.sse_discarded > 0 {
-            sh.sse_discarded.inc_by(m.sse_discarded);
+            f.sse_discarded.inc_by(m.sse_discarded);
         }
         // Drop takes it out of flight.
     }

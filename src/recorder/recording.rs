@@ -14,7 +14,7 @@ use crate::context::RequestContext;
 use crate::error::ProxyError;
 use crate::metrics::RequestMetrics;
 use crate::upstream::deadline::DeadlineError;
-use crate::upstream::forward::ServedBy;
+use crate::upstream::forward::{Routed, ServedBy};
 use goodput_measure::meter::{Measurement, StreamMeter};
 use goodput_measure::outcome::{Ending, Outcome};
 use goodput_measure::record::RequestRecord;
@@ -53,6 +53,8 @@ pub struct Finish {
     id: Arc<str>,
     started: Started,
     upstream: Option<Arc<str>>,
+    /// How the replica that answered was chosen (absent when none did).
+    routed: Option<Routed>,
 }
 
 impl Recording {
@@ -144,6 +146,7 @@ impl Open {
             id: self.ctx.id.clone(),
             started,
             upstream: None,
+            routed: None,
         }
     }
 
@@ -158,7 +161,7 @@ impl Open {
         let mut finish = self.finish();
         let facts = ctx.facts();
         let stream = facts.is_some_and(|f| f.stream);
-        let (parts, body) = resp.into_parts();
+        let (mut parts, body) = resp.into_parts();
         let tools = facts.and_then(|f| f.tools.clone());
         let proxy_time = ctx
             .forwarded_at()
@@ -174,6 +177,7 @@ impl Open {
         }
         sm.on_head(Instant::now(), parts.status.as_u16());
         finish.upstream = parts.extensions.get::<ServedBy>().map(|s| s.0.clone());
+        finish.routed = parts.extensions.remove::<Routed>();
         if let Some(u) = &finish.upstream {
             finish.started.rm.set_upstream(u);
         }
@@ -226,6 +230,23 @@ impl Finish {
         )
         .with_instance(recorder.instance.clone())
         .with_tenant(tenant_name);
+        let rec = match self.routed {
+            Some(r) => {
+                // What this replica's clients got feeds the balancer's goodput view.
+                if !rec.rejected_by_client() {
+                    let secs = |d: Option<std::time::Duration>| d.map(|d| d.as_secs_f64());
+                    r.replica.route.stats.observe(
+                        rec.slo.good,
+                        secs(rec.measured.ttft),
+                        secs(rec.measured.tpot),
+                    );
+                }
+                let mut attempts = r.attempts;
+                attempts.pop();
+                rec.with_route(r.reason, attempts)
+            }
+            None => rec,
+        };
         recorder.store(rec);
     }
 }

@@ -2,7 +2,10 @@
 //! pooled client and hands the response back with its body streaming, frame by frame.
 //!
 //! Retry rule: a connect failure (nothing was sent) is retried once on another replica when one
-//! exists; anything that fails after the request went out is never retried.
+//! exists; an engine's admission rejection (503 status, or a 200 stream whose first event is a
+//! 503 error: nothing was generated) is retried on another replica while the client has seen
+//! nothing (`balance.retry_rejections`, up to three replicas); anything else that fails after
+//! the request went out is never retried.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -11,14 +14,16 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
-use http::{Request, Response, Version};
+use http::{Request, Response, StatusCode, Version};
 use http_body_util::{BodyExt, Full};
 use tower::Service;
 
-use super::balance::{self, Load};
 use super::deadline::DeadlineBody;
 use super::headers::{connection_named, is_hop_by_hop, strip_hop_by_hop, Forwarded, Hop};
-use super::Upstreams;
+use super::hold::{self, Prefixed};
+use super::shape::Shape;
+use super::strategy::{Cand, Reason};
+use super::{Replica, Upstreams};
 use crate::body::ProxyBody;
 use crate::context::{ConnInfo, RequestContext, X_GOODPUT_TRACE, X_REQUEST_ID};
 use crate::error::ProxyError;
@@ -26,6 +31,18 @@ use crate::error::ProxyError;
 /// Which replica served a response (a response extension, read by the access log and meter).
 #[derive(Debug, Clone)]
 pub struct ServedBy(pub Arc<str>);
+
+/// How the replica that answered was chosen (a response extension, read by the recorder):
+/// it feeds the replica's measured goodput and the record's route fields.
+#[derive(Debug, Clone)]
+pub struct Routed {
+    pub replica: Arc<Replica>,
+    pub reason: Reason,
+    /// Every replica tried, in order (the last one answered).
+    pub attempts: Vec<Arc<str>>,
+    /// The request as the balancer read it (for learning from the engine's `cached_tokens`).
+    pub shape: Shape,
+}
 
 /// Forwards a collected request to one replica.
 #[derive(Clone, Debug)]
@@ -73,20 +90,26 @@ async fn forward(
     };
     let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
     let first_byte = up.config.first_byte_timeout;
+    let balancer = &up.balancer;
+    let shape = Shape::of(&body, balancer.cfg.prefix_block_bytes);
 
-    let mut exclude = None;
-    let mut retried = false;
+    let mut excluded: Vec<usize> = Vec::new();
+    let mut attempts: Vec<Arc<str>> = Vec::new();
+    let mut connect_retried = false;
     // One snapshot per request: discovery may change the set meanwhile.
     let replicas = up.replicas();
     loop {
-        let loads: Vec<Load> = replicas.iter().map(|r| r.load()).collect();
-        let Some(idx) = balance::pick(&loads, exclude, &mut rand::rng()) else {
+        let cands: Vec<Cand> = replicas.iter().map(|r| r.cand()).collect();
+        let Some(choice) = balancer.choose(&cands, &shape, &excluded, &mut rand::rng()) else {
             return Err(ProxyError::UpstreamConnect {
                 source: "no upstream replica configured".into(),
             });
         };
+        balancer.count(choice.reason);
+        let idx = choice.idx;
         let replica = &replicas[idx];
-        let guard = replica.start();
+        attempts.push(replica.url.clone());
+        let guard = replica.start_tokens(shape.tokens());
         let uri = replica
             .uri_for(path_and_query)
             .map_err(|e| ProxyError::Upstream { source: e.into() })?;
@@ -109,13 +132,13 @@ async fn forward(
             // A connect error means nothing was sent: one more attempt is safe. On another
             // replica when there is one; else on the same one after a short pause (a burst of
             // new connections can overflow the engine's listen backlog for an instant).
-            Ok(Err(e)) if e.is_connect() && !retried => {
-                retried = true;
-                let another = replicas.len() > 1;
+            Ok(Err(e)) if e.is_connect() && !connect_retried => {
+                connect_retried = true;
+                let another = replicas.len() > excluded.len() + 1;
                 tracing::warn!(upstream = %replica.url, error = %e, another, "upstream connect failed; retrying once");
                 drop(guard);
                 if another {
-                    exclude = Some(idx);
+                    excluded.push(idx);
                 } else {
                     tokio::time::sleep(CONNECT_RETRY_PAUSE).await;
                 }
@@ -130,7 +153,6 @@ async fn forward(
 
         let (mut rparts, rbody) = resp.into_parts();
         strip_hop_by_hop(&mut rparts.headers);
-        rparts.extensions.insert(ServedBy(replica.url.clone()));
         let body = DeadlineBody::new(
             rbody,
             first_byte_by,
@@ -138,7 +160,55 @@ async fn forward(
             up.config.total_timeout,
             guard,
         );
-        return Ok(Response::from_parts(rparts, body.boxed_unsync()));
+        // An admission rejection is retried elsewhere while the client has seen nothing, and
+        // only when another replica is left to try.
+        let retry = balancer.cfg.retry_rejections
+            && attempts.len() < MAX_ATTEMPTS
+            && replicas.len() > excluded.len() + 1;
+        let body = if !retry {
+            body.boxed_unsync()
+        } else if rparts.status == StatusCode::SERVICE_UNAVAILABLE {
+            tracing::debug!(upstream = %replica.url, "admission rejection (503); trying another replica");
+            excluded.push(idx);
+            continue;
+        } else if rparts.status == StatusCode::OK && is_event_stream(&rparts.headers) {
+            let mut body = body;
+            let held = hold::first_event(&mut body).await.map_err(held_error)?;
+            if held.is_rejection() {
+                tracing::debug!(upstream = %replica.url, "admission rejection in the stream; trying another replica");
+                excluded.push(idx);
+                continue;
+            }
+            Prefixed::new(held, body).boxed_unsync()
+        } else {
+            body.boxed_unsync()
+        };
+        rparts.extensions.insert(ServedBy(replica.url.clone()));
+        rparts.extensions.insert(Routed {
+            replica: replica.clone(),
+            reason: choice.reason,
+            attempts,
+            shape,
+        });
+        return Ok(Response::from_parts(rparts, body));
+    }
+}
+
+/// Replicas one request may try when engines reject it at admission.
+const MAX_ATTEMPTS: usize = 3;
+
+fn is_event_stream(h: &http::HeaderMap) -> bool {
+    h.get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.trim_start().starts_with("text/event-stream"))
+}
+
+/// A body that failed while its head was held: the client has not seen the head yet, so the
+/// failure is answered as the proxy's own error.
+fn held_error(e: crate::body::BoxError) -> ProxyError {
+    match e.downcast_ref::<super::deadline::DeadlineError>() {
+        Some(super::deadline::DeadlineError::FirstByte) => ProxyError::FirstByteTimeout { ms: 0 },
+        _ => ProxyError::Upstream { source: e },
     }
 }
 

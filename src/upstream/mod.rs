@@ -1,10 +1,14 @@
 //! Upstream: the engine replicas, the pooled client, balancing, forwarding and header hygiene.
 
-pub mod balance;
 pub mod deadline;
 pub mod forward;
+pub mod goodput;
 pub mod headers;
 pub mod health;
+pub mod hold;
+pub mod prefix;
+pub mod shape;
+pub mod strategy;
 pub mod tls;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -52,6 +56,34 @@ pub struct Replica {
     /// The engine's canonical signals from its latest `/metrics` scrape; written by the engine
     /// scraper, read by the balancer: a few atomic loads per pick.
     engine: EngineCell,
+    /// The balancer's view: identity in the prefix index, tokens in flight, what clients got.
+    pub route: RouteState,
+}
+
+/// What the balancer keeps per replica (see `strategy.rs`).
+#[derive(Debug)]
+pub struct RouteState {
+    /// Identity in the prefix index: unique in this process.
+    pub id: prefix::ReplicaId,
+    /// Estimated tokens (prompt + output) of this proxy's requests in flight there.
+    tokens: AtomicU64,
+    /// Recent SLO attainment, TTFT, TPOT of its requests.
+    pub stats: goodput::ReplicaStats,
+}
+
+impl RouteState {
+    fn new() -> Self {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+        RouteState {
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
+            tokens: AtomicU64::new(0),
+            stats: goodput::ReplicaStats::default(),
+        }
+    }
+
+    pub fn tokens(&self) -> u64 {
+        self.tokens.load(Ordering::Relaxed)
+    }
 }
 
 /// One replica's engine load as the engine itself reports it, the same whatever the engine
@@ -118,6 +150,7 @@ impl Replica {
             in_flight: AtomicUsize::new(0),
             healthy: AtomicBool::new(false),
             engine: EngineCell::new(),
+            route: RouteState::new(),
         })
     }
 
@@ -157,29 +190,41 @@ impl Replica {
         self.engine_load().queue()
     }
 
-    /// What the balancer compares (see `balance::score`).
-    pub fn load(&self) -> balance::Load {
-        balance::Load {
-            in_flight: self.in_flight(),
-            engine_queue: self.engine_queue(),
-            healthy: self.is_healthy(),
-        }
-    }
-
     /// Counts a request against this replica until the returned guard drops (at body end).
     pub fn start(self: &Arc<Self>) -> InFlightGuard {
+        self.start_tokens(0)
+    }
+
+    /// As [`start`](Self::start), also counting the request's estimated `tokens`.
+    pub fn start_tokens(self: &Arc<Self>, tokens: u64) -> InFlightGuard {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
-        InFlightGuard(self.clone())
+        self.route.tokens.fetch_add(tokens, Ordering::Relaxed);
+        InFlightGuard(self.clone(), tokens)
+    }
+
+    /// The replica as the balancer sees it now.
+    pub fn cand(&self) -> strategy::Cand {
+        let engine = self.engine_load();
+        strategy::Cand {
+            id: self.route.id,
+            healthy: self.is_healthy(),
+            in_flight: self.in_flight(),
+            tokens: self.route.tokens(),
+            waiting: engine.waiting,
+            kv: engine.kv_cache_usage,
+            attainment: self.route.stats.attainment(),
+        }
     }
 }
 
-/// Decrements the replica's in-flight count when dropped.
+/// Decrements the replica's in-flight count (and tokens) when dropped.
 #[derive(Debug)]
-pub struct InFlightGuard(Arc<Replica>);
+pub struct InFlightGuard(Arc<Replica>, u64);
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
         self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.0.route.tokens.fetch_sub(self.1, Ordering::Relaxed);
     }
 }
 
@@ -196,6 +241,8 @@ pub struct Upstreams {
     configured: usize,
     pub client: UpstreamClient,
     pub config: UpstreamConfig,
+    /// The replica choice (`[balance]`).
+    pub balancer: strategy::Balancer,
 }
 
 /// What one discovery round changed.
@@ -236,6 +283,7 @@ impl Upstreams {
             configured: replicas.len(),
             replicas: RwLock::new(replicas.into()),
             client: build_client(config, connector),
+            balancer: strategy::Balancer::new(config.balance.clone()),
             config: config.clone(),
         })
     }

@@ -304,7 +304,7 @@ async fn admin_metrics_serve_every_engine_relabelled_on_one_valid_page() {
 
 /// Streams `n` long requests straight to `sim` (not through the proxy); they hold its single
 /// slot and queue behind it until the returned tasks are aborted.
-fn occupy(sim: &SimHandle, n: usize) -> Vec<tokio::task::JoinHandle<()>> {
+pub(crate) fn occupy(sim: &SimHandle, n: usize) -> Vec<tokio::task::JoinHandle<()>> {
     (0..n)
         .map(|_| {
             let url = format!("{}{CHAT}", sim.base_url());

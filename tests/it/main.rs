@@ -10,7 +10,9 @@ mod support;
 mod attack;
 
 mod compare_live;
+mod dashboard;
 mod discovery;
+mod engine_fleet;
 mod engine_metrics;
 mod measure_alloc;
 mod measure_body;
@@ -28,6 +30,7 @@ mod proxy_forward;
 mod proxy_lifecycle;
 mod proxy_sim;
 mod proxy_tls;
+mod route;
 mod sim_agent;
 mod sim_cache;
 mod sim_cli;

@@ -1,4 +1,4 @@
-//! Agent traffic behind the proxy (issue 13): the simulator streams tool calls of each kind and
+//! Agent traffic behind the proxy: the simulator streams tool calls of each kind and
 //! reasoning deltas; the proxy's records carry the phases and the tool-call outcome judged
 //! against the request's `tools` schema, its metrics count them, and an invalid call makes the
 //! request not good.

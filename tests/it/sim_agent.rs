@@ -1,4 +1,4 @@
-//! The simulator's agent shapes (issue 13): `x-sim-fault: tool-call=...` streams one tool call
+//! The simulator's agent shapes: `x-sim-fault: tool-call=...` streams one tool call
 //! laid out as vLLM 0.32 streams it (tests/fixtures/vllm-0.32/stream-chat-tool-named.txt), and
 //! `reasoning=N` streams N reasoning deltas before the answer.
 

@@ -1,4 +1,4 @@
-//! Token-level traces (issue 13): `x-goodput-trace: 1` or `[trace] sample_rate` traces a
+//! Token-level traces: `x-goodput-trace: 1` or `[trace] sample_rate` traces a
 //! stream; admin `GET /trace/<request-id>` returns every token with its offset from t0 and its
 //! logprob while the trace is kept (a 404 in the OpenAI error shape otherwise); the JSONL sink
 //! gets the record with its trace; the header never reaches the engine and the client's

@@ -1,4 +1,4 @@
-//! Upstream HTTPS (issue 14 item 3): `https://` replicas verified against `upstream.tls_ca`,
+//! Upstream HTTPS: `https://` replicas verified against `upstream.tls_ca`,
 //! optionally with a client certificate (mTLS), against an in-process TLS upstream built from
 //! the fixture certificates. Pass: served through a CA that signed the upstream's certificate
 //! (health probes over TLS too: `/readyz` turns 200); refused (502, the upstream never sees

@@ -1,4 +1,4 @@
-//! Agent traffic (issue 13): phase timings (first reasoning, answer and tool-call token; how
+//! Agent traffic: phase timings (first reasoning, answer and tool-call token; how
 //! long the tool-call arguments streamed), reasoning tokens, and the validity of each tool call
 //! against the function's JSON Schema in the request's `tools`.
 //!

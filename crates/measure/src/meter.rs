@@ -615,7 +615,7 @@ impl StreamMeter {
         }
     }
 
-    /// Usage reported outside the stream this meter saw (the usage chunk a strip body removed
+    /// Usage reported outside the stream this meter saw (a usage chunk removed
     /// before the client, and so this meter, got it). The last usage seen wins.
     pub fn on_usage(&mut self, usage: Usage) {
         self.tl.on_usage(usage);

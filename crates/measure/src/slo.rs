@@ -15,7 +15,7 @@ pub struct Slo {
     pub tpot: Option<Duration>,
     pub e2e: Option<Duration>,
     /// A tool call that is not valid (not JSON, breaking its function's schema, naming an
-    /// unknown function) makes the request not good (issue 13; default on).
+    /// unknown function) makes the request not good (default on).
     pub valid_tool_calls: bool,
 }
 

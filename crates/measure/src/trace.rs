@@ -1,4 +1,4 @@
-//! Token-level views of one stream (issue 13): the logprob summary every request with
+//! Token-level views of one stream: the logprob summary every request with
 //! logprobs gets on its record, and the full trace a traced request keeps (opt-in per request
 //! or sampled, see the proxy's `[trace]`): per output event its offset from `t0`, its text
 //! length, its phase and its tokens with logprob and top alternatives.

@@ -8,6 +8,7 @@ use anyhow::Context as _;
 
 use super::config::{Jitter, SimConfig};
 use super::faults::FaultRule;
+use super::personality::Personality;
 use super::SimServer;
 
 /// Flags of `goodput-proxy sim`. Every timing flag is in milliseconds.
@@ -76,6 +77,12 @@ pub struct SimArgs {
     /// Seconds of stream idleness before a `: keep-alive` comment (0: off).
     #[arg(long)]
     pub sse_keep_alive_interval: Option<f64>,
+    /// Answer as this engine: its /metrics families and stream differences.
+    #[arg(long, value_enum)]
+    pub personality: Option<Personality>,
+    /// SGLang's flag: every stream ends with a usage chunk, asked for or not.
+    #[arg(long)]
+    pub stream_response_default_include_usage: bool,
     /// Turn automatic prefix caching off (vLLM `--no-prefix-caching`).
     #[arg(long)]
     pub no_prefix_caching: bool,
@@ -159,6 +166,10 @@ impl SimArgs {
         cfg.legacy_metric_names |= self.legacy_metric_names;
         cfg.enable_per_request_metrics |= self.enable_per_request_metrics;
         cfg.enable_force_include_usage |= self.enable_force_include_usage;
+        if let Some(p) = self.personality {
+            cfg.personality = p;
+        }
+        cfg.stream_response_default_include_usage |= self.stream_response_default_include_usage;
         cfg.enable_prefix_caching &= !self.no_prefix_caching;
         cfg.enable_prompt_tokens_details |= self.enable_prompt_tokens_details;
         if !self.faults.is_empty() {

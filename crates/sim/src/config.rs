@@ -3,6 +3,7 @@
 use serde::Deserialize;
 
 use super::faults::FaultRule;
+use super::personality::Personality;
 
 /// How each timing cost varies around its configured mean.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default, clap::ValueEnum)]
@@ -96,6 +97,12 @@ pub struct SimConfig {
     /// `usage.prompt_tokens_details` (`cached_tokens`, ...) as vLLM's
     /// `--enable-prompt-tokens-details` adds it.
     pub enable_prompt_tokens_details: bool,
+    /// Which engine the simulator answers as (its `/metrics` families and stream
+    /// differences; see `personality.rs`). Default: vLLM.
+    pub personality: Personality,
+    /// SGLang `--stream-response-default-include-usage`: every stream ends with a usage
+    /// chunk, asked for or not (`stream_options.include_usage` or this).
+    pub stream_response_default_include_usage: bool,
 }
 
 impl Default for SimConfig {
@@ -128,6 +135,8 @@ impl Default for SimConfig {
             max_num_queued_reqs: None,
             admission_inband_prob: 0.0,
             enable_prompt_tokens_details: false,
+            personality: Personality::Vllm,
+            stream_response_default_include_usage: false,
         }
     }
 }

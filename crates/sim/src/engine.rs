@@ -60,11 +60,12 @@ impl Engine {
             cfg.block_size,
             cfg.enable_prefix_caching,
         );
-        let metrics = EngineMetrics::new(
+        let metrics = EngineMetrics::with_personality(
             &cfg.models,
             cache.capacity_tokens(),
             cfg.legacy_metric_names,
             now.as_secs_f64(),
+            cfg.personality,
         );
         Engine {
             seqs: Arc::new(Semaphore::new(cfg.max_num_seqs)),

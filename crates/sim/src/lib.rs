@@ -23,6 +23,7 @@ pub mod kvcache;
 pub mod metrics;
 pub mod nonstream;
 pub mod per_request;
+pub mod personality;
 pub mod prompt;
 pub mod render;
 pub mod request;
@@ -43,6 +44,7 @@ pub use cli::{run_cli, SimArgs};
 pub use config::{ConfigError, Jitter, SimConfig};
 pub use engine::Engine;
 pub use faults::{EarlyFinish, EndReason, FaultRule, Faults, FAULT_HEADER};
+pub use personality::Personality;
 
 /// A bound, not yet serving, simulator.
 pub struct SimServer {

@@ -7,6 +7,8 @@
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 
+use crate::personality::Personality;
+
 const TTFT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
     20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
@@ -101,7 +103,41 @@ impl Histogram {
     pub fn sum(&self) -> f64 {
         self.sum.get()
     }
+
+    /// `(upper bound, cumulative count)` per bucket, `+Inf` left out (it is `count`).
+    pub fn cumulative(&self) -> Vec<(f64, u64)> {
+        let mut cum = 0;
+        self.bounds
+            .iter()
+            .zip(self.counts.iter())
+            .map(|(b, c)| {
+                cum += c.load(Relaxed);
+                (*b, cum)
+            })
+            .collect()
+    }
 }
+
+/// The bucket grids of the latency histograms (an engine other than vLLM has its own).
+#[derive(Debug, Clone, Copy)]
+pub struct Grids {
+    pub ttft: &'static [f64],
+    pub itl: &'static [f64],
+    pub tpot: &'static [f64],
+    pub e2e: &'static [f64],
+    pub queue: &'static [f64],
+    pub inference: &'static [f64],
+}
+
+/// vLLM's grids.
+pub const VLLM_GRIDS: Grids = Grids {
+    ttft: TTFT_BUCKETS,
+    itl: TPOT_BUCKETS,
+    tpot: TPOT_BUCKETS,
+    e2e: LATENCY_BUCKETS,
+    queue: LATENCY_BUCKETS,
+    inference: LATENCY_BUCKETS,
+};
 
 /// The series of one `model_name`.
 #[derive(Debug)]
@@ -137,7 +173,7 @@ pub struct ModelMetrics {
 }
 
 impl ModelMetrics {
-    fn new() -> Self {
+    fn new(g: &Grids) -> Self {
         ModelMetrics {
             running: AtomicI64::new(0),
             waiting: AtomicI64::new(0),
@@ -148,12 +184,12 @@ impl ModelMetrics {
             admission_rejections: AtomicU64::new(0),
             generation_tokens: AtomicU64::new(0),
             success: Default::default(),
-            ttft: Histogram::new(TTFT_BUCKETS),
-            itl: Histogram::new(TPOT_BUCKETS),
-            tpot: Histogram::new(TPOT_BUCKETS),
-            e2e: Histogram::new(LATENCY_BUCKETS),
-            queue: Histogram::new(LATENCY_BUCKETS),
-            inference: Histogram::new(LATENCY_BUCKETS),
+            ttft: Histogram::new(g.ttft),
+            itl: Histogram::new(g.itl),
+            tpot: Histogram::new(g.tpot),
+            e2e: Histogram::new(g.e2e),
+            queue: Histogram::new(g.queue),
+            inference: Histogram::new(g.inference),
             prefill: Histogram::new(LATENCY_BUCKETS),
             decode: Histogram::new(LATENCY_BUCKETS),
             req_prompt_tokens: Histogram::new(TOKEN_BUCKETS),
@@ -183,6 +219,8 @@ pub struct EngineMetrics {
     legacy: bool,
     /// Unix time the families were created (all `*_created` series).
     created: f64,
+    /// Whose families `render` writes.
+    personality: Personality,
 }
 
 /// Formats a float as Python's prometheus_client does (`repr`, `1.0`, `1.2e+09`, `+Inf`).
@@ -304,22 +342,48 @@ impl Out<'_> {
 
 impl EngineMetrics {
     pub fn new(names: &[String], kv_capacity: u64, legacy: bool, created: f64) -> Self {
+        Self::with_personality(names, kv_capacity, legacy, created, Personality::Vllm)
+    }
+
+    /// As [`EngineMetrics::new`], with the families (and grids) of another engine.
+    pub fn with_personality(
+        names: &[String],
+        kv_capacity: u64,
+        legacy: bool,
+        created: f64,
+        personality: Personality,
+    ) -> Self {
+        let grids = personality.grids();
         EngineMetrics {
             names: names.to_vec(),
-            models: names.iter().map(|_| ModelMetrics::new()).collect(),
+            models: names.iter().map(|_| ModelMetrics::new(&grids)).collect(),
             kv_tokens: AtomicI64::new(0),
             kv_capacity,
             legacy,
             created,
+            personality,
         }
+    }
+
+    /// The served model names, one per [`ModelMetrics`].
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// Unix time the families were created.
+    pub fn created(&self) -> f64 {
+        self.created
     }
 
     pub fn kv_usage(&self) -> f64 {
         (self.kv_tokens.load(Relaxed).max(0) as f64 / self.kv_capacity as f64).min(1.0)
     }
 
-    /// The Prometheus text exposition of every `vllm:*` family.
+    /// The Prometheus text exposition of every `vllm:*` family (or the personality's own).
     pub fn render(&self) -> String {
+        if self.personality != Personality::Vllm {
+            return self.personality.render_metrics(self);
+        }
         let mut o = Out {
             s: String::with_capacity(64 * 1024),
             names: &self.names,

@@ -137,11 +137,13 @@ pub async fn handle(
         (&Method::GET, "/health") => full(200, None, Bytes::new()),
         (&Method::GET, "/version") => json(200, "{\"version\":\"0.32.0\"}"),
         (&Method::GET, "/load") => json(200, format!("{{\"server_load\":{}}}", eng.load())),
-        (&Method::GET, "/metrics") => full(
+        (&Method::GET, path) if path == eng.cfg.personality.metrics_path() => full(
             200,
             Some("text/plain; version=1.0.0; charset=utf-8"),
             eng.metrics.render(),
         ),
+        // trtllm-serve's /metrics: JSON iteration statistics (none kept here).
+        (&Method::GET, "/metrics") => json(200, "[]"),
         // vLLM's SageMaker-style liveness probe: 200 with an empty body, GET or POST.
         (&Method::GET | &Method::POST, "/ping") => full(200, None, Bytes::new()),
         (_, path) => match allowed_methods(path) {
@@ -157,7 +159,9 @@ pub async fn handle(
 fn allowed_methods(path: &str) -> Option<&'static str> {
     match path {
         "/v1/chat/completions" | "/v1/completions" => Some("POST"),
-        "/v1/models" | "/health" | "/version" | "/load" | "/metrics" => Some("GET"),
+        "/v1/models" | "/health" | "/version" | "/load" | "/metrics" | "/prometheus/metrics" => {
+            Some("GET")
+        }
         "/ping" => Some("GET, POST"),
         _ => None,
     }
@@ -241,8 +245,8 @@ async fn generate(
     if greq.stream {
         let packing = Packing::new(faults.coalesce, cfg.coalesce_prob, cfg.seed, arrival_no)
             .stream_interval(cfg.stream_interval);
-        let include_usage = tmpl.include_usage();
-        let body = SseBody::new(run, tmpl, faults, api, include_usage, packing, agents)
+        let usage = tmpl.include_usage() || eng.cfg.stream_response_default_include_usage;
+        let body = SseBody::new(run, tmpl, faults, api, usage, packing, agents)
             .keep_alive(Duration::from_secs_f64(cfg.sse_keep_alive_interval));
         return head(200, Some(EVENT_STREAM), None)
             .body(SimBody::Sse(Box::new(body)))

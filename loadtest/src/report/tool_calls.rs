@@ -1,4 +1,4 @@
-//! The report's tool-call section (issue 13): per run phase, requests by their worst tool
+//! The report's tool-call section: per run phase, requests by their worst tool
 //! call's outcome (valid, invalid JSON, schema violation, unknown function), with the agent
 //! phase timings of each outcome's requests (first reasoning / answer / tool-call token, how
 //! long the arguments streamed). The client measures them with the proxy's `AgentMeter`

@@ -1,6 +1,6 @@
 //! `goodput-loadtest soak`: the real proxy binary in front of in-process simulators, a mixed
-//! fault share at high concurrency for a bounded time, then a machine-checked verdict (issue 14,
-//! item 7; criteria and results in docs/RELIABILITY.md):
+//! fault share at high concurrency for a bounded time, then a machine-checked verdict
+//! (criteria and results in docs/RELIABILITY.md):
 //! every request in exactly one outcome on both sides (client ledger vs the proxy's JSONL
 //! records, `/metrics` and `/stats`), 0 lost, the proxy's RSS and fd count flat.
 //!

@@ -1,4 +1,4 @@
-//! The ClickHouse sink against a real ClickHouse (issue 12 "what must show"). Ignored by a
+//! The ClickHouse sink against a real ClickHouse. Ignored by a
 //! plain `cargo test`: `.ci/run` starts Debian's clickhouse-server with
 //! `scripts/clickhouse.sh start` and runs these with
 //! `cargo test -p goodput-loadtest --test it clickhouse:: -- --ignored --test-threads=1`, the

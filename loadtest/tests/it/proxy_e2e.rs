@@ -1,4 +1,4 @@
-//! Through the proxy, end to end (issue 5 "what must show"): the simulator with known timings
+//! Through the proxy, end to end: the simulator with known timings
 //! behind the in-process proxy; the loadtest injects `error-after` / `truncate-after` on a share
 //! of requests in one phase and hangs up mid-stream on a share in another, with `--proxy-admin`
 //! and the proxy's JSONL sink (`--proxy-records`); the request mix varies API, streaming, `n`,

@@ -1,4 +1,4 @@
-//! The proxy's exact percentiles equal the client's (issue 9 "what must show"): the simulator
+//! The proxy's exact percentiles equal the client's: the simulator
 //! at TTFT 300 ms and TPOT 20 ms behind the in-process proxy, 64 streams of 50 tokens from the
 //! load generator; the proxy's `/stats` p50 and p99 of TTFT, TPOT and E2E agree with the same
 //! percentiles the load generator computes over its own records of the run (one percentile

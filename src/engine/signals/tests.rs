@@ -8,8 +8,8 @@ fn families(page: &str) -> Vec<Family> {
     }
 }
 
-fn vllm_capture() -> String {
-    let raw = include_str!("../../../tests/sim_fixtures/vllm-0.32/metrics.txt");
+/// The body of a captured response (headers end at the first blank line).
+fn body(raw: &str) -> String {
     raw[raw.find("\r\n\r\n").unwrap() + 4..].to_string()
 }
 
@@ -21,17 +21,29 @@ fn load(waiting: Option<f64>, running: Option<f64>, kv: Option<f64>) -> EngineLo
     }
 }
 
-/// One fixture page per engine, shaped like its real exposition (vLLM: a real capture), read
-/// with the kind detected.
+/// One page per engine: real captures (vLLM 0.32, llama-server at llama.cpp 0c1e570, both
+/// idle) and fixture pages shaped like each engine's exposition (from its source), read with
+/// the kind detected.
 #[test]
 fn every_engine_page_maps_to_the_canonical_signals() {
-    let vllm = vllm_capture();
+    let vllm = body(include_str!(
+        "../../../tests/sim_fixtures/vllm-0.32/metrics.txt"
+    ));
+    let llama = body(include_str!(
+        "../../../tests/engine_fixtures/llamacpp-0c1e570/metrics.txt"
+    ));
     let cases: &[(&str, &str, EngineKind, EngineLoad)] = &[
         (
-            "vllm",
+            "vllm capture",
             &vllm,
             EngineKind::Vllm,
             load(Some(0.0), Some(0.0), Some(0.0)),
+        ),
+        (
+            "llama-server capture",
+            &llama,
+            EngineKind::Llamacpp,
+            load(Some(0.0), Some(0.0), None),
         ),
         (
             "sglang",

@@ -1,4 +1,4 @@
-//! API keys and tenants (issue 14 item 1, the auth part of item 5). Pass criteria:
+//! API keys and tenants. Pass criteria:
 //! - no key, a wrong key, a non-Bearer `Authorization`, a key in the query string: 401 in
 //!   OpenAI's shape (`invalid_request_error` / `invalid_api_key`), the simulator's request
 //!   counter unchanged, each recorded `rejected` with no tenant (JSONL record `tenant: null`,

@@ -1,4 +1,4 @@
-//! Identity (issue 14 item 4): what the upstream learns about the client cannot be forged by
+//! Identity: what the upstream learns about the client cannot be forged by
 //! the client, and no request reaches anything but a configured replica: not by an
 //! absolute-form URI, a Host or `:authority` naming another server, nor by CONNECT.
 

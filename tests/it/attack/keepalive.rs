@@ -1,4 +1,4 @@
-//! The keep-alive race (issue 14, item 5, long part): an upstream that closes idle keep-alive
+//! The keep-alive race: an upstream that closes idle keep-alive
 //! connections at 5 s, as uvicorn (vLLM's server) does by default, and requests spaced so the
 //! proxy would take such a connection from its pool just as the upstream closes it. A reused
 //! connection closed under a request that was already written is a 502 the client never

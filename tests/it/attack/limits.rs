@@ -1,4 +1,4 @@
-//! Limits (issue 14 item 2): head size and field count (431), HTTP/2 settings as advertised,
+//! Limits: head size and field count (431), HTTP/2 settings as advertised,
 //! the stalled-upload deadline (408), the connection limit, the TLS handshake deadline, and
 //! the admin port on the same accept loop and drain.
 

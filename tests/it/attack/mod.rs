@@ -1,4 +1,4 @@
-//! The attack and failure suite (issue 14): what a hostile or broken client or upstream can
+//! The attack and failure suite: what a hostile or broken client or upstream can
 //! do to the proxy, each test with a pass criterion it checks. docs/RELIABILITY.md lists them
 //! with their measured results; the long parts are `#[ignore]` with their command there.
 

@@ -1,4 +1,4 @@
-//! TLS certificate reload on SIGHUP (issue 14 item 3), against the real binary: the files are
+//! TLS certificate reload on SIGHUP, against the real binary: the files are
 //! swapped under it and SIGHUP sent. Pass: a new connection presents the new certificate, a
 //! stream that was running over the old one finishes to `[DONE]`, and a reload from a broken
 //! file keeps the certificate in use.

@@ -1,4 +1,4 @@
-//! The agent meter's reading as it was before the one-pass scan took it over (issue 13): a
+//! The agent meter's reading as it was before the one-pass scan took it over: a
 //! substring prefilter (`"reasoning`, `"tool_calls"`) on each chunk, and a borrowed
 //! `serde_json` parse of the events that pass it. Kept only as the reference of the
 //! differential test beside it (`differential.rs`); it fills the same call buffers

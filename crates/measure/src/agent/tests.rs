@@ -355,7 +355,7 @@ fn a_stream_cut_into_frames_anywhere_assembles_the_same_calls() {
 
 #[test]
 fn reasoning_tokens_of_a_stripped_usage_chunk_count() {
-    // The proxy injected usage and the strip body removed its chunk: the meter hears the usage
+    // The proxy injected usage and the strip removed its chunk: the meter hears the usage
     // through `on_usage`, reasoning count included.
     let t0 = Instant::now();
     let mut m = crate::StreamMeter::new(t0, true);

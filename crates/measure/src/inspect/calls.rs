@@ -1,4 +1,4 @@
-//! What the one pass notes about tool calls (issue 13): each entry of a choice's
+//! What the one pass notes about tool calls: each entry of a choice's
 //! `delta.tool_calls` (streams) or `message.tool_calls` (a non-streaming body), so that the
 //! agent meter ([`crate::agent::AgentMeter`]) assembles calls without parsing the event again.
 //! Names and argument fragments are byte spans of the payload ([`Span`]), decoded only by

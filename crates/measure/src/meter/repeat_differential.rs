@@ -118,7 +118,7 @@ fn event() -> impl Strategy<Value = String> {
 }
 
 /// `body` cut at `cuts` (offsets taken modulo its length, in any order).
-fn split<'a>(body: &'a [u8], cuts: &[usize]) -> Vec<&'a [u8]> {
+pub(super) fn split<'a>(body: &'a [u8], cuts: &[usize]) -> Vec<&'a [u8]> {
     let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (body.len() + 1)).collect();
     cuts.sort_unstable();
     let mut frames = Vec::new();

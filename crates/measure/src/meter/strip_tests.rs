@@ -8,6 +8,7 @@ use bytes::Bytes;
 use proptest::prelude::*;
 use tokio::time::Instant;
 
+use super::repeat_differential::split;
 use super::{Measurement, StreamMeter};
 use crate::fixtures::capture;
 use crate::outcome::{Ending, Outcome};
@@ -61,19 +62,6 @@ fn stream_event() -> impl Strategy<Value = String> {
         1 => Just(": ping\n\n".to_string()),
         1 => Just("\n".to_string()),
     ]
-}
-
-fn split<'a>(body: &'a [u8], cuts: &[usize]) -> Vec<&'a [u8]> {
-    let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (body.len() + 1)).collect();
-    cuts.sort_unstable();
-    let mut frames = Vec::new();
-    let mut at = 0;
-    for c in cuts {
-        frames.push(&body[at..c]);
-        at = c;
-    }
-    frames.push(&body[at..]);
-    frames
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! Client vs proxy vs engine (issue 5 item 8).
+//! Client vs proxy vs engine.
 //!
 //! At each phase start and end the runner snapshots the proxy's admin `/metrics` and `/stats`
 //! and each engine's own `/metrics`. Per phase and model, for TTFT, TPOT and E2E we then set

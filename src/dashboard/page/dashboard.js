@@ -1,0 +1,206 @@
+"use strict";
+// The dashboard's script: polls dashboard.json (relative, so the page also works behind a path
+// prefix) and hands each panel its part. Text from the proxy (request ids, model names) is only
+// ever set as textContent, never parsed as HTML.
+//
+// A panel is three things with one name: a section of the page with data-panel NAME, a renderer
+// PANELS.NAME(body, data, doc) below, and a builder in src/dashboard/panels.rs that fills
+// doc.panels.NAME. A renderer draws into `body` (the section's .body) from scratch each time.
+
+const PANELS = {};
+
+// --- small helpers -------------------------------------------------------------------------
+function h(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null) continue;
+    if (k === "class") e.className = v; else e.setAttribute(k, v);
+  }
+  for (const c of children.flat()) {
+    if (c === undefined || c === null) continue;
+    e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return e;
+}
+const dash = "\u2013";
+function num(v, digits) { return v === null || v === undefined ? dash : v.toFixed(digits); }
+function ms(v) { return v === null || v === undefined ? dash : (v * 1000).toFixed(v < 0.1 ? 1 : 0); }
+function signedMs(v) { return v === null || v === undefined ? dash : (v >= 0 ? "+" : "") + (v * 1000).toFixed(1); }
+function pct(v) { return v === null || v === undefined ? dash : (v * 100).toFixed(1) + " %"; }
+function table(heads, rows) {
+  return h("table", {},
+    h("thead", {}, h("tr", {}, heads.map((x) => h("th", {}, x)))),
+    h("tbody", {}, rows));
+}
+function empty(text) { return h("div", { class: "empty" }, text); }
+function ratioClass(r) { return r === null || r === undefined ? "" : r >= 0.99 ? "good" : r >= 0.9 ? "warn" : "bad"; }
+
+// --- panels --------------------------------------------------------------------------------
+// Time series kept in the page (the proxy keeps none for it): one point per refresh.
+const SERIES_MAX = 300;
+const series = { t: [], rps: [], good: [], inflight: [] };
+let trafficChart = null;
+
+PANELS.traffic = (body, d) => {
+  series.t.push(Date.now() / 1000);
+  series.rps.push(d.recent_requests_per_s);
+  series.good.push(d.recent_good_per_s);
+  series.inflight.push(d.in_flight);
+  for (const k of Object.keys(series)) if (series[k].length > SERIES_MAX) series[k].shift();
+  if (!trafficChart) {
+    body.replaceChildren();
+    const tiles = h("div", { class: "tiles" });
+    const plot = h("div", { class: "chart" });
+    body.append(tiles, plot);
+    if (window.uPlot) {
+      trafficChart = new uPlot({
+        width: Math.max(320, body.clientWidth - 8), height: 180,
+        series: [{}, { label: "requests/s", stroke: "#2563eb" }, { label: "good/s", stroke: "#1a7f37" },
+                 { label: "in flight", stroke: "#b7791f", scale: "n" }],
+        axes: [{}, { label: "per s" }, { side: 1, scale: "n", grid: { show: false } }],
+      }, [[], [], [], []], plot);
+    }
+  }
+  const tile = (label, value, cls) => h("div", { class: "tile" },
+    h("div", { class: "label" }, label), h("div", { class: "big " + (cls || "") }, value));
+  body.querySelector(".tiles").replaceChildren(
+    tile(`requests/s (last ${num(d.recent_seconds, 0)} s)`, num(d.recent_requests_per_s, 1)),
+    tile(`good/s (last ${num(d.recent_seconds, 0)} s)`, num(d.recent_good_per_s, 1)),
+    tile("goodput ratio (window)", pct(d.goodput_ratio), ratioClass(d.goodput_ratio)),
+    tile("in flight", String(d.in_flight)),
+    tile("requests in window", String(d.requests)));
+  if (trafficChart) trafficChart.setData([series.t, series.rps, series.good, series.inflight]);
+};
+
+PANELS.goodput = (body, d) => {
+  if (!d.models.length) { body.replaceChildren(empty("no request finished in the window")); return; }
+  const names = d.outcome_names;
+  const rows = d.models.map((m) => h("tr", {},
+    h("td", { class: "text" }, m.model),
+    h("td", {}, m.requests),
+    h("td", { class: ratioClass(m.ratio) }, pct(m.ratio)),
+    h("td", {}, num(m.good_per_s, 2)),
+    names.map((n) => h("td", { class: n === "success" || !m.outcomes[n] ? "" : "bad" }, m.outcomes[n] || 0))));
+  const parts = [table(["model", "requests", "goodput ratio", "good/s", ...names], rows)];
+  if (d.more_models) parts.push(h("div", { class: "muted" }, `${d.more_models} more models not shown`));
+  body.replaceChildren(...parts);
+};
+
+PANELS.latency = (body, d) => {
+  if (!d.groups.length) { body.replaceChildren(empty("no request finished through the proxy in the window")); return; }
+  const rows = [];
+  for (const g of d.groups) {
+    const e = g.engine;
+    rows.push(h("tr", { class: "group" }, h("td", { colspan: 10 },
+      `model ${g.model}, upstream ${g.upstream === null ? "(all)" : g.upstream}`,
+      h("span", { class: "muted" }, `  engine: ${num(e.requests_per_s, 2)} req/s, max running ${e.max_running ?? dash}, max waiting ${e.max_waiting ?? dash}`))));
+    for (const r of g.rows) {
+      r.cells.forEach((c, i) => rows.push(h("tr", {},
+        h("td", { class: "text" }, i === 0 ? r.quantity : ""),
+        h("td", { class: "text" }, "p" + Math.round(c.quantile * 100)),
+        h("td", {}, ms(c.exact)), h("td", {}, ms(c.proxy_hist)), h("td", {}, ms(c.engine_hist)),
+        h("td", {}, signedMs(c.proxy_minus_exact)), h("td", {}, signedMs(c.engine_minus_exact)),
+        h("td", {}, signedMs(c.proxy_minus_engine)), h("td", {}, ms(c.bucket_width)),
+        h("td", {}, i === 0 ? `${r.exact_count}/${r.proxy_count}/${r.engine_count}` : ""))));
+    }
+  }
+  const parts = [table(["", "q", "exact", "proxy~", "engine~", "proxy-exact", "engine-exact",
+    "proxy-engine", "bucket", "n exact/proxy/engine"], rows),
+    h("div", { class: "muted" }, `histogram window ${num(d.window_seconds, 0)} s`)];
+  if (d.more_groups) parts.push(h("div", { class: "muted" }, `${d.more_groups} more groups not shown`));
+  body.replaceChildren(...parts);
+};
+
+PANELS.replicas = (body, d) => {
+  if (!d.replicas.length) { body.replaceChildren(empty("no replica")); return; }
+  // An engine not scraped (yet, or its last scrape failed) has no figures: "n/a", not 0.
+  const eng = (r, v, f) => !r.engine_scraped ? h("span", { class: "muted" }, "n/a") : v === null ? dash : f(v);
+  const rows = d.replicas.map((r) => h("tr", {},
+    h("td", { class: "text" }, r.upstream),
+    h("td", { class: r.healthy ? "good" : "bad" }, r.healthy ? "healthy" : "unhealthy"),
+    h("td", {}, r.in_flight),
+    h("td", {}, eng(r, r.engine_waiting, String)),
+    h("td", {}, eng(r, r.engine_running, String)),
+    h("td", {}, eng(r, r.kv_cache_usage, pct))));
+  const parts = [table(["upstream", "health", "in flight", "engine queue", "engine running", "KV cache"], rows)];
+  if (d.more) parts.push(h("div", { class: "muted" }, `${d.more} more replicas not shown`));
+  body.replaceChildren(...parts);
+};
+
+PANELS.tools = (body, d) => {
+  if (!d.requests) { body.replaceChildren(empty("no request with tool calls in the window")); return; }
+  const rows = Object.entries(d.outcomes).map(([k, n]) => h("tr", {},
+    h("td", { class: "text" }, k), h("td", { class: k === "valid" || !n ? "" : "bad" }, n)));
+  body.replaceChildren(table(["worst tool-call outcome", "requests"], rows));
+};
+
+PANELS.slowest = (body, d) => {
+  if (!d.requests.length) { body.replaceChildren(empty("no request finished in the window")); return; }
+  const rows = d.requests.map((r) => h("tr", {},
+    h("td", { class: "text" }, r.trace
+      ? h("a", { href: "trace/" + encodeURIComponent(r.id), class: "trace" }, r.id)
+      : r.id),
+    h("td", { class: "text" }, r.model),
+    h("td", { class: "text" }, r.upstream),
+    h("td", { class: "text " + (r.outcome === "success" ? "" : "bad") }, r.outcome),
+    h("td", {}, r.status ?? dash),
+    h("td", {}, ms(r.e2e_s)),
+    h("td", {}, ms(r.ttft_s)),
+    h("td", {}, r.completion_tokens ?? dash),
+    h("td", {}, num(r.age_s, 0))));
+  body.replaceChildren(table(["request id", "model", "upstream", "outcome", "status", "e2e ms",
+    "ttft ms", "tokens", "ended s ago"], rows));
+};
+
+// --- the loop ------------------------------------------------------------------------------
+const statusEl = document.getElementById("status");
+const windowEl = document.getElementById("window");
+const everyEl = document.getElementById("every");
+let timer = null;
+let inFlight = false;
+
+async function refresh() {
+  if (inFlight) return;
+  inFlight = true;
+  try {
+    const resp = await fetch("dashboard.json?window=" + encodeURIComponent(windowEl.value), { cache: "no-store" });
+    const text = await resp.text();
+    if (!resp.ok) throw new Error(`dashboard.json answered ${resp.status}: ${text.slice(0, 200)}`);
+    const doc = JSON.parse(text);
+    for (const section of document.querySelectorAll("section[data-panel]")) {
+      const name = section.dataset.panel;
+      const render = PANELS[name];
+      const body = section.querySelector(".body");
+      if (!render || doc.panels[name] === undefined) {
+        body.replaceChildren(empty(`no data for panel ${name}`));
+        section.dataset.ok = "0";
+        continue;
+      }
+      try {
+        render(body, doc.panels[name], doc);
+        section.dataset.ok = "1";
+      } catch (e) {
+        body.replaceChildren(h("div", { class: "bad" }, `panel ${name}: ${e}`));
+        section.dataset.ok = "0";
+      }
+    }
+    statusEl.className = "status";
+    statusEl.textContent = `updated ${new Date().toLocaleTimeString()} \u00b7 ${text.length} bytes \u00b7 window ${num(doc.window_seconds, 0)} s`;
+    document.body.dataset.refreshes = String(Number(document.body.dataset.refreshes || 0) + 1);
+  } catch (e) {
+    statusEl.className = "status error";
+    statusEl.textContent = String(e);
+  } finally {
+    inFlight = false;
+  }
+}
+
+function schedule() {
+  if (timer) clearInterval(timer);
+  const every = Number(everyEl.value);
+  timer = every > 0 ? setInterval(refresh, every) : null;
+}
+windowEl.addEventListener("change", refresh);
+everyEl.addEventListener("change", schedule);
+refresh();
+schedule();

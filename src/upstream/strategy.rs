@@ -1,0 +1,659 @@
+//! The replica choice for one request, by `[balance] strategy` (docs/routing.md):
+//!
+//! - `p2c`: two random candidates, fewer requests in flight plus engine queue wins: near
+//!   least-loaded without the herd behaviour of always picking the global minimum. A request
+//!   waiting in the engine queue counts twice on purpose: at equal in-flight the replica whose
+//!   engine already queues loses, and traffic it gets from elsewhere shows up at all.
+//! - `prefix`: the replicas that recently served the request's longest prefix (at least
+//!   `prefix_min_blocks` blocks) are tried first, least loaded of them, unless all are
+//!   saturated ("sticky until saturated"); otherwise power of two choices on load in tokens.
+//! - `goodput`: power of two choices on load in tokens divided by the replica's recent SLO
+//!   attainment (to the power `attainment_weight`), plus an `exploration` share sent to a
+//!   random replica so that a replica that recovered earns traffic back.
+//! - `auto`: `prefix` among the replicas whose attainment is within 0.2 of the best, `goodput`
+//!   otherwise, with the same exploration share.
+//!
+//! Load in tokens of a replica: the estimated prompt and output tokens of this proxy's requests
+//! in flight there, plus the engine's waiting queue counted in requests like this one. Healthy
+//! replicas are preferred; when none is healthy every candidate is tried.
+//!
+//! [`decide`] is the pure core (candidates and the prefix lookup in, a choice out), table-tested
+//! below; [`Balancer`] adds the prefix index around it.
+
+use std::sync::Mutex;
+
+use prometheus::{IntCounter, IntCounterVec, Opts};
+use rand::Rng;
+
+use super::prefix::{PrefixIndex, ReplicaId};
+use super::shape::Shape;
+use crate::config::{BalanceConfig, Strategy};
+
+/// Why a replica was chosen (the `reason` label of `goodput_proxy_route_decisions_total` and
+/// the record's `route_reason`).
+pub use goodput_measure::record::RouteReason as Reason;
+
+/// One replica as the choice sees it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Cand {
+    pub id: ReplicaId,
+    pub healthy: bool,
+    /// This proxy's requests in flight there.
+    pub in_flight: usize,
+    /// Their estimated tokens (prompt + output).
+    pub tokens: u64,
+    /// The engine's waiting queue and KV-cache use from its last scrape (`None`: unknown).
+    pub waiting: Option<f64>,
+    pub kv: Option<f64>,
+    /// Recent SLO attainment, 0..1.
+    pub attainment: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Choice {
+    pub idx: usize,
+    pub reason: Reason,
+}
+
+/// The candidates `excluded` leaves, healthy ones only when there are any.
+fn eligible(cands: &[Cand], excluded: &[usize], out: &mut Vec<usize>) {
+    out.clear();
+    out.extend((0..cands.len()).filter(|i| cands[*i].healthy && !excluded.contains(i)));
+    if out.is_empty() {
+        out.extend((0..cands.len()).filter(|i| !excluded.contains(i)));
+    }
+}
+
+/// Load in tokens of candidate `c` if it took `shape`.
+fn load(c: &Cand, shape: &Shape) -> f64 {
+    let req = shape.tokens().max(1) as f64;
+    c.tokens as f64 + c.waiting.unwrap_or(0.0).max(0.0) * req + req
+}
+
+/// Two distinct random candidates of `elig`, the lower `score` wins.
+fn two_choices<R: Rng + ?Sized>(
+    elig: &[usize],
+    rng: &mut R,
+    score: impl Fn(usize) -> f64,
+) -> usize {
+    let n = elig.len();
+    let a = rng.random_range(0..n);
+    let mut b = rng.random_range(0..n - 1);
+    if b >= a {
+        b += 1;
+    }
+    let (a, b) = (elig[a], elig[b]);
+    if score(b) < score(a) {
+        b
+    } else {
+        a
+    }
+}
+
+/// The choice. `matched`: candidates holding the request's longest recorded prefix (most
+/// recent first), `match_blocks` its length; `scratch` is reused between calls.
+#[allow(clippy::too_many_arguments)]
+pub fn decide<R: Rng + ?Sized>(
+    cfg: &BalanceConfig,
+    cands: &[Cand],
+    shape: &Shape,
+    matched: &[usize],
+    match_blocks: usize,
+    excluded: &[usize],
+    rng: &mut R,
+    scratch: &mut Vec<usize>,
+) -> Option<Choice> {
+    eligible(cands, excluded, scratch);
+    let elig = &scratch[..];
+    let pick = |idx, reason| Some(Choice { idx, reason });
+    match elig.len() {
+        0 => return None,
+        1 => return pick(elig[0], Reason::Only),
+        _ => {}
+    }
+    let strategy = cfg.strategy;
+    if strategy == Strategy::P2c {
+        let score = |i: usize| {
+            let c = &cands[i];
+            (c.in_flight + c.waiting.map_or(0, |w| w.max(0.0).round() as usize)) as f64
+        };
+        return pick(two_choices(elig, rng, score), Reason::P2c);
+    }
+    let explores = matches!(strategy, Strategy::Goodput | Strategy::Auto);
+    if explores && cfg.exploration > 0.0 && rng.random::<f64>() < cfg.exploration {
+        return pick(elig[rng.random_range(0..elig.len())], Reason::Explore);
+    }
+    let weighted = explores && cfg.attainment_weight > 0.0;
+    let score = |i: usize| {
+        let c = &cands[i];
+        let l = load(c, shape);
+        if weighted {
+            l / c.attainment.clamp(0.01, 1.0).powf(cfg.attainment_weight)
+        } else {
+            l
+        }
+    };
+    let fallback = if weighted {
+        Reason::Goodput
+    } else {
+        Reason::LeastLoad
+    };
+    let prefix = matches!(strategy, Strategy::Prefix | Strategy::Auto);
+    if prefix && match_blocks >= cfg.prefix_min_blocks && !matched.is_empty() {
+        let best_att = elig
+            .iter()
+            .map(|&i| cands[i].attainment)
+            .fold(0.0, f64::max);
+        let mean = elig.iter().map(|&i| load(&cands[i], shape)).sum::<f64>() / elig.len() as f64;
+        let limit = cfg.saturation_ratio * mean + shape.tokens() as f64;
+        let saturated = |c: &Cand| {
+            load(c, shape) > limit
+                || c.waiting
+                    .is_some_and(|w| w >= cfg.saturation_queue.max(1.0))
+                || c.kv.is_some_and(|k| k >= cfg.saturation_kv)
+        };
+        let usable = matched.iter().copied().filter(|i| {
+            elig.contains(i)
+                && (strategy == Strategy::Prefix || cands[*i].attainment >= best_att - 0.2)
+        });
+        let mut any = false;
+        let mut best: Option<(usize, f64)> = None;
+        for i in usable {
+            any = true;
+            if saturated(&cands[i]) {
+                continue;
+            }
+            let s = score(i);
+            if best.is_none_or(|(_, b)| s < b) {
+                best = Some((i, s));
+            }
+        }
+        if let Some((i, _)) = best {
+            return pick(i, Reason::PrefixHit);
+        }
+        if any {
+            return pick(two_choices(elig, rng, score), Reason::PrefixSaturated);
+        }
+    }
+    pick(two_choices(elig, rng, score), fallback)
+}
+
+/// The configured strategy with its prefix index and decision counter.
+#[derive(Debug)]
+pub struct Balancer {
+    pub cfg: BalanceConfig,
+    index: Mutex<PrefixIndex>,
+    /// `goodput_proxy_route_decisions_total{reason}` (registered by the app).
+    pub decisions: IntCounterVec,
+    by_reason: [IntCounter; Reason::ALL.len()],
+}
+
+impl Balancer {
+    pub fn new(cfg: BalanceConfig) -> Self {
+        let decisions = IntCounterVec::new(
+            Opts::new(
+                "goodput_proxy_route_decisions_total",
+                "Replica choices by the balancer, by why the replica was chosen (each attempt of a retried request counts).",
+            ),
+            &["reason"],
+        )
+        .unwrap_or_else(|e| unreachable!("a valid family: {e}"));
+        let by_reason = Reason::ALL.map(|r| decisions.with_label_values(&[r.as_str()]));
+        Balancer {
+            index: Mutex::new(PrefixIndex::new(cfg.prefix_index_blocks)),
+            cfg,
+            decisions,
+            by_reason,
+        }
+    }
+
+    /// Counts one decision.
+    pub fn count(&self, reason: Reason) {
+        self.by_reason[reason as usize].inc();
+    }
+
+    fn uses_prefix(&self) -> bool {
+        matches!(self.cfg.strategy, Strategy::Prefix | Strategy::Auto)
+    }
+
+    /// Chooses among `cands` (never an `excluded` index) and, with a prefix strategy, records
+    /// the request's blocks under the chosen replica.
+    pub fn choose<R: Rng + ?Sized>(
+        &self,
+        cands: &[Cand],
+        shape: &Shape,
+        excluded: &[usize],
+        rng: &mut R,
+    ) -> Option<Choice> {
+        let mut scratch = Vec::with_capacity(cands.len());
+        if !self.uses_prefix() || shape.blocks.len() < self.cfg.prefix_min_blocks {
+            return decide(&self.cfg, cands, shape, &[], 0, excluded, rng, &mut scratch);
+        }
+        let mut index = self.index.lock().unwrap_or_else(|e| e.into_inner());
+        let (blocks, ids) = index.longest(&shape.blocks);
+        let mut matched = [0usize; super::prefix::WAYS];
+        let mut n = 0;
+        for id in ids.as_slice() {
+            if let Some(i) = cands.iter().position(|c| c.id == *id) {
+                matched[n] = i;
+                n += 1;
+            }
+        }
+        let choice = decide(
+            &self.cfg,
+            cands,
+            shape,
+            &matched[..n],
+            blocks,
+            excluded,
+            rng,
+            &mut scratch,
+        )?;
+        index.record(&shape.blocks, cands[choice.idx].id);
+        Some(choice)
+    }
+
+    /// The engine reported fewer cached prompt tokens than the index expected: its copy of
+    /// this prompt's later blocks is gone.
+    pub fn forget(&self, shape: &Shape, id: ReplicaId, cached_tokens: u64) {
+        if !self.uses_prefix() {
+            return;
+        }
+        let per_block = (self.cfg.prefix_block_bytes / 4).max(1) as u64;
+        let kept = (cached_tokens / per_block) as usize;
+        if kept < shape.blocks.len() {
+            let mut index = self.index.lock().unwrap_or_else(|e| e.into_inner());
+            index.forget(&shape.blocks[kept..], id);
+        }
+    }
+
+    /// Blocks the prefix index holds now.
+    pub fn index_len(&self) -> usize {
+        self.index.lock().map(|i| i.len()).unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::SmallRng;
+    use rand::SeedableRng;
+
+    fn cand(id: u32, tokens: u64) -> Cand {
+        Cand {
+            id,
+            healthy: true,
+            in_flight: (tokens / 100) as usize,
+            tokens,
+            waiting: Some(0.0),
+            kv: Some(0.1),
+            attainment: 1.0,
+        }
+    }
+
+    fn cfg(strategy: Strategy) -> BalanceConfig {
+        BalanceConfig {
+            strategy,
+            exploration: 0.0,
+            prefix_min_blocks: 2,
+            ..BalanceConfig::default()
+        }
+    }
+
+    fn shape(blocks: usize) -> Shape {
+        Shape {
+            blocks: (0..blocks as u64).collect(),
+            prompt_tokens: 100,
+            output_tokens: 100,
+        }
+    }
+
+    fn run(
+        cfg: &BalanceConfig,
+        cands: &[Cand],
+        matched: &[usize],
+        blocks: usize,
+        excluded: &[usize],
+    ) -> Option<Choice> {
+        let mut rng = SmallRng::seed_from_u64(5);
+        decide(
+            cfg,
+            cands,
+            &shape(blocks),
+            matched,
+            blocks,
+            excluded,
+            &mut rng,
+            &mut Vec::new(),
+        )
+    }
+
+    #[test]
+    fn prefix_affinity_is_sticky_until_saturated() {
+        let c = cfg(Strategy::Prefix);
+        let hit = Some(Choice {
+            idx: 2,
+            reason: Reason::PrefixHit,
+        });
+        let cases: Vec<(&str, Vec<Cand>, Option<Choice>)> = vec![
+            (
+                "idle cluster: the match wins",
+                vec![cand(0, 0), cand(1, 0), cand(2, 0)],
+                hit,
+            ),
+            (
+                "busier than the others, not saturated: still the match",
+                vec![cand(0, 400), cand(1, 400), cand(2, 900)],
+                hit,
+            ),
+            (
+                "far above the mean: released",
+                vec![cand(0, 200), cand(1, 200), cand(2, 5_000)],
+                Some(Choice {
+                    idx: 0,
+                    reason: Reason::PrefixSaturated,
+                }),
+            ),
+            (
+                "its engine queues: released",
+                vec![
+                    cand(0, 0),
+                    cand(1, 0),
+                    Cand {
+                        waiting: Some(4.0),
+                        ..cand(2, 0)
+                    },
+                ],
+                Some(Choice {
+                    idx: 0,
+                    reason: Reason::PrefixSaturated,
+                }),
+            ),
+            (
+                "its KV cache is full: released",
+                vec![
+                    cand(0, 0),
+                    cand(1, 0),
+                    Cand {
+                        kv: Some(0.97),
+                        ..cand(2, 0)
+                    },
+                ],
+                Some(Choice {
+                    idx: 0,
+                    reason: Reason::PrefixSaturated,
+                }),
+            ),
+            (
+                "unhealthy: not a candidate",
+                vec![
+                    cand(0, 0),
+                    cand(1, 0),
+                    Cand {
+                        healthy: false,
+                        ..cand(2, 0)
+                    },
+                ],
+                Some(Choice {
+                    idx: 0,
+                    reason: Reason::LeastLoad,
+                }),
+            ),
+        ];
+        for (what, cands, want) in cases {
+            let got = run(&c, &cands, &[2], 3, &[]);
+            assert_eq!(got.map(|g| g.reason), want.map(|w| w.reason), "{what}");
+            if want.map(|w| w.reason) == Some(Reason::PrefixHit) {
+                assert_eq!(got, want, "{what}");
+            } else {
+                assert_ne!(got.map(|g| g.idx), Some(2), "{what}");
+            }
+        }
+        // Too short a match, or none: load decides.
+        let cands = [cand(0, 0), cand(1, 0), cand(2, 0)];
+        assert_eq!(
+            run(&c, &cands, &[2], 1, &[]).unwrap().reason,
+            Reason::LeastLoad
+        );
+        assert_eq!(
+            run(&c, &cands, &[], 0, &[]).unwrap().reason,
+            Reason::LeastLoad
+        );
+        // Of several holders, the least loaded.
+        let cands = [cand(0, 0), cand(1, 700), cand(2, 300)];
+        assert_eq!(run(&c, &cands, &[1, 2], 3, &[]).unwrap().idx, 2);
+    }
+
+    #[test]
+    fn goodput_steers_away_from_replicas_that_miss_their_slos() {
+        let c = cfg(Strategy::Goodput);
+        let slow = Cand {
+            attainment: 0.2,
+            ..cand(1, 0)
+        };
+        let mut rng = SmallRng::seed_from_u64(1);
+        let mut counts = [0usize; 2];
+        for _ in 0..1_000 {
+            let ch = decide(
+                &c,
+                &[cand(0, 3_000), slow],
+                &shape(0),
+                &[],
+                0,
+                &[],
+                &mut rng,
+                &mut Vec::new(),
+            )
+            .unwrap();
+            assert_eq!(ch.reason, Reason::Goodput);
+            counts[ch.idx] += 1;
+        }
+        // 3,000 tokens in flight on the good one still beat an idle replica at 20 %.
+        assert_eq!(counts, [1_000, 0]);
+        // With weight 0 attainment is ignored: the idle one wins.
+        let flat = BalanceConfig {
+            attainment_weight: 0.0,
+            ..c.clone()
+        };
+        assert_eq!(
+            run(&flat, &[cand(0, 3_000), slow], &[], 0, &[])
+                .unwrap()
+                .idx,
+            1
+        );
+    }
+
+    #[test]
+    fn the_exploration_share_reaches_every_replica() {
+        let c = BalanceConfig {
+            exploration: 0.1,
+            ..cfg(Strategy::Auto)
+        };
+        let bad = Cand {
+            attainment: 0.0,
+            ..cand(2, 0)
+        };
+        let cands = [cand(0, 0), cand(1, 0), bad];
+        let mut rng = SmallRng::seed_from_u64(9);
+        let (mut explored, mut to_bad) = (0, 0);
+        for _ in 0..10_000 {
+            let ch = decide(
+                &c,
+                &cands,
+                &shape(0),
+                &[],
+                0,
+                &[],
+                &mut rng,
+                &mut Vec::new(),
+            )
+            .unwrap();
+            if ch.reason == Reason::Explore {
+                explored += 1;
+            }
+            if ch.idx == 2 {
+                assert_eq!(ch.reason, Reason::Explore);
+                to_bad += 1;
+            }
+        }
+        assert!((900..1_100).contains(&explored), "{explored}");
+        assert!((250..420).contains(&to_bad), "{to_bad}");
+        // p2c and prefix never explore.
+        for s in [Strategy::P2c, Strategy::Prefix] {
+            let c = BalanceConfig {
+                exploration: 0.5,
+                ..cfg(s)
+            };
+            for _ in 0..200 {
+                let ch = decide(
+                    &c,
+                    &cands,
+                    &shape(0),
+                    &[],
+                    0,
+                    &[],
+                    &mut rng,
+                    &mut Vec::new(),
+                );
+                assert_ne!(ch.unwrap().reason, Reason::Explore);
+            }
+        }
+    }
+
+    #[test]
+    fn auto_takes_the_prefix_only_on_a_replica_that_meets_its_slos() {
+        let c = cfg(Strategy::Auto);
+        let failing = Cand {
+            attainment: 0.5,
+            ..cand(2, 0)
+        };
+        let ch = run(&c, &[cand(0, 0), cand(1, 0), failing], &[2], 3, &[]).unwrap();
+        assert_eq!(ch.reason, Reason::Goodput);
+        assert_ne!(ch.idx, 2);
+        let ch = run(&c, &[cand(0, 0), cand(1, 0), cand(2, 0)], &[2], 3, &[]).unwrap();
+        assert_eq!(
+            ch,
+            Choice {
+                idx: 2,
+                reason: Reason::PrefixHit
+            }
+        );
+    }
+
+    #[test]
+    fn exclusions_health_and_single_candidates() {
+        for s in [
+            Strategy::P2c,
+            Strategy::Prefix,
+            Strategy::Goodput,
+            Strategy::Auto,
+        ] {
+            let c = cfg(s);
+            assert_eq!(run(&c, &[], &[], 0, &[]), None);
+            assert_eq!(run(&c, &[cand(0, 0)], &[], 0, &[0]), None);
+            let only = run(&c, &[cand(0, 0), cand(1, 0)], &[0], 3, &[1]).unwrap();
+            assert_eq!(
+                only,
+                Choice {
+                    idx: 0,
+                    reason: Reason::Only
+                }
+            );
+            // Nobody healthy: still served.
+            let sick = |id| Cand {
+                healthy: false,
+                ..cand(id, 0)
+            };
+            assert!(run(&c, &[sick(0), sick(1)], &[], 0, &[]).is_some());
+            // Healthy first.
+            let ch = run(&c, &[sick(0), cand(1, 9_000)], &[0], 3, &[]).unwrap();
+            assert_eq!(ch.idx, 1, "{s:?}");
+        }
+    }
+
+    #[test]
+    fn p2c_compares_in_flight_plus_engine_queue() {
+        let c = cfg(Strategy::P2c);
+        let q = |in_flight: usize, waiting: f64| Cand {
+            in_flight,
+            waiting: Some(waiting),
+            ..cand(0, 0)
+        };
+        let cases: Vec<(Vec<Cand>, usize)> = vec![
+            // equal in-flight: the replica whose engine queues loses
+            (vec![q(2, 6.0), q(2, 0.0)], 1),
+            // a long engine queue outweighs fewer in-flight requests
+            (vec![q(1, 8.0), q(4, 0.0)], 1),
+            // fewer in-flight wins when the queues are level
+            (vec![q(1, 3.0), q(4, 3.0)], 0),
+            (vec![q(3, 0.0), q(1, 0.0)], 1),
+            // an unknown queue counts as empty
+            (
+                vec![
+                    Cand {
+                        waiting: None,
+                        ..q(1, 0.0)
+                    },
+                    q(2, 0.0),
+                ],
+                0,
+            ),
+        ];
+        let mut rng = SmallRng::seed_from_u64(3);
+        for (cands, want) in cases {
+            for _ in 0..20 {
+                let ch = decide(
+                    &c,
+                    &cands,
+                    &shape(0),
+                    &[],
+                    0,
+                    &[],
+                    &mut rng,
+                    &mut Vec::new(),
+                );
+                assert_eq!(
+                    ch,
+                    Some(Choice {
+                        idx: want,
+                        reason: Reason::P2c
+                    }),
+                    "{cands:?}"
+                );
+            }
+        }
+        // Of many, never the most loaded.
+        let many: Vec<Cand> = (0..5).map(|i| q(i, 0.0)).collect();
+        for _ in 0..200 {
+            let ch = decide(&c, &many, &shape(0), &[], 0, &[], &mut rng, &mut Vec::new());
+            assert_ne!(ch.unwrap().idx, 4);
+        }
+    }
+
+    #[test]
+    fn the_balancer_learns_prefixes_and_forgets_them() {
+        let b = Balancer::new(cfg(Strategy::Prefix));
+        let cands = [cand(10, 0), cand(11, 0), cand(12, 0), cand(13, 0)];
+        let s = shape(4);
+        let mut rng = SmallRng::seed_from_u64(3);
+        let first = b.choose(&cands, &s, &[], &mut rng).unwrap();
+        assert_eq!(first.reason, Reason::LeastLoad);
+        for _ in 0..20 {
+            let again = b.choose(&cands, &s, &[], &mut rng).unwrap();
+            assert_eq!(
+                again,
+                Choice {
+                    idx: first.idx,
+                    reason: Reason::PrefixHit
+                }
+            );
+        }
+        assert_eq!(b.index_len(), 4);
+        // The engine said nothing was cached: the affinity is gone.
+        b.forget(&s, cands[first.idx].id, 0);
+        assert_eq!(
+            b.choose(&cands, &s, &[], &mut rng).unwrap().reason,
+            Reason::LeastLoad
+        );
+    }
+}

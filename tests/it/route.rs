@@ -1,0 +1,204 @@
+//! The balancer end to end: engines' admission rejections retried on another replica before
+//! the client sees anything (the record names both attempts), and prefix affinity seen
+//! through the simulated engines' prefix caches.
+
+use std::time::Duration;
+
+use crate::support::prom::sample;
+use crate::support::proxy::*;
+use crate::support::raw_http::start;
+use goodput_proxy::config::{RawConfig, Strategy};
+use goodput_sim::SimConfig;
+
+const CHAT: &str = "/v1/chat/completions";
+
+fn stream_body(system: &str, i: usize) -> String {
+    format!(
+        r#"{{"model":"tiny","messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"question {i}"}}],"stream":true,"max_tokens":4}}"#
+    )
+}
+
+fn config(upstreams: &[String], strategy: Strategy, sink: &std::path::Path) -> RawConfig {
+    let mut c = test_config(upstreams);
+    c.balance.strategy = strategy;
+    c.measure.sink_path = Some(sink.to_path_buf());
+    c
+}
+
+fn records(path: &std::path::Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn sink_path(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("route-it-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join("records.jsonl")
+}
+
+/// Waits until the proxy's first health probes marked both replicas healthy.
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(500)).await;
+}
+
+async fn rejected_then_served(inband: bool) {
+    // A: at its cap all the time (cap 0); B: serves.
+    let a = start(SimConfig {
+        max_num_queued_reqs: Some(0),
+        admission_inband_prob: if inband { 1.0 } else { 0.0 },
+        ..SimConfig::fast()
+    })
+    .await;
+    let b = start(SimConfig::fast()).await;
+    let (ua, ub) = (a.base_url(), b.base_url());
+    let sink = sink_path(if inband { "inband" } else { "status" });
+    let proxy = start_proxy(config(&[ua.clone(), ub.clone()], Strategy::P2c, &sink)).await;
+    settle().await;
+    let client = client();
+    for i in 0..12 {
+        let (parts, body) = send(&client, post_json(&proxy.url(CHAT), &stream_body("s", i))).await;
+        assert_eq!(parts.status, 200);
+        let text = String::from_utf8(body.to_vec()).unwrap();
+        assert!(!text.contains("\"error\""), "{text}");
+        assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    }
+    let m = a.metrics_text();
+    let rejected = sample(
+        &m,
+        "vllm:admission_rejections_total{model_name=\"tiny\",reason=\"max_num_queued_reqs\"}",
+    );
+    assert!(
+        rejected >= 1.0,
+        "p2c tried A at least once in 12: {rejected}"
+    );
+    assert_eq!(b.requests_served(), 12);
+    assert!(
+        eventually(Duration::from_secs(2), || records(&sink).len() == 12).await,
+        "records"
+    );
+    let recs = records(&sink);
+    let retried: Vec<_> = recs
+        .iter()
+        .filter(|r| r["retried_from"].as_array().is_some_and(|a| !a.is_empty()))
+        .collect();
+    assert_eq!(
+        retried.len() as f64,
+        rejected,
+        "one retried record per rejection"
+    );
+    for r in &recs {
+        assert_eq!(r["upstream"], ub.as_str(), "{r}");
+        assert_eq!(r["outcome"], "success", "{r}");
+        assert!(r["route_reason"].is_string(), "{r}");
+    }
+    for r in retried {
+        assert_eq!(r["retried_from"], serde_json::json!([ua.as_str()]), "{r}");
+    }
+    drop(proxy);
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_in_band_admission_rejection_is_retried_on_another_replica() {
+    rejected_then_served(true).await;
+}
+
+#[tokio::test]
+async fn a_503_admission_rejection_is_retried_on_another_replica() {
+    rejected_then_served(false).await;
+}
+
+#[tokio::test]
+async fn without_retries_the_client_gets_the_rejection() {
+    let a = start(SimConfig {
+        max_num_queued_reqs: Some(0),
+        admission_inband_prob: 1.0,
+        ..SimConfig::fast()
+    })
+    .await;
+    let sink = sink_path("off");
+    let mut c = config(&[a.base_url(), a.base_url()], Strategy::P2c, &sink);
+    c.balance.retry_rejections = false;
+    let proxy = start_proxy(c).await;
+    settle().await;
+    let (parts, body) = send(&client(), post_json(&proxy.url(CHAT), &stream_body("s", 0))).await;
+    assert_eq!(parts.status, 200);
+    assert!(String::from_utf8_lossy(&body).contains("\"code\": 503"));
+    drop(proxy);
+    a.shutdown().await;
+}
+
+/// Sends 24 requests over 3 long system prompts (4 blocks of 128 tokens each on the engine)
+/// through `strategy`; returns the engines' prefix-cache hit rate and the route decisions.
+async fn shared_prefixes(strategy: Strategy) -> (f64, String) {
+    // Small caches: each engine holds about two of the three prompts.
+    let engine = || SimConfig {
+        block_size: 16,
+        kv_cache_tokens: 1_600,
+        ..SimConfig::fast()
+    };
+    let sims = [
+        start(engine()).await,
+        start(engine()).await,
+        start(engine()).await,
+    ];
+    let urls: Vec<String> = sims.iter().map(|s| s.base_url()).collect();
+    let sink = sink_path(strategy.as_str());
+    let mut c = config(&urls, strategy, &sink);
+    c.balance.prefix_min_blocks = 2;
+    let proxy = start_proxy(c).await;
+    settle().await;
+    let client = client();
+    let systems: Vec<String> = (0..3).map(|k| format!("policy {k} ").repeat(250)).collect();
+    for i in 0..24 {
+        let body = stream_body(&systems[i % 3], i);
+        let (parts, _) = send(&client, post_json(&proxy.url(CHAT), &body)).await;
+        assert_eq!(parts.status, 200);
+    }
+    let (mut q, mut h) = (0.0, 0.0);
+    for s in &sims {
+        let m = s.metrics_text();
+        q += sample(
+            &m,
+            "vllm:prefix_cache_queries_total{engine=\"0\",model_name=\"tiny\"}",
+        );
+        h += sample(
+            &m,
+            "vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"tiny\"}",
+        );
+    }
+    let (_, metrics) = send(&client, get(&proxy.admin_url("/metrics"))).await;
+    drop(proxy);
+    for s in sims {
+        s.shutdown().await;
+    }
+    (h / q, String::from_utf8(metrics.to_vec()).unwrap())
+}
+
+#[tokio::test]
+async fn prefix_affinity_shows_in_the_engines_caches_and_the_decisions() {
+    let (p2c_rate, p2c_m) = shared_prefixes(Strategy::P2c).await;
+    let (prefix_rate, prefix_m) = shared_prefixes(Strategy::Prefix).await;
+    let decisions = |m: &str, reason: &str| {
+        sample(
+            m,
+            &format!("goodput_proxy_route_decisions_total{{reason=\"{reason}\"}}"),
+        )
+    };
+    // Each prompt goes to one engine after its first request: 21 of 24 are hits.
+    assert_eq!(decisions(&prefix_m, "prefix_hit"), 21.0);
+    assert_eq!(decisions(&prefix_m, "least_load"), 3.0);
+    assert_eq!(decisions(&p2c_m, "p2c"), 24.0);
+    assert_eq!(decisions(&p2c_m, "prefix_hit"), 0.0);
+    // 21 of 24 prompts find their ~1,000 prefix tokens cached (the question differs).
+    assert!(prefix_rate > 0.8, "prefix {prefix_rate}");
+    assert!(
+        prefix_rate > p2c_rate + 0.2,
+        "prefix {prefix_rate} p2c {p2c_rate}"
+    );
+}
