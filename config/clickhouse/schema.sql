@@ -54,7 +54,6 @@ CREATE TABLE IF NOT EXISTS goodput.records
     -- Stalls, the engine's own view of the request and where its TTFT went (issue 24; NULL
     -- when the engine reported no per-request timings). On a table made before them:
     -- ALTER TABLE goodput.records ADD COLUMN <name> <type> for each, and their _s aliases.
-    gap_max_ns Nullable(UInt64),
     stalls UInt64,
     engine_queue_ns Nullable(UInt64),
     engine_ttft_ns Nullable(UInt64),
@@ -102,7 +101,6 @@ CREATE TABLE IF NOT EXISTS goodput.records
     tpot_values_s ALIAS arrayMap(v -> v / 1e9, if(empty(choice_tpot_ns), if(isNull(tpot_ns), emptyArrayUInt64(), [assumeNotNull(tpot_ns)]), choice_tpot_ns)),
     e2e_s ALIAS e2e_ns / 1e9,
     itl_max_s ALIAS itl_max_ns / 1e9,
-    gap_max_s ALIAS gap_max_ns / 1e9,
     engine_queue_s ALIAS engine_queue_ns / 1e9,
     engine_ttft_s ALIAS engine_ttft_ns / 1e9,
     engine_decode_s ALIAS engine_decode_ns / 1e9,

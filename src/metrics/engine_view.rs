@@ -51,20 +51,22 @@ impl EngineViewFamilies {
     /// One finished request; `model` and `upstream` already bounded label values.
     pub fn observe(&self, model: &str, upstream: &str, m: &Measurement) {
         let l = Served { model, upstream };
-        if let Some(d) = m.engine.queue {
+        let Some(report) = &m.engine else { return };
+        if report.stalls > 0 {
+            self.stalls.get(&l).inc_by(u64::from(report.stalls));
+        }
+        let (e, split) = (&report.view, &report.split);
+        if let Some(d) = e.queue {
             self.queue.get(&l).observe(d.as_secs_f64());
         }
-        if let Some(d) = m.engine.ttft {
+        if let Some(d) = e.ttft {
             self.prefill.get(&l).observe(d.as_secs_f64());
         }
-        if let Some(d) = m.ttft_split.rest {
+        if let Some(d) = split.rest {
             self.rest.get(&l).observe(d.as_secs_f64());
         }
-        if let Some(n) = m.engine.cached_prompt_tokens {
+        if let Some(n) = e.cached_prompt_tokens {
             self.cached_tokens.get(&l).inc_by(n);
-        }
-        if m.stalls > 0 {
-            self.stalls.get(&l).inc_by(m.stalls);
         }
     }
 }

@@ -328,15 +328,14 @@ mod tests {
         rm.observe_gap(Duration::from_millis(5));
         let mut meas = success(100, 3);
         let ms = Duration::from_millis;
-        meas.engine = goodput_measure::engine::EngineView {
+        let view = goodput_measure::engine::EngineView {
             queue: Some(ms(10)),
             ttft: Some(ms(50)),
             cached_prompt_tokens: Some(16),
             ..Default::default()
         };
-        meas.ttft_split =
-            goodput_measure::engine::TtftSplit::of(meas.ttft, Some(ms(1)), &meas.engine);
-        meas.stalls = 1;
+        let split = goodput_measure::engine::TtftSplit::of(meas.ttft, Some(ms(1)), &view);
+        meas.set_engine(view, split, 1);
         rm.finish(&meas, &judge(&meas, &Slo::default()));
         m.observe_overhead(Duration::from_micros(30));
         m.refresh_goodput_ratio(Instant::now());

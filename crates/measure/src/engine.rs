@@ -71,6 +71,19 @@ impl EngineView {
     }
 }
 
+/// What a record keeps of the engine's report: its view and the TTFT split it allowed, and the
+/// stream's stalls (boxed in the record: most requests of most engines carry none of them).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineReport {
+    #[serde(flatten)]
+    pub view: EngineView,
+    #[serde(flatten)]
+    pub split: TtftSplit,
+    /// Gaps between the stream's output events longer than the stall threshold.
+    #[serde(default)]
+    pub stalls: u32,
+}
+
 /// Where a request's TTFT went (see the module docs); all `None` when it cannot be split: no
 /// client TTFT, or the engine did not report both its queue time and its TTFT.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

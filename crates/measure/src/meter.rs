@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::agent::{response_agent, AgentMeter, AgentSummary, ToolSet};
-use crate::engine::{EngineView, TtftSplit};
+use crate::engine::{EngineReport, EngineView, TtftSplit};
 use crate::inspect::{
     inspect_response_logged, scan_event_logged, ChunkInfo, ChunkKind, RepeatCache, Seen, TokenLog,
     Usage, TEMPLATE_ROOM,
@@ -80,21 +80,13 @@ pub struct Measurement {
     /// ...and removed the usage chunk again (false when the stripper gave up at its memory
     /// bound and the client's stream passed unchanged, usage chunk included).
     pub usage_stripped: bool,
-    /// The largest gap between consecutive output events of the stream (any choice; SSE
-    /// comments and chunks without output are no events, so they never end a gap).
-    #[serde(rename = "gap_max_s", with = "crate::seconds::opt", default)]
-    pub gap_max: Option<Duration>,
-    /// Gaps between output events longer than the stall threshold (`measure.stall_ms`).
-    #[serde(default)]
-    pub stalls: u64,
     /// What the engine reported of the request itself (its queue, TTFT, decode, mean ITL,
-    /// cached prompt tokens), when it did.
-    #[serde(flatten)]
-    pub engine: EngineView,
-    /// Where the client's TTFT went: proxy + engine queue + engine prefill + rest, when the
-    /// engine reported its timings.
-    #[serde(flatten)]
-    pub ttft_split: TtftSplit,
+    /// cached prompt tokens) and where the client's TTFT went (proxy + engine queue + engine
+    /// prefill + rest), when it reported anything, and the stream's stalls (gaps between output
+    /// events, any choice, longer than `measure.stall_ms`; SSE comments and chunks without
+    /// output are no events, so they never end a gap); see [`Measurement::engine_view`].
+    #[serde(flatten, default)]
+    pub engine: Option<Box<EngineReport>>,
     /// Reasoning and tool-call phases and validity, when the response carried reasoning or a
     /// tool call (boxed: most records have none, and the ring keeps 100,000 records).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -151,15 +143,39 @@ impl Measurement {
             sse_discarded: 0,
             usage_injected: false,
             usage_stripped: false,
-            gap_max: None,
-            stalls: 0,
-            engine: EngineView::default(),
-            ttft_split: TtftSplit::default(),
+            engine: None,
             itl_gaps: Vec::new(),
             agent: None,
             logprobs: None,
             trace: None,
         }
+    }
+
+    /// What the engine reported (empty when nothing).
+    pub fn engine_view(&self) -> EngineView {
+        self.engine.as_ref().map(|e| e.view).unwrap_or_default()
+    }
+
+    /// Where TTFT went (all `None` when it could not be split).
+    pub fn ttft_split(&self) -> TtftSplit {
+        self.engine.as_ref().map(|e| e.split).unwrap_or_default()
+    }
+
+    /// The stream's stalls.
+    pub fn stalls(&self) -> u32 {
+        self.engine.as_ref().map_or(0, |e| e.stalls)
+    }
+
+    /// Keeps what the engine reported, the split it allows and the stalls (nothing boxed when
+    /// the engine said nothing and the stream never stalled).
+    pub fn set_engine(&mut self, view: EngineView, split: TtftSplit, stalls: u32) {
+        self.engine = (!view.is_empty() || stalls > 0).then(|| {
+            Box::new(EngineReport {
+                view,
+                split,
+                stalls,
+            })
+        });
     }
 
     /// The TPOT histogram's observations: one per choice with a defined TPOT.
@@ -217,9 +233,8 @@ struct Timeline {
     /// Choice 0 inline (no allocation for `n = 1`), the others by index.
     choice0: ChoiceTimeline,
     more: Vec<ChoiceTimeline>,
-    /// The largest gap between the stream's output events, and those over `stall`.
-    gap_max: Option<Duration>,
-    stalls: u64,
+    /// Gaps between the stream's output events over `stall`.
+    stalls: u32,
     stall: Duration,
     /// What the engine reported (the last report of each field wins).
     engine: EngineView,
@@ -261,7 +276,6 @@ impl Timeline {
             finish_reason: None,
             choice0: ChoiceTimeline::default(),
             more: Vec::new(),
-            gap_max: None,
             stalls: 0,
             stall: DEFAULT_STALL,
             engine: EngineView::default(),
@@ -428,8 +442,7 @@ impl Timeline {
             }
             if let Some(last) = self.t_last_token {
                 let gap = t.saturating_duration_since(last);
-                self.gap_max = Some(self.gap_max.map_or(gap, |m| m.max(gap)));
-                self.stalls += u64::from(gap > self.stall);
+                self.stalls = self.stalls.saturating_add(u32::from(gap > self.stall));
             }
             self.t_last_token = Some(t);
         }
@@ -662,10 +675,8 @@ impl StreamMeter {
             m.choices = tl.all_choices().count() as u32;
             m.sse_discarded = self.parser.discarded();
             (m.tpot, m.choice_tpots) = tl.tpots(m.completion_tokens);
-            m.gap_max = tl.gap_max;
-            m.stalls = tl.stalls;
-            m.engine = tl.engine;
-            m.ttft_split = TtftSplit::of(m.ttft, self.proxy_time, &m.engine);
+            let split = TtftSplit::of(m.ttft, self.proxy_time, &tl.engine);
+            m.set_engine(tl.engine, split, tl.stalls);
         }
         if let Some(strip) = &self.strip {
             m.usage_injected = true;
@@ -715,7 +726,7 @@ impl StreamMeter {
             m.prompt_tokens = u.prompt_tokens;
             m.completion_tokens = u.completion_tokens;
             m.tokens_exact = u.completion_tokens.is_some();
-            m.engine = u.engine;
+            m.set_engine(u.engine, TtftSplit::default(), 0);
         }
         // No TPOT for JSON: nothing the client saw tells when the first token came, and
         // E2E / tokens would put prefill into the decode series (DESIGN.md).

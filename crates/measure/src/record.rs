@@ -457,7 +457,6 @@ pub fn compute_stats(
     let mut engine: [Vec<f64>; 5] = Default::default();
     let mut split: [Vec<f64>; 4] = Default::default();
     let (mut clamped, mut stalls, mut stalled) = (0u64, 0u64, 0u64);
-    let mut gap_max = Vec::new();
     for e in in_window {
         let r = &e.record;
         let m = &r.measured;
@@ -474,21 +473,21 @@ pub fn compute_stats(
         ttfc.extend(m.ttfc.map(secs));
         tpot.extend(r.tpot_values());
         e2e.push(m.e2e.as_secs_f64());
-        let ev = &m.engine;
+        let ev = m.engine_view();
         let values = [ev.queue, ev.ttft, ev.decode, ev.mean_itl].map(|d| d.map(secs));
         let cached = ev.cached_prompt_tokens.map(|n| n as f64);
         for (into, v) in engine.iter_mut().zip(values.into_iter().chain([cached])) {
             into.extend(v);
         }
-        if let Some(parts) = m.ttft_split.parts() {
+        let s = m.ttft_split();
+        if let Some(parts) = s.parts() {
             for (into, d) in split.iter_mut().zip(parts) {
                 into.push(secs(d));
             }
-            clamped += u64::from(m.ttft_split.clamped);
+            clamped += u64::from(s.clamped);
         }
-        stalls += m.stalls;
-        stalled += u64::from(m.stalls > 0);
-        gap_max.extend(m.gap_max.map(secs));
+        stalls += u64::from(m.stalls());
+        stalled += u64::from(m.stalls() > 0);
         if let Some(g) = &e.gaps {
             itl.extend(g.iter().map(|v| f64::from(*v)));
         }
@@ -565,7 +564,6 @@ pub fn compute_stats(
         "stalls": {
             "total": stalls,
             "requests": stalled,
-            "gap_max_seconds": summary_json(&mut gap_max),
         },
     })
 }
@@ -706,18 +704,6 @@ mod tests {
             "tokens_exact",
             "usage_injected",
             "usage_stripped",
-            "gap_max_s",
-            "stalls",
-            "engine_queue_s",
-            "engine_ttft_s",
-            "engine_decode_s",
-            "engine_mean_itl_s",
-            "cached_prompt_tokens",
-            "ttft_proxy_s",
-            "ttft_queue_s",
-            "ttft_prefill_s",
-            "ttft_rest_s",
-            "ttft_split_clamped",
             "slo",
             "instance",
             "tenant",
@@ -890,16 +876,14 @@ mod tests {
             let mut m = Measurement::without_body(Outcome::Success, Some(200), secs(1.0));
             m.streaming = true;
             m.ttft = Some(Duration::from_millis(client_ms));
-            m.engine = crate::engine::EngineView {
+            let view = crate::engine::EngineView {
                 queue: Some(Duration::from_millis(queue_ms)),
                 ttft: Some(Duration::from_millis(prefill_ms)),
                 cached_prompt_tokens: Some(queue_ms),
                 ..Default::default()
             };
-            m.ttft_split =
-                crate::engine::TtftSplit::of(m.ttft, Some(Duration::from_millis(5)), &m.engine);
-            m.stalls = stalls;
-            m.gap_max = Some(Duration::from_millis(500 * (stalls + 1)));
+            let split = crate::engine::TtftSplit::of(m.ttft, Some(Duration::from_millis(5)), &view);
+            m.set_engine(view, split, stalls);
             let v = judge(&m, &Slo::default());
             let r = RequestRecord::new("id".into(), "m".into(), None, 0, now, m, v);
             ring.push(Arc::new(r), vec![]);
@@ -919,7 +903,6 @@ mod tests {
             (&s["stalls"]["total"], &s["stalls"]["requests"]),
             (&2.into(), &1.into())
         );
-        assert_eq!(s["stalls"]["gap_max_seconds"]["max"], 1.5);
     }
 
     #[test]

@@ -78,8 +78,8 @@ fn the_injected_usage_chunk_tells_the_engine_view_and_the_client_never_sees_it()
     let (out, m) = run(true, true, &timed(body, 20, 5));
     assert!(!String::from_utf8(out).unwrap().contains("\"metrics\""));
     assert_eq!(m.outcome, Outcome::Success);
-    assert_eq!(m.engine, metrics_capture_view());
-    let split = m.ttft_split;
+    assert_eq!(m.engine_view(), metrics_capture_view());
+    let split = m.ttft_split();
     let parts = split.parts().expect("split");
     assert_eq!(parts.iter().sum::<Duration>(), m.ttft.unwrap());
     assert_eq!(m.ttft, Some(ms(20 + 5)), "the role chunk is no output");
@@ -100,23 +100,23 @@ fn a_client_asked_usage_chunk_continuous_usage_and_json_bodies_tell_it_too() {
     let body = capture("options/metrics-stream-chat-usage.txt").body;
     let (out, m) = run(true, false, &timed(body, 20, 5));
     assert_eq!(out, body);
-    assert_eq!(m.engine, metrics_capture_view());
+    assert_eq!(m.engine_view(), metrics_capture_view());
     // Continuous usage: per-chunk usage has no details; the final chunk's word counts.
     let body = capture("options/metrics-stream-chat-usage-continuous.txt").body;
     let (_, m) = run(true, false, &timed(body, 20, 5));
-    assert_eq!(m.engine.cached_prompt_tokens, Some(0));
-    assert!(m.engine.queue.is_some() && m.engine.mean_itl.is_some());
+    assert_eq!(m.engine_view().cached_prompt_tokens, Some(0));
+    assert!(m.engine_view().queue.is_some() && m.engine_view().mean_itl.is_some());
     // A repeated long prefix: its cached tokens.
     let body = capture("options/metrics-stream-chat-prefix-again.txt").body;
     let (_, m) = run(true, false, &timed(body, 20, 5));
-    assert_eq!(m.engine.cached_prompt_tokens, Some(1920));
+    assert_eq!(m.engine_view().cached_prompt_tokens, Some(1920));
     // JSON: the engine's view, no TTFT and so no split.
     let body = capture("options/metrics-nonstream-chat.txt").body;
     let (_, m) = run(false, false, &[(90, body)]);
     assert_eq!(m.outcome, Outcome::Success);
-    assert_eq!(m.engine.ttft, Some(Duration::from_nanos(11_348_519)));
-    assert_eq!(m.engine.cached_prompt_tokens, Some(0));
-    assert_eq!(m.ttft_split, TtftSplit::default());
+    assert_eq!(m.engine_view().ttft, Some(Duration::from_nanos(11_348_519)));
+    assert_eq!(m.engine_view().cached_prompt_tokens, Some(0));
+    assert_eq!(m.ttft_split(), TtftSplit::default());
 }
 
 #[test]
@@ -125,18 +125,18 @@ fn no_metrics_no_split_and_n2_has_only_cached_tokens() {
     let body = capture("options/metrics-stream-chat-n2-usage.txt").body;
     let (_, m) = run(true, false, &timed(body, 20, 5));
     assert_eq!(
-        m.engine,
+        m.engine_view(),
         EngineView {
             cached_prompt_tokens: Some(0),
             ..EngineView::default()
         }
     );
-    assert_eq!(m.ttft_split, TtftSplit::default());
+    assert_eq!(m.ttft_split(), TtftSplit::default());
     // No usage at all (the engine not started with the options): nothing.
     let body = capture("stream-chat.txt").body;
     let (_, m) = run(true, false, &timed(body, 20, 5));
-    assert!(m.engine.is_empty());
-    assert_eq!(m.ttft_split.parts(), None);
+    assert!(m.engine_view().is_empty());
+    assert_eq!(m.ttft_split().parts(), None);
 }
 
 #[test]
@@ -146,11 +146,11 @@ fn an_engine_ttft_longer_than_the_clients_is_clamped_not_negative() {
     let mut frames = timed(body, 1, 5);
     frames[1].0 = 1;
     let (_, m) = run(true, true, &frames);
-    let parts = m.ttft_split.parts().expect("split");
+    let parts = m.ttft_split().parts().expect("split");
     assert_eq!(m.ttft, Some(ms(2)));
     assert_eq!(parts.iter().sum::<Duration>(), ms(2));
     assert_eq!(parts[3], Duration::ZERO);
-    assert!(m.ttft_split.clamped);
+    assert!(m.ttft_split().clamped);
 }
 
 #[test]
@@ -170,9 +170,9 @@ fn stalls_are_gaps_between_output_events_and_comments_do_not_end_them() {
     }
     let (out, m) = run(true, false, &frames);
     assert_eq!(out.len(), body.len() + 2 * b": keep-alive\n\n".len());
-    assert_eq!(m.gap_max, Some(ms(300)));
-    assert_eq!(m.stalls, 1);
+    assert_eq!(m.itl_max, Some(ms(300)));
+    assert_eq!(m.stalls(), 1);
     // No gap over the threshold: none.
     let (_, m) = run(true, false, &timed(body, 10, 10));
-    assert_eq!((m.gap_max, m.stalls), (Some(ms(10)), 0));
+    assert_eq!((m.itl_max, m.stalls()), (Some(ms(10)), 0));
 }

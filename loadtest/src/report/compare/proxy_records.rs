@@ -32,11 +32,11 @@ impl From<ProxyRequestRecord> for ProxyRecord {
             completion_tokens: r.measured.completion_tokens,
             ttft_split: r
                 .measured
-                .ttft_split
+                .ttft_split()
                 .parts()
                 .map(|p| p.map(|d| d.as_secs_f64())),
-            split_clamped: r.measured.ttft_split.clamped,
-            engine_mean_itl: r.measured.engine.mean_itl.map(|d| d.as_secs_f64()),
+            split_clamped: r.measured.ttft_split().clamped,
+            engine_mean_itl: r.measured.engine_view().mean_itl.map(|d| d.as_secs_f64()),
         }
     }
 }
