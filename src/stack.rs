@@ -130,7 +130,9 @@ pub fn build(
     // wraps the upstream body in the usage strip when it did, and marks in the context when
     // the request is handed over (the end of the proxy's own overhead).
     let inner: Stage<Bytes> = if measured {
-        stage(UsageLayer::new(recorder.usage_injection()).layer(forward))
+        let usage =
+            UsageLayer::new(recorder.usage_injection()).usage_unasked(&config.engine.usage_unasked);
+        stage(usage.layer(forward))
     } else {
         stage(forward)
     };

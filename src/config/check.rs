@@ -40,6 +40,7 @@ pub fn check(raw: &RawConfig, origin: &dyn Fn(&str) -> Origin) -> Result<Config,
             balance_on_queue: e.balance_on_queue,
             kind: c.engine_kind(e),
             kinds: c.engine_kinds(e, &raw.upstream),
+            usage_unasked: c.usage_unasked(e, &raw.upstream),
         },
         clickhouse: raw.sink.clickhouse.as_ref().and_then(|ch| c.clickhouse(ch)),
         sim: raw.sim.clone(),
@@ -134,6 +135,23 @@ impl Checker<'_> {
             match EngineKind::parse(kind) {
                 Some(k) => out.push((url.to_string(), k)),
                 None => self.bad(&field, &kind_choices(kind)),
+            }
+        }
+        out
+    }
+
+    /// `engine.usage_unasked`: each one of `upstream.urls`.
+    fn usage_unasked(&mut self, e: &RawEngine, u: &RawUpstream) -> Vec<String> {
+        let mut out = Vec::new();
+        for url in &e.usage_unasked {
+            let url = url.trim_end_matches('/');
+            if u.urls.iter().any(|c| c.trim_end_matches('/') == url) {
+                out.push(url.to_string());
+            } else {
+                self.bad(
+                    "engine.usage_unasked",
+                    &format!("`{url}` is not one of upstream.urls"),
+                );
             }
         }
         out

@@ -517,6 +517,11 @@ pub struct RawEngine {
     /// Per replica, by its URL as written in `upstream.urls`: the engine it runs (same values
     /// as `kind`, which applies to every replica not listed here).
     pub kinds: BTreeMap<String, String>,
+    /// Replicas (URLs as written in `upstream.urls`) that end every stream with a usage
+    /// chunk whether the client asked or not (SGLang `--stream-response-default-include-usage`):
+    /// the proxy never strips usage from their streams, so their clients get it as they would
+    /// straight from the engine.
+    pub usage_unasked: Vec<String>,
 }
 
 impl Default for RawEngine {
@@ -531,6 +536,7 @@ impl Default for RawEngine {
             balance_on_queue: true,
             kind: "auto".into(),
             kinds: BTreeMap::new(),
+            usage_unasked: Vec::new(),
         }
     }
 }

@@ -8,6 +8,8 @@
 //! also marks in the context when the request is handed to forwarding (the end of the proxy's
 //! own overhead).
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use http::{Request, Response};
 use tokio::time::Instant;
@@ -19,24 +21,37 @@ use crate::body::ProxyBody;
 use crate::context::RequestContext;
 use crate::error::ProxyError;
 use crate::recorder::UsageInjected;
+use crate::upstream::forward::ServedBy;
 use goodput_measure::usage::inject_include_usage;
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct UsageLayer {
     /// `[measure] usage_injection = "auto"`.
     inject: bool,
+    /// Replicas whose engine adds usage to every stream, asked or not (`engine.usage_unasked`):
+    /// their usage chunk is what the client would have got anyway, so it is never stripped.
+    unasked: Arc<[Arc<str>]>,
 }
 
 impl UsageLayer {
     pub fn new(inject: bool) -> Self {
-        Self { inject }
+        Self {
+            inject,
+            unasked: Arc::from([]),
+        }
+    }
+
+    /// Replicas (URLs as configured) whose streams keep their usage chunk.
+    pub fn usage_unasked(mut self, urls: &[String]) -> Self {
+        self.unasked = urls.iter().map(|u| Arc::from(u.as_str())).collect();
+        self
     }
 }
 
 impl<S> Layer<S> for UsageLayer {
     type Service = UsageInjection<S>;
     fn layer(&self, inner: S) -> Self::Service {
-        Wrapped::new(*self, inner)
+        Wrapped::new(self.clone(), inner)
     }
 }
 
@@ -69,10 +84,16 @@ where
         };
         *req.body_mut() = Bytes::from(body);
         let fut = inner.call(req);
+        let unasked = self.unasked.clone();
         Box::pin(async move {
             let mut resp = fut.await?;
-            // An error body (4xx/5xx JSON) carries no usage chunk to strip.
-            if resp.status().is_success() {
+            let adds_usage = resp
+                .extensions()
+                .get::<ServedBy>()
+                .is_some_and(|s| unasked.iter().any(|u| **u == *s.0));
+            // An error body (4xx/5xx JSON) carries no usage chunk to strip, and an engine that
+            // adds usage unasked sent the one the client would have got anyway.
+            if resp.status().is_success() && !adds_usage {
                 resp.extensions_mut().insert(UsageInjected);
             }
             Ok(resp)

@@ -14,6 +14,7 @@ mod dashboard;
 mod discovery;
 mod engine_fleet;
 mod engine_metrics;
+mod engine_streams;
 mod measure_alloc;
 mod measure_body;
 mod meter_agent;

@@ -126,7 +126,7 @@ async fn tool_calls_and_reasoning_are_judged_and_timed() {
     sim.shutdown().await;
 }
 
-/// Non-streaming answers (item 4): the simulator puts the call into `message.tool_calls` (and
+/// Non-streaming answers: the simulator puts the call into `message.tool_calls` (and
 /// reasoning into `message.reasoning`) as vLLM does; the proxy judges each call in the JSON body
 /// against the request's `tools`, with no phase timings (nothing the client saw tells when a
 /// token came), counts them, and an invalid call makes the request not good.

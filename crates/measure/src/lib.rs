@@ -5,6 +5,7 @@
 
 pub mod agent;
 pub mod engine;
+pub mod engine_timings;
 pub mod inspect;
 pub mod meter;
 pub mod outcome;

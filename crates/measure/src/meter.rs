@@ -747,6 +747,8 @@ fn div_duration(d: Duration, n: u64) -> Duration {
 mod strip;
 
 #[cfg(test)]
+mod engine_streams;
+#[cfg(test)]
 mod engine_tests;
 #[cfg(test)]
 mod repeat_differential;

@@ -60,12 +60,12 @@ impl Engine {
             cfg.block_size,
             cfg.enable_prefix_caching,
         );
-        let metrics = EngineMetrics::with_personality(
+        let metrics = EngineMetrics::with_grids(
             &cfg.models,
             cache.capacity_tokens(),
             cfg.legacy_metric_names,
             now.as_secs_f64(),
-            cfg.personality,
+            cfg.personality.grids(),
         );
         Engine {
             seqs: Arc::new(Semaphore::new(cfg.max_num_seqs)),

@@ -7,8 +7,6 @@
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 
-use crate::personality::Personality;
-
 const TTFT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
     20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
@@ -219,8 +217,6 @@ pub struct EngineMetrics {
     legacy: bool,
     /// Unix time the families were created (all `*_created` series).
     created: f64,
-    /// Whose families `render` writes.
-    personality: Personality,
 }
 
 /// Formats a float as Python's prometheus_client does (`repr`, `1.0`, `1.2e+09`, `+Inf`).
@@ -342,18 +338,18 @@ impl Out<'_> {
 
 impl EngineMetrics {
     pub fn new(names: &[String], kv_capacity: u64, legacy: bool, created: f64) -> Self {
-        Self::with_personality(names, kv_capacity, legacy, created, Personality::Vllm)
+        Self::with_grids(names, kv_capacity, legacy, created, VLLM_GRIDS)
     }
 
-    /// As [`EngineMetrics::new`], with the families (and grids) of another engine.
-    pub fn with_personality(
+    /// As [`EngineMetrics::new`], with the latency histograms on other grids (another
+    /// engine's, see `personality.rs`, which also renders such an engine's page).
+    pub fn with_grids(
         names: &[String],
         kv_capacity: u64,
         legacy: bool,
         created: f64,
-        personality: Personality,
+        grids: Grids,
     ) -> Self {
-        let grids = personality.grids();
         EngineMetrics {
             names: names.to_vec(),
             models: names.iter().map(|_| ModelMetrics::new(&grids)).collect(),
@@ -361,7 +357,6 @@ impl EngineMetrics {
             kv_capacity,
             legacy,
             created,
-            personality,
         }
     }
 
@@ -379,11 +374,8 @@ impl EngineMetrics {
         (self.kv_tokens.load(Relaxed).max(0) as f64 / self.kv_capacity as f64).min(1.0)
     }
 
-    /// The Prometheus text exposition of every `vllm:*` family (or the personality's own).
+    /// The Prometheus text exposition of every `vllm:*` family.
     pub fn render(&self) -> String {
-        if self.personality != Personality::Vllm {
-            return self.personality.render_metrics(self);
-        }
         let mut o = Out {
             s: String::with_capacity(64 * 1024),
             names: &self.names,

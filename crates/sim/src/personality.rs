@@ -108,7 +108,7 @@ impl Personality {
         }
     }
 
-    /// The `/metrics` page (`Personality::Vllm` is rendered by `EngineMetrics` itself).
+    /// The `/metrics` page of `m` (built on [`Personality::grids`]) as this engine writes it.
     pub fn render_metrics(self, m: &EngineMetrics) -> String {
         let mut o = String::with_capacity(8 * 1024);
         match self {

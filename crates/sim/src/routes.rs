@@ -140,7 +140,7 @@ pub async fn handle(
         (&Method::GET, path) if path == eng.cfg.personality.metrics_path() => full(
             200,
             Some("text/plain; version=1.0.0; charset=utf-8"),
-            eng.metrics.render(),
+            eng.cfg.personality.render_metrics(&eng.metrics),
         ),
         // trtllm-serve's /metrics: JSON iteration statistics (none kept here).
         (&Method::GET, "/metrics") => json(200, "[]"),
@@ -221,7 +221,7 @@ async fn generate(
         return error(&ApiError::injected(status));
     }
     let cfg = &eng.cfg;
-    let greq = match request::parse(api, &body, &cfg.models, cfg.max_model_len, cfg.seed) {
+    let mut greq = match request::parse(api, &body, &cfg.models, cfg.max_model_len, cfg.seed) {
         Ok(r) => r,
         Err(e) => return error(&e),
     };
@@ -236,6 +236,8 @@ async fn generate(
         }
         return error(&ApiError::queue_overflow());
     }
+    // SGLang's `--stream-response-default-include-usage`: usage as if the client asked.
+    greq.include_usage |= cfg.stream_response_default_include_usage;
     let tmpl = Templates::new(&greq, &cfg.models[greq.model_idx], eng.created).engine_options(
         cfg.enable_force_include_usage,
         cfg.enable_per_request_metrics,
@@ -245,8 +247,8 @@ async fn generate(
     if greq.stream {
         let packing = Packing::new(faults.coalesce, cfg.coalesce_prob, cfg.seed, arrival_no)
             .stream_interval(cfg.stream_interval);
-        let usage = tmpl.include_usage() || eng.cfg.stream_response_default_include_usage;
-        let body = SseBody::new(run, tmpl, faults, api, usage, packing, agents)
+        let include_usage = tmpl.include_usage();
+        let body = SseBody::new(run, tmpl, faults, api, include_usage, packing, agents)
             .keep_alive(Duration::from_secs_f64(cfg.sse_keep_alive_interval));
         return head(200, Some(EVENT_STREAM), None)
             .body(SimBody::Sse(Box::new(body)))

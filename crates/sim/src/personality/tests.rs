@@ -1,7 +1,7 @@
 use super::*;
 
 fn engine(p: Personality) -> EngineMetrics {
-    let m = EngineMetrics::with_personality(&["tiny".to_string()], 100, false, 1.5e9, p);
+    let m = EngineMetrics::with_grids(&["tiny".to_string()], 100, false, 1.5e9, p.grids());
     let mm = &m.models[0];
     mm.running.store(3, Relaxed);
     mm.waiting.store(5, Relaxed);
@@ -67,7 +67,7 @@ fn every_personality_serves_its_own_signal_families() {
         ),
     ];
     for (p, series) in cases {
-        let page = engine(*p).render();
+        let page = p.render_metrics(&engine(*p));
         for (s, want) in *series {
             assert_eq!(value(&page, s), *want, "{p:?} {s}");
         }
@@ -87,10 +87,10 @@ fn every_personality_serves_its_own_signal_families() {
 
 #[test]
 fn sglang_has_no_finished_reason_and_no_created_series() {
-    let page = engine(Personality::Sglang).render();
+    let page = Personality::Sglang.render_metrics(&engine(Personality::Sglang));
     assert!(!page.contains("finished_reason"));
     assert!(!page.contains("_created"));
-    let trt = engine(Personality::Trtllm).render();
+    let trt = Personality::Trtllm.render_metrics(&engine(Personality::Trtllm));
     assert!(trt.contains("finished_reason=\"stop\""));
     assert!(trt.contains("trtllm_time_to_first_token_seconds_created{"));
 }
@@ -103,7 +103,7 @@ fn tgi_durations_share_one_geometric_grid() {
     for w in grid.e2e.windows(2) {
         assert!((w[1] / w[0] - 1.5).abs() < 1e-9);
     }
-    let page = engine(Personality::Tgi).render();
+    let page = Personality::Tgi.render_metrics(&engine(Personality::Tgi));
     assert!(page.contains("tgi_request_duration_bucket{le=\"+Inf\"} 1\n"));
     assert!(
         !page.contains("time_to_first_token"),
