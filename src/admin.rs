@@ -74,6 +74,9 @@ fn metrics(state: &AppState) -> Response<Full<Bytes>> {
         .recorder
         .metrics()
         .refresh_goodput_ratio(Instant::now());
+    if let Some(scale) = state.recorder.scale() {
+        scale.refresh(Instant::now());
+    }
     let encoder = prometheus::TextEncoder::new();
     let families = state.registry.gather();
     let mut buf = Vec::new();

@@ -12,12 +12,13 @@ use tokio::net::TcpListener;
 use crate::auth::Auth;
 use crate::compare::history::History;
 use crate::config::{BaseUrl, Config, UsageInjection};
-use crate::discover::{Discovery, Resolver, SystemResolver};
+use crate::discover::{Discovery, HostsFile, Resolver, SystemResolver};
 use crate::engine::{self, Engines};
 use crate::listener::{self, ReloadableTls, ServeOptions};
 use crate::metrics::labels::{ByTenant, Sink};
 use crate::metrics::{Metrics, ModelLabels};
 use crate::recorder::Recorder;
+use crate::scale::{ReplicaLoad, Scale};
 use crate::sink::clickhouse::{ClickHouseSink, SinkCounters};
 use crate::sink::jsonl::{RecordSink, SinkConfig};
 use crate::sink::Sinks;
@@ -51,7 +52,11 @@ pub struct DemoEngine {
 impl App {
     /// Checks the config, starts the demo engine when there is no upstream, binds both ports.
     pub async fn bind(config: Config) -> anyhow::Result<App> {
-        Self::bind_with_resolver(config, Arc::new(SystemResolver)).await
+        let resolver: Arc<dyn Resolver> = match &config.upstream.discover_hosts_file {
+            Some(path) => Arc::new(HostsFile::new(path.clone())),
+            None => Arc::new(SystemResolver),
+        };
+        Self::bind_with_resolver(config, resolver).await
     }
 
     /// [`App::bind`] with the resolver `upstream.discover` uses (tests pass a fake one).
@@ -86,7 +91,9 @@ impl App {
                 )
             })?;
         let registry = prometheus::Registry::new();
-        let recorder = Arc::new(build_recorder(&config, &registry)?);
+        let scale = Scale::register(&config.scale, &registry, tokio::time::Instant::now())
+            .context("registering autoscaling metrics")?;
+        let recorder = Arc::new(build_recorder(&config, &registry)?.with_scale(Arc::new(scale)));
         let engines = Engines::new(&config.engine, &upstreams, &registry)
             .context("registering engine metrics")?;
         // The proxy's own families carry the same `upstream` value as the engine families of
@@ -215,6 +222,10 @@ impl App {
                 state.engines.clone(),
             ))
         });
+        let scale_ticks = state
+            .recorder
+            .scale()
+            .map(|s| tokio::spawn(scale_ticks(state.clone(), s.clone())));
         let mut reloadable: Vec<Arc<dyn crate::reload::Reload>> = Vec::new();
         if let Some(tls) = &tls {
             reloadable.push(tls.clone());
@@ -294,6 +305,9 @@ impl App {
             r.abort();
         }
         health.abort();
+        if let Some(t) = scale_ticks {
+            t.abort();
+        }
         if let Some(d) = discovery {
             d.abort();
         }
@@ -447,6 +461,29 @@ async fn start_demo_engine(sim: SimConfig) -> anyhow::Result<DemoEngine> {
 }
 
 /// Resolves on SIGTERM or SIGINT.
+/// Every `scale.tick_ms`: each replica's load into the autoscaling estimate (off the request
+/// path; the gauges are set from it at the next scrape).
+async fn scale_ticks(state: Arc<AppState>, scale: Arc<Scale>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(scale.config().tick_ms));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let labels = &state.recorder.metrics().upstreams;
+    loop {
+        let now = tick.tick().await;
+        let loads: Vec<ReplicaLoad> = state
+            .upstreams
+            .replicas()
+            .iter()
+            .map(|r| ReplicaLoad {
+                upstream: labels.resolve(&r.url),
+                healthy: r.is_healthy(),
+                in_flight: r.in_flight(),
+                tokens_in_flight: Some(r.route.tokens()),
+            })
+            .collect();
+        scale.tick(now, &loads);
+    }
+}
+
 pub async fn shutdown_signal() {
     #[cfg(unix)]
     {

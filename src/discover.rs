@@ -35,6 +35,42 @@ impl Resolver for SystemResolver {
     }
 }
 
+/// Resolves from a hosts-format file (`ADDRESS NAME...` per line, `#` comments), read again at
+/// every resolution: `upstream.discover_hosts_file`.
+#[derive(Debug, Clone)]
+pub struct HostsFile {
+    path: std::path::PathBuf,
+}
+
+impl HostsFile {
+    pub fn new(path: std::path::PathBuf) -> Self {
+        Self { path }
+    }
+}
+
+impl Resolver for HostsFile {
+    fn resolve<'a>(&'a self, host: &'a str, port: u16) -> Resolved<'a> {
+        Box::pin(async move {
+            let text = tokio::fs::read_to_string(&self.path).await?;
+            Ok(hosts_lookup(&text, host, port))
+        })
+    }
+}
+
+/// The addresses a hosts-format text gives `host` (lines that do not parse are skipped).
+fn hosts_lookup(text: &str, host: &str, port: u16) -> Vec<SocketAddr> {
+    text.lines()
+        .filter_map(|line| {
+            let line = line.split('#').next().unwrap_or_default();
+            let mut words = line.split_whitespace();
+            let addr: std::net::IpAddr = words.next()?.parse().ok()?;
+            words
+                .any(|w| w.eq_ignore_ascii_case(host))
+                .then_some(SocketAddr::new(addr, port))
+        })
+        .collect()
+}
+
 /// The replica URL of one address.
 pub fn replica_url(addr: SocketAddr) -> String {
     format!("http://{addr}")
@@ -169,6 +205,24 @@ mod tests {
                 found.ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no such name"))
             })
         }
+    }
+
+    #[test]
+    fn hosts_file_lines() {
+        let text = "# fleet\n127.0.0.2 fleet other\n127.0.0.3\tFLEET # comment\nnot-an-ip fleet\n::1 fleet\n10.0.0.9 else\n";
+        let got = hosts_lookup(text, "fleet", 8000);
+        let want: Vec<SocketAddr> = ["127.0.0.2:8000", "127.0.0.3:8000", "[::1]:8000"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        assert_eq!(got, want);
+        assert!(hosts_lookup(text, "missing", 1).is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_missing_hosts_file_is_an_error_so_the_last_answer_stays() {
+        let r = HostsFile::new("/nonexistent/goodput-hosts".into());
+        assert!(r.resolve("fleet", 8000).await.is_err());
     }
 
     #[tokio::test]

@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod recorder;
 pub mod reload;
 pub mod report;
+pub mod scale;
 pub mod sink;
 pub mod stack;
 pub mod state;

@@ -37,6 +37,10 @@ pub enum Command {
     /// every request in exactly one outcome on both sides, RSS and fds flat; PASS/FAIL, exit 2
     /// on FAIL (docs/RELIABILITY.md).
     Soak(crate::soak::SoakArgs),
+    /// A simulated fleet scaled by a small HPA-like loop on each of the proxy's signals in
+    /// turn (engine queue, demand, tokens in flight, desired replicas), on the same seeded
+    /// load; a table and a chart per signal (docs/autoscaling.md).
+    Autoscale(crate::autoscale::AutoscaleArgs),
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

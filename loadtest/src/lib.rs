@@ -2,6 +2,7 @@
 //! and a client / proxy / engine comparison. The binary (`main.rs`) is a thin shell
 //! over this library so integration tests can drive a run in-process.
 
+pub mod autoscale;
 pub mod bench;
 pub mod cli;
 pub mod client;

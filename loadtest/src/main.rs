@@ -19,6 +19,7 @@ async fn main() {
             println!("{}", serde_json::to_string(&r)?);
             Ok(())
         }),
+        Command::Autoscale(args) => goodput_loadtest::autoscale::run(args).await,
         Command::Soak(args) => {
             let json = args.json;
             match goodput_loadtest::soak::run(args).await {

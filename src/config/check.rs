@@ -44,7 +44,11 @@ pub fn check(raw: &RawConfig, origin: &dyn Fn(&str) -> Origin) -> Result<Config,
         },
         clickhouse: raw.sink.clickhouse.as_ref().and_then(|ch| c.clickhouse(ch)),
         sim: raw.sim.clone(),
+        scale: raw.scale.clone(),
     };
+    for (field, message) in raw.scale.problems() {
+        c.bad(field, message);
+    }
     if let Some(sim) = &raw.sim {
         if let Err(e) = sim.validate() {
             c.bad(&format!("sim.{}", e.field), &e.reason);
@@ -241,6 +245,7 @@ impl Checker<'_> {
             discover,
             discover_interval: self
                 .positive_ms("upstream.discover_interval_ms", u.discover_interval_ms),
+            discover_hosts_file: u.discover_hosts_file.clone(),
             connect_timeout: self.positive_ms("upstream.connect_timeout_ms", u.connect_timeout_ms),
             first_byte_timeout: self
                 .positive_ms("upstream.first_byte_timeout_ms", u.first_byte_timeout_ms),

@@ -17,6 +17,7 @@ pub mod check;
 pub mod env;
 pub mod layers;
 pub mod raw;
+pub mod scale;
 pub mod schema;
 pub mod target;
 
@@ -32,6 +33,7 @@ pub use raw::{
     RawMeasure, RawServer, RawSink, RawSlo, RawTenant, RawUpstream, SloOverride, UpstreamLabel,
     UsageInjection,
 };
+pub use scale::ScaleConfig;
 pub use target::{parse_base_url, BaseUrl, DnsTarget};
 
 use goodput_measure::slo::SloTable;
@@ -56,6 +58,8 @@ pub struct Config {
     pub clickhouse: Option<ClickHouseConfig>,
     /// `[sim]`: the demo engine's settings, when set.
     pub sim: Option<goodput_sim::SimConfig>,
+    /// `[scale]`: attainment windows, headroom and desired replicas.
+    pub scale: ScaleConfig,
 }
 
 #[derive(Debug, Clone)]
@@ -88,6 +92,8 @@ pub struct UpstreamConfig {
     pub urls: Vec<BaseUrl>,
     pub discover: Vec<DnsTarget>,
     pub discover_interval: Duration,
+    /// `upstream.discover_hosts_file`: names resolved from this file instead of the system.
+    pub discover_hosts_file: Option<PathBuf>,
     pub connect_timeout: Duration,
     pub first_byte_timeout: Duration,
     pub stream_idle_timeout: Duration,

@@ -24,6 +24,8 @@ pub struct RawConfig {
     pub trace: RawTrace,
     pub slo: RawSlo,
     pub engine: RawEngine,
+    /// The autoscaling signals (`[scale]`, docs/autoscaling.md).
+    pub scale: crate::config::ScaleConfig,
     /// How a replica is chosen for each request (`[balance]`, docs/routing.md).
     pub balance: crate::config::BalanceConfig,
     /// Record sinks besides the JSONL file of `[measure]`: `[sink.clickhouse]`.
@@ -178,6 +180,10 @@ pub struct RawUpstream {
     pub discover: Vec<String>,
     /// Interval between DNS resolutions of `discover`, ms.
     pub discover_interval_ms: u64,
+    /// Resolve `discover` names from this file (hosts format: `ADDRESS NAME...` per line, `#`
+    /// comments), re-read every round, instead of the system's resolver: for a fleet published
+    /// as a file (e.g. by a sidecar watching the endpoints), and for simulated fleets.
+    pub discover_hosts_file: Option<PathBuf>,
     /// TCP connect deadline per attempt, ms. A failed connect is retried once on another replica.
     pub connect_timeout_ms: u64,
     /// Deadline for the upstream response head, from sending the request, ms (504 when it fires).
@@ -220,6 +226,7 @@ impl Default for RawUpstream {
             urls: Vec::new(),
             discover: Vec::new(),
             discover_interval_ms: 5_000,
+            discover_hosts_file: None,
             connect_timeout_ms: 5_000,
             first_byte_timeout_ms: 300_000,
             stream_idle_timeout_ms: 120_000,

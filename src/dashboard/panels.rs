@@ -28,6 +28,7 @@ pub const PANELS: &[Panel] = &[
     ("traffic", traffic),
     ("goodput", goodput),
     ("replicas", replicas),
+    ("headroom", headroom),
     ("tools", tools),
     ("latency", latency),
     ("slowest", slowest),
@@ -277,6 +278,39 @@ fn replicas(i: &Inputs) -> Value {
         })
         .collect();
     json!({ "replicas": replicas, "more": all.len().saturating_sub(MAX_REPLICAS) })
+}
+
+/// Per model: SLO attainment over both windows, headroom and the desired-replicas hint as the
+/// autoscaling estimate has them (docs/autoscaling.md); `null` where not known yet.
+fn headroom(i: &Inputs) -> Value {
+    let Some(scale) = i.state.recorder.scale() else {
+        return json!({ "target": null, "windows": [], "models": [] });
+    };
+    let mut models: BTreeMap<Arc<str>, Value> = BTreeMap::new();
+    for (window, model, a) in scale.model_attainment(i.now) {
+        let m = models
+            .entry(model)
+            .or_insert_with(|| json!({ "attainment": {} }));
+        m["attainment"][window] = json!(a);
+    }
+    for (model, e) in scale.estimates() {
+        let m = models
+            .entry(model)
+            .or_insert_with(|| json!({ "attainment": {} }));
+        m["headroom_streams"] = json!(e.headroom_streams);
+        m["headroom_tokens_per_second"] = json!(e.headroom_tokens);
+        m["capacity_streams"] = json!(e.capacity_streams);
+        m["desired_replicas"] = json!(e.desired_replicas);
+    }
+    let rows: Vec<Value> = models
+        .into_iter()
+        .take(MAX_MODELS)
+        .map(|(model, mut m)| {
+            m["model"] = json!(model);
+            m
+        })
+        .collect();
+    json!({ "target": scale.config().target, "windows": scale.window_labels(), "models": rows })
 }
 
 fn latency(i: &Inputs) -> Value {

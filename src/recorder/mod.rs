@@ -24,6 +24,7 @@ use tokio::time::Instant;
 
 use crate::context::RequestContext;
 use crate::metrics::{Metrics, OTHER_MODEL};
+use crate::scale::Scale;
 use crate::sink::Sinks;
 use goodput_measure::record::{RecordRing, RequestRecord, DEFAULT_GAP_CAPACITY};
 use goodput_measure::slo::SloTable;
@@ -55,6 +56,8 @@ pub struct Recorder {
     trace_bounds: TraceBounds,
     /// `measure.stall_ms`.
     stall: Duration,
+    /// The autoscaling signals, when counted (`[scale]`).
+    scale: Option<Arc<Scale>>,
 }
 
 impl Recorder {
@@ -79,6 +82,7 @@ impl Recorder {
             trace_rate: 0.0,
             trace_bounds: TraceBounds::default(),
             stall: goodput_measure::meter::DEFAULT_STALL,
+            scale: None,
         }
     }
 
@@ -101,6 +105,16 @@ impl Recorder {
     pub fn with_instance(mut self, instance: &str) -> Self {
         self.instance = Arc::from(instance);
         self
+    }
+
+    /// Counts every finished request in the autoscaling signals.
+    pub fn with_scale(mut self, scale: Arc<Scale>) -> Self {
+        self.scale = Some(scale);
+        self
+    }
+
+    pub fn scale(&self) -> Option<&Arc<Scale>> {
+        self.scale.as_ref()
     }
 
     /// Forward without metering (`[measure] enabled = false`): nothing is recorded.

@@ -16,7 +16,7 @@ use crate::metrics::RequestMetrics;
 use crate::upstream::deadline::DeadlineError;
 use crate::upstream::forward::{Routed, ServedBy};
 use goodput_measure::meter::{Measurement, StreamMeter};
-use goodput_measure::outcome::{Ending, Outcome};
+use goodput_measure::outcome::{rejected_by_client, Ending, Outcome};
 use goodput_measure::record::RequestRecord;
 use goodput_measure::slo::{judge, Slo};
 
@@ -218,6 +218,21 @@ impl Finish {
             tokens,
         );
         let model = rm.model().clone();
+        if let Some(scale) = &recorder.scale {
+            let eligible = !rejected_by_client(m.outcome, m.status);
+            let tenant = tenant.as_ref().map(|t| &t.name);
+            let end = Instant::now();
+            scale.finished(
+                &model,
+                tenant,
+                rm.upstream(),
+                eligible,
+                v.good,
+                tokens,
+                end.checked_sub(m.e2e).unwrap_or(end),
+                end,
+            );
+        }
         rm.finish(&m, &v);
         let rec = RequestRecord::new(
             self.id,

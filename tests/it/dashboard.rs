@@ -207,6 +207,14 @@ const PANEL_CHECKS: &[(&str, &[&str])] = &[
     ),
     ("tools", &[">valid<", ">invalid_json<"]),
     (
+        "headroom",
+        &[
+            "<td class=\"text\">tiny</td>",
+            "limit not seen yet",
+            ">desired replicas<",
+        ],
+    ),
+    (
         "slowest",
         &[
             "href=\"trace/slow-traced-0\"",

@@ -32,6 +32,7 @@ mod proxy_lifecycle;
 mod proxy_sim;
 mod proxy_tls;
 mod route;
+mod scale;
 mod sim_agent;
 mod sim_cache;
 mod sim_cli;

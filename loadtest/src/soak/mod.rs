@@ -9,7 +9,7 @@
 
 mod classes;
 mod drive;
-mod proxy;
+pub(crate) mod proxy;
 mod verdict;
 
 use std::io::BufRead;

@@ -66,19 +66,23 @@ impl ProxyProcess {
         .env(
             "GOODPUT_PROXY_UPSTREAM_FIRST_BYTE_TIMEOUT_MS",
             s.first_byte_timeout_ms.to_string(),
-        )
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-        let mut child = cmd
-            .spawn()
-            .with_context(|| format!("starting {}", s.bin.display()))?;
+        );
+        Self::start(cmd, s.log).await
+    }
+
+    /// Starts `cmd` (a `goodput-proxy serve` on port 0), its stderr logged to `log`, and waits
+    /// until it has logged both its addresses.
+    pub async fn start(mut cmd: Command, log_path: &Path) -> anyhow::Result<Self> {
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().context("starting the proxy")?;
         let pid = child.id().context("the proxy exited at once")?;
         let stderr = child.stderr.take().context("no stderr pipe")?;
-        let mut log = tokio::fs::File::create(s.log)
+        let mut log = tokio::fs::File::create(log_path)
             .await
-            .with_context(|| format!("creating {}", s.log.display()))?;
+            .with_context(|| format!("creating {}", log_path.display()))?;
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
         // Every line goes to the log file; the first ones are also searched for the addresses.
         let log_task = tokio::spawn(async move {
@@ -102,7 +106,7 @@ impl ProxyProcess {
         let (Ok(()), Some(addr), Some(admin)) = (found, addr, admin) else {
             anyhow::bail!(
                 "the proxy did not log its addresses within 30 s (see {})",
-                s.log.display()
+                log_path.display()
             );
         };
         Ok(Self {

@@ -127,6 +127,21 @@ PANELS.replicas = (body, d) => {
   body.replaceChildren(...parts);
 };
 
+PANELS.headroom = (body, d) => {
+  if (!d.models.length) { body.replaceChildren(empty("no finished request yet")); return; }
+  // Headroom and desired replicas stay unknown until some load broke the target once.
+  const est = (v, f) => v === null || v === undefined ? h("span", { class: "muted" }, "limit not seen yet") : f(v);
+  const att = (a) => a === undefined ? dash : h("span", { class: a >= d.target ? "good" : "bad" }, pct(a));
+  const rows = d.models.map((m) => h("tr", {},
+    h("td", { class: "text" }, m.model),
+    h("td", {}, att(m.attainment[d.windows[0]])),
+    h("td", {}, att(m.attainment[d.windows[1]])),
+    h("td", {}, est(m.headroom_streams, (v) => v.toFixed(1))),
+    h("td", {}, est(m.headroom_tokens_per_second, (v) => v.toFixed(0))),
+    h("td", {}, est(m.desired_replicas, (v) => v.toFixed(2)))));
+  body.replaceChildren(table(["model", `attainment ${d.windows[0]}`, `attainment ${d.windows[1]}`, "headroom streams", "headroom tokens/s", "desired replicas"], rows));
+};
+
 PANELS.tools = (body, d) => {
   if (!d.requests) { body.replaceChildren(empty("no request with tool calls in the window")); return; }
   const rows = Object.entries(d.outcomes).map(([k, n]) => h("tr", {},

@@ -91,7 +91,7 @@ enum Out {
 }
 
 impl Out {
-    #[inline]
+    #[inline(always)]
     fn range(&mut self, frame: &Bytes, a: usize, b: usize) {
         if a == b {
             return;
@@ -147,8 +147,22 @@ fn release(strip: &mut Strip, held: Option<Bytes>, frame: &Bytes, acc: &mut Out)
 }
 
 /// Meters a held finish chunk as the client gets it (at `t`, when it is released). The
-/// current event's scan log, if any, is kept aside meanwhile.
+/// current event's scan log, if any, is kept aside meanwhile. Asked for every event: the
+/// check is inlined, the work (once or twice a stream) is not.
+#[inline]
 fn meter_held(tl: &mut Timeline, strip: &mut Strip, t: Instant, on_gap: &mut impl FnMut(Duration)) {
+    if strip.held.is_some() {
+        meter_held_now(tl, strip, t, on_gap);
+    }
+}
+
+#[inline(never)]
+fn meter_held_now(
+    tl: &mut Timeline,
+    strip: &mut Strip,
+    t: Instant,
+    on_gap: &mut impl FnMut(Duration),
+) {
     let Some(held) = strip.held.as_ref() else {
         return;
     };

@@ -1,0 +1,315 @@
+//! The headroom estimator, pure (no clock, no I/O): what one replica can carry before the share
+//! of requests meeting their SLOs falls below the target, learned from the proxy's own history
+//! of load against attainment.
+//!
+//! Each sample is one replica over one tick: the load it carried (requests in flight, or
+//! tokens per second) and how many of the requests it finished met every SLO. Samples go into
+//! geometric load bins (4 per doubling); each bin keeps its own good / total, remembering its
+//! last [`Curve::memory`] requests (older ones are scaled down as new ones arrive), so a bin
+//! forgets only when the load revisits it, never because time passed. The capacity is where a
+//! non-increasing fit of attainment against load (pool adjacent violators, weighted by
+//! requests) crosses the target, interpolated between the bins on either side. Until some bin
+//! with enough requests is below the target there is no capacity: the limit has not been seen,
+//! and the estimator says nothing rather than guess.
+
+/// Attainment against load for one model, over replicas (all replicas are taken to be alike).
+#[derive(Debug, Clone)]
+pub struct Curve {
+    /// Upper edge of the first bin (everything below lands in it).
+    lo: f64,
+    bins: Vec<Bin>,
+    memory: f64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Bin {
+    good: f64,
+    total: f64,
+}
+
+/// Each bin is this much wider than the one before (4 bins per doubling).
+pub const BIN_RATIO: f64 = 1.189_207_115_002_721; // 2^(1/4)
+
+impl Curve {
+    /// Bins from `lo` upwards, `n` of them; each remembers its last `memory` requests.
+    pub fn new(lo: f64, n: usize, memory: f64) -> Self {
+        Curve {
+            lo,
+            bins: vec![Bin::default(); n.max(2)],
+            memory: memory.max(1.0),
+        }
+    }
+
+    /// Requests remembered per bin.
+    pub fn memory(&self) -> f64 {
+        self.memory
+    }
+
+    fn bin_of(&self, load: f64) -> usize {
+        if load.is_nan() || load <= self.lo {
+            return 0;
+        }
+        let k = (load / self.lo).log(BIN_RATIO).floor() as usize + 1;
+        k.min(self.bins.len() - 1)
+    }
+
+    /// Lower and upper edge of bin `k` (bin 0 starts at 0).
+    fn edges(&self, k: usize) -> (f64, f64) {
+        let hi = self.lo * BIN_RATIO.powi(k as i32);
+        let lo = if k == 0 { 0.0 } else { hi / BIN_RATIO };
+        (lo, hi)
+    }
+
+    /// Where a bin's requests sat: its geometric middle (bin 0: half its edge).
+    fn middle(&self, k: usize) -> f64 {
+        let (lo, hi) = self.edges(k);
+        if k == 0 {
+            hi / 2.0
+        } else {
+            (lo * hi).sqrt()
+        }
+    }
+
+    /// One replica over one tick: it carried `load` and finished `total` requests, `good` of
+    /// which met every SLO.
+    pub fn observe(&mut self, load: f64, good: u64, total: u64) {
+        if total == 0 || !load.is_finite() || load < 0.0 {
+            return;
+        }
+        let k = self.bin_of(load);
+        let memory = self.memory;
+        let b = &mut self.bins[k];
+        let (g, t) = (good.min(total) as f64, total as f64);
+        // Keep at most `memory` requests: the old ones shrink to make room for the new.
+        let keep = if b.total + t > memory {
+            ((memory - t).max(0.0) / b.total).min(1.0)
+        } else {
+            1.0
+        };
+        b.good = b.good * keep + g;
+        b.total = b.total * keep + t;
+    }
+
+    /// The load per replica at which attainment falls to `target`, from the bins holding at
+    /// least `min_requests`; `None` while no such bin is below the target.
+    pub fn capacity(&self, target: f64, min_requests: f64) -> Option<f64> {
+        let seen: Vec<(usize, f64, f64)> = self
+            .bins
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.total >= min_requests.max(1.0))
+            .map(|(k, b)| (k, b.good / b.total, b.total))
+            .collect();
+        let fit = non_increasing(&seen.iter().map(|s| (s.1, s.2)).collect::<Vec<_>>());
+        let j = fit.iter().position(|&a| a < target)?;
+        if j == 0 {
+            // Even the lightest load seen misses: the limit is below it.
+            return Some(self.edges(seen[0].0).0);
+        }
+        let (x0, x1) = (self.middle(seen[j - 1].0), self.middle(seen[j].0));
+        let (a0, a1) = (fit[j - 1], fit[j]);
+        Some(x0 + (a0 - target) / (a0 - a1) * (x1 - x0))
+    }
+}
+
+/// Weighted least-squares fit by a non-increasing sequence (pool adjacent violators).
+fn non_increasing(points: &[(f64, f64)]) -> Vec<f64> {
+    // Blocks of (mean, weight, length).
+    let mut blocks: Vec<(f64, f64, usize)> = Vec::with_capacity(points.len());
+    for &(v, w) in points {
+        blocks.push((v, w, 1));
+        while blocks.len() > 1 {
+            let (b, a) = (blocks[blocks.len() - 1], blocks[blocks.len() - 2]);
+            if a.0 >= b.0 {
+                break;
+            }
+            let w = a.1 + b.1;
+            blocks.truncate(blocks.len() - 2);
+            blocks.push(((a.0 * a.1 + b.0 * b.1) / w, w, a.2 + b.2));
+        }
+    }
+    blocks
+        .iter()
+        .flat_map(|&(v, _, n)| std::iter::repeat_n(v, n))
+        .collect()
+}
+
+/// More load the fleet can take before its attainment falls below the target: `replicas`
+/// times the per-replica capacity, less the load it carries now (never below 0).
+pub fn headroom(capacity: Option<f64>, replicas: usize, load: f64) -> Option<f64> {
+    capacity.map(|c| (c * replicas as f64 - load).max(0.0))
+}
+
+/// The replicas the load needs to stay at the target: replicas x load / load at target, i.e.
+/// load / capacity per replica (a fraction: the autoscaler rounds up).
+pub fn desired_replicas(capacity: Option<f64>, load: f64) -> Option<f64> {
+    capacity.filter(|&c| c > 0.0).map(|c| load / c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A replica whose requests all meet their SLO up to `cap`, then fewer and fewer: the
+    /// attainment falls linearly to 0 at twice the capacity.
+    fn attainment(load: f64, cap: f64) -> f64 {
+        if load <= cap {
+            1.0
+        } else {
+            (1.0 - (load - cap) / cap).max(0.0)
+        }
+    }
+
+    /// Ticks of a load rising from `from` to `to` in `steps` steps, `per_tick` requests each,
+    /// against a replica of capacity `cap` (the target crossing sits just past `cap`).
+    fn ramp(c: &mut Curve, cap: f64, from: f64, to: f64, steps: usize) {
+        for i in 0..=steps {
+            let load = from + (to - from) * i as f64 / steps as f64;
+            let total = 40u64;
+            let good = (attainment(load, cap) * total as f64).round() as u64;
+            c.observe(load, good, total);
+        }
+    }
+
+    const TARGET: f64 = 0.95;
+    const MIN: f64 = 20.0;
+
+    fn curve() -> Curve {
+        Curve::new(0.5, 64, 400.0)
+    }
+
+    #[test]
+    fn no_data_no_figures() {
+        let c = curve();
+        assert_eq!(c.capacity(TARGET, MIN), None);
+        assert_eq!(headroom(c.capacity(TARGET, MIN), 3, 10.0), None);
+        assert_eq!(desired_replicas(c.capacity(TARGET, MIN), 10.0), None);
+        // Too few requests in any bin: still nothing.
+        let mut c = curve();
+        c.observe(10.0, 0, 5);
+        assert_eq!(c.capacity(TARGET, MIN), None);
+    }
+
+    #[test]
+    fn headroom_falls_to_zero_where_attainment_crosses_the_target() {
+        // Attainment crosses 0.95 at 1.05 x capacity.
+        let cap = 16.0;
+        let crossing = cap * (1.0 + (1.0 - TARGET));
+        // (load reached so far, query load, expected headroom for 1 replica; None = absent)
+        let cases: &[(f64, f64, Option<f64>)] = &[
+            // Below capacity: never missed yet, so nothing is known.
+            (cap * 0.9, cap * 0.5, None),
+            (cap, cap * 0.9, None),
+            // Past the crossing: known, and 0 at the crossing itself.
+            (cap * 1.5, crossing, Some(0.0)),
+            (cap * 1.5, cap * 1.3, Some(0.0)),
+            (cap * 1.5, cap * 0.5, Some(crossing - cap * 0.5)),
+            (cap * 2.0, 0.0, Some(crossing)),
+        ];
+        for &(reached, query, want) in cases {
+            let mut c = curve();
+            ramp(&mut c, cap, 1.0, reached, 400);
+            let got = headroom(c.capacity(TARGET, MIN), 1, query);
+            match (got, want) {
+                (None, None) => {}
+                (Some(g), Some(w)) => {
+                    // Within one bin of the truth (bins are 19% wide).
+                    assert!(
+                        (g - w).abs() <= crossing * 0.19,
+                        "reached {reached}, query {query}: {g} vs {w}"
+                    );
+                }
+                _ => panic!("reached {reached}, query {query}: {got:?} vs {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn doubling_the_capacity_doubles_the_headroom() {
+        for replicas in [1usize, 3] {
+            let mut small = curve();
+            let mut big = curve();
+            ramp(&mut small, 8.0, 1.0, 20.0, 400);
+            ramp(&mut big, 16.0, 2.0, 40.0, 400);
+            let (a, b) = (small.capacity(TARGET, MIN), big.capacity(TARGET, MIN));
+            let (Some(a), Some(b)) = (a, b) else {
+                panic!("capacity unknown: {a:?} {b:?}")
+            };
+            // Bins are geometric: doubling moves every sample exactly 4 bins up.
+            assert!((b / a - 2.0).abs() < 1e-9, "{a} {b}");
+            let load = 0.25 * replicas as f64 * a;
+            let (ha, hb) = (
+                headroom(Some(a), replicas, load),
+                headroom(Some(b), replicas, 2.0 * load),
+            );
+            let (Some(ha), Some(hb)) = (ha, hb) else {
+                unreachable!()
+            };
+            assert!((hb / ha - 2.0).abs() < 1e-9, "{ha} {hb}");
+            // Same load share, same replicas wanted.
+            let (da, db) = (
+                desired_replicas(Some(a), load),
+                desired_replicas(Some(b), 2.0 * load),
+            );
+            assert_eq!(da.map(|d| (d * 1e9).round()), db.map(|d| (d * 1e9).round()));
+        }
+    }
+
+    #[test]
+    fn desired_replicas_is_load_over_capacity() {
+        let cases: &[(Option<f64>, f64, Option<f64>)] = &[
+            (Some(10.0), 35.0, Some(3.5)),
+            (Some(10.0), 0.0, Some(0.0)),
+            (Some(0.0), 5.0, None),
+            (None, 5.0, None),
+        ];
+        for &(cap, load, want) in cases {
+            assert_eq!(desired_replicas(cap, load), want, "{cap:?} {load}");
+        }
+        assert_eq!(headroom(Some(10.0), 3, 35.0), Some(0.0));
+        assert_eq!(headroom(Some(10.0), 3, 25.0), Some(5.0));
+    }
+
+    #[test]
+    fn a_bad_patch_at_low_load_is_pooled_with_its_neighbours() {
+        // One unlucky bin at light load (errors unrelated to load) among good ones: the
+        // non-increasing fit pools it, so it alone does not set the capacity.
+        let mut c = curve();
+        ramp(&mut c, 16.0, 1.0, 30.0, 400);
+        let clean = c.capacity(TARGET, MIN);
+        c.observe(2.0, 34, 40);
+        let noisy = c.capacity(TARGET, MIN);
+        assert!(clean.is_some() && noisy.is_some());
+        assert!(noisy.unwrap_or(0.0) > 8.0, "{noisy:?}");
+    }
+
+    #[test]
+    fn bins_remember_their_last_requests() {
+        let mut c = Curve::new(0.5, 16, 100.0);
+        c.observe(4.0, 0, 100);
+        assert_eq!(c.capacity(TARGET, MIN), Some(c.edges(c.bin_of(4.0)).0));
+        // The same load now meets its SLOs: `memory` new requests replace the old ones, and
+        // the limit is no longer seen there.
+        for _ in 0..6 {
+            c.observe(4.0, 100, 100);
+        }
+        assert_eq!(c.capacity(TARGET, MIN), None);
+    }
+
+    #[test]
+    fn pooling_fits_a_non_increasing_sequence() {
+        type Points = &'static [(f64, f64)];
+        let cases: &[(Points, &[f64])] = &[
+            (&[], &[]),
+            (&[(1.0, 1.0), (0.5, 1.0)], &[1.0, 0.5]),
+            (&[(0.5, 1.0), (1.0, 1.0)], &[0.75, 0.75]),
+            (
+                &[(1.0, 1.0), (0.25, 3.0), (0.75, 1.0)],
+                &[1.0, 0.375, 0.375],
+            ),
+        ];
+        for &(points, want) in cases {
+            assert_eq!(non_increasing(points), want, "{points:?}");
+        }
+    }
+}

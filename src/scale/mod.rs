@@ -1,0 +1,362 @@
+//! Autoscaling signals: how much room is left (docs/autoscaling.md).
+//!
+//! - SLO attainment (good / eligible finished requests, as the goodput ratio counts them) over
+//!   a short and a long sliding window, per model, per tenant, per upstream.
+//! - Headroom per model, in streams and in tokens per second: the replicas' capacity at the
+//!   `[scale] target` ([`estimate::Curve`], learned from every replica's load against its
+//!   attainment), less the load they carry now; and the desired-replicas hint, load / capacity
+//!   per replica.
+//! - Tokens in flight per upstream: the balancer's own count of the tokens its requests bring.
+//!
+//! Per request, [`Scale::finished`] only counts (one lock, no allocation for known labels).
+//! Every `tick_ms` the proxy hands [`Scale::tick`] each replica's load; the estimate is made
+//! there, off the request path, and [`Scale::refresh`] sets the gauges right before a scrape.
+//! No clock inside: every instant is passed in, so the tests drive it.
+
+pub mod estimate;
+mod gauges;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use prometheus::Registry;
+use tokio::time::Instant;
+
+use crate::auth::NO_TENANT;
+use crate::config::ScaleConfig;
+use estimate::Curve;
+use gauges::Gauges;
+use goodput_measure::window::RatioWindow;
+
+/// Lowest load bin edges: a tenth of a stream, one token per second.
+const STREAMS_LO: f64 = 0.1;
+const TOKENS_LO: f64 = 1.0;
+/// Bins per curve: 4 per doubling, so 96 bins span 2^24 from the lowest.
+const BINS: usize = 96;
+
+/// One replica's load when a tick is taken.
+#[derive(Debug, Clone)]
+pub struct ReplicaLoad {
+    /// Its `upstream` label value.
+    pub upstream: Arc<str>,
+    pub healthy: bool,
+    /// This proxy's requests in flight there.
+    pub in_flight: usize,
+    /// Estimated tokens (prompt + output) of those requests, when the balancer counts them.
+    pub tokens_in_flight: Option<u64>,
+}
+
+/// One model's estimate as of the last tick.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Estimate {
+    /// Per replica, at the target.
+    pub capacity_streams: Option<f64>,
+    pub capacity_tokens: Option<f64>,
+    pub headroom_streams: Option<f64>,
+    pub headroom_tokens: Option<f64>,
+    pub desired_replicas: Option<f64>,
+}
+
+/// Attainment windows of one length, by dimension.
+struct Windows {
+    model: RatioWindow,
+    tenant: RatioWindow,
+    upstream: RatioWindow,
+}
+
+impl Windows {
+    fn new(window: Duration, origin: Instant) -> Self {
+        Windows {
+            model: RatioWindow::new(window, origin),
+            tenant: RatioWindow::new(window, origin),
+            upstream: RatioWindow::new(window, origin),
+        }
+    }
+}
+
+/// One finished request waiting for the next tick: when it started and ended, and whether
+/// it met every SLO.
+#[derive(Debug, Clone, Copy)]
+struct Finished {
+    start: Instant,
+    end: Instant,
+    good: bool,
+}
+
+/// Per replica, the load of each recent tick (raw), for the load a request lived through.
+const HISTORY_TICKS: usize = 600;
+
+/// What one replica carried, smoothed.
+#[derive(Debug, Clone, Copy, Default)]
+struct Smoothed {
+    streams: f64,
+    tokens_per_s: f64,
+}
+
+struct Model {
+    streams: Curve,
+    tokens: Curve,
+}
+
+#[derive(Default)]
+struct State {
+    /// Finished since the last tick, per (model, upstream).
+    pending: HashMap<(Arc<str>, Arc<str>), Vec<Finished>>,
+    /// Each replica's raw load at its recent ticks, oldest first.
+    history: HashMap<Arc<str>, std::collections::VecDeque<(Instant, Smoothed)>>,
+    /// Tokens (prompt + output) finished since the last tick, per upstream.
+    tokens: HashMap<Arc<str>, u64>,
+    replicas: HashMap<Arc<str>, Smoothed>,
+    models: HashMap<Arc<str>, Model>,
+    estimates: Vec<(Arc<str>, Estimate)>,
+    in_flight_tokens: Vec<(Arc<str>, u64)>,
+    last_tick: Option<Instant>,
+}
+
+/// The autoscaling signals of one proxy.
+pub struct Scale {
+    config: ScaleConfig,
+    windows: Mutex<[Windows; 2]>,
+    state: Mutex<State>,
+    gauges: Gauges,
+    /// The `tenant` label of requests without one, allocated once.
+    no_tenant: Arc<str>,
+}
+
+impl Scale {
+    /// Registers the gauges in `registry`; `origin` starts the attainment windows.
+    pub fn register(
+        config: &ScaleConfig,
+        registry: &Registry,
+        origin: Instant,
+    ) -> Result<Self, prometheus::Error> {
+        let short = Duration::from_secs(config.short_window_s);
+        let long = Duration::from_secs(config.long_window_s);
+        Ok(Scale {
+            config: config.clone(),
+            windows: Mutex::new([Windows::new(short, origin), Windows::new(long, origin)]),
+            state: Mutex::new(State::default()),
+            gauges: Gauges::register(registry, [window_label(short), window_label(long)])?,
+            no_tenant: Arc::from(NO_TENANT),
+        })
+    }
+
+    pub fn config(&self) -> &ScaleConfig {
+        &self.config
+    }
+
+    /// One finished request (called from the recorder's finish point). Labels come from the
+    /// bounded sets of the metrics (`tenant`: `None` without one); `eligible` is false for
+    /// rejections the client caused, which say nothing about the replicas.
+    #[allow(clippy::too_many_arguments)]
+    pub fn finished(
+        &self,
+        model: &Arc<str>,
+        tenant: Option<&Arc<str>>,
+        upstream: &Arc<str>,
+        eligible: bool,
+        good: bool,
+        tokens: u64,
+        start: Instant,
+        at: Instant,
+    ) {
+        if !eligible {
+            return;
+        }
+        if let Ok(mut ws) = self.windows.lock() {
+            for w in ws.iter_mut() {
+                w.model.add(model, good, at);
+                w.tenant.add(tenant.unwrap_or(&self.no_tenant), good, at);
+                w.upstream.add(upstream, good, at);
+            }
+        }
+        let Ok(mut st) = self.state.lock() else {
+            return;
+        };
+        let key = (model.clone(), upstream.clone());
+        st.pending.entry(key).or_default().push(Finished {
+            start,
+            end: at,
+            good,
+        });
+        *st.tokens.entry(upstream.clone()).or_default() += tokens;
+    }
+
+    /// One sample per replica: smooths each replica's load, feeds every model's curves with
+    /// what finished since the last tick (each request at the mean load its replica carried
+    /// from its start to its end: the load it lived through, not the load when it ended), and
+    /// estimates each model's headroom.
+    pub fn tick(&self, now: Instant, replicas: &[ReplicaLoad]) {
+        let Ok(mut st) = self.state.lock() else {
+            return;
+        };
+        let st = &mut *st;
+        let dt = st
+            .last_tick
+            .map(|t| now.saturating_duration_since(t))
+            .unwrap_or(Duration::from_millis(self.config.tick_ms));
+        st.last_tick = Some(now);
+        let dt_s = dt.as_secs_f64().max(1e-3);
+        let alpha = (dt_s * 1e3 / self.config.load_window_ms as f64).min(1.0);
+        let pending = std::mem::take(&mut st.pending);
+        let mut tokens = std::mem::take(&mut st.tokens);
+        let mut smoothed: HashMap<Arc<str>, Smoothed> = HashMap::with_capacity(replicas.len());
+        let mut history = std::mem::take(&mut st.history);
+        history.retain(|u, _| replicas.iter().any(|r| &r.upstream == u));
+        for r in replicas {
+            let raw = Smoothed {
+                streams: r.in_flight as f64,
+                tokens_per_s: tokens.remove(&r.upstream).unwrap_or(0) as f64 / dt_s,
+            };
+            let s = match st.replicas.get(&r.upstream) {
+                Some(w) => Smoothed {
+                    streams: w.streams + alpha * (raw.streams - w.streams),
+                    tokens_per_s: w.tokens_per_s + alpha * (raw.tokens_per_s - w.tokens_per_s),
+                },
+                None => raw,
+            };
+            smoothed.insert(r.upstream.clone(), s);
+            let h = history.entry(r.upstream.clone()).or_default();
+            if h.len() == HISTORY_TICKS {
+                h.pop_front();
+            }
+            h.push_back((now, raw));
+        }
+        st.replicas = smoothed;
+        st.history = history;
+        let memory = self.config.memory as f64;
+        for ((model, upstream), done) in pending {
+            let Some(h) = st.history.get(&upstream) else {
+                continue;
+            };
+            let m = st.models.entry(model).or_insert_with(|| Model {
+                streams: Curve::new(STREAMS_LO, BINS, memory),
+                tokens: Curve::new(TOKENS_LO, BINS, memory),
+            });
+            for f in done {
+                if let Some(load) = lived_through(h, f.start, f.end) {
+                    let good = u64::from(f.good);
+                    m.streams.observe(load.streams, good, 1);
+                    m.tokens.observe(load.tokens_per_s, good, 1);
+                }
+            }
+        }
+        let healthy = replicas.iter().filter(|r| r.healthy).count();
+        let (streams, tps) = st
+            .replicas
+            .values()
+            .fold((0.0, 0.0), |(s, t), r| (s + r.streams, t + r.tokens_per_s));
+        let (target, min) = (self.config.target, self.config.min_requests as f64);
+        st.estimates = st
+            .models
+            .iter()
+            .map(|(model, m)| {
+                let cs = m.streams.capacity(target, min);
+                let ct = m.tokens.capacity(target, min);
+                let desired = [
+                    estimate::desired_replicas(cs, streams),
+                    estimate::desired_replicas(ct, tps),
+                ]
+                .into_iter()
+                .flatten()
+                .reduce(f64::max);
+                let e = Estimate {
+                    capacity_streams: cs,
+                    capacity_tokens: ct,
+                    headroom_streams: estimate::headroom(cs, healthy, streams),
+                    headroom_tokens: estimate::headroom(ct, healthy, tps),
+                    desired_replicas: desired,
+                };
+                (model.clone(), e)
+            })
+            .collect();
+        st.in_flight_tokens = replicas
+            .iter()
+            .filter_map(|r| Some((r.upstream.clone(), r.tokens_in_flight?)))
+            .collect();
+    }
+
+    /// The `window` labels, short then long.
+    pub fn window_labels(&self) -> [String; 2] {
+        [
+            self.gauges.window(0).to_string(),
+            self.gauges.window(1).to_string(),
+        ]
+    }
+
+    /// Each model's attainment at `now` over each window: (window label, model, share).
+    pub fn model_attainment(&self, now: Instant) -> Vec<(String, Arc<str>, f64)> {
+        let Ok(ws) = self.windows.lock() else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (i, w) in ws.iter().enumerate() {
+            for (model, a) in w.model.per_key(now) {
+                if let Some(a) = a {
+                    out.push((self.gauges.window(i).to_string(), model, a));
+                }
+            }
+        }
+        out
+    }
+
+    /// Each model's estimate as of the last tick.
+    pub fn estimates(&self) -> Vec<(Arc<str>, Estimate)> {
+        self.state
+            .lock()
+            .map(|st| st.estimates.clone())
+            .unwrap_or_default()
+    }
+
+    /// Sets the gauges (right before a scrape): attainment from the windows at `now`, the
+    /// rest from the last tick. A figure not known has no series (never a made-up one).
+    pub fn refresh(&self, now: Instant) {
+        if let Ok(ws) = self.windows.lock() {
+            for (i, w) in ws.iter().enumerate() {
+                self.gauges
+                    .set_attainment(i, &w.model, &w.tenant, &w.upstream, now);
+            }
+        }
+        let Ok(st) = self.state.lock() else {
+            return;
+        };
+        self.gauges.set_estimates(&st.estimates);
+        self.gauges.set_in_flight_tokens(&st.in_flight_tokens);
+    }
+}
+
+/// The mean load of the ticks in `[start, end]`; a request shorter than a tick gets the last
+/// tick at or before its end.
+fn lived_through(
+    h: &std::collections::VecDeque<(Instant, Smoothed)>,
+    start: Instant,
+    end: Instant,
+) -> Option<Smoothed> {
+    let (mut sum, mut n) = (Smoothed::default(), 0usize);
+    for (_, s) in h.iter().filter(|(t, _)| *t >= start && *t <= end) {
+        sum.streams += s.streams;
+        sum.tokens_per_s += s.tokens_per_s;
+        n += 1;
+    }
+    if n == 0 {
+        return h.iter().rev().find(|(t, _)| *t <= end).map(|(_, s)| *s);
+    }
+    Some(Smoothed {
+        streams: sum.streams / n as f64,
+        tokens_per_s: sum.tokens_per_s / n as f64,
+    })
+}
+
+/// `30s`, `5m`, `2h`: the `window` label of a window length.
+fn window_label(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        _ if s >= 3_600 && s % 3_600 == 0 => format!("{}h", s / 3_600),
+        _ if s >= 60 && s % 60 == 0 => format!("{}m", s / 60),
+        _ => format!("{s}s"),
+    }
+}
+
+#[cfg(test)]
+mod tests;

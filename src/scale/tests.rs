@@ -1,0 +1,142 @@
+use super::*;
+
+fn s(v: &str) -> Arc<str> {
+    Arc::from(v)
+}
+
+fn load(upstream: &str, in_flight: usize) -> ReplicaLoad {
+    ReplicaLoad {
+        upstream: s(upstream),
+        healthy: true,
+        in_flight,
+        tokens_in_flight: Some(in_flight as u64 * 100),
+    }
+}
+
+fn scale() -> (Scale, Registry) {
+    let registry = Registry::new();
+    let config = ScaleConfig {
+        tick_ms: 1_000,
+        load_window_ms: 1_000,
+        ..ScaleConfig::default()
+    };
+    let scale = Scale::register(&config, &registry, Instant::now()).unwrap();
+    (scale, registry)
+}
+
+/// Series of `name` as (label values in label-name order joined by `,`, value).
+fn series(r: &Registry, name: &str) -> Vec<(String, f64)> {
+    let mut out = Vec::new();
+    for f in r.gather().iter().filter(|f| f.name() == name) {
+        for m in f.get_metric() {
+            let l: Vec<&str> = m.get_label().iter().map(|l| l.value()).collect();
+            out.push((l.join(","), m.get_gauge().get_value()));
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+#[test]
+fn attainment_per_window_model_tenant_upstream() {
+    let (sc, r) = scale();
+    let t0 = Instant::now();
+    let (m, a, b) = (s("m"), s("a"), s("u0"));
+    for good in [true, true, true, false] {
+        sc.finished(&m, Some(&a), &b, true, good, 10, t0, t0);
+    }
+    // A rejection the client caused says nothing about the replicas.
+    sc.finished(&m, Some(&a), &b, false, false, 0, t0, t0);
+    sc.refresh(t0 + Duration::from_secs(1));
+    assert_eq!(
+        series(&r, "goodput_proxy_slo_attainment"),
+        [("m,30s".into(), 0.75), ("m,5m".into(), 0.75)]
+    );
+    assert_eq!(
+        series(&r, "goodput_proxy_slo_attainment_by_tenant"),
+        [("a,30s".into(), 0.75), ("a,5m".into(), 0.75)]
+    );
+    assert_eq!(
+        series(&r, "goodput_proxy_slo_attainment_by_upstream"),
+        [("u0,30s".into(), 0.75), ("u0,5m".into(), 0.75)]
+    );
+    // Past the short window only the long one has data.
+    sc.refresh(t0 + Duration::from_secs(40));
+    assert_eq!(
+        series(&r, "goodput_proxy_slo_attainment"),
+        [("m,5m".into(), 0.75)]
+    );
+}
+
+#[test]
+fn headroom_is_absent_until_the_limit_is_seen_then_follows_the_load() {
+    let (sc, r) = scale();
+    let m = s("m");
+    let mut now = Instant::now();
+    sc.tick(now, &[load("u0", 0), load("u1", 0)]);
+    // Two replicas; each meets its SLOs up to 8 streams and misses half beyond.
+    let m = &m;
+    let step = |sc: &Scale, now: &mut Instant, per_replica: usize| {
+        *now += Duration::from_secs(1);
+        for u in ["u0", "u1"] {
+            for i in 0..30 {
+                let good = per_replica <= 8 || i % 2 == 0;
+                sc.finished(m, None, &s(u), true, good, 100, *now, *now);
+            }
+        }
+        sc.tick(*now, &[load("u0", per_replica), load("u1", per_replica)]);
+    };
+    for n in 1..=8 {
+        step(&sc, &mut now, n);
+    }
+    sc.refresh(now);
+    assert!(series(&r, "goodput_proxy_headroom_streams").is_empty());
+    assert!(series(&r, "goodput_proxy_desired_replicas").is_empty());
+    assert_eq!(sc.estimates()[0].1.capacity_streams, None);
+    for n in 9..=12 {
+        step(&sc, &mut now, n);
+    }
+    // Now at 12 per replica, past the limit: no room, 3 replicas wanted where 2 serve.
+    let e = sc.estimates()[0].1;
+    let cap = e.capacity_streams.unwrap();
+    // Within a bin (19%) of the true limit, 8.
+    assert!((6.5..=9.5).contains(&cap), "{cap}");
+    assert_eq!(e.headroom_streams, Some(0.0));
+    let want = e.desired_replicas.unwrap();
+    assert!(want >= 24.0 / cap - 1e-9, "{want}");
+    // Load falls to 2 per replica: room for about 2 x cap - 4 more.
+    step(&sc, &mut now, 2);
+    let e = sc.estimates()[0].1;
+    let room = e.headroom_streams.unwrap();
+    assert!((room - (2.0 * cap - 4.0)).abs() < 1e-9, "{room}");
+    sc.refresh(now);
+    let h = series(&r, "goodput_proxy_headroom_streams");
+    assert_eq!(h, [("m".into(), room)]);
+    assert_eq!(series(&r, "goodput_proxy_capacity_streams").len(), 1);
+    assert_eq!(
+        series(&r, "goodput_proxy_upstream_tokens_in_flight"),
+        [("u0".into(), 200.0), ("u1".into(), 200.0)]
+    );
+    // A replica that leaves loses its series.
+    now += Duration::from_secs(1);
+    sc.tick(now, &[load("u0", 1)]);
+    sc.refresh(now);
+    assert_eq!(
+        series(&r, "goodput_proxy_upstream_tokens_in_flight"),
+        [("u0".into(), 100.0)]
+    );
+}
+
+#[test]
+fn window_labels() {
+    let cases = [
+        (30, "30s"),
+        (300, "5m"),
+        (90, "90s"),
+        (7200, "2h"),
+        (60, "1m"),
+    ];
+    for (secs, want) in cases {
+        assert_eq!(window_label(Duration::from_secs(secs)), want);
+    }
+}
