@@ -137,10 +137,53 @@ pub struct Cell {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Row {
     pub quantity: &'static str,
+    /// How the proxy's and the engine's histograms relate (see [`Grid`]).
+    pub grid: Grid,
     pub exact_count: u64,
     pub proxy_count: f64,
     pub engine_count: f64,
     pub cells: Vec<Cell>,
+}
+
+/// Whether the proxy's and the engine's estimates come from the same bucket grid. Each
+/// histogram's quantile is interpolated within its own grid, never across two; when the grids
+/// differ the table says so, since the two estimates then carry different errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Grid {
+    /// Same bounds: the estimates line up bucket by bucket.
+    Same,
+    /// The engine's grid is another than the proxy's (SGLang's, or vLLM with
+    /// `--custom-histogram-buckets`): each estimate within its own grid.
+    EngineDiffers,
+    /// The engine replicas of this group use different grids: no engine estimate.
+    EnginesDiffer,
+    /// No engine histogram for this quantity.
+    NoEngine,
+}
+
+impl Grid {
+    fn of(proxy: &[Vec<f64>], engine: &[Vec<f64>]) -> Grid {
+        match engine {
+            [] => Grid::NoEngine,
+            [one] if proxy.iter().all(|p| p == one) => Grid::Same,
+            [_] => Grid::EngineDiffers,
+            _ => Grid::EnginesDiffer,
+        }
+    }
+
+    /// What the table says under the quantity, `None` when the grids are the same.
+    pub fn note(self) -> Option<&'static str> {
+        match self {
+            Grid::Same | Grid::NoEngine => None,
+            Grid::EngineDiffers => Some(
+                "engine buckets differ from the proxy's: each estimate is interpolated within its own grid; compare them through the exact column",
+            ),
+            Grid::EnginesDiffer => Some(
+                "engine replicas use different buckets: no engine estimate (not added across grids)",
+            ),
+        }
+    }
 }
 
 /// What the engines' counters and gauges say over the window for one group.
@@ -303,11 +346,18 @@ fn build_group(w: &Window, key: &GroupKey) -> Group {
         .iter()
         .map(|q| {
             let proxy = window_delta(w, q.proxy_family, &pf).unwrap_or_default();
-            let engine = q
+            let engine_family = q
                 .engine_families
                 .iter()
-                .find_map(|f| window_delta(w, f, &ef).filter(|b| !b.is_empty()))
-                .unwrap_or_default();
+                .find(|f| window_delta(w, f, &ef).is_some_and(|b| !b.is_empty()));
+            let engine_grids = engine_family.map_or_else(Vec::new, |f| hist::grids(&w.end, f, &ef));
+            let grid = Grid::of(&hist::grids(&w.end, q.proxy_family, &pf), &engine_grids);
+            // Replicas on different grids cannot be added bucket by bucket: no engine figure
+            // rather than one from a mixed grid.
+            let engine = match (grid, engine_family) {
+                (Grid::EnginesDiffer, _) | (_, None) => Buckets::default(),
+                (_, Some(f)) => window_delta(w, f, &ef).unwrap_or_default(),
+            };
             let ex = exact
                 .and_then(|e| e.get(q.name))
                 .copied()
@@ -332,6 +382,7 @@ fn build_group(w: &Window, key: &GroupKey) -> Group {
                 .collect();
             Row {
                 quantity: q.name,
+                grid,
                 exact_count: ex.count,
                 proxy_count: hist::count(&proxy),
                 engine_count: hist::count(&engine),

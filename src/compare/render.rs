@@ -81,6 +81,11 @@ fn group_text(out: &mut String, g: &Group) {
         }
         let _ = writeln!(out, "{}", line.trim_end());
     }
+    for r in &g.rows {
+        if let Some(note) = r.grid.note() {
+            let _ = writeln!(out, "  {}: {note}", r.quantity);
+        }
+    }
     let e = &g.engine;
     let reasons: Vec<String> = e
         .finished_reason

@@ -246,3 +246,31 @@ fn where_ttft_goes_comes_from_stats_and_is_shown_per_group() {
         .insert(key, super::admin::split_from_stats(&serde_json::json!({})));
     assert!(!render::text(&build(&w, false)).contains("where TTFT goes"));
 }
+
+#[test]
+fn grids_say_what_is_compared() {
+    let vllm = vec![0.001, 0.005, 0.1];
+    let sglang = vec![0.1, 0.2, 0.4];
+    let cases = [
+        (vec![vllm.clone()], vec![vllm.clone()], Grid::Same),
+        (
+            vec![vllm.clone()],
+            vec![sglang.clone()],
+            Grid::EngineDiffers,
+        ),
+        (
+            vec![vllm.clone()],
+            vec![vllm.clone(), sglang.clone()],
+            Grid::EnginesDiffer,
+        ),
+        (vec![vllm.clone()], vec![], Grid::NoEngine),
+    ];
+    for (proxy, engine, want) in cases {
+        let g = Grid::of(&proxy, &engine);
+        assert_eq!(g, want, "{proxy:?} {engine:?}");
+        assert_eq!(
+            g.note().is_some(),
+            matches!(want, Grid::EngineDiffers | Grid::EnginesDiffer)
+        );
+    }
+}

@@ -48,6 +48,8 @@ pub struct Engine {
     unfinished: AtomicU64,
     cache: Mutex<KvCache>,
     line: PrefillLine,
+    /// `speed` (f64 bits): the config's, until [`set_speed`](Self::set_speed) changes it.
+    speed: AtomicU64,
 }
 
 impl Engine {
@@ -76,8 +78,21 @@ impl Engine {
             unfinished: AtomicU64::new(0),
             cache: Mutex::new(cache),
             line: PrefillLine::new(Instant::now()),
+            speed: AtomicU64::new(cfg.speed.to_bits()),
             cfg,
         }
+    }
+
+    /// Every cost is divided by the speed from now on (a replica that slows down, or
+    /// recovers, while it serves); values that are not finite and positive are ignored.
+    pub fn set_speed(&self, speed: f64) {
+        if speed.is_finite() && speed > 0.0 {
+            self.speed.store(speed.to_bits(), Relaxed);
+        }
+    }
+
+    pub fn speed(&self) -> f64 {
+        f64::from_bits(self.speed.load(Relaxed))
     }
 
     fn cache(&self) -> MutexGuard<'_, KvCache> {
@@ -267,10 +282,11 @@ impl Run {
         }
         let c = &self.eng.cfg;
         let uncached = self.prompt_tokens.saturating_sub(self.cached);
-        let work_ms = sched::prefill_work_ms(c, uncached, decoding);
+        let speed = self.eng.speed();
+        let work_ms = sched::prefill_work_ms(c, uncached, decoding, speed);
         let wait = self.eng.line.reserve(now, ms_to_duration(work_ms));
         let ms =
-            (c.ttft_ms / c.speed + work_ms) * jitter_factor(c.jitter, c.jitter_cv, &mut self.rng);
+            (c.ttft_ms / speed + work_ms) * jitter_factor(c.jitter, c.jitter_cv, &mut self.rng);
         wait + ms_to_duration(ms) + extra
     }
 
@@ -283,8 +299,10 @@ impl Run {
         }
         let running = self.eng.running() as u64;
         let others = running.saturating_sub(1);
-        let ms = sched::step_ms(c, others) * jitter_factor(c.jitter, c.jitter_cv, &mut self.rng);
-        let share = ms_to_duration(sched::prefill_share_ms(c, running));
+        let speed = self.eng.speed();
+        let ms =
+            sched::step_ms(c, others, speed) * jitter_factor(c.jitter, c.jitter_cv, &mut self.rng);
+        let share = ms_to_duration(sched::prefill_share_ms(c, running, speed));
         let prefill = self.eng.line.backlog(Instant::now()).min(share);
         ms_to_duration(ms) + prefill + extra
     }

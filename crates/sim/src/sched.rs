@@ -15,9 +15,13 @@ use tokio::time::Instant;
 
 use super::config::SimConfig;
 
-/// One decode step with `others` sequences besides this one, milliseconds (before jitter).
-pub fn step_ms(c: &SimConfig, others: u64) -> f64 {
-    (c.tpot_ms + c.tpot_ms_per_seq * others as f64) / c.speed
+/// One decode step with `others` sequences besides this one at `speed`, milliseconds (before
+/// jitter). The engine's speed may change while it runs ([`Engine::set_speed`]), so it is
+/// passed in rather than read from the config.
+///
+/// [`Engine::set_speed`]: super::engine::Engine::set_speed
+pub fn step_ms(c: &SimConfig, others: u64, speed: f64) -> f64 {
+    (c.tpot_ms + c.tpot_ms_per_seq * others as f64) / speed
 }
 
 /// Prompt tokens one step can compute beside `decoding` running sequences (at least one, as
@@ -29,14 +33,15 @@ pub fn chunk_tokens(c: &SimConfig, decoding: u64) -> u64 {
 /// Time the prefill line spends on `uncached` prompt tokens beside `decoding` running
 /// sequences, milliseconds: the tokens' compute, plus one more step for every chunk after the
 /// first (the first chunk's step is the base `ttft_ms`).
-pub fn prefill_work_ms(c: &SimConfig, uncached: u64, decoding: u64) -> f64 {
+pub fn prefill_work_ms(c: &SimConfig, uncached: u64, decoding: u64, speed: f64) -> f64 {
     let chunks = uncached.div_ceil(chunk_tokens(c, decoding)).max(1);
-    c.prefill_ms_per_token * uncached as f64 / c.speed + (chunks - 1) as f64 * step_ms(c, decoding)
+    c.prefill_ms_per_token * uncached as f64 / speed
+        + (chunks - 1) as f64 * step_ms(c, decoding, speed)
 }
 
 /// The most prefill one decode step carries beside `decoding` sequences, milliseconds.
-pub fn prefill_share_ms(c: &SimConfig, decoding: u64) -> f64 {
-    c.prefill_ms_per_token * chunk_tokens(c, decoding) as f64 / c.speed
+pub fn prefill_share_ms(c: &SimConfig, decoding: u64, speed: f64) -> f64 {
+    c.prefill_ms_per_token * chunk_tokens(c, decoding) as f64 / speed
 }
 
 /// When the prefill work queued so far ends (lock-free: one atomic, nanoseconds from `epoch`).
@@ -107,7 +112,7 @@ mod tests {
         for &(budget, uncached, decoding, chunk, work) in cases {
             let c = cfg(budget);
             assert_eq!(chunk_tokens(&c, decoding), chunk, "{budget} {decoding}");
-            let got = prefill_work_ms(&c, uncached, decoding);
+            let got = prefill_work_ms(&c, uncached, decoding, 1.0);
             assert!(
                 (got - work).abs() < 1e-9,
                 "{budget} {uncached}: {got} != {work}"
@@ -117,16 +122,15 @@ mod tests {
 
     #[test]
     fn speed_divides_every_cost() {
-        let mut c = cfg(512);
+        let c = cfg(512);
         let base = (
-            step_ms(&c, 3),
-            prefill_work_ms(&c, 1000, 12),
-            prefill_share_ms(&c, 12),
+            step_ms(&c, 3, 1.0),
+            prefill_work_ms(&c, 1000, 12, 1.0),
+            prefill_share_ms(&c, 12, 1.0),
         );
-        c.speed = 0.5;
-        assert_eq!(step_ms(&c, 3), 2.0 * base.0);
-        assert_eq!(prefill_work_ms(&c, 1000, 12), 2.0 * base.1);
-        assert_eq!(prefill_share_ms(&c, 12), 2.0 * base.2);
+        assert_eq!(step_ms(&c, 3, 0.5), 2.0 * base.0);
+        assert_eq!(prefill_work_ms(&c, 1000, 12, 0.5), 2.0 * base.1);
+        assert_eq!(prefill_share_ms(&c, 12, 0.5), 2.0 * base.2);
     }
 
     #[test]

@@ -38,6 +38,43 @@ pub fn buckets(
     Some(acc.into_values().collect())
 }
 
+/// One series' labels without `le`, and its bounds.
+type SeriesGrid<'a> = (Vec<(&'a str, &'a str)>, Vec<f64>);
+
+/// The distinct bucket grids (finite `le` bounds, ascending) of histogram `family` among the
+/// series `keep` accepts, one per grid in first-seen order: more than one means the series
+/// cannot be summed bucket by bucket (an engine started with other buckets than its peers).
+pub fn grids(families: &[Family], family: &str, keep: &dyn Fn(&Sample) -> bool) -> Vec<Vec<f64>> {
+    let Some(f) = families.iter().find(|f| f.name == family) else {
+        return Vec::new();
+    };
+    let bucket = format!("{family}_bucket");
+    let mut per_series: Vec<SeriesGrid> = Vec::new();
+    for s in f.samples.iter().filter(|s| s.name == bucket && keep(s)) {
+        let Some(le) = s.label("le").and_then(parse_le).filter(|v| v.is_finite()) else {
+            continue;
+        };
+        let key: Vec<(&str, &str)> = s
+            .labels
+            .iter()
+            .filter(|(k, _)| k != "le")
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        match per_series.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, g)) => g.push(le),
+            None => per_series.push((key, vec![le])),
+        }
+    }
+    let mut out: Vec<Vec<f64>> = Vec::new();
+    for (_, mut g) in per_series {
+        g.sort_by(f64::total_cmp);
+        if !out.contains(&g) {
+            out.push(g);
+        }
+    }
+    out
+}
+
 /// Sum over the samples of counter or gauge `name` that `keep` accepts, grouped by `key`'s
 /// label value; `None` when no sample of that name exists at all.
 pub fn sums_by(
@@ -117,6 +154,38 @@ pub fn bucket_width(b: &Buckets, value: f64) -> Option<f64> {
         lower = le;
     }
     None
+}
+
+#[cfg(test)]
+mod grid_tests {
+    use super::*;
+    use crate::prom::parse;
+
+    #[test]
+    fn grids_of_the_kept_series() {
+        let page = "# TYPE h histogram\n\
+            h_bucket{u=\"a\",le=\"0.1\"} 1\nh_bucket{u=\"a\",le=\"1\"} 2\nh_bucket{u=\"a\",le=\"+Inf\"} 2\n\
+            h_bucket{u=\"b\",le=\"1\"} 1\nh_bucket{u=\"b\",le=\"0.1\"} 0\nh_bucket{u=\"b\",le=\"+Inf\"} 1\n\
+            h_bucket{u=\"c\",le=\"0.5\"} 1\nh_bucket{u=\"c\",le=\"+Inf\"} 1\n\
+            h_sum 1\nh_count 4\n";
+        let f = parse(page).unwrap();
+        let only = |u: &'static str| move |s: &Sample| s.label("u") == Some(u);
+        type Keep = Box<dyn Fn(&Sample) -> bool>;
+        let cases: Vec<(Keep, Vec<Vec<f64>>)> = vec![
+            (Box::new(only("a")), vec![vec![0.1, 1.0]]),
+            // same grid in another order: one grid
+            (
+                Box::new(|s: &Sample| s.label("u") != Some("c")),
+                vec![vec![0.1, 1.0]],
+            ),
+            (Box::new(|_: &Sample| true), vec![vec![0.1, 1.0], vec![0.5]]),
+            (Box::new(only("z")), vec![]),
+        ];
+        for (keep, want) in cases {
+            assert_eq!(grids(&f, "h", &*keep), want);
+        }
+        assert!(grids(&f, "missing", &|_| true).is_empty());
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,347 @@
+//! The routing benchmark (docs/routing.md): four simulated replicas behind the proxy, one
+//! workload at a time, every `[balance] strategy` on the same seeded arrivals. Reports client
+//! TTFT p50/p90/p99, TPOT p50/p99, goodput ratio, throughput and the engines' prefix-cache hit
+//! rate, as a Markdown table (stdout) and an HTML table (`OUT/routing.html`).
+//!
+//! Bounded: each run is `SECONDS` of open-loop arrivals then a drain; 127.0.0.1 only; every
+//! server it starts is stopped at the end.
+//!
+//!   cargo run --release -p goodput-loadtest --example route_bench -- [SECONDS] [OUT] [WORKLOAD...]
+//!
+//! Workloads: `shared` (8 long system prompts, short questions), `uniform` (short chat),
+//! `mixed` (one replica at half speed), `slow` (one replica drops to 0.3x a third of the way in).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use tokio::time::Instant;
+
+use goodput_measure::stats::percentile;
+use goodput_proxy::app::App;
+use goodput_proxy::config::{Limit, RawConfig, Strategy};
+use goodput_sim::{SimConfig, SimHandle, SimServer};
+
+const STRATEGIES: [Strategy; 4] = [
+    Strategy::P2c,
+    Strategy::Prefix,
+    Strategy::Goodput,
+    Strategy::Auto,
+];
+const SEED: u64 = 22;
+/// The SLOs the goodput ratio counts (the proxy's goodput strategy is judged by the same).
+const SLO_TTFT_MS: f64 = 1_000.0;
+const SLO_TPOT_MS: f64 = 20.0;
+
+#[derive(Clone, Copy, PartialEq)]
+enum Workload {
+    Shared,
+    Uniform,
+    Mixed,
+    Slow,
+}
+
+impl Workload {
+    fn name(self) -> &'static str {
+        match self {
+            Workload::Shared => "shared prefixes",
+            Workload::Uniform => "uniform short chat",
+            Workload::Mixed => "mixed pool (one at 0.5x)",
+            Workload::Slow => "sudden slow replica (0.3x at 1/3)",
+        }
+    }
+    fn rate(self) -> f64 {
+        match self {
+            Workload::Shared => 24.0,
+            _ => 48.0,
+        }
+    }
+}
+
+/// An engine shaped like a small GPU replica: prefill 10k tokens/s, 10 ms decode steps.
+fn engine(speed: f64) -> SimConfig {
+    SimConfig {
+        ttft_ms: 10.0,
+        prefill_ms_per_token: 0.1,
+        tpot_ms: 10.0,
+        tpot_ms_per_seq: 0.25,
+        max_num_seqs: 64,
+        block_size: 16,
+        kv_cache_tokens: 6_000,
+        max_num_batched_tokens: 2_048,
+        speed,
+        seed: SEED,
+        ..SimConfig::default()
+    }
+}
+
+struct Sample {
+    ttft_ms: Option<f64>,
+    tpot_ms: Option<f64>,
+    ok: bool,
+    tokens: u64,
+}
+
+fn body(w: Workload, rng: &mut SmallRng, systems: &[String], i: usize) -> String {
+    let (system, max_tokens) = match w {
+        Workload::Shared => (systems[rng.random_range(0..systems.len())].clone(), 32),
+        _ => (String::from("You are helpful."), 48),
+    };
+    let words: Vec<String> = (0..rng.random_range(10..40))
+        .map(|_| format!("w{}", rng.random_range(0..5_000)))
+        .collect();
+    format!(
+        r#"{{"model":"tiny","messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"{} {i}"}}],"stream":true,"max_tokens":{max_tokens},"ignore_eos":true}}"#,
+        words.join(" ")
+    )
+}
+
+type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
+
+async fn one(client: HttpClient, url: String, body: String) -> Sample {
+    let t0 = Instant::now();
+    let req = http::Request::post(&url)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .map_err(|_| ());
+    let fail = Sample {
+        ttft_ms: None,
+        tpot_ms: None,
+        ok: false,
+        tokens: 0,
+    };
+    let Ok(req) = req else { return fail };
+    let Ok(resp) = client.request(req).await else {
+        return fail;
+    };
+    if resp.status() != 200 {
+        return fail;
+    }
+    let mut body = resp.into_body();
+    let (mut first, mut last, mut tokens, mut done, mut error) = (None, None, 0u64, false, false);
+    let mut buf = Vec::new();
+    while let Some(Ok(frame)) = body.frame().await {
+        let Some(d) = frame.data_ref() else { continue };
+        let now = Instant::now();
+        buf.extend_from_slice(d);
+        while let Some(at) = buf.windows(2).position(|w| w == b"\n\n") {
+            let ev: Vec<u8> = buf.drain(..at + 2).collect();
+            if ev.starts_with(b"data: [DONE]") {
+                done = true;
+            } else if ev.windows(8).any(|w| w == b"\"error\":") {
+                error = true;
+            } else if ev.windows(12).any(|w| w == b"{\"content\":\"") {
+                first.get_or_insert(now);
+                last = Some(now);
+                tokens += 1;
+            }
+        }
+    }
+    let ms = |a: Instant, b: Instant| b.saturating_duration_since(a).as_secs_f64() * 1e3;
+    let ttft = first.map(|f| ms(t0, f));
+    let tpot = match (first, last) {
+        (Some(f), Some(l)) if tokens > 1 => Some(ms(f, l) / (tokens - 1) as f64),
+        _ => None,
+    };
+    Sample {
+        ttft_ms: ttft,
+        tpot_ms: tpot,
+        ok: done && !error && tokens > 0,
+        tokens,
+    }
+}
+
+struct Row {
+    workload: &'static str,
+    strategy: &'static str,
+    ttft: [f64; 3],
+    tpot: [f64; 2],
+    goodput: f64,
+    throughput: f64,
+    hit_rate: f64,
+    n: usize,
+}
+
+async fn run(w: Workload, strategy: Strategy, seconds: f64) -> anyhow::Result<Row> {
+    let speeds = match w {
+        Workload::Mixed => [1.0, 1.0, 1.0, 0.5],
+        _ => [1.0; 4],
+    };
+    let mut sims: Vec<SimHandle> = Vec::new();
+    for s in speeds {
+        sims.push(
+            SimServer::bind(engine(s), "127.0.0.1:0".parse()?)
+                .await?
+                .spawn(),
+        );
+    }
+    let mut c = RawConfig::default();
+    c.server.listen = "127.0.0.1:0".parse()?;
+    c.server.admin_listen = "127.0.0.1:0".parse()?;
+    c.server.drain_delay_ms = 0;
+    c.upstream.urls = sims.iter().map(|s| s.base_url()).collect();
+    c.upstream.health_interval_ms = 200;
+    c.engine.scrape_interval_ms = 500;
+    c.slo.ttft_ms = Limit::Ms(SLO_TTFT_MS as u64);
+    c.slo.tpot_ms = Limit::Ms(SLO_TPOT_MS as u64);
+    c.balance.strategy = strategy;
+    let app = App::bind(c.check().map_err(|e| anyhow::anyhow!("{e:?}"))?).await?;
+    let addr = app.local_addr();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(app.run(async move {
+        let _ = stop_rx.await;
+    }));
+    tokio::time::sleep(Duration::from_millis(600)).await;
+
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let url = format!("http://{addr}/v1/chat/completions");
+    // The same seeded arrivals and bodies for every strategy.
+    let mut rng = SmallRng::seed_from_u64(SEED ^ w as u64);
+    let systems: Vec<String> = (0..8)
+        .map(|k| format!("Policy {k}: ") + &format!("clause{k} applies ").repeat(700))
+        .collect();
+    let start = Instant::now();
+    let mut at = 0.0f64;
+    let mut handles = Vec::new();
+    let mut i = 0;
+    let mut slowed = false;
+    while at < seconds {
+        let gap = -(1.0 - rng.random::<f64>()).ln() / w.rate();
+        at += gap;
+        tokio::time::sleep_until(start + Duration::from_secs_f64(at)).await;
+        if w == Workload::Slow && !slowed && at >= seconds / 3.0 {
+            sims[3].engine().set_speed(0.3);
+            slowed = true;
+        }
+        let b = body(w, &mut rng, &systems, i);
+        handles.push(tokio::spawn(one(client.clone(), url.clone(), b)));
+        i += 1;
+    }
+    let mut samples = Vec::new();
+    for h in handles {
+        if let Ok(s) = h.await {
+            samples.push(s);
+        }
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let (mut q, mut hits) = (0u64, 0u64);
+    for s in &sims {
+        let m = &s.engine().metrics.models[0];
+        q += m.prefix_queries.load(std::sync::atomic::Ordering::Relaxed);
+        hits += m.prefix_hits.load(std::sync::atomic::Ordering::Relaxed);
+    }
+    let _ = stop_tx.send(());
+    let _ = task.await;
+    for s in sims {
+        s.shutdown().await;
+    }
+    let mut ttfts: Vec<f64> = samples.iter().filter_map(|s| s.ttft_ms).collect();
+    let mut tpots: Vec<f64> = samples.iter().filter_map(|s| s.tpot_ms).collect();
+    ttfts.sort_by(f64::total_cmp);
+    tpots.sort_by(f64::total_cmp);
+    let good = samples
+        .iter()
+        .filter(|s| {
+            s.ok && s.ttft_ms.is_some_and(|t| t <= SLO_TTFT_MS)
+                && s.tpot_ms.is_none_or(|t| t <= SLO_TPOT_MS)
+        })
+        .count();
+    let p = |v: &[f64], q: f64| {
+        if v.is_empty() {
+            f64::NAN
+        } else {
+            percentile(v, q)
+        }
+    };
+    Ok(Row {
+        workload: w.name(),
+        strategy: strategy.as_str(),
+        ttft: [p(&ttfts, 0.5), p(&ttfts, 0.9), p(&ttfts, 0.99)],
+        tpot: [p(&tpots, 0.5), p(&tpots, 0.99)],
+        goodput: good as f64 / samples.len().max(1) as f64,
+        throughput: samples.iter().map(|s| s.tokens).sum::<u64>() as f64 / elapsed,
+        hit_rate: if q == 0 { 0.0 } else { hits as f64 / q as f64 },
+        n: samples.len(),
+    })
+}
+
+fn markdown(rows: &[Row]) -> String {
+    let mut s = String::from("| workload | strategy | requests | TTFT p50 / p90 / p99 (ms) | TPOT p50 / p99 (ms) | goodput ratio | throughput (tok/s) | engine prefix hit rate |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    for r in rows {
+        s.push_str(&format!(
+            "| {} | {} | {} | {:.0} / {:.0} / {:.0} | {:.1} / {:.1} | {:.1} % | {:.0} | {:.1} % |\n",
+            r.workload,
+            r.strategy,
+            r.n,
+            r.ttft[0],
+            r.ttft[1],
+            r.ttft[2],
+            r.tpot[0],
+            r.tpot[1],
+            r.goodput * 100.0,
+            r.throughput,
+            r.hit_rate * 100.0
+        ));
+    }
+    s
+}
+
+fn html(rows: &[Row], seconds: f64) -> String {
+    let mut s = format!("<!doctype html><meta charset=utf-8><title>goodput-proxy routing benchmark</title><style>body{{font:14px sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}td:first-child,td:nth-child(2){{text-align:left}}</style><h1>Routing benchmark</h1><p>Four simulated replicas, {seconds} s of seeded Poisson arrivals per run, SLOs TTFT &le; {SLO_TTFT_MS} ms, TPOT &le; {SLO_TPOT_MS} ms.</p><table><tr><th>workload<th>strategy<th>requests<th>TTFT p50<th>p90<th>p99<th>TPOT p50<th>p99<th>goodput ratio<th>throughput tok/s<th>prefix hit rate");
+    for r in rows {
+        s.push_str(&format!(
+            "<tr><td>{}<td>{}<td>{}<td>{:.0}<td>{:.0}<td>{:.0}<td>{:.1}<td>{:.1}<td>{:.1} %<td>{:.0}<td>{:.1} %",
+            r.workload, r.strategy, r.n, r.ttft[0], r.ttft[1], r.ttft[2], r.tpot[0], r.tpot[1],
+            r.goodput * 100.0, r.throughput, r.hit_rate * 100.0
+        ));
+    }
+    s.push_str("</table>\n");
+    s
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let seconds: f64 = args.first().and_then(|a| a.parse().ok()).unwrap_or(10.0);
+    let out = args
+        .get(1)
+        .cloned()
+        .unwrap_or_else(|| "route-bench-out".into());
+    let mut workloads: Vec<Workload> = args
+        .iter()
+        .skip(2)
+        .filter_map(|a| match a.as_str() {
+            "shared" => Some(Workload::Shared),
+            "uniform" => Some(Workload::Uniform),
+            "mixed" => Some(Workload::Mixed),
+            "slow" => Some(Workload::Slow),
+            _ => None,
+        })
+        .collect();
+    if workloads.is_empty() {
+        workloads = vec![
+            Workload::Shared,
+            Workload::Uniform,
+            Workload::Mixed,
+            Workload::Slow,
+        ];
+    }
+    let mut rows = Vec::new();
+    for w in workloads {
+        for s in STRATEGIES {
+            let row = run(w, s, seconds).await?;
+            eprintln!("{} / {}: {} requests", row.workload, row.strategy, row.n);
+            rows.push(row);
+        }
+    }
+    let md = markdown(&rows);
+    print!("{md}");
+    std::fs::create_dir_all(&out)?;
+    std::fs::write(format!("{out}/routing.md"), &md)?;
+    std::fs::write(format!("{out}/routing.html"), html(&rows, seconds))?;
+    Ok(())
+}
