@@ -17,6 +17,8 @@
 #   E2E_OUT           output directory (default target/e2e-real-vllm/<time>)
 #   E2E_NO_BUILD=1    use the existing target/release binaries
 #   E2E_KEEP_ENGINE=1 leave an engine this script started running
+#   E2E_ENGINE_ARGS   vllm serve options for an engine it starts (default
+#                     "--enable-per-request-metrics --enable-prompt-tokens-details")
 #   E2E_PRIO=none     do not run the proxy and the client in the real-time class / at nice -10
 #   REAL_VLLM_DIR     where setup.sh/serve.sh/stop.sh live (default: the first shared/real-vllm
 #                     found beside or above the repository)
@@ -88,7 +90,10 @@ if curl -sf -m 2 -o /dev/null "$ENGINE/v1/models"; then
 else
   step "starting the engine on $ENGINE (serve.sh, ENGINE_WARMUP=1: ~60-180 s)"
   STARTED_ENGINE=1
-  ENGINE_WARMUP="${ENGINE_WARMUP:-1}" bash "$RV/serve.sh" "$PORT" >"$OUT/serve.out" 2>"$OUT/serve.err" &
+  # The engine reports its own per-request timings and cached prompt tokens (where TTFT goes).
+  # shellcheck disable=SC2086
+  ENGINE_WARMUP="${ENGINE_WARMUP:-1}" bash "$RV/serve.sh" "$PORT" ${E2E_ENGINE_ARGS---enable-per-request-metrics --enable-prompt-tokens-details} \
+    >"$OUT/serve.out" 2>"$OUT/serve.err" &
   SERVE_PID=$!
 fi
 
@@ -215,5 +220,7 @@ step "checks"
 set +e
 python3 "$LIB/e2e_check.py" "$OUT" --model "$MODEL"
 RC=$?
+python3 "$LIB/ttft_split_check.py" "$OUT" "$LISTEN" --model "$MODEL" | tee "$OUT/ttft-split.txt"
+(( ${PIPESTATUS[0]} == 0 )) || RC=1
 set -e
 exit "$RC"

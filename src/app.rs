@@ -372,6 +372,7 @@ fn build_recorder(config: &Config, registry: &prometheus::Registry) -> anyhow::R
         m.usage_injection == UsageInjection::Auto,
     )
     .with_instance(&config.server.instance)
+    .with_stall(m.stall)
     .with_trace(
         config.trace.sample_rate,
         config.trace.bounds,

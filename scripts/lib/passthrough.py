@@ -123,8 +123,13 @@ def request_body(raw):
 
 
 def without_usage(body):
-    """What vLLM 0.32 sends without include_usage, given its stream with include_usage."""
+    """What vLLM 0.32 sends without include_usage, given its stream with include_usage.
+    An engine that puts usage on chunks with choices (--enable-force-include-usage) sends the
+    same stream whatever the request says: nothing to take away."""
     events = body.split(b"\n\n")
+    if any(ev.startswith(b"data: {") and b'"usage":' in ev and b'"choices":[{' in ev
+           for ev in events):
+        return body
     fp = None
     kept = []
     for ev in events:

@@ -77,6 +77,18 @@ class Lib(unittest.TestCase):
         self.assertEqual(len(finishes), 2)
         self.assertTrue(all(e.endswith(b'"system_fingerprint":"vllm-0.32.0-f1283a03"}') for e in finishes))
 
+    def test_without_usage_keeps_what_an_engine_forcing_usage_sends_anyway(self):
+        body = body_of("options/force-stream-chat.txt")
+        self.assertEqual(without_usage(body), body)
+
+    def test_without_usage_removes_the_metrics_chunk_of_a_client_that_did_not_ask(self):
+        # --enable-per-request-metrics: the usage chunk carries metrics after the fingerprint;
+        # without usage asked the engine ends as options/metrics-stream-chat.txt does.
+        out = without_usage(body_of("options/metrics-stream-chat-usage.txt"))
+        self.assertNotIn(b'"metrics"', out)
+        tail = lambda b: [e[-80:] for e in b.split(b"\n\n") if e][-2:]
+        self.assertEqual(tail(out), tail(body_of("options/metrics-stream-chat.txt")))
+
 
 if __name__ == "__main__":
     unittest.main()

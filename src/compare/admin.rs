@@ -13,7 +13,9 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use super::{check_families, fold_gauges, groups_in, Exact, GroupKey, Window, QUANTITIES};
+use super::{
+    check_families, fold_gauges, groups_in, Exact, GroupKey, TtftWhere, Window, P50P99, QUANTITIES,
+};
 use crate::engine::parse::{self, Family};
 
 /// How long one admin request may take.
@@ -119,8 +121,9 @@ impl Admin {
         w.seconds = t0.elapsed().as_secs_f64();
         w.end = end;
         for key in groups_in(&w, by_upstream) {
-            let exact = self.exact(&key, w.seconds).await?;
-            w.exact.insert(key, exact);
+            let (exact, split) = self.exact(&key, w.seconds).await?;
+            w.exact.insert(key.clone(), exact);
+            w.ttft_split.insert(key, split);
         }
         Ok(w)
     }
@@ -129,7 +132,7 @@ impl Admin {
         &self,
         key: &GroupKey,
         seconds: f64,
-    ) -> Result<BTreeMap<&'static str, Exact>, AdminError> {
+    ) -> Result<(BTreeMap<&'static str, Exact>, TtftWhere), AdminError> {
         let mut q = format!(
             "/stats?window={seconds:.3}&model={}",
             goodput_net::query_value(&key.model)
@@ -143,7 +146,35 @@ impl Admin {
             url: url.clone(),
             reason: e.to_string(),
         })?;
-        exact_from_stats(&doc).map_err(|reason| AdminError::Stats { url, reason })
+        let exact = exact_from_stats(&doc).map_err(|reason| AdminError::Stats { url, reason })?;
+        Ok((exact, split_from_stats(&doc)))
+    }
+}
+
+/// Where TTFT went, from a `/stats` document's `ttft_split`, `engine` and `tpot_seconds`
+/// (zeros from a proxy that has no such sections).
+pub fn split_from_stats(doc: &Value) -> TtftWhere {
+    let pq = |v: Option<&Value>| P50P99 {
+        p50: v.and_then(|s| s.get("p50")).and_then(Value::as_f64),
+        p99: v.and_then(|s| s.get("p99")).and_then(Value::as_f64),
+    };
+    let split = doc.get("ttft_split");
+    let part = |k: &str| pq(split.and_then(|s| s.get(k)));
+    let count = |k: &str| {
+        split
+            .and_then(|s| s.get(k))
+            .and_then(Value::as_u64)
+            .unwrap_or(0)
+    };
+    TtftWhere {
+        requests: count("requests"),
+        clamped: count("clamped"),
+        proxy: part("proxy_seconds"),
+        engine_queue: part("queue_seconds"),
+        engine_prefill: part("prefill_seconds"),
+        rest: part("rest_seconds"),
+        client_tpot: pq(doc.get("tpot_seconds")),
+        engine_mean_itl: pq(doc.get("engine").and_then(|e| e.get("mean_itl_seconds"))),
     }
 }
 

@@ -91,6 +91,32 @@ pub struct Window {
     pub max_waiting: BTreeMap<(String, String), f64>,
     /// Exact figures per group and quantity name.
     pub exact: BTreeMap<GroupKey, BTreeMap<&'static str, Exact>>,
+    /// Where TTFT went per group (from the same `/stats` documents), when engines reported
+    /// their per-request timings.
+    pub ttft_split: BTreeMap<GroupKey, TtftWhere>,
+}
+
+/// p50 and p99 of one part (seconds; `None` without values).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct P50P99 {
+    pub p50: Option<f64>,
+    pub p99: Option<f64>,
+}
+
+/// Where TTFT goes for one group: each part of the split (proxy, engine queue, engine
+/// prefill, rest) over the requests whose engine reported its timings, and for decode the
+/// client's TPOT beside the engine's mean ITL.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct TtftWhere {
+    /// Requests split, and those whose engine parts had to be cut (clock skew).
+    pub requests: u64,
+    pub clamped: u64,
+    pub proxy: P50P99,
+    pub engine_queue: P50P99,
+    pub engine_prefill: P50P99,
+    pub rest: P50P99,
+    pub client_tpot: P50P99,
+    pub engine_mean_itl: P50P99,
 }
 
 /// One quantile of one quantity: the three figures and their differences.
@@ -176,6 +202,8 @@ pub struct Group {
     pub upstream: Option<String>,
     pub rows: Vec<Row>,
     pub engine: EngineCounters,
+    /// Where TTFT goes (none when no engine reported per-request timings in the window).
+    pub ttft_split: Option<TtftWhere>,
 }
 
 /// The comparison, ready to render.
@@ -367,6 +395,7 @@ fn build_group(w: &Window, key: &GroupKey) -> Group {
         upstream: key.upstream.clone(),
         rows,
         engine: engine_counters(w, model, upstream),
+        ttft_split: w.ttft_split.get(key).copied().filter(|s| s.requests > 0),
     }
 }
 

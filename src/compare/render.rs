@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use super::{Cell, Group, Table};
+use super::{Cell, Group, Table, P50P99};
 
 /// The table as one JSON document (the [`Table`] fields, `null` where a figure is undefined).
 pub fn json(t: &Table) -> String {
@@ -93,6 +93,29 @@ fn group_text(out: &mut String, g: &Group) {
         .filter(|(_, n)| **n > 0.0)
         .map(|(k, n)| format!("{k} {n}"))
         .collect();
+    if let Some(s) = &g.ttft_split {
+        let pq = |p: &P50P99| format!("{}/{}", ms(p.p50), ms(p.p99));
+        let _ = writeln!(
+            out,
+            "  where TTFT goes (p50/p99 ms, {} requests the engine reported{}): proxy {}, engine queue {}, engine prefill {}, rest {}",
+            s.requests,
+            if s.clamped > 0 {
+                format!(", {} clamped", s.clamped)
+            } else {
+                String::new()
+            },
+            pq(&s.proxy),
+            pq(&s.engine_queue),
+            pq(&s.engine_prefill),
+            pq(&s.rest),
+        );
+        let _ = writeln!(
+            out,
+            "  decode (p50/p99 ms): client TPOT {}, engine mean ITL {}",
+            pq(&s.client_tpot),
+            pq(&s.engine_mean_itl),
+        );
+    }
     let opt = |v: Option<f64>| v.map_or_else(|| "-".into(), |v| v.to_string());
     let _ = writeln!(
         out,

@@ -207,6 +207,47 @@ fn text_and_json_show_every_column() {
 }
 
 #[test]
+fn where_ttft_goes_comes_from_stats_and_is_shown_per_group() {
+    let key = GroupKey {
+        model: "tiny".into(),
+        upstream: None,
+    };
+    let doc = serde_json::json!({
+        "tpot_seconds": {"count": 2, "p50": 0.02, "p99": 0.03},
+        "engine": {"mean_itl_seconds": {"count": 2, "p50": 0.015, "p99": 0.025}},
+        "ttft_split": {
+            "requests": 2, "clamped": 1,
+            "proxy_seconds": {"count": 2, "p50": 0.0001, "p99": 0.0002},
+            "queue_seconds": {"count": 2, "p50": 0.01, "p99": 0.5},
+            "prefill_seconds": {"count": 2, "p50": 0.04, "p99": 0.06},
+            "rest_seconds": {"count": 2, "p50": 0.003, "p99": 0.2},
+        },
+    });
+    let split = super::admin::split_from_stats(&doc);
+    assert_eq!((split.requests, split.clamped), (2, 1));
+    assert_eq!(split.engine_queue.p99, Some(0.5));
+    assert_eq!(split.engine_mean_itl.p50, Some(0.015));
+    let mut w = window(0.0, 10.0, false);
+    w.exact.insert(key.clone(), exact(0.05));
+    w.ttft_split.insert(key.clone(), split);
+    let t = build(&w, false);
+    assert_eq!(t.groups[0].ttft_split, Some(split));
+    let text = render::text(&t);
+    assert!(
+        text.contains("where TTFT goes (p50/p99 ms, 2 requests the engine reported, 1 clamped): proxy 0.10/0.20, engine queue 10.00/500.00, engine prefill 40.00/60.00, rest 3.00/200.00"),
+        "{text}"
+    );
+    assert!(
+        text.contains("decode (p50/p99 ms): client TPOT 20.00/30.00, engine mean ITL 15.00/25.00"),
+        "{text}"
+    );
+    // A proxy or engine without them: no such lines.
+    w.ttft_split
+        .insert(key, super::admin::split_from_stats(&serde_json::json!({})));
+    assert!(!render::text(&build(&w, false)).contains("where TTFT goes"));
+}
+
+#[test]
 fn grids_say_what_is_compared() {
     let vllm = vec![0.001, 0.005, 0.1];
     let sglang = vec![0.1, 0.2, 0.4];

@@ -426,6 +426,7 @@ impl Checker<'_> {
             goodput_window: Duration::from_secs(
                 self.positive("measure.goodput_window_s", m.goodput_window_s),
             ),
+            stall: Duration::from_millis(self.positive("measure.stall_ms", m.stall_ms)),
         }
     }
 

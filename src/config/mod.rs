@@ -158,6 +158,8 @@ pub struct MeasureConfig {
     /// `measure.sink_path` and its rotation, when set.
     pub jsonl: Option<JsonlSink>,
     pub goodput_window: Duration,
+    /// `measure.stall_ms`.
+    pub stall: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]

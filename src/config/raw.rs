@@ -338,6 +338,10 @@ pub struct RawMeasure {
     pub sink_queue: usize,
     /// Sliding window of the `goodput_proxy_goodput_ratio` gauges, seconds.
     pub goodput_window_s: u64,
+    /// A gap between a stream's output events longer than this is a stall, ms (counted per
+    /// request in the record and in `goodput_proxy_stalls_total`; SSE comments such as
+    /// keep-alives are no events and never end one).
+    pub stall_ms: u64,
 }
 
 impl Default for RawMeasure {
@@ -353,6 +357,7 @@ impl Default for RawMeasure {
             sink_keep: 3,
             sink_queue: 65_536,
             goodput_window_s: 60,
+            stall_ms: 1000,
         }
     }
 }

@@ -22,10 +22,12 @@ pub mod labels;
 mod request;
 
 pub use agent::AgentFamilies;
+mod engine_view;
 pub use bounded::{
     ModelLabels, UpstreamLabels, MAX_LEARNED_MODELS, MAX_UPSTREAM_LABELS, NO_UPSTREAM, OTHER_MODEL,
     OTHER_UPSTREAM,
 };
+pub use engine_view::EngineViewFamilies;
 pub use family::{Counters, Gauges, Histograms, IntGauges, LabelSet, Registrar};
 pub use request::{ItlBuffer, RequestMetrics, ITL_FLUSH_GAPS};
 
@@ -85,6 +87,8 @@ pub struct Families {
     pub tenant_tokens: Counters<ByTenant<'static>>,
     /// Reasoning and tool-call phases and outcomes.
     pub agent: AgentFamilies,
+    /// The engine's own view of each request, where TTFT went, stalls.
+    pub engine_view: EngineViewFamilies,
 }
 
 impl Families {
@@ -177,6 +181,7 @@ impl Families {
                 "Prompt + completion tokens of finished requests, by tenant.",
             )?,
             agent: AgentFamilies::register(&r)?,
+            engine_view: EngineViewFamilies::register(&r)?,
         };
         // Every sink's series exists from the start (a zero is a signal too).
         for sink in Sink::ALL {
@@ -321,7 +326,16 @@ mod tests {
         let (r, m) = setup(&["tiny"]);
         let mut rm = m.for_request("tiny");
         rm.observe_gap(Duration::from_millis(5));
-        let meas = success(100, 3);
+        let mut meas = success(100, 3);
+        let ms = Duration::from_millis;
+        let view = goodput_measure::engine::EngineView {
+            queue: Some(ms(10)),
+            ttft: Some(ms(50)),
+            cached_prompt_tokens: Some(16),
+            ..Default::default()
+        };
+        let split = goodput_measure::engine::TtftSplit::of(meas.ttft, Some(ms(1)), &view);
+        meas.set_engine(view, split, 1);
         rm.finish(&meas, &judge(&meas, &Slo::default()));
         m.observe_overhead(Duration::from_micros(30));
         m.refresh_goodput_ratio(Instant::now());
@@ -332,7 +346,10 @@ mod tests {
         assert_eq!(
             names,
             [
+                "goodput_proxy_cached_prompt_tokens_total",
                 "goodput_proxy_e2e_request_latency_seconds",
+                "goodput_proxy_engine_prefill_seconds",
+                "goodput_proxy_engine_queue_seconds",
                 "goodput_proxy_generation_tokens_total",
                 "goodput_proxy_goodput_ratio",
                 "goodput_proxy_goodput_ratio_overall",
@@ -346,11 +363,13 @@ mod tests {
                 "goodput_proxy_requests_total",
                 "goodput_proxy_sink_errors_total",
                 "goodput_proxy_sse_discarded_total",
+                "goodput_proxy_stalls_total",
                 "goodput_proxy_tenant_requests_total",
                 "goodput_proxy_tenant_tokens_total",
                 "goodput_proxy_time_per_output_token_seconds",
                 "goodput_proxy_time_to_first_chunk_seconds",
                 "goodput_proxy_time_to_first_token_seconds",
+                "goodput_proxy_ttft_rest_seconds",
             ]
         );
         let bounds = |name: &str| -> Vec<f64> {

@@ -198,6 +198,7 @@ impl RequestMetrics {
         if let Some(a) = &m.agent {
             f.agent.observe(model, a);
         }
+        f.engine_view.observe(model, upstream, m);
         for (slo, ok) in [
             (SloName::Ttft, v.ttft_ok),
             (SloName::Tpot, v.tpot_ok),

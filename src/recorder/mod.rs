@@ -17,7 +17,7 @@ pub mod body;
 mod recording;
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -54,6 +54,8 @@ pub struct Recorder {
     /// `[trace] sample_rate` and `max_tokens`.
     trace_rate: f64,
     trace_bounds: TraceBounds,
+    /// `measure.stall_ms`.
+    stall: Duration,
     /// The autoscaling signals, when counted (`[scale]`).
     scale: Option<Arc<Scale>>,
 }
@@ -79,8 +81,15 @@ impl Recorder {
             unknown_model: Notify::new(),
             trace_rate: 0.0,
             trace_bounds: TraceBounds::default(),
+            stall: goodput_measure::meter::DEFAULT_STALL,
             scale: None,
         }
+    }
+
+    /// `measure.stall_ms`: gaps between output events longer than `d` are stalls.
+    pub fn with_stall(mut self, d: Duration) -> Self {
+        self.stall = d;
+        self
     }
 
     /// `[trace]`: trace this share of streams besides those that ask (`x-goodput-trace`),

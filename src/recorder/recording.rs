@@ -163,9 +163,14 @@ impl Open {
         let stream = facts.is_some_and(|f| f.stream);
         let (mut parts, body) = resp.into_parts();
         let tools = facts.and_then(|f| f.tools.clone());
+        let proxy_time = ctx
+            .forwarded_at()
+            .map(|at| at.saturating_duration_since(ctx.t0));
         let mut sm = StreamMeter::new(ctx.t0, stream)
             .keep_gaps(GAPS_KEPT_PER_REQUEST)
-            .with_tools(tools);
+            .with_tools(tools)
+            .proxy_time(proxy_time)
+            .stall_threshold(recorder.stall);
         // Only streams have events to trace (a JSON body is one moment).
         if stream && recorder.traced(trace_asked) {
             sm = sm.trace(recorder.trace_bounds);

@@ -185,11 +185,18 @@ pub(crate) fn skeleton(json: &str) -> String {
     out
 }
 
-/// Event skeletons with consecutive duplicates collapsed.
+/// Event skeletons with consecutive duplicates collapsed; an SSE comment (`: keep-alive`) is
+/// its own text.
 pub(crate) fn stream_shape(body: &str) -> Vec<String> {
     assert!(body.ends_with("\n\n"), "events end with a blank line");
     let mut out: Vec<String> = Vec::new();
     for ev in body.split("\n\n").filter(|e| !e.is_empty()) {
+        if ev.starts_with(':') {
+            if out.last().map(String::as_str) != Some(ev) {
+                out.push(ev.to_string());
+            }
+            continue;
+        }
         let data = ev
             .strip_prefix("data: ")
             .unwrap_or_else(|| panic!("not a data line: {ev}"));
@@ -222,8 +229,13 @@ pub(crate) fn fixed_headers(head: &str) -> Vec<String> {
 }
 
 async fn replay(name: &str) -> (Capture, Resp) {
+    replay_with(name, SimConfig::fast()).await
+}
+
+/// Sends the captured request to a simulator started with `cfg`.
+pub(crate) async fn replay_with(name: &str, cfg: SimConfig) -> (Capture, Resp) {
     let cap = load(name);
-    let sim = start(SimConfig::fast()).await;
+    let sim = start(cfg).await;
     let r = send(sim.local_addr(), &cap.method, &cap.path, &[], &cap.body).await;
     sim.shutdown().await;
     (cap, r)

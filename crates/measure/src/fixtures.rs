@@ -59,6 +59,87 @@ pub const CAPTURES: &[(&str, &[u8])] = &[
         "error-unknown-model.txt",
         capture!("error-unknown-model.txt"),
     ),
+    // Engine options (`options/README` rows in the captures' README.md).
+    (
+        "options/force-stream-chat.txt",
+        capture!("options/force-stream-chat.txt"),
+    ),
+    (
+        "options/force-stream-chat-options-empty.txt",
+        capture!("options/force-stream-chat-options-empty.txt"),
+    ),
+    (
+        "options/force-stream-chat-usage.txt",
+        capture!("options/force-stream-chat-usage.txt"),
+    ),
+    (
+        "options/force-stream-chat-n2-usage.txt",
+        capture!("options/force-stream-chat-n2-usage.txt"),
+    ),
+    (
+        "options/force-stream-completions.txt",
+        capture!("options/force-stream-completions.txt"),
+    ),
+    (
+        "options/force-stream-chat-logprobs-usage.txt",
+        capture!("options/force-stream-chat-logprobs-usage.txt"),
+    ),
+    (
+        "options/all-stream-chat.txt",
+        capture!("options/all-stream-chat.txt"),
+    ),
+    (
+        "options/all-stream-chat-queued.txt",
+        capture!("options/all-stream-chat-queued.txt"),
+    ),
+    (
+        "options/keepalive-stream-chat-queued.txt",
+        capture!("options/keepalive-stream-chat-queued.txt"),
+    ),
+    (
+        "options/keepalive-stream-chat-queued-usage.txt",
+        capture!("options/keepalive-stream-chat-queued-usage.txt"),
+    ),
+    (
+        "options/metrics-stream-chat.txt",
+        capture!("options/metrics-stream-chat.txt"),
+    ),
+    (
+        "options/metrics-stream-chat-usage.txt",
+        capture!("options/metrics-stream-chat-usage.txt"),
+    ),
+    (
+        "options/metrics-stream-chat-usage-continuous.txt",
+        capture!("options/metrics-stream-chat-usage-continuous.txt"),
+    ),
+    (
+        "options/metrics-stream-completions-usage.txt",
+        capture!("options/metrics-stream-completions-usage.txt"),
+    ),
+    (
+        "options/metrics-nonstream-chat.txt",
+        capture!("options/metrics-nonstream-chat.txt"),
+    ),
+    (
+        "options/metrics-stream-chat-n2-usage.txt",
+        capture!("options/metrics-stream-chat-n2-usage.txt"),
+    ),
+    (
+        "options/metrics-stream-chat-prefix-again.txt",
+        capture!("options/metrics-stream-chat-prefix-again.txt"),
+    ),
+    (
+        "options/interval4-stream-chat.txt",
+        capture!("options/interval4-stream-chat.txt"),
+    ),
+    (
+        "options/interval4-stream-chat-usage.txt",
+        capture!("options/interval4-stream-chat-usage.txt"),
+    ),
+    (
+        "options/interval4-stream-chat-usage-continuous.txt",
+        capture!("options/interval4-stream-chat-usage-continuous.txt"),
+    ),
 ];
 
 /// A parsed capture: the request body, the status, the response body.

@@ -6,6 +6,7 @@ use std::ops::Range;
 
 use serde::Deserialize;
 
+use crate::engine::{from_ms, EngineView};
 use crate::outcome::FinishReason;
 use crate::scan::{Cursor, Malformed, Scan, Str};
 
@@ -59,6 +60,12 @@ pub struct Usage {
     /// there, or a `completion_tokens_details` that is not an object, reads as none).
     #[serde(default, skip_deserializing)]
     pub reasoning_tokens: Option<u64>,
+    /// What the engine said of the request beside this usage: `prompt_tokens_details.
+    /// cached_tokens` (an integer, else none) and the chunk's or body's top-level `metrics`
+    /// (vLLM's per-request timings; each field a non-negative number of milliseconds, else
+    /// none; a `metrics` that is not an object says nothing).
+    #[serde(default, skip_deserializing)]
+    pub engine: EngineView,
 }
 
 /// The summary of one SSE data payload.
@@ -285,6 +292,7 @@ const BODY_KEYS: &[&[u8]] = &[
     b"error",
     b"object",
     b"system_fingerprint",
+    b"metrics",
 ];
 
 /// Reads the top level; the choices and usage go straight into `out` (no copy of the choice
@@ -293,6 +301,7 @@ fn read_body(data: &[u8], out: &mut ChunkInfo, mut log: Option<&mut TokenLog>) -
     let mut c = Cursor::new(data);
     let mut body = Body::default();
     let (mut choices, mut usage) = (Ok(()), Ok(None));
+    let mut metrics = EngineView::default();
     c.object(|c, key| {
         match key.one_of(BODY_KEYS) {
             Some(0) => {
@@ -331,13 +340,21 @@ fn read_body(data: &[u8], out: &mut ChunkInfo, mut log: Option<&mut TokenLog>) -
                     Some(start..c.offset())
                 };
             }
+            Some(5) => metrics = c.read_or_skip(read_metrics)?.unwrap_or_default(),
             _ => c.skip()?,
         }
         Ok(())
     })?;
     c.end()?;
     choices?;
-    out.usage = usage?;
+    out.usage = usage?.map(|mut u: Usage| {
+        let cached = u.engine.cached_prompt_tokens;
+        u.engine = EngineView {
+            cached_prompt_tokens: cached,
+            ..metrics
+        };
+        u
+    });
     Ok(body)
 }
 
@@ -354,15 +371,18 @@ fn clear_choices(out: &mut ChunkInfo, body: &mut Body) {
 
 fn read_usage(c: &mut Cursor<'_>) -> Scan<Usage> {
     let (mut prompt, mut completion, mut reasoning) = (Ok(None), Ok(None), None);
+    let mut cached = None;
     c.object(|c, key| {
         match key.one_of(&[
             b"prompt_tokens",
             b"completion_tokens",
             b"completion_tokens_details",
+            b"prompt_tokens_details",
         ]) {
             Some(0) => prompt = nullable(c, Cursor::uint)?,
             Some(1) => completion = nullable(c, Cursor::uint)?,
             Some(2) => reasoning = c.read_or_skip(read_reasoning_tokens)?.ok().flatten(),
+            Some(3) => cached = c.read_or_skip(read_cached_tokens)?.ok().flatten(),
             _ => c.skip()?,
         }
         Ok(())
@@ -371,7 +391,48 @@ fn read_usage(c: &mut Cursor<'_>) -> Scan<Usage> {
         prompt_tokens: prompt?,
         completion_tokens: completion?,
         reasoning_tokens: reasoning,
+        engine: EngineView {
+            cached_prompt_tokens: cached,
+            ..EngineView::default()
+        },
     })
+}
+
+/// `prompt_tokens_details` (an object; else refused): its `cached_tokens` when that is an
+/// integer.
+fn read_cached_tokens(c: &mut Cursor<'_>) -> Scan<Option<u64>> {
+    let mut cached = None;
+    c.object(|c, key| {
+        if key.is(b"cached_tokens") {
+            cached = c.read_or_skip(Cursor::uint)?.ok();
+        } else {
+            c.skip()?;
+        }
+        Ok(())
+    })?;
+    Ok(cached)
+}
+
+/// vLLM's per-request `metrics` (an object; else refused): its timings in milliseconds.
+fn read_metrics(c: &mut Cursor<'_>) -> Scan<EngineView> {
+    let mut v = EngineView::default();
+    c.object(|c, key| {
+        let slot = match key.one_of(&[
+            b"queue_time_ms",
+            b"time_to_first_token_ms",
+            b"generation_time_ms",
+            b"mean_itl_ms",
+        ]) {
+            Some(0) => &mut v.queue,
+            Some(1) => &mut v.ttft,
+            Some(2) => &mut v.decode,
+            Some(3) => &mut v.mean_itl,
+            _ => return c.skip(),
+        };
+        *slot = c.read_or_skip(Cursor::float)?.ok().and_then(from_ms);
+        Ok(())
+    })?;
+    Ok(v)
 }
 
 /// `completion_tokens_details` (an object; else refused): its `reasoning_tokens` when that is
@@ -943,6 +1004,7 @@ mod tests {
                 prompt_tokens: Some(15),
                 completion_tokens: Some(8),
                 reasoning_tokens: None,
+                engine: Default::default(),
             })
         );
         for (name, status) in [

@@ -4,6 +4,7 @@
 //! usage-injection support. Bytes and instants in, values out; no sockets.
 
 pub mod agent;
+pub mod engine;
 pub mod engine_timings;
 pub mod inspect;
 pub mod meter;

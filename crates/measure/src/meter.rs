@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::agent::{response_agent, AgentMeter, AgentSummary, ToolSet};
+use crate::engine::{EngineReport, EngineView, TtftSplit};
 use crate::inspect::{
     inspect_response_logged, scan_event_logged, ChunkInfo, ChunkKind, RepeatCache, Seen, TokenLog,
     Usage, TEMPLATE_ROOM,
@@ -20,6 +21,10 @@ use crate::trace::{LogprobAcc, LogprobSummary, Trace, TraceBounds, TraceBuilder}
 /// Largest non-streaming JSON body the meter buffers to judge it. A bigger body is passed
 /// through untouched and judged by its ending alone (complete => success), without tokens.
 pub const MAX_JSON_BODY: usize = 16 << 20;
+
+/// A gap between output events longer than this is a stall, unless set otherwise
+/// ([`StreamMeter::stall_threshold`]; the proxy's `measure.stall_ms`).
+pub const DEFAULT_STALL: Duration = Duration::from_secs(1);
 
 /// Highest choice index timed on its own; larger indices are folded onto it (bounded memory on
 /// hostile input: at most this many small per-choice timelines per request).
@@ -75,6 +80,13 @@ pub struct Measurement {
     /// ...and removed the usage chunk again (false when the stripper gave up at its memory
     /// bound and the client's stream passed unchanged, usage chunk included).
     pub usage_stripped: bool,
+    /// What the engine reported of the request itself (its queue, TTFT, decode, mean ITL,
+    /// cached prompt tokens) and where the client's TTFT went (proxy + engine queue + engine
+    /// prefill + rest), when it reported anything, and the stream's stalls (gaps between output
+    /// events, any choice, longer than `measure.stall_ms`; SSE comments and chunks without
+    /// output are no events, so they never end a gap); see [`Measurement::engine_view`].
+    #[serde(flatten, default)]
+    pub engine: Option<Box<EngineReport>>,
     /// Reasoning and tool-call phases and validity, when the response carried reasoning or a
     /// tool call (boxed: most records have none, and the ring keeps 100,000 records).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -131,11 +143,39 @@ impl Measurement {
             sse_discarded: 0,
             usage_injected: false,
             usage_stripped: false,
+            engine: None,
             itl_gaps: Vec::new(),
             agent: None,
             logprobs: None,
             trace: None,
         }
+    }
+
+    /// What the engine reported (empty when nothing).
+    pub fn engine_view(&self) -> EngineView {
+        self.engine.as_ref().map(|e| e.view).unwrap_or_default()
+    }
+
+    /// Where TTFT went (all `None` when it could not be split).
+    pub fn ttft_split(&self) -> TtftSplit {
+        self.engine.as_ref().map(|e| e.split).unwrap_or_default()
+    }
+
+    /// The stream's stalls.
+    pub fn stalls(&self) -> u32 {
+        self.engine.as_ref().map_or(0, |e| e.stalls)
+    }
+
+    /// Keeps what the engine reported, the split it allows and the stalls (nothing boxed when
+    /// the engine said nothing and the stream never stalled).
+    pub fn set_engine(&mut self, view: EngineView, split: TtftSplit, stalls: u32) {
+        self.engine = (!view.is_empty() || stalls > 0).then(|| {
+            Box::new(EngineReport {
+                view,
+                split,
+                stalls,
+            })
+        });
     }
 
     /// The TPOT histogram's observations: one per choice with a defined TPOT.
@@ -193,6 +233,11 @@ struct Timeline {
     /// Choice 0 inline (no allocation for `n = 1`), the others by index.
     choice0: ChoiceTimeline,
     more: Vec<ChoiceTimeline>,
+    /// Gaps between the stream's output events over `stall`.
+    stalls: u32,
+    stall: Duration,
+    /// What the engine reported (the last report of each field wins).
+    engine: EngineView,
     /// Kept gaps (seconds) and how many at most.
     gaps: Vec<f32>,
     gap_cap: usize,
@@ -231,6 +276,9 @@ impl Timeline {
             finish_reason: None,
             choice0: ChoiceTimeline::default(),
             more: Vec::new(),
+            stalls: 0,
+            stall: DEFAULT_STALL,
+            engine: EngineView::default(),
             gaps: Vec::new(),
             gap_cap: 0,
             log: TokenLog::default(),
@@ -392,6 +440,10 @@ impl Timeline {
             if self.t_first_token.is_none() {
                 self.t_first_token = Some(t);
             }
+            if let Some(last) = self.t_last_token {
+                let gap = t.saturating_duration_since(last);
+                self.stalls = self.stalls.saturating_add(u32::from(gap > self.stall));
+            }
             self.t_last_token = Some(t);
         }
     }
@@ -399,6 +451,7 @@ impl Timeline {
     /// The last usage seen wins (with continuous usage stats every chunk carries a running one).
     fn on_usage(&mut self, u: Usage) {
         self.agent.on_usage(&u);
+        self.engine.update(&u.engine);
         if u.prompt_tokens.is_some() {
             self.prompt_tokens = u.prompt_tokens;
         }
@@ -457,6 +510,8 @@ pub struct StreamMeter {
     tools: Option<Arc<ToolSet>>,
     /// The usage strip, when the proxy injected usage ([`StreamMeter::strip_usage`]).
     strip: Option<Box<strip::Strip>>,
+    /// `t0` to the request handed to forwarding: the proxy's part of the TTFT split.
+    proxy_time: Option<Duration>,
 }
 
 impl StreamMeter {
@@ -476,7 +531,21 @@ impl StreamMeter {
             last_frame: None,
             tools: None,
             strip: None,
+            proxy_time: None,
         }
+    }
+
+    /// The proxy's own time before it handed the request to forwarding (the first part of
+    /// [`Measurement::ttft_split`]).
+    pub fn proxy_time(mut self, d: Option<Duration>) -> Self {
+        self.proxy_time = d;
+        self
+    }
+
+    /// Gaps between output events longer than `d` count as stalls ([`Measurement::stalls`]).
+    pub fn stall_threshold(mut self, d: Duration) -> Self {
+        self.tl.stall = d;
+        self
     }
 
     /// Every event framed by the SSE parser and scanned: no repeat cache (the reference the
@@ -606,6 +675,8 @@ impl StreamMeter {
             m.choices = tl.all_choices().count() as u32;
             m.sse_discarded = self.parser.discarded();
             (m.tpot, m.choice_tpots) = tl.tpots(m.completion_tokens);
+            let split = TtftSplit::of(m.ttft, self.proxy_time, &tl.engine);
+            m.set_engine(tl.engine, split, tl.stalls);
         }
         if let Some(strip) = &self.strip {
             m.usage_injected = true;
@@ -655,6 +726,7 @@ impl StreamMeter {
             m.prompt_tokens = u.prompt_tokens;
             m.completion_tokens = u.completion_tokens;
             m.tokens_exact = u.completion_tokens.is_some();
+            m.set_engine(u.engine, TtftSplit::default(), 0);
         }
         // No TPOT for JSON: nothing the client saw tells when the first token came, and
         // E2E / tokens would put prefill into the decode series (DESIGN.md).
@@ -676,6 +748,8 @@ mod strip;
 
 #[cfg(test)]
 mod engine_streams;
+#[cfg(test)]
+mod engine_tests;
 #[cfg(test)]
 mod repeat_differential;
 #[cfg(test)]

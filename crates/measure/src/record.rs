@@ -452,6 +452,11 @@ pub fn compute_stats(
     // the requests per worst tool-call outcome.
     let mut phases: [Vec<f64>; 4] = Default::default();
     let mut tool_calls = [0u64; ToolCallOutcome::ALL.len()];
+    // The engine's view (queue, TTFT, decode, mean ITL, cached prompt tokens), the TTFT split
+    // (proxy, queue, prefill, rest), and stalls.
+    let mut engine: [Vec<f64>; 5] = Default::default();
+    let mut split: [Vec<f64>; 4] = Default::default();
+    let (mut clamped, mut stalls, mut stalled) = (0u64, 0u64, 0u64);
     for e in in_window {
         let r = &e.record;
         let m = &r.measured;
@@ -468,6 +473,21 @@ pub fn compute_stats(
         ttfc.extend(m.ttfc.map(secs));
         tpot.extend(r.tpot_values());
         e2e.push(m.e2e.as_secs_f64());
+        let ev = m.engine_view();
+        let values = [ev.queue, ev.ttft, ev.decode, ev.mean_itl].map(|d| d.map(secs));
+        let cached = ev.cached_prompt_tokens.map(|n| n as f64);
+        for (into, v) in engine.iter_mut().zip(values.into_iter().chain([cached])) {
+            into.extend(v);
+        }
+        let s = m.ttft_split();
+        if let Some(parts) = s.parts() {
+            for (into, d) in split.iter_mut().zip(parts) {
+                into.push(secs(d));
+            }
+            clamped += u64::from(s.clamped);
+        }
+        stalls += u64::from(m.stalls());
+        stalled += u64::from(m.stalls() > 0);
         if let Some(g) = &e.gaps {
             itl.extend(g.iter().map(|v| f64::from(*v)));
         }
@@ -495,6 +515,9 @@ pub fn compute_stats(
         tool_call_map.insert(key.to_owned(), json!(n));
     }
     let [mut ttf_reasoning, mut ttf_answer, mut ttf_tool_call, mut tool_call] = phases;
+    let [mut e_queue, mut e_ttft, mut e_decode, mut e_itl, mut e_cached] = engine;
+    let split_n = split[0].len();
+    let [mut s_proxy, mut s_queue, mut s_prefill, mut s_rest] = split;
     let mut outcome_map = Map::new();
     for (o, n) in Outcome::ALL.iter().zip(outcomes) {
         outcome_map.insert(o.as_str().to_owned(), json!(n));
@@ -523,6 +546,25 @@ pub fn compute_stats(
         "time_to_first_tool_call_token_seconds": summary_json(&mut ttf_tool_call),
         "tool_call_duration_seconds": summary_json(&mut tool_call),
         "tool_calls": tool_call_map,
+        "engine": {
+            "queue_seconds": summary_json(&mut e_queue),
+            "ttft_seconds": summary_json(&mut e_ttft),
+            "decode_seconds": summary_json(&mut e_decode),
+            "mean_itl_seconds": summary_json(&mut e_itl),
+            "cached_prompt_tokens": summary_json(&mut e_cached),
+        },
+        "ttft_split": {
+            "requests": split_n,
+            "clamped": clamped,
+            "proxy_seconds": summary_json(&mut s_proxy),
+            "queue_seconds": summary_json(&mut s_queue),
+            "prefill_seconds": summary_json(&mut s_prefill),
+            "rest_seconds": summary_json(&mut s_rest),
+        },
+        "stalls": {
+            "total": stalls,
+            "requests": stalled,
+        },
     })
 }
 
@@ -820,10 +862,48 @@ mod tests {
     /// logprob summary (96), per-choice TPOTs with `n > 1` (16 bytes a choice).
     #[test]
     fn a_record_stays_small() {
-        // The route fields took 24 of the 384-byte class's 40 spare bytes.
+        // The route fields took 24 of the 384-byte class's 40 spare bytes, the engine report's
+        // box 8 more.
         assert!(std::mem::size_of::<RequestRecord>() <= 368);
-        assert!(std::mem::size_of::<Measurement>() <= 232);
+        assert!(std::mem::size_of::<Measurement>() <= 240);
         assert_eq!(std::mem::size_of::<Entry>(), 24);
+    }
+
+    #[test]
+    fn stats_have_the_engine_view_the_ttft_split_and_stalls() {
+        let now = Instant::now();
+        let ring = RecordRing::new(10, 10, now);
+        for (queue_ms, prefill_ms, client_ms, stalls) in [(10, 20, 100, 0), (30, 40, 60, 2)] {
+            let mut m = Measurement::without_body(Outcome::Success, Some(200), secs(1.0));
+            m.streaming = true;
+            m.ttft = Some(Duration::from_millis(client_ms));
+            let view = crate::engine::EngineView {
+                queue: Some(Duration::from_millis(queue_ms)),
+                ttft: Some(Duration::from_millis(prefill_ms)),
+                cached_prompt_tokens: Some(queue_ms),
+                ..Default::default()
+            };
+            let split = crate::engine::TtftSplit::of(m.ttft, Some(Duration::from_millis(5)), &view);
+            m.set_engine(view, split, stalls);
+            let v = judge(&m, &Slo::default());
+            let r = RequestRecord::new("id".into(), "m".into(), None, 0, now, m, v);
+            ring.push(Arc::new(r), vec![]);
+        }
+        // A request the engine said nothing about counts in none of them.
+        ring.push(rec("m", Outcome::Success, 200, Some(0.2), 1.0, now), vec![]);
+        let s = ring.stats(now, secs(60.0), None);
+        assert_eq!(s["engine"]["queue_seconds"]["count"], 2);
+        assert_eq!(s["engine"]["queue_seconds"]["p50"], 0.02);
+        assert_eq!(s["engine"]["cached_prompt_tokens"]["max"], 30.0);
+        assert_eq!(s["ttft_split"]["requests"], 2);
+        assert_eq!(s["ttft_split"]["clamped"], 1);
+        // (100 - 5 - 10 - 20) and (60 - 5 - 30 - 40 -> cut: 0).
+        assert_eq!(s["ttft_split"]["rest_seconds"]["max"], 0.065);
+        assert_eq!(s["ttft_split"]["rest_seconds"]["p50"], 0.0325);
+        assert_eq!(
+            (&s["stalls"]["total"], &s["stalls"]["requests"]),
+            (&2.into(), &1.into())
+        );
     }
 
     #[test]

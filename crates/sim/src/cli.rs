@@ -65,6 +65,18 @@ pub struct SimArgs {
     /// A fault drawn per request: `PROB:FAULTS`, e.g. `0.05:status=503` (repeatable).
     #[arg(long = "fault")]
     pub faults: Vec<FaultRule>,
+    /// Put the engine's own timings (`metrics`) on the final usage chunk and JSON answers.
+    #[arg(long)]
+    pub enable_per_request_metrics: bool,
+    /// Usage on every chunk and a final usage chunk, whatever the request asks.
+    #[arg(long)]
+    pub enable_force_include_usage: bool,
+    /// One event per this many tokens after the first (vLLM `--stream-interval`).
+    #[arg(long)]
+    pub stream_interval: Option<u64>,
+    /// Seconds of stream idleness before a `: keep-alive` comment (0: off).
+    #[arg(long)]
+    pub sse_keep_alive_interval: Option<f64>,
     /// Answer as this engine: its /metrics families and stream differences.
     #[arg(long, value_enum)]
     pub personality: Option<Personality>,
@@ -141,6 +153,8 @@ impl SimArgs {
             stop_prob,
             empty_delta_prob,
             coalesce_prob,
+            stream_interval,
+            sse_keep_alive_interval,
             block_size,
             max_num_batched_tokens,
             speed,
@@ -150,6 +164,8 @@ impl SimArgs {
             cfg.max_num_queued_reqs = self.max_num_queued_reqs;
         }
         cfg.legacy_metric_names |= self.legacy_metric_names;
+        cfg.enable_per_request_metrics |= self.enable_per_request_metrics;
+        cfg.enable_force_include_usage |= self.enable_force_include_usage;
         if let Some(p) = self.personality {
             cfg.personality = p;
         }
@@ -238,6 +254,12 @@ mod tests {
             "b",
             "--fault",
             "0.5:status=503",
+            "--enable-per-request-metrics",
+            "--enable-force-include-usage",
+            "--stream-interval",
+            "4",
+            "--sse-keep-alive-interval",
+            "0.5",
             "--coalesce-prob",
             "0.3",
             "--no-prefix-caching",
@@ -256,6 +278,8 @@ mod tests {
         assert_eq!(cfg.tpot_ms, 1.5);
         assert_eq!(cfg.models, vec!["a", "b"]);
         assert_eq!(cfg.faults.len(), 1);
+        assert!(cfg.enable_per_request_metrics && cfg.enable_force_include_usage);
+        assert_eq!((cfg.stream_interval, cfg.sse_keep_alive_interval), (4, 0.5));
         assert_eq!(cfg.coalesce_prob, 0.3);
         assert!(!cfg.enable_prefix_caching && cfg.enable_prompt_tokens_details);
         assert_eq!((cfg.block_size, cfg.max_num_batched_tokens), (128, 512));

@@ -6,9 +6,18 @@
 use super::render::{Finish, TokText, TokenLogprobs};
 use super::text::SplitMix;
 
-/// When an event waits for the next token of its choice.
+/// When an event waits for the next token of its choice: vLLM's `--stream-interval K` (the
+/// first token alone, then an event every K tokens, the rest with the finish), and on top of it
+/// the merging of a busy client's untaken outputs.
 #[derive(Debug)]
-pub enum Packing {
+pub struct Packing {
+    merge: Merge,
+    /// `--stream-interval` (1: every token may go out at once).
+    interval: u64,
+}
+
+#[derive(Debug)]
+enum Merge {
     /// One token per event.
     Off,
     /// `x-sim-fault: coalesce=K`: K tokens per event (the last event of a choice may hold
@@ -23,26 +32,37 @@ impl Packing {
     /// The packing of one request: the fault wins over the configured probability. The draws
     /// are seeded by `seed` and the arrival number, as the configured faults are.
     pub fn new(fault: Option<u64>, prob: f64, seed: u64, arrival_no: u64) -> Self {
-        match fault {
-            Some(k) if k > 1 => Packing::Every(k),
-            Some(_) => Packing::Off,
-            None if prob > 0.0 => Packing::Prob {
+        let merge = match fault {
+            Some(k) if k > 1 => Merge::Every(k),
+            Some(_) => Merge::Off,
+            None if prob > 0.0 => Merge::Prob {
                 p: prob,
                 rng: SplitMix::new(
                     seed ^ 0xc0a1_e5ce_0000_0000 ^ arrival_no.wrapping_mul(0x9e37_79b9_7f4a_7c15),
                 ),
             },
-            None => Packing::Off,
-        }
+            None => Merge::Off,
+        };
+        Packing { merge, interval: 1 }
+    }
+
+    /// vLLM's `--stream-interval`: at most one event per `k` tokens after the first.
+    pub fn stream_interval(mut self, k: u64) -> Self {
+        self.interval = k.max(1);
+        self
     }
 
     /// Whether an event already holding `held` tokens (its choice not finished) waits for
-    /// the next token.
-    pub fn hold(&mut self, held: usize) -> bool {
-        match self {
-            Packing::Off => false,
-            Packing::Every(k) => (held as u64) < *k,
-            Packing::Prob { p, rng } => rng.next_f64() < *p,
+    /// the next token; `first` says no event of the choice went out yet (vLLM sends the first
+    /// token at once whatever the interval).
+    pub fn hold(&mut self, held: usize, first: bool) -> bool {
+        if !first && (held as u64) < self.interval {
+            return true;
+        }
+        match &mut self.merge {
+            Merge::Off => false,
+            Merge::Every(k) => (held as u64) < *k,
+            Merge::Prob { p, rng } => rng.next_f64() < *p,
         }
     }
 }
@@ -77,7 +97,7 @@ mod tests {
         let mut held = 0;
         for t in 1..=tokens {
             held += 1;
-            if t == tokens || !p.hold(held) {
+            if t == tokens || !p.hold(held, out.is_empty()) {
                 out.push(held);
                 held = 0;
             }
@@ -95,6 +115,26 @@ mod tests {
         );
         assert_eq!(sizes(&mut Packing::new(None, 0.0, 0, 0), 3), vec![1, 1, 1]);
         assert_eq!(sizes(&mut Packing::new(Some(10), 0.0, 0, 0), 4), vec![4]);
+    }
+
+    #[test]
+    fn stream_interval_sends_the_first_token_alone_then_every_k() {
+        // interval4-stream-chat-usage.txt: 10 tokens in events of 1, 4, 4, 1.
+        let table: &[(u64, usize, &[usize])] = &[
+            (4, 10, &[1, 4, 4, 1]),
+            (4, 5, &[1, 4]),
+            (4, 1, &[1]),
+            (4, 3, &[1, 2]),
+            (1, 3, &[1, 1, 1]),
+            (3, 7, &[1, 3, 3]),
+        ];
+        for &(k, tokens, want) in table {
+            let mut p = Packing::new(None, 0.0, 0, 0).stream_interval(k);
+            assert_eq!(sizes(&mut p, tokens), want, "interval {k}, {tokens} tokens");
+        }
+        // A merge on top packs further: every event at least the interval's.
+        let mut p = Packing::new(Some(6), 0.0, 0, 0).stream_interval(4);
+        assert_eq!(sizes(&mut p, 14), vec![6, 6, 2]);
     }
 
     #[test]

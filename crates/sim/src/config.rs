@@ -61,6 +61,20 @@ pub struct SimConfig {
     pub legacy_metric_names: bool,
     /// Faults drawn per request with the given probabilities (seeded, in arrival order).
     pub faults: Vec<FaultRule>,
+    /// vLLM `--enable-per-request-metrics`: the final usage chunk of a stream (only when it
+    /// is sent) and every JSON answer of one choice carry the engine's own `metrics` (queue,
+    /// time to first token from scheduling, generation time, mean ITL, tokens per second).
+    pub enable_per_request_metrics: bool,
+    /// vLLM `--enable-force-include-usage`: usage on every chunk and a final usage chunk,
+    /// whatever the request's `stream_options` say.
+    pub enable_force_include_usage: bool,
+    /// vLLM `--stream-interval`: the first token goes out alone, then one event per this
+    /// many tokens (the rest with the finish).
+    pub stream_interval: u64,
+    /// vLLM `--sse-keep-alive-interval`, seconds (0: off): a `: keep-alive` comment frame
+    /// whenever a stream has been idle this long. vLLM takes whole seconds; fractions are
+    /// allowed here for tests.
+    pub sse_keep_alive_interval: f64,
     /// Automatic prefix caching (vLLM V1's default; `--no-prefix-caching` turns it off): full
     /// prompt blocks stay cached after their request ends until evicted, least recently used
     /// first, and a later prompt with the same prefix skips their prefill.
@@ -110,6 +124,10 @@ impl Default for SimConfig {
             coalesce_prob: 0.0,
             legacy_metric_names: false,
             faults: Vec::new(),
+            enable_per_request_metrics: false,
+            enable_force_include_usage: false,
+            stream_interval: 1,
+            sse_keep_alive_interval: 0.0,
             enable_prefix_caching: true,
             block_size: 16,
             max_num_batched_tokens: 2048,
@@ -195,6 +213,13 @@ impl SimConfig {
             "must be <= 1048576",
         )?;
         check(self.max_model_len >= 1, "max_model_len", "must be >= 1")?;
+        check(self.stream_interval >= 1, "stream_interval", "must be >= 1")?;
+        check(
+            self.sse_keep_alive_interval.is_finite()
+                && (0.0..=86_400.0).contains(&self.sse_keep_alive_interval),
+            "sse_keep_alive_interval",
+            "must be between 0 (off) and 86400 seconds",
+        )?;
         check(self.kv_cache_tokens >= 1, "kv_cache_tokens", "must be >= 1")?;
         check(
             (1..=1 << 16).contains(&self.block_size),
@@ -283,6 +308,20 @@ mod tests {
                     ..Default::default()
                 },
                 "coalesce_prob",
+            ),
+            (
+                SimConfig {
+                    stream_interval: 0,
+                    ..Default::default()
+                },
+                "stream_interval",
+            ),
+            (
+                SimConfig {
+                    sse_keep_alive_interval: f64::NAN,
+                    ..Default::default()
+                },
+                "sse_keep_alive_interval",
             ),
             (
                 SimConfig {

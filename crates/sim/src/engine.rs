@@ -15,6 +15,7 @@ use super::config::SimConfig;
 use super::gen::{Generation, TokenOut};
 use super::kvcache::{block_hashes, Held, KvCache};
 use super::metrics::{EngineMetrics, FinishedReason};
+use super::per_request::EngineTimes;
 use super::render::{Finish, PromptDetails};
 use super::request::GenRequest;
 use super::sched::{self, PrefillLine};
@@ -353,6 +354,17 @@ impl Run {
             .map(|i| self.gen.tokens(i))
             .max()
             .unwrap_or(0)
+    }
+
+    /// The engine's timestamps of this request, from which its per-request metrics come
+    /// (the same instants its histograms observe).
+    pub fn times(&self) -> EngineTimes {
+        EngineTimes {
+            queued: self.arrival,
+            scheduled: self.scheduled,
+            first_token: self.first,
+            last_token: self.last,
+        }
     }
 
     /// The request reached its end: record finish metrics (per choice, as vLLM counts the

@@ -22,6 +22,7 @@ pub mod gen;
 pub mod kvcache;
 pub mod metrics;
 pub mod nonstream;
+pub mod per_request;
 pub mod personality;
 pub mod prompt;
 pub mod render;

@@ -9,6 +9,7 @@ use super::agent::{AgentPlan, Part};
 use super::engine::Run;
 use super::errors::ApiError;
 use super::faults::Faults;
+use super::per_request::PerRequestMetrics;
 use super::render::{ChoiceResult, Finish, MessageAgent, MessageCall, Templates};
 
 /// What the handler sends: a full JSON body, an error, or a body cut short.
@@ -135,6 +136,8 @@ pub async fn run(
         })
         .collect();
     let mut tmpl = tmpl;
+    let tokens = choices.iter().map(|c| c.tokens).sum();
+    tmpl.set_engine_metrics(PerRequestMetrics::new(&run.times(), tokens));
     tmpl.set_prompt_details(run.prompt_details());
     let body = Bytes::from(tmpl.json_body(&choices));
     if faults.truncate_after.is_some() {

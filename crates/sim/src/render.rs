@@ -7,6 +7,7 @@
 
 use bytes::BytesMut;
 
+use super::per_request::PerRequestMetrics;
 use super::request::{Api, GenRequest};
 use super::text::{push_json_str, Piece};
 
@@ -93,6 +94,22 @@ fn push_f64(buf: &mut BytesMut, v: f64) {
     buf.extend_from_slice(format!("{v:?}").as_bytes());
 }
 
+/// A float as Python's `repr` writes it (pydantic's JSON does the same): the shortest
+/// round-trip digits, `.0` on whole numbers, and below 1e-4 or from 1e16 on the exponent with a
+/// sign and at least two digits (`5e-05`, where Rust's `Debug` writes `5e-5`).
+fn push_py_float(buf: &mut BytesMut, v: f64) {
+    let text = format!("{v:?}");
+    let Some((mantissa, exp)) = text.split_once('e') else {
+        buf.extend_from_slice(text.as_bytes());
+        return;
+    };
+    let (sign, digits) = match exp.strip_prefix('-') {
+        Some(d) => ('-', d),
+        None => ('+', exp),
+    };
+    buf.extend_from_slice(format!("{mantissa}e{sign}{digits:0>2}").as_bytes());
+}
+
 fn push_json(buf: &mut BytesMut, s: &str) {
     let mut tmp = String::with_capacity(s.len() + 2);
     push_json_str(&mut tmp, s);
@@ -141,6 +158,12 @@ pub struct Templates {
     prompt_tokens: u64,
     include_usage: bool,
     continuous_usage: bool,
+    /// Choices of the request (`n`): vLLM reports per-request metrics only for one.
+    choices: u32,
+    /// `--enable-per-request-metrics`.
+    per_request_metrics: bool,
+    /// The engine's timings, once the request ended (see [`Templates::set_engine_metrics`]).
+    engine_metrics: Option<PerRequestMetrics>,
     prompt_details: Option<PromptDetails>,
 }
 
@@ -167,8 +190,39 @@ impl Templates {
             prompt_tokens: req.prompt_tokens,
             include_usage: req.include_usage,
             continuous_usage: req.include_usage && req.continuous_usage,
+            choices: req.n,
+            per_request_metrics: false,
+            engine_metrics: None,
             prompt_details: None,
         }
+    }
+
+    /// The engine's options that change the stream: `--enable-force-include-usage` (usage on
+    /// every chunk and the final usage chunk, whatever `stream_options` says) and
+    /// `--enable-per-request-metrics` (`metrics` on the final usage chunk and JSON bodies).
+    pub fn engine_options(mut self, force_include_usage: bool, per_request_metrics: bool) -> Self {
+        if force_include_usage {
+            self.include_usage = true;
+            self.continuous_usage = true;
+        }
+        self.per_request_metrics = per_request_metrics;
+        self
+    }
+
+    /// Whether the stream ends with a usage chunk (asked for, or forced by the engine).
+    pub fn include_usage(&self) -> bool {
+        self.include_usage
+    }
+
+    /// The engine's timings of the request, for its `metrics` (written only when the engine
+    /// reports them and the request has one choice).
+    pub fn set_engine_metrics(&mut self, m: PerRequestMetrics) {
+        self.engine_metrics = Some(m);
+    }
+
+    fn reported_metrics(&self) -> Option<PerRequestMetrics> {
+        self.engine_metrics
+            .filter(|_| self.per_request_metrics && self.choices == 1)
     }
 
     /// What the final usage reports of the prompt (known once the engine admitted it).
@@ -206,7 +260,11 @@ impl Templates {
         if self.continuous_usage {
             buf.extend_from_slice(b",\"usage\":{");
             push_usage_counts(buf, self.prompt_tokens, completion);
-            buf.extend_from_slice(b",\"completion_tokens_details\":null}");
+            // Completions' continuous usage has no such key (stream-completions-usage-continuous.txt).
+            if self.api == Api::Chat {
+                buf.extend_from_slice(b",\"completion_tokens_details\":null");
+            }
+            buf.extend_from_slice(b"}");
         }
     }
 
@@ -304,6 +362,9 @@ impl Templates {
         }
         buf.extend_from_slice(b"}");
         push_fingerprint(buf);
+        if let Some(m) = self.reported_metrics() {
+            push_metrics(buf, &m, true);
+        }
         buf.extend_from_slice(b"}\n\n");
     }
 
@@ -361,6 +422,12 @@ impl Templates {
             }
             (Api::Chat, None) => b.extend_from_slice(b",\"completion_tokens_details\":null},\"prompt_logprobs\":null,\"prompt_token_ids\":null,\"prompt_text\":null,\"kv_transfer_params\":null,\"ec_transfer_params\":null,\"metrics\":null}"),
             (Api::Completions, _) => b.extend_from_slice(b",\"completion_tokens_details\":null},\"kv_transfer_params\":null,\"ec_transfer_params\":null,\"metrics\":null}"),
+        }
+        if let Some(m) = self.reported_metrics() {
+            // Every layout above ends in `"metrics":null}`: the object takes the null's place.
+            b.truncate(b.len() - b"null}".len());
+            push_metrics(&mut b, &m, false);
+            b.extend_from_slice(b"}");
         }
         b.to_vec()
     }
@@ -492,6 +559,45 @@ fn push_choice(
     }
     push_finish(buf, finish, shape.always_stop_reason);
     buf.extend_from_slice(shape.tail);
+}
+
+/// `"metrics":{...}` as vLLM 0.32 writes it: in a stream's usage chunk `,"metrics":` follows
+/// the fingerprint and absent values are left out; a JSON body keeps them as `null` and adds
+/// `"speculative_decoding":null` (captures `options/metrics-*`).
+fn push_metrics(buf: &mut BytesMut, m: &PerRequestMetrics, stream: bool) {
+    if stream {
+        buf.extend_from_slice(b",\"metrics\":{");
+    } else {
+        buf.extend_from_slice(b"{");
+    }
+    let fields = [
+        ("time_to_first_token_ms", m.time_to_first_token_ms),
+        ("generation_time_ms", m.generation_time_ms),
+        ("queue_time_ms", m.queue_time_ms),
+        ("mean_itl_ms", m.mean_itl_ms),
+        ("tokens_per_second", m.tokens_per_second),
+    ];
+    let mut first = true;
+    for (key, value) in fields {
+        if value.is_none() && stream {
+            continue;
+        }
+        if !first {
+            buf.extend_from_slice(b",");
+        }
+        first = false;
+        buf.extend_from_slice(b"\"");
+        buf.extend_from_slice(key.as_bytes());
+        buf.extend_from_slice(b"\":");
+        match value {
+            Some(v) => push_py_float(buf, v),
+            None => buf.extend_from_slice(b"null"),
+        }
+    }
+    if !stream {
+        buf.extend_from_slice(b",\"speculative_decoding\":null");
+    }
+    buf.extend_from_slice(b"}");
 }
 
 /// `"prompt_tokens":..,"total_tokens":..,"completion_tokens":..`, vLLM's key order.

@@ -6,6 +6,7 @@ use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
@@ -237,12 +238,18 @@ async fn generate(
     }
     // SGLang's `--stream-response-default-include-usage`: usage as if the client asked.
     greq.include_usage |= cfg.stream_response_default_include_usage;
-    let tmpl = Templates::new(&greq, &cfg.models[greq.model_idx], eng.created);
+    let tmpl = Templates::new(&greq, &cfg.models[greq.model_idx], eng.created).engine_options(
+        cfg.enable_force_include_usage,
+        cfg.enable_per_request_metrics,
+    );
     let run = Run::new(eng.clone(), &greq, arrival, arrival_no);
     let agents = agent::plans(&greq, faults.reasoning, faults.tool_call);
     if greq.stream {
-        let packing = Packing::new(faults.coalesce, cfg.coalesce_prob, cfg.seed, arrival_no);
-        let body = SseBody::new(run, tmpl, faults, api, greq.include_usage, packing, agents);
+        let packing = Packing::new(faults.coalesce, cfg.coalesce_prob, cfg.seed, arrival_no)
+            .stream_interval(cfg.stream_interval);
+        let include_usage = tmpl.include_usage();
+        let body = SseBody::new(run, tmpl, faults, api, include_usage, packing, agents)
+            .keep_alive(Duration::from_secs_f64(cfg.sse_keep_alive_interval));
         return head(200, Some(EVENT_STREAM), None)
             .body(SimBody::Sse(Box::new(body)))
             .unwrap_or_else(|_| Response::new(SimBody::Full(None)));

@@ -2,7 +2,9 @@
 //! trailer) that writes chunks into one reused buffer. Tokens may be packed several to an
 //! event ([`Packing`]); an early-finish fault ends the choices with `abort` or `error`. With zero decode time it emits many
 //! steps per frame; otherwise it sleeps on one re-armed timer per stream. Dropping the body
-//! (client disconnect) drops the [`Run`], which frees the decode slots at once.
+//! (client disconnect) drops the [`Run`], which frees the decode slots at once. With vLLM's
+//! `--sse-keep-alive-interval` a `: keep-alive` comment goes out whenever the stream has been
+//! idle that long (queued, in prefill, or between tokens).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -18,6 +20,7 @@ use super::coalesce::{Packing, Pending};
 use super::engine::{Acquire, Run};
 use super::errors::stream_error_event;
 use super::faults::Faults;
+use super::per_request::PerRequestMetrics;
 use super::render::{AgentDelta, Templates, DONE};
 use super::request::Api;
 
@@ -25,6 +28,8 @@ use super::request::Api;
 const BATCH_STEPS: u32 = 64;
 /// Flush a frame once the buffer holds this much.
 const FLUSH_BYTES: usize = 32 * 1024;
+/// vLLM's `SSE_KEEP_ALIVE_COMMENT`.
+const KEEP_ALIVE: &[u8] = b": keep-alive\n\n";
 
 /// The error that cuts a response body short (`truncate-after`): hyper then closes the
 /// connection without the final chunk.
@@ -62,6 +67,8 @@ pub struct SseBody {
     agents: Vec<Option<AgentPlan>>,
     /// Choices whose tool call ended in this step.
     calls_done: Vec<u32>,
+    /// `--sse-keep-alive-interval`, and the timer re-armed by every frame sent.
+    keep_alive: Option<(Duration, Pin<Box<Sleep>>)>,
 }
 
 impl SseBody {
@@ -97,7 +104,31 @@ impl SseBody {
             ready: Vec::with_capacity(n),
             agents,
             calls_done: Vec::new(),
+            keep_alive: None,
         }
+    }
+
+    /// Sends `: keep-alive` after every `interval` without a frame (zero: never).
+    pub fn keep_alive(mut self, interval: Duration) -> Self {
+        if !interval.is_zero() {
+            let sleep = Box::pin(tokio::time::sleep(interval));
+            self.keep_alive = Some((interval, sleep));
+        }
+        self
+    }
+
+    /// Before answering `Pending`: a keep-alive comment when the stream was idle long enough
+    /// (the timer is polled, so it wakes the body when it fires).
+    fn idle(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Truncated>>> {
+        let fired = match &mut self.keep_alive {
+            Some((_, sleep)) => sleep.as_mut().poll(cx).is_ready(),
+            None => false,
+        };
+        if !fired {
+            return Poll::Pending;
+        }
+        self.buf.extend_from_slice(KEEP_ALIVE);
+        self.take_frame()
     }
 
     /// Reasoning tokens generated over all choices, when reasoning was asked for (the usage
@@ -115,6 +146,9 @@ impl SseBody {
     }
 
     fn take_frame(&mut self) -> Poll<Option<Result<Frame<Bytes>, Truncated>>> {
+        if let Some((interval, sleep)) = &mut self.keep_alive {
+            sleep.as_mut().reset(Instant::now() + *interval);
+        }
         Poll::Ready(Some(Ok(Frame::data(self.buf.split().freeze()))))
     }
 
@@ -184,7 +218,8 @@ impl SseBody {
                 }
             }
             let last = p.finish.is_some();
-            if last || !packing.hold(p.texts.len()) {
+            let first = p.count == p.texts.len() as u64;
+            if last || !packing.hold(p.texts.len(), first) {
                 ready.push(i);
             }
         });
@@ -277,7 +312,7 @@ impl Body for SseBody {
         loop {
             match &mut this.state {
                 State::Queued(acquire) => match acquire.as_mut().poll(cx) {
-                    Poll::Pending => return Poll::Pending,
+                    Poll::Pending => return this.idle(cx),
                     Poll::Ready(Ok(permit)) => {
                         let stall = Duration::from_millis(this.faults.stall_first_ms.unwrap_or(0));
                         let prefill = this.run.admitted(permit, stall);
@@ -293,7 +328,7 @@ impl Body for SseBody {
                 State::Sleeping => {
                     if this.sleep.as_mut().poll(cx).is_pending() {
                         return if this.buf.is_empty() {
-                            Poll::Pending
+                            this.idle(cx)
                         } else {
                             this.take_frame()
                         };
@@ -324,6 +359,9 @@ impl Body for SseBody {
                     this.run.finish(false);
                     if this.include_usage {
                         let total = this.run.gen.total_tokens();
+                        let times = this.run.times();
+                        this.tmpl
+                            .set_engine_metrics(PerRequestMetrics::new(&times, total));
                         let reasoning = this.reasoning_tokens();
                         this.tmpl.set_prompt_details(this.run.prompt_details());
                         this.tmpl.usage_chunk(&mut this.buf, total, reasoning);

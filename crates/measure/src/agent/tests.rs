@@ -367,6 +367,7 @@ fn reasoning_tokens_of_a_stripped_usage_chunk_count() {
         prompt_tokens: Some(3),
         completion_tokens: Some(12),
         reasoning_tokens: Some(9),
+        ..Default::default()
     });
     let a = m.finish(t0 + ms(2), crate::Ending::Complete).agent.unwrap();
     assert_eq!(a.reasoning_tokens, Some(9));

@@ -152,6 +152,28 @@ fn oracle_choice(v: &Value) -> Option<ChoiceInfo> {
     })
 }
 
+/// What the engine said beside the usage: cached prompt tokens and the top-level `metrics`.
+fn oracle_engine(m: &Map<String, Value>, u: &Map<String, Value>) -> crate::engine::EngineView {
+    let metrics = m.get("metrics").and_then(Value::as_object);
+    let ms = |k: &str| {
+        metrics
+            .and_then(|o| o.get(k))
+            .and_then(Value::as_f64)
+            .and_then(crate::engine::from_ms)
+    };
+    crate::engine::EngineView {
+        queue: ms("queue_time_ms"),
+        ttft: ms("time_to_first_token_ms"),
+        decode: ms("generation_time_ms"),
+        mean_itl: ms("mean_itl_ms"),
+        cached_prompt_tokens: u
+            .get("prompt_tokens_details")
+            .and_then(Value::as_object)
+            .and_then(|d| d.get("cached_tokens"))
+            .and_then(Value::as_u64),
+    }
+}
+
 /// The top-level reading: (is error, choices, usage), `None` when a field is refused.
 type Top = (bool, Option<Vec<ChoiceInfo>>, Option<Usage>);
 
@@ -171,6 +193,7 @@ fn oracle_top(m: &Map<String, Value>) -> Option<Top> {
                 .and_then(Value::as_object)
                 .and_then(|d| d.get("reasoning_tokens"))
                 .and_then(Value::as_u64),
+            engine: oracle_engine(m, u),
         }),
         Some(_) => return None,
     };

@@ -15,6 +15,13 @@
 //! once for both the meter and the strip's decision. Only a held finish chunk is looked at a
 //! second time, when it is released (metered then, as the client gets it then).
 //!
+//! What the engine sends of its own accord is never removed: an engine that puts `usage` on
+//! chunks with choices (vLLM's `--enable-force-include-usage`, which forces continuous usage;
+//! the proxy never injects continuous usage) sends the final usage chunk whatever the request
+//! says, so once such a chunk passed, the usage chunk passes too. Comment blocks
+//! (`: keep-alive`) that arrive while a finish chunk is held stay behind it, in order: the
+//! engine asked directly would have sent the finish chunk (with its fingerprint) before them.
+//!
 //! Bytes that pass unchanged go out as slices of the upstream frame (no copy). Memory is
 //! bounded: when an incomplete event and a held finish chunk together pass
 //! [`MAX_LINE_BYTES`], both are released unchanged and the rest of the stream passes as it
@@ -60,6 +67,11 @@ pub(super) struct Strip {
     /// A finish chunk waiting to see whether the usage chunk follows.
     held: Option<Bytes>,
     held_has_fingerprint: bool,
+    /// Comment blocks that came while a finish chunk was held: they go out right after it.
+    held_comments: BytesMut,
+    /// A chunk with choices carried `usage`: the engine reports usage of its own accord, so
+    /// its final usage chunk is the client's too and passes.
+    engine_usage: bool,
     /// The last event ended on a `\r` at the end of a frame: a leading `\n` shares its fate.
     trailing_cr: Option<Fate>,
     /// The held and incomplete bytes passed [`MAX_LINE_BYTES`]: the rest passes unchanged.
@@ -113,12 +125,24 @@ impl Out {
 
 impl Strip {
     fn extend_held(&mut self, bytes: &[u8]) {
-        if let Some(h) = self.held.take() {
+        if !self.held_comments.is_empty() {
+            self.held_comments.extend_from_slice(bytes);
+        } else if let Some(h) = self.held.take() {
             let mut b = BytesMut::with_capacity(h.len() + bytes.len());
             b.extend_from_slice(&h);
             b.extend_from_slice(bytes);
             self.held = Some(b.freeze());
         }
+    }
+}
+
+/// The held finish chunk (`held`, possibly rewritten) and the comments held behind it go out.
+fn release(strip: &mut Strip, held: Option<Bytes>, frame: &Bytes, acc: &mut Out) {
+    if let Some(h) = held {
+        acc.piece(frame, h);
+    }
+    if !strip.held_comments.is_empty() {
+        acc.piece(frame, strip.held_comments.split().freeze());
     }
 }
 
@@ -225,13 +249,12 @@ impl StreamMeter {
         let Some(strip) = self.strip.as_deref_mut() else {
             return;
         };
-        let held = strip.held.as_ref().map_or(0, Bytes::len);
+        let held = strip.held.as_ref().map_or(0, Bytes::len) + strip.held_comments.len();
         if strip.partial.len() + held > MAX_LINE_BYTES {
             strip.gave_up = true;
             meter_held(&mut self.tl, strip, t, on_gap);
-            if let Some(h) = strip.held.take() {
-                acc.piece(&frame, h);
-            }
+            let h = strip.held.take();
+            release(strip, h, &frame, &mut acc);
             let partial = std::mem::take(&mut strip.partial);
             acc.piece(&frame, partial.freeze());
         }
@@ -257,9 +280,8 @@ impl StreamMeter {
             if let Some((len, data)) = tl.repeat.repeats_event(rest) {
                 // An ordinary output event: what the template said, and it passes.
                 meter_held(tl, strip, t, on_gap);
-                if let Some(h) = strip.held.take() {
-                    acc.piece(frame, h);
-                }
+                let h = strip.held.take();
+                release(strip, h, frame, acc);
                 let info = *tl.repeat.info();
                 tl.one_look += 1;
                 tl.on_info(t, &info, &rest[data], on_gap);
@@ -285,41 +307,36 @@ impl StreamMeter {
             strip.partial.extend_from_slice(&frame[start..end]);
             Some(strip.partial.split().freeze())
         };
-        let dispatched = class.is_some();
-        let fate = match class.unwrap_or(Class::Other) {
-            Class::Other => {
-                if !dispatched {
-                    // A block without an event (comments) releases a held chunk too.
-                    meter_held(tl, strip, t, on_gap);
-                }
-                if let Some(h) = strip.held.take() {
-                    acc.piece(frame, h);
-                }
+        let fate = match class {
+            // A block without an event (comments) behind a held finish chunk waits with it.
+            None if strip.held.is_some() => {
+                let bytes = event.unwrap_or_else(|| frame.slice(start..end));
+                strip.held_comments.extend_from_slice(&bytes);
+                Fate::Held
+            }
+            None | Some(Class::Other) => {
+                let h = strip.held.take();
+                release(strip, h, frame, acc);
                 match event {
                     Some(e) => acc.piece(frame, e),
                     None => acc.range(frame, start, end),
                 }
                 Fate::Passed
             }
-            Class::Finish { has_fingerprint } => {
-                if let Some(h) = strip.held.take() {
-                    acc.piece(frame, h);
-                }
+            Some(Class::Finish { has_fingerprint }) => {
+                let h = strip.held.take();
+                release(strip, h, frame, acc);
                 strip.held = Some(event.unwrap_or_else(|| frame.slice(start..end)));
                 strip.held_has_fingerprint = has_fingerprint;
                 Fate::Held
             }
-            Class::Usage(fingerprint) => {
-                if let Some(h) = strip.held.take() {
-                    let fp = fingerprint.filter(|_| !strip.held_has_fingerprint);
-                    acc.piece(
-                        frame,
-                        match fp {
-                            Some(fp) => insert_fingerprint(&h, &fp),
-                            None => h,
-                        },
-                    );
-                }
+            Some(Class::Usage(fingerprint)) => {
+                let fp = fingerprint.filter(|_| !strip.held_has_fingerprint);
+                let h = strip.held.take().map(|h| match fp {
+                    Some(fp) => insert_fingerprint(&h, &fp),
+                    None => h,
+                });
+                release(strip, h, frame, acc);
                 Fate::Dropped
             }
         };
@@ -339,6 +356,9 @@ impl StreamMeter {
         meter_held(&mut self.tl, strip, t, &mut noop);
         if let Some(h) = strip.held.take() {
             out.push_back(h);
+        }
+        if !strip.held_comments.is_empty() {
+            out.push_back(strip.held_comments.split().freeze());
         }
         if !strip.partial.is_empty() {
             out.push_back(strip.partial.split().freeze());
@@ -362,9 +382,12 @@ fn judge(
         return Class::Other;
     }
     let (info, fingerprint) = tl.look(ev.data);
+    if info.kind == ChunkKind::Chunk && info.choice_count > 0 && info.usage.is_some() {
+        strip.engine_usage = true;
+    }
     let class = if info.kind != ChunkKind::Chunk {
         Class::Other
-    } else if info.choice_count == 0 && info.usage.is_some() {
+    } else if info.choice_count == 0 && info.usage.is_some() && !strip.engine_usage {
         Class::Usage(fingerprint_bytes(ev.data, fingerprint))
     } else if info.finished_count > 0 && info.usage.is_none() {
         Class::Finish {

@@ -314,16 +314,97 @@ fn a_held_finish_chunk_is_metered_when_the_client_gets_it() {
 }
 
 #[test]
-fn a_comment_between_the_finish_and_usage_chunks_releases_the_finish_chunk() {
+fn a_comment_between_the_finish_and_usage_chunks_waits_behind_the_finish_chunk() {
+    // Asked directly, the engine sends the finish chunk with its fingerprint, then the comment.
     let fin = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"},\"finish_reason\":\"stop\"}]}\n\n";
+    let fin_fp = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"},\"finish_reason\":\"stop\"}],\"system_fingerprint\":\"fp\"}\n\n";
     let usage = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1},\"system_fingerprint\":\"fp\"}\n\n";
-    let body = format!("{fin}: keep-alive\n\n{usage}data: [DONE]\n\n");
-    let out = strip_all(&[body.as_bytes()]);
-    assert_eq!(
-        String::from_utf8(out).unwrap(),
-        format!("{fin}: keep-alive\n\ndata: [DONE]\n\n"),
-        "the comment passes, the finish chunk unchanged (the fingerprint went to a later event)"
-    );
+    let body = format!("{fin}: keep-alive\n\n: keep-alive\n\n{usage}data: [DONE]\n\n");
+    let want = format!("{fin_fp}: keep-alive\n\n: keep-alive\n\ndata: [DONE]\n\n");
+    for frames in framings(body.as_bytes()) {
+        let (out, m) = strip_by(&frames, true);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            want,
+            "{} frames",
+            frames.len()
+        );
+        assert_eq!((m.completion_tokens, m.tokens_exact), (Some(1), true));
+    }
+    // A stream cut while they wait: everything held goes out unchanged, in order.
+    let cut = format!("{fin}: keep-alive\n\n");
+    assert_eq!(strip_all(&[cut.as_bytes()]), cut.as_bytes());
+}
+
+/// Every way of cutting `body` into frames the tests use: whole, per line, per byte.
+fn framings(body: &[u8]) -> Vec<Vec<&[u8]>> {
+    vec![
+        vec![body],
+        body.split_inclusive(|b| *b == b'\n').collect(),
+        body.chunks(1).collect(),
+    ]
+}
+
+#[test]
+fn keep_alive_comments_pass_in_place_around_a_stripped_usage_chunk() {
+    let (usage, plain) = chat_pair();
+    const KA: &str = ": keep-alive\n\n";
+    // Before the first event, between events, and between the finish chunk and the usage
+    // chunk (where the finish chunk is held): each comment stays where it was.
+    let put = |body: &[u8], before_last: &str| {
+        let text = std::str::from_utf8(body).unwrap();
+        let first = text.find("data: ").unwrap();
+        let second = first + text[first..].find("\n\n").unwrap() + 2;
+        let last = text.rfind(before_last).unwrap();
+        format!(
+            "{KA}{}{KA}{}{KA}{KA}{}",
+            &text[..second],
+            &text[second..last],
+            &text[last..]
+        )
+        .into_bytes()
+    };
+    let usage = put(&usage, "data: {\"id\":\"chatcmpl-a45afd70d01f6372\",\"object\":\"chat.completion.chunk\",\"created\":1795964150,\"model\":\"tiny\",\"choices\":[],");
+    let plain = put(&plain, "data: [DONE]");
+    for frames in framings(&usage) {
+        for fast in [true, false] {
+            assert_eq!(
+                String::from_utf8(strip_by(&frames, fast).0).unwrap(),
+                String::from_utf8(plain.clone()).unwrap(),
+                "{} frames, fast {fast}",
+                frames.len()
+            );
+        }
+    }
+    // The real queued stream: comments before the first event, nothing to strip.
+    let body = capture("options/keepalive-stream-chat-queued.txt").body;
+    for frames in framings(body) {
+        assert_eq!(strip_all(&frames), body);
+    }
+}
+
+#[test]
+fn an_engine_that_forces_usage_keeps_its_usage_chunk() {
+    // `--enable-force-include-usage`: the engine sends usage on every chunk and the final
+    // usage chunk whatever the request says, so the injected request gets exactly what the
+    // client would have got directly; nothing may be removed, and the count is exact.
+    for name in [
+        "options/force-stream-chat.txt",
+        "options/force-stream-chat-options-empty.txt",
+        "options/force-stream-completions.txt",
+        "options/force-stream-chat-logprobs-usage.txt",
+        "options/all-stream-chat.txt",
+        "options/all-stream-chat-queued.txt",
+    ] {
+        let body = capture(name).body;
+        for frames in framings(body) {
+            for fast in [true, false] {
+                let (out, m) = strip_by(&frames, fast);
+                assert_eq!(out, body, "{name}, {} frames, fast {fast}", frames.len());
+                assert!(m.tokens_exact, "{name}");
+            }
+        }
+    }
 }
 
 #[test]

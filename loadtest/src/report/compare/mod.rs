@@ -12,6 +12,7 @@ mod proxy_records;
 mod render;
 mod rows;
 mod tokens;
+mod ttft_split;
 
 #[cfg(test)]
 mod tests;
@@ -144,6 +145,10 @@ pub struct Comparison {
     /// Per phase, then `overall`: client completion tokens vs proxy and engine counters.
     #[serde(default)]
     pub tokens: Vec<TokenCheck>,
+    /// Where TTFT goes over the whole run (from the proxy's records), when engines reported
+    /// their per-request timings.
+    #[serde(default)]
+    pub ttft_split: Option<ttft_split::TtftWhere>,
     pub notes: Vec<String>,
 }
 
@@ -226,6 +231,7 @@ pub fn build(
     }
     if proxy_records.is_some() {
         c.joins.push(join("overall", &all, &by_id));
+        c.ttft_split = ttft_split::ttft_where(records, &by_id);
     }
     if !snaps.is_empty() {
         c.tokens.push(token_check(

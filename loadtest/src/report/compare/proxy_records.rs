@@ -13,6 +13,11 @@ pub struct ProxyRecord {
     pub tpot: Option<f64>,
     pub e2e: Option<f64>,
     pub completion_tokens: Option<u64>,
+    /// The TTFT split (proxy, engine queue, engine prefill, rest; seconds), when the engine
+    /// reported its timings, and whether its parts were cut to fit.
+    pub ttft_split: Option<[f64; 4]>,
+    pub split_clamped: bool,
+    pub engine_mean_itl: Option<f64>,
 }
 
 impl From<ProxyRequestRecord> for ProxyRecord {
@@ -25,6 +30,13 @@ impl From<ProxyRequestRecord> for ProxyRecord {
             tpot: r.measured.tpot.map(|d| d.as_secs_f64()),
             e2e: Some(r.measured.e2e.as_secs_f64()),
             completion_tokens: r.measured.completion_tokens,
+            ttft_split: r
+                .measured
+                .ttft_split()
+                .parts()
+                .map(|p| p.map(|d| d.as_secs_f64())),
+            split_clamped: r.measured.ttft_split().clamped,
+            engine_mean_itl: r.measured.engine_view().mean_itl.map(|d| d.as_secs_f64()),
         }
     }
 }

@@ -113,6 +113,9 @@ pub fn render_text(c: &Comparison) -> String {
                 .join(", ")
         );
     }
+    if let Some(w) = &c.ttft_split {
+        o.push_str(&super::ttft_split::text(w));
+    }
     for n in &c.notes {
         let _ = writeln!(o, "  note: {n}");
     }

@@ -201,6 +201,9 @@ fn reads_the_proxys_own_sink_records() {
             tpot: None,
             e2e: Some(0.9),
             completion_tokens: None,
+            ttft_split: None,
+            split_clamped: false,
+            engine_mean_itl: None,
         }]
     );
 }
