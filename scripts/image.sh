@@ -131,10 +131,12 @@ build() {
 
 # --- checks ---------------------------------------------------------------------------------
 containers=()
+# Newest first: a proxy container lives in its simulator's network namespace, and podman
+# refuses to remove the simulator while the proxy still uses it.
 cleanup() {
-    local c
-    for c in "${containers[@]}"; do
-        podman rm -f -t 2 "$c" >/dev/null 2>&1 || true
+    local i
+    for ((i = ${#containers[@]} - 1; i >= 0; i--)); do
+        podman rm -f -t 2 "${containers[i]}" >/dev/null 2>&1 || true
     done
 }
 trap cleanup EXIT
