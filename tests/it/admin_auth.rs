@@ -44,7 +44,20 @@ async fn proxy_with(
     cfg.admin.metrics_public = metrics_public;
     cfg.admin.trace = content;
     cfg.admin.records = content;
-    (start_proxy(cfg).await, sim)
+    let proxy = start_proxy(cfg).await;
+    // /readyz answers 503 until the first health probe of the upstream has passed (on a busy
+    // machine that can take a while): the tests below expect a ready proxy, so wait for it.
+    // /readyz is open whatever the token, so the wait itself checks nothing of the guard.
+    let mut ready = false;
+    for _ in 0..200 {
+        if status(&proxy, "/readyz", None).await.0 == StatusCode::OK {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(ready, "/readyz never turned 200 with a healthy upstream");
+    (proxy, sim)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
