@@ -480,9 +480,11 @@ pub fn compute_stats(
             into.extend(v);
         }
         let s = m.ttft_split();
-        if let Some(parts) = s.parts() {
+        if s.rest.is_some() {
+            // An engine without a queue time (llama.cpp) splits in three: no queue value.
+            let parts = [s.proxy, s.queue, s.prefill, s.rest];
             for (into, d) in split.iter_mut().zip(parts) {
-                into.push(secs(d));
+                into.extend(d.map(secs));
             }
             clamped += u64::from(s.clamped);
         }
