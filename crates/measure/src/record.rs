@@ -480,11 +480,11 @@ pub fn compute_stats(
             into.extend(v);
         }
         let s = m.ttft_split();
-        if s.rest.is_some() {
-            // An engine without a queue time (llama.cpp) splits in three: no queue value.
-            let parts = [s.proxy, s.queue, s.prefill, s.rest];
+        // Four parts only (an engine without a queue time, llama.cpp, is left out): the
+        // parts of the same requests, as on /metrics and the page.
+        if let Some(parts) = s.parts() {
             for (into, d) in split.iter_mut().zip(parts) {
-                into.extend(d.map(secs));
+                into.push(secs(d));
             }
             clamped += u64::from(s.clamped);
         }
