@@ -268,6 +268,17 @@ impl Scale {
                     headroom_tokens: estimate::headroom(ct, healthy, tps),
                     desired_replicas: desired,
                 };
+                // The hint's inputs, to see why it moved (`RUST_LOG=goodput_proxy::scale=debug`).
+                tracing::debug!(
+                    model = &**model,
+                    healthy,
+                    load_streams = streams,
+                    load_tokens_per_s = tps,
+                    capacity_streams = cs,
+                    capacity_tokens_per_s = ct,
+                    desired = desired,
+                    "scale estimate"
+                );
                 (model.clone(), e)
             })
             .collect();
