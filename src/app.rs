@@ -479,6 +479,7 @@ async fn scale_ticks(state: Arc<AppState>, scale: Arc<Scale>) {
                 healthy: r.is_healthy(),
                 in_flight: r.in_flight(),
                 tokens_in_flight: Some(r.route.tokens()),
+                tokens_sent: r.route.tokens_sent(),
             })
             .collect();
         scale.tick(now, &loads);

@@ -228,7 +228,6 @@ impl Finish {
                 rm.upstream(),
                 eligible,
                 v.good,
-                tokens,
                 end.checked_sub(m.e2e).unwrap_or(end),
                 end,
             );

@@ -45,6 +45,9 @@ pub struct ReplicaLoad {
     pub in_flight: usize,
     /// Estimated tokens (prompt + output) of those requests, when the balancer counts them.
     pub tokens_in_flight: Option<u64>,
+    /// Estimated tokens of every request sent there so far (a counter): its rate is the token
+    /// load the replica is offered.
+    pub tokens_sent: u64,
 }
 
 /// One model's estimate as of the last tick.
@@ -105,8 +108,8 @@ struct State {
     pending: HashMap<(Arc<str>, Arc<str>), Vec<Finished>>,
     /// Each replica's raw load at its recent ticks, oldest first.
     history: HashMap<Arc<str>, std::collections::VecDeque<(Instant, Smoothed)>>,
-    /// Tokens (prompt + output) finished since the last tick, per upstream.
-    tokens: HashMap<Arc<str>, u64>,
+    /// Each replica's `tokens_sent` at the last tick.
+    sent: HashMap<Arc<str>, u64>,
     replicas: HashMap<Arc<str>, Smoothed>,
     models: HashMap<Arc<str>, Model>,
     estimates: Vec<(Arc<str>, Estimate)>,
@@ -157,7 +160,6 @@ impl Scale {
         upstream: &Arc<str>,
         eligible: bool,
         good: bool,
-        tokens: u64,
         start: Instant,
         at: Instant,
     ) {
@@ -180,10 +182,11 @@ impl Scale {
             end: at,
             good,
         });
-        *st.tokens.entry(upstream.clone()).or_default() += tokens;
     }
 
-    /// One sample per replica: smooths each replica's load, feeds every model's curves with
+    /// One sample per replica: smooths each replica's load (requests in flight, and tokens
+    /// offered per second: what was sent, not what came out, since a saturated replica's
+    /// output stays flat, or falls, while its clients miss their SLOs), feeds every model's curves with
     /// what finished since the last tick (each request at the mean load its replica carried
     /// from its start to its end: the load it lived through, not the load when it ended), and
     /// estimates each model's headroom.
@@ -200,14 +203,16 @@ impl Scale {
         let dt_s = dt.as_secs_f64().max(1e-3);
         let alpha = (dt_s * 1e3 / self.config.load_window_ms as f64).min(1.0);
         let pending = std::mem::take(&mut st.pending);
-        let mut tokens = std::mem::take(&mut st.tokens);
+        let mut sent = std::mem::take(&mut st.sent);
         let mut smoothed: HashMap<Arc<str>, Smoothed> = HashMap::with_capacity(replicas.len());
         let mut history = std::mem::take(&mut st.history);
         history.retain(|u, _| replicas.iter().any(|r| &r.upstream == u));
         for r in replicas {
+            // A replica's counter starts at 0 when it joins.
+            let before = sent.remove(&r.upstream).unwrap_or(0);
             let raw = Smoothed {
                 streams: r.in_flight as f64,
-                tokens_per_s: tokens.remove(&r.upstream).unwrap_or(0) as f64 / dt_s,
+                tokens_per_s: r.tokens_sent.saturating_sub(before) as f64 / dt_s,
             };
             let s = match st.replicas.get(&r.upstream) {
                 Some(w) => Smoothed {
@@ -225,6 +230,10 @@ impl Scale {
         }
         st.replicas = smoothed;
         st.history = history;
+        st.sent = replicas
+            .iter()
+            .map(|r| (r.upstream.clone(), r.tokens_sent))
+            .collect();
         let memory = self.config.memory as f64;
         for ((model, upstream), done) in pending {
             let Some(h) = st.history.get(&upstream) else {

@@ -67,6 +67,9 @@ pub struct RouteState {
     pub id: prefix::ReplicaId,
     /// Estimated tokens (prompt + output) of this proxy's requests in flight there.
     tokens: AtomicU64,
+    /// Estimated tokens of every request ever sent there (a counter: its rate is the token
+    /// load offered to the replica, which keeps rising past saturation, unlike its output).
+    sent: AtomicU64,
     /// Recent SLO attainment, TTFT, TPOT of its requests.
     pub stats: goodput::ReplicaStats,
 }
@@ -77,12 +80,18 @@ impl RouteState {
         RouteState {
             id: NEXT.fetch_add(1, Ordering::Relaxed),
             tokens: AtomicU64::new(0),
+            sent: AtomicU64::new(0),
             stats: goodput::ReplicaStats::default(),
         }
     }
 
     pub fn tokens(&self) -> u64 {
         self.tokens.load(Ordering::Relaxed)
+    }
+
+    /// Estimated tokens of all requests sent there so far.
+    pub fn tokens_sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
     }
 }
 
@@ -199,6 +208,7 @@ impl Replica {
     pub fn start_tokens(self: &Arc<Self>, tokens: u64) -> InFlightGuard {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         self.route.tokens.fetch_add(tokens, Ordering::Relaxed);
+        self.route.sent.fetch_add(tokens, Ordering::Relaxed);
         InFlightGuard(self.clone(), tokens)
     }
 
