@@ -480,6 +480,7 @@ async fn scale_ticks(state: Arc<AppState>, scale: Arc<Scale>) {
                 in_flight: r.in_flight(),
                 tokens_in_flight: Some(r.route.tokens()),
                 tokens_sent: r.route.tokens_sent(),
+                tokens_pending: Some(r.route.tokens_pending()),
             })
             .collect();
         scale.tick(now, &loads);

@@ -12,6 +12,10 @@ fn load(upstream: &str, in_flight: usize, sent: u64) -> ReplicaLoad {
         in_flight,
         tokens_in_flight: Some(in_flight as u64 * 100),
         tokens_sent: sent,
+        tokens_pending: Some(TokensPending {
+            prefill: in_flight as u64 * 60,
+            decode: in_flight as u64 * 40,
+        }),
     }
 }
 
@@ -126,6 +130,15 @@ fn headroom_is_absent_until_the_limit_is_seen_then_follows_the_load() {
         series(&r, "goodput_proxy_upstream_tokens_in_flight"),
         [("u0".into(), 200.0), ("u1".into(), 200.0)]
     );
+    assert_eq!(
+        series(&r, "goodput_proxy_upstream_tokens_pending"),
+        [
+            ("decode,u0".into(), 80.0),
+            ("decode,u1".into(), 80.0),
+            ("prefill,u0".into(), 120.0),
+            ("prefill,u1".into(), 120.0)
+        ]
+    );
     // A replica that leaves loses its series.
     now += Duration::from_secs(1);
     sc.tick(now, &[load("u0", 1, sent)]);
@@ -133,6 +146,10 @@ fn headroom_is_absent_until_the_limit_is_seen_then_follows_the_load() {
     assert_eq!(
         series(&r, "goodput_proxy_upstream_tokens_in_flight"),
         [("u0".into(), 100.0)]
+    );
+    assert_eq!(
+        series(&r, "goodput_proxy_upstream_tokens_pending"),
+        [("decode,u0".into(), 40.0), ("prefill,u0".into(), 60.0)]
     );
 }
 

@@ -634,6 +634,14 @@ impl StreamMeter {
         self.tl.on_usage(usage);
     }
 
+    /// Output tokens served so far: the engine's running `usage.completion_tokens` when it
+    /// sends one, else the tokens of the output events (whichever is more); `None` before the
+    /// first output token (the request is still waiting or in prefill).
+    pub fn output_so_far(&self) -> Option<u64> {
+        self.tl.t_first_token?;
+        Some(self.tl.usage_completion.unwrap_or(0).max(self.tl.counted_tokens))
+    }
+
     /// The request is over at `t_end` for the reason `ending`.
     pub fn finish(&mut self, t_end: Instant, ending: Ending) -> Measurement {
         let t0 = self.tl.t0;
