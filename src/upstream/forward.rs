@@ -27,16 +27,21 @@ use super::{Replica, TokenProgress, Upstreams};
 use crate::body::ProxyBody;
 use crate::context::{ConnInfo, RequestContext, X_GOODPUT_TRACE, X_REQUEST_ID};
 use crate::error::ProxyError;
+use crate::layer::usage::{OfferTaken, UsageOffer};
 
 /// Which replica served a response (a response extension, read by the access log and meter).
 #[derive(Debug, Clone)]
 pub struct ServedBy(pub Arc<str>);
 
-/// How the replica that answered was chosen (a response extension, read by the recorder):
-/// it feeds the replica's measured goodput and the record's route fields.
+/// How the replica that answered was chosen, and when the request went to it (a response
+/// extension, read by the recorder): it feeds the replica's measured goodput, the record's
+/// route fields and the proxy's part of the TTFT split.
 #[derive(Debug, Clone)]
 pub struct Routed {
     pub replica: Arc<Replica>,
+    /// When the attempt that answered was handed to the upstream client: the end of the
+    /// proxy's own time (body read, balancing, any earlier attempts).
+    pub sent: tokio::time::Instant,
     pub reason: Reason,
     /// Every replica tried, in order (the last one answered).
     pub attempts: Vec<Arc<str>>,
@@ -81,7 +86,9 @@ async fn forward(
     forwarded: Forwarded,
     req: Request<Bytes>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
+    // The body with usage injected, sent only to a replica whose engine takes it.
+    let offer = parts.extensions.remove::<UsageOffer>();
     let headers = || {
         let mut headers = upstream_headers(&parts, forwarded);
         if let Some(key) = &up.config.authorization {
@@ -116,14 +123,18 @@ async fn forward(
         let uri = replica
             .uri_for(path_and_query)
             .map_err(|e| ProxyError::Upstream { source: e.into() })?;
-        let mut out = Request::new(Full::new(body.clone()));
+        let injected = offer
+            .as_ref()
+            .filter(|_| crate::engine::streams::injects_usage(replica.engine_kind()));
+        let mut out = Request::new(Full::new(injected.map_or(&body, |o| &o.0).clone()));
         *out.method_mut() = parts.method.clone();
         *out.uri_mut() = uri;
         *out.version_mut() = Version::HTTP_11;
         // Built again for the rare second attempt rather than cloned for every first one.
         *out.headers_mut() = headers();
 
-        let first_byte_by = tokio::time::Instant::now() + first_byte;
+        let sent = tokio::time::Instant::now();
+        let first_byte_by = sent + first_byte;
         let result = tokio::time::timeout_at(first_byte_by, up.client.request(out)).await;
         let resp = match result {
             Err(_) => {
@@ -186,9 +197,13 @@ async fn forward(
         } else {
             body.boxed_unsync()
         };
+        if injected.is_some() {
+            rparts.extensions.insert(OfferTaken);
+        }
         rparts.extensions.insert(ServedBy(replica.url.clone()));
         rparts.extensions.insert(Routed {
             replica: replica.clone(),
+            sent,
             reason: choice.reason,
             attempts,
             shape,
