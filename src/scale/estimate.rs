@@ -351,7 +351,10 @@ mod tests {
         c.observe(2.0, 100, 100);
         c.observe(4.0, 0, 100);
         let cap = c.capacity(TARGET, MIN).unwrap_or(0.0);
-        assert!(cap > c.middle(c.bin_of(2.0)) && cap < c.middle(c.bin_of(4.0)), "{cap}");
+        assert!(
+            cap > c.middle(c.bin_of(2.0)) && cap < c.middle(c.bin_of(4.0)),
+            "{cap}"
+        );
         // The same load now meets its SLOs: `memory` new requests replace the old ones, and
         // the limit is no longer seen there.
         for _ in 0..6 {

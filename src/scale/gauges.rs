@@ -147,7 +147,10 @@ impl Gauges {
             return;
         };
         let phases = [TokenPhase::Prefill, TokenPhase::Decode];
-        for gone in set.iter().filter(|u| !tokens.iter().any(|t| &t.upstream == *u)) {
+        for gone in set
+            .iter()
+            .filter(|u| !tokens.iter().any(|t| &t.upstream == *u))
+        {
             let _ = self.tokens_in_flight.remove_label_values(&[gone]);
             for phase in phases {
                 self.tokens_pending.remove(&PendingTokens {
@@ -158,7 +161,9 @@ impl Gauges {
         }
         for t in tokens {
             let u = &*t.upstream;
-            self.tokens_in_flight.with_label_values(&[u]).set(t.tokens as f64);
+            self.tokens_in_flight
+                .with_label_values(&[u])
+                .set(t.tokens as f64);
             for phase in phases {
                 let n = t.pending.map(|p| match phase {
                     TokenPhase::Prefill => p.prefill,

@@ -144,7 +144,10 @@ async fn pending_tokens_move_from_prefill_to_decode() {
     );
     // Prefill never comes back once it was gone, and decode only falls.
     let first_decoding = seen.iter().position(|&(p, _)| p == 0.0).unwrap_or(0);
-    assert!(seen[first_decoding..].iter().all(|&(p, _)| p == 0.0), "{seen:?}");
+    assert!(
+        seen[first_decoding..].iter().all(|&(p, _)| p == 0.0),
+        "{seen:?}"
+    );
     assert!(seen.windows(2).all(|w| w[1].1 <= w[0].1), "{seen:?}");
     // Ended: nothing pending (polled: the tick sets the gauge).
     let deadline = tokio::time::Instant::now() + SLOW;
@@ -153,7 +156,10 @@ async fn pending_tokens_move_from_prefill_to_decode() {
         if pending(&page, "prefill") == Some(0.0) && pending(&page, "decode") == Some(0.0) {
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "still pending:\n{page}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still pending:\n{page}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -688,7 +688,12 @@ impl StreamMeter {
     /// first output token (the request is still waiting or in prefill).
     pub fn output_so_far(&self) -> Option<u64> {
         self.tl.t_first_token?;
-        Some(self.tl.usage_completion.unwrap_or(0).max(self.tl.counted_tokens))
+        Some(
+            self.tl
+                .usage_completion
+                .unwrap_or(0)
+                .max(self.tl.counted_tokens),
+        )
     }
 
     /// The request is over at `t_end` for the reason `ending`.
