@@ -218,10 +218,10 @@ impl Scale {
         });
     }
 
-    /// One sample per replica: smooths each replica's load (requests in flight, and tokens
-    /// offered per second: what was sent, not what came out, since a saturated replica's
-    /// output stays flat, or falls, while its clients miss their SLOs), feeds every model's curves with
-    /// what finished since the last tick (each request at the mean load its replica carried
+    /// One sample per replica: smooths each replica's load in every [`Unit`] (what it holds:
+    /// requests, prompt tokens to prefill, output tokens to decode; and the tokens it was
+    /// offered per second, a flow: what was sent, not what came out), feeds every model's
+    /// curves with what finished since the last tick (each request at the mean load its replica carried
     /// from its start to its end: the load it lived through, not the load when it ended), and
     /// estimates each model's headroom.
     pub fn tick(&self, now: Instant, replicas: &[ReplicaLoad]) {
