@@ -23,12 +23,11 @@ use super::headers::{connection_named, is_hop_by_hop, strip_hop_by_hop, Forwarde
 use super::hold::{self, Prefixed};
 use super::shape::Shape;
 use super::strategy::{Cand, Reason};
+use super::usage::{usage_for, LearnsUnasked, OfferTaken, Usage, UsageOffer};
 use super::{Replica, TokenProgress, Upstreams};
 use crate::body::ProxyBody;
 use crate::context::{ConnInfo, RequestContext, X_GOODPUT_TRACE, X_REQUEST_ID};
-use crate::engine::streams::{usage_for, Usage};
 use crate::error::ProxyError;
-use crate::layer::usage::{LearnsUnasked, OfferTaken, UsageOffer};
 
 /// Which replica served a response (a response extension, read by the access log and meter).
 #[derive(Debug, Clone)]

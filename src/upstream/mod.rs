@@ -10,6 +10,7 @@ pub mod prefix;
 pub mod shape;
 pub mod strategy;
 pub mod tls;
+pub mod usage;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
@@ -24,7 +25,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tower::util::BoxCloneSyncService;
 
 use crate::config::{EngineKind, UpstreamConfig};
-use crate::engine::streams::Unasked;
+use usage::Unasked;
 
 pub use forward::Forward;
 
@@ -59,7 +60,7 @@ pub struct Replica {
     engine: EngineCell,
     /// The engine it runs, configured or told from its `/metrics` (0: not known yet, else the
     /// index in [`EngineKind::ALL`] + 1): what the proxy may change in its requests depends on
-    /// how that engine streams (`engine::streams`).
+    /// how that engine streams (`upstream::usage`).
     kind: AtomicU8,
     /// Whether its engine adds usage unasked (the index in [`Unasked::ALL`]).
     usage_unasked: AtomicU8,
