@@ -406,7 +406,7 @@ fn judge(
             tl.log.clear();
             meter_held(tl, strip, t, on_gap);
             if let (Class::Usage(_), Some(u)) = (&class, info.usage) {
-                tl.on_usage(u);
+                tl.on_usage(u, true); // a `"choices":[]` chunk: the request's usage
             }
         }
     }
