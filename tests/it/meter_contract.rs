@@ -392,9 +392,15 @@ async fn packed_choices_count_their_tokens_from_continuous_usage() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_stall_slo_is_part_of_goodput_only_when_set() {
-    let sim = start_sim(SimConfig::with_timing(5.0, 5.0)).await;
+    let sim = start_sim(SimConfig {
+        models: vec!["tiny".into(), "loose".into()],
+        ..SimConfig::with_timing(5.0, 5.0)
+    })
+    .await;
     let (mut config, sink) = meter_config_with_sink(&sim.base_url(), "stall-slo");
     config.slo.max_stall_ms = goodput_proxy::config::raw::Limit::Ms(300);
+    // A stalled stream's TPOT is long too: only the stall SLO is judged here.
+    config.slo.tpot_ms = goodput_proxy::config::raw::Limit::None;
     // The other model keeps the default: stalls not judged.
     config.slo.models.insert(
         "loose".into(),
