@@ -9,7 +9,6 @@
 pub mod parse;
 pub mod scrape;
 pub mod signals;
-pub mod streams;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -48,6 +47,14 @@ impl EngineReplica {
         if let Some(kind) = configured {
             // Known before the first scrape (and without scraping).
             replica.set_engine_kind(kind);
+        }
+        let url = replica.url.trim_end_matches('/');
+        if config
+            .usage_unasked
+            .iter()
+            .any(|u| u.trim_end_matches('/') == url)
+        {
+            replica.set_usage_unasked(crate::upstream::usage::Unasked::Configured);
         }
         Self {
             replica: replica.clone(),

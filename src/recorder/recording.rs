@@ -15,6 +15,8 @@ use crate::error::ProxyError;
 use crate::metrics::RequestMetrics;
 use crate::upstream::deadline::DeadlineError;
 use crate::upstream::forward::{Routed, ServedBy};
+use crate::upstream::usage::LearnsUnasked;
+use crate::upstream::usage::Unasked;
 use goodput_measure::meter::{Measurement, StreamMeter};
 use goodput_measure::outcome::{rejected_by_client, Ending, Outcome};
 use goodput_measure::record::RequestRecord;
@@ -55,6 +57,8 @@ pub struct Finish {
     upstream: Option<Arc<str>>,
     /// How the replica that answered was chosen (absent when none did).
     routed: Option<Routed>,
+    /// The stream was left alone to learn whether its engine adds usage unasked.
+    learns_unasked: bool,
 }
 
 impl Recording {
@@ -142,6 +146,7 @@ impl Open {
             started,
             upstream: None,
             routed: None,
+            learns_unasked: false,
         }
     }
 
@@ -160,6 +165,7 @@ impl Open {
         let tools = facts.and_then(|f| f.tools.clone());
         finish.upstream = parts.extensions.get::<ServedBy>().map(|s| s.0.clone());
         finish.routed = parts.extensions.remove::<Routed>();
+        finish.learns_unasked = parts.extensions.get::<LearnsUnasked>().is_some();
         // The proxy's own time: t0 until forwarding handed the attempt that answered to the
         // upstream client (its part of the TTFT split).
         let proxy_time = finish
@@ -256,6 +262,16 @@ impl Finish {
                         secs(rec.measured.ttft),
                         secs(rec.measured.tpot),
                     );
+                }
+                if self.learns_unasked && rec.measured.outcome == Outcome::Success {
+                    // The client asked for no usage and got the engine's stream as it came:
+                    // usage in it (exact tokens) was the engine's own.
+                    let learned = if rec.measured.tokens_exact {
+                        Unasked::Yes
+                    } else {
+                        Unasked::No
+                    };
+                    r.replica.set_usage_unasked(learned);
                 }
                 let mut attempts = r.attempts;
                 attempts.pop();

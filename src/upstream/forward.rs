@@ -23,11 +23,11 @@ use super::headers::{connection_named, is_hop_by_hop, strip_hop_by_hop, Forwarde
 use super::hold::{self, Prefixed};
 use super::shape::Shape;
 use super::strategy::{Cand, Reason};
+use super::usage::{usage_for, LearnsUnasked, OfferTaken, Usage, UsageOffer};
 use super::{Replica, Upstreams};
 use crate::body::ProxyBody;
 use crate::context::{ConnInfo, RequestContext, X_GOODPUT_TRACE, X_REQUEST_ID};
 use crate::error::ProxyError;
-use crate::layer::usage::{OfferTaken, UsageOffer};
 
 /// Which replica served a response (a response extension, read by the access log and meter).
 #[derive(Debug, Clone)]
@@ -120,9 +120,8 @@ async fn forward(
         let uri = replica
             .uri_for(path_and_query)
             .map_err(|e| ProxyError::Upstream { source: e.into() })?;
-        let injected = offer
-            .as_ref()
-            .filter(|_| crate::engine::streams::injects_usage(replica.engine_kind()));
+        let usage = usage_for(replica.engine_kind(), replica.usage_unasked());
+        let injected = offer.as_ref().filter(|_| usage == Usage::Inject);
         let mut out = Request::new(Full::new(injected.map_or(&body, |o| &o.0).clone()));
         *out.method_mut() = parts.method.clone();
         *out.uri_mut() = uri;
@@ -196,6 +195,8 @@ async fn forward(
         };
         if injected.is_some() {
             rparts.extensions.insert(OfferTaken);
+        } else if offer.is_some() && usage == Usage::Learn {
+            rparts.extensions.insert(LearnsUnasked);
         }
         rparts.extensions.insert(ServedBy(replica.url.clone()));
         rparts.extensions.insert(Routed {

@@ -10,6 +10,7 @@ pub mod prefix;
 pub mod shape;
 pub mod strategy;
 pub mod tls;
+pub mod usage;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
@@ -24,6 +25,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tower::util::BoxCloneSyncService;
 
 use crate::config::{EngineKind, UpstreamConfig};
+use usage::Unasked;
 
 pub use forward::Forward;
 
@@ -58,8 +60,10 @@ pub struct Replica {
     engine: EngineCell,
     /// The engine it runs, configured or told from its `/metrics` (0: not known yet, else the
     /// index in [`EngineKind::ALL`] + 1): what the proxy may change in its requests depends on
-    /// how that engine streams (`engine::streams`).
+    /// how that engine streams (`upstream::usage`).
     kind: AtomicU8,
+    /// Whether its engine adds usage unasked (the index in [`Unasked::ALL`]).
+    usage_unasked: AtomicU8,
     /// The balancer's view: identity in the prefix index, tokens in flight, what clients got.
     pub route: RouteState,
 }
@@ -155,6 +159,7 @@ impl Replica {
             healthy: AtomicBool::new(false),
             engine: EngineCell::new(),
             kind: AtomicU8::new(0),
+            usage_unasked: AtomicU8::new(0),
             route: RouteState::new(),
         })
     }
@@ -203,6 +208,27 @@ impl Replica {
             .position(|k| *k == kind)
             .map_or(0, |i| i + 1);
         self.kind.store(i as u8, Ordering::Relaxed);
+    }
+
+    /// Whether its engine adds usage to streams unasked, as configured or learned.
+    pub fn usage_unasked(&self) -> Unasked {
+        let i = usize::from(self.usage_unasked.load(Ordering::Relaxed));
+        Unasked::ALL.get(i).copied().unwrap_or(Unasked::Unknown)
+    }
+
+    /// Set from the configuration ([`Unasked::Configured`]), or learned from a stream the
+    /// proxy left alone; a configured answer is never replaced.
+    pub fn set_usage_unasked(&self, v: Unasked) {
+        let i = Unasked::ALL.iter().position(|u| *u == v).unwrap_or(0) as u8;
+        let configured = Unasked::ALL
+            .iter()
+            .position(|u| *u == Unasked::Configured)
+            .unwrap_or(0) as u8;
+        let _ = self
+            .usage_unasked
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                (old != configured).then_some(i)
+            });
     }
 
     /// Requests waiting in the engine's own queue, as last scraped (0 when unknown).
