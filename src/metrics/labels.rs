@@ -124,6 +124,7 @@ pub enum SloName {
     Tpot,
     E2e,
     ToolCalls,
+    Stall,
 }
 
 impl SloName {
@@ -133,6 +134,7 @@ impl SloName {
             SloName::Tpot => "tpot",
             SloName::E2e => "e2e",
             SloName::ToolCalls => "tool_calls",
+            SloName::Stall => "stall",
         }
     }
 }

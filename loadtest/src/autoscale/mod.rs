@@ -121,6 +121,7 @@ fn slo() -> Slo {
         ttft: Some(Duration::from_millis(250)),
         tpot: Some(Duration::from_millis(50)),
         e2e: Some(Duration::from_secs(5)),
+        max_stall: None,
         valid_tool_calls: false,
     }
 }
