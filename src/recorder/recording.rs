@@ -203,6 +203,11 @@ impl Open {
 pub struct UsageInjected;
 
 impl Finish {
+    /// The request's share of its replica's pending work (absent when no replica answered).
+    pub(super) fn progress(&self) -> Option<Arc<crate::upstream::TokenProgress>> {
+        self.routed.as_ref().map(|r| r.progress.clone())
+    }
+
     /// The request's record: metrics, the tenant's token budget, sinks and the ring.
     pub fn record(self, m: Measurement) {
         let Started {
@@ -235,7 +240,6 @@ impl Finish {
                 rm.upstream(),
                 eligible,
                 v.good,
-                tokens,
                 end.checked_sub(m.e2e).unwrap_or(end),
                 end,
             );

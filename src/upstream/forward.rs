@@ -24,7 +24,7 @@ use super::hold::{self, Prefixed};
 use super::shape::Shape;
 use super::strategy::{Cand, Reason};
 use super::usage::{usage_for, LearnsUnasked, OfferTaken, Usage, UsageOffer};
-use super::{Replica, Upstreams};
+use super::{Replica, TokenProgress, Upstreams};
 use crate::body::ProxyBody;
 use crate::context::{ConnInfo, RequestContext, X_GOODPUT_TRACE, X_REQUEST_ID};
 use crate::error::ProxyError;
@@ -47,6 +47,8 @@ pub struct Routed {
     pub attempts: Vec<Arc<str>>,
     /// The request as the balancer read it (for learning from the engine's `cached_tokens`).
     pub shape: Shape,
+    /// Its share of the replica's pending work, told as its output is served.
+    pub progress: Arc<TokenProgress>,
 }
 
 /// Forwards a collected request to one replica.
@@ -116,7 +118,8 @@ async fn forward(
         let idx = choice.idx;
         let replica = &replicas[idx];
         attempts.push(replica.url.clone());
-        let guard = replica.start_tokens(shape.tokens());
+        let guard = replica.start_tokens(shape.prompt_tokens, shape.output_tokens);
+        let progress = guard.progress();
         let uri = replica
             .uri_for(path_and_query)
             .map_err(|e| ProxyError::Upstream { source: e.into() })?;
@@ -205,6 +208,7 @@ async fn forward(
             reason: choice.reason,
             attempts,
             shape,
+            progress,
         });
         return Ok(Response::from_parts(rparts, body));
     }
