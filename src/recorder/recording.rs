@@ -256,6 +256,12 @@ impl Finish {
                         secs(rec.measured.tpot),
                     );
                 }
+                if let (Some(cached), Some(prompt)) = (
+                    rec.measured.engine_view().cached_prompt_tokens,
+                    rec.measured.prompt_tokens,
+                ) {
+                    r.learn(cached, prompt);
+                }
                 let mut attempts = r.attempts;
                 attempts.pop();
                 rec.with_route(r.reason, attempts)

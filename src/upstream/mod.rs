@@ -241,8 +241,9 @@ pub struct Upstreams {
     configured: usize,
     pub client: UpstreamClient,
     pub config: UpstreamConfig,
-    /// The replica choice (`[balance]`).
-    pub balancer: strategy::Balancer,
+    /// The replica choice (`[balance]`); shared with the responses it routed, which teach its
+    /// prefix index what the engines held.
+    pub balancer: Arc<strategy::Balancer>,
 }
 
 /// What one discovery round changed.
@@ -283,7 +284,7 @@ impl Upstreams {
             configured: replicas.len(),
             replicas: RwLock::new(replicas.into()),
             client: build_client(config, connector),
-            balancer: strategy::Balancer::new(config.balance.clone()),
+            balancer: Arc::new(strategy::Balancer::new(config.balance.clone())),
             config: config.clone(),
         })
     }
