@@ -349,7 +349,9 @@ mod tests {
         };
         let attempts = Arc::default();
         let connector = refusing(&config, refuse, &attempts);
-        let up = Arc::new(Upstreams::with_connector(&config, connector).unwrap());
+        let up = Arc::new(
+            Upstreams::with_connector(&config, connector, &prometheus::Registry::new()).unwrap(),
+        );
         let req = Request::post("/v1/completions")
             .body(Bytes::from("{}"))
             .unwrap();

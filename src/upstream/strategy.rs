@@ -22,12 +22,13 @@
 
 use std::sync::Mutex;
 
-use prometheus::{IntCounter, IntCounterVec, Opts};
+use prometheus::IntCounter;
 use rand::Rng;
 
 use super::prefix::{PrefixIndex, ReplicaId};
 use super::shape::Shape;
 use crate::config::{BalanceConfig, Strategy};
+use crate::metrics::{Counters, Registrar};
 
 /// Why a replica was chosen (the `reason` label of `goodput_proxy_route_decisions_total` and
 /// the record's `route_reason`).
@@ -194,33 +195,28 @@ pub fn decide<R: Rng + ?Sized>(
 pub struct Balancer {
     pub cfg: BalanceConfig,
     index: Mutex<PrefixIndex>,
-    /// `goodput_proxy_route_decisions_total{reason}` (registered by the app).
-    pub decisions: IntCounterVec,
-    by_reason: [IntCounter; Reason::ALL.len()],
+    /// `goodput_proxy_route_decisions_total`, one series per reason resolved once (every
+    /// reason exists from the start, at 0): counting a decision is one atomic add.
+    decisions: [IntCounter; Reason::ALL.len()],
 }
 
 impl Balancer {
-    pub fn new(cfg: BalanceConfig) -> Self {
-        let decisions = IntCounterVec::new(
-            Opts::new(
-                "goodput_proxy_route_decisions_total",
-                "Replica choices by the balancer, by why the replica was chosen (each attempt of a retried request counts).",
-            ),
-            &["reason"],
-        )
-        .unwrap_or_else(|e| unreachable!("a valid family: {e}"));
-        let by_reason = Reason::ALL.map(|r| decisions.with_label_values(&[r.as_str()]));
-        Balancer {
+    /// The balancer of `cfg`, its decision family registered with `r`.
+    pub fn new(cfg: BalanceConfig, r: &Registrar) -> Result<Self, prometheus::Error> {
+        let family: Counters<Reason> = r.counters(
+            "goodput_proxy_route_decisions_total",
+            "Replica choices by the balancer, by why the replica was chosen (each attempt of a retried request counts).",
+        )?;
+        Ok(Balancer {
             index: Mutex::new(PrefixIndex::new(cfg.prefix_index_blocks)),
             cfg,
-            decisions,
-            by_reason,
-        }
+            decisions: Reason::ALL.map(|reason| family.get(&reason)),
+        })
     }
 
     /// Counts one decision.
     pub fn count(&self, reason: Reason) {
-        self.by_reason[reason as usize].inc();
+        self.decisions[reason as usize].inc();
     }
 
     fn uses_prefix(&self) -> bool {
@@ -327,6 +323,10 @@ mod tests {
             kv: Some(0.1),
             attainment: 1.0,
         }
+    }
+
+    fn balancer(cfg: BalanceConfig) -> Balancer {
+        Balancer::new(cfg, &Registrar::new(&prometheus::Registry::new())).unwrap()
     }
 
     fn cfg(strategy: Strategy) -> BalanceConfig {
@@ -670,7 +670,7 @@ mod tests {
 
     #[test]
     fn the_balancer_learns_prefixes_and_what_the_engines_evicted() {
-        let b = Balancer::new(cfg(Strategy::Prefix));
+        let b = balancer(cfg(Strategy::Prefix));
         let cands = [cand(10, 0), cand(11, 0), cand(12, 0), cand(13, 0)];
         // While only replica 10 is healthy, every prompt goes there.
         let solo: Vec<Cand> = cands
@@ -726,7 +726,7 @@ mod tests {
         }
         // Nothing was expected: nothing to learn; p2c keeps no index.
         assert!(!b.learn(&s, &Belief::default(), 0, 500));
-        let p2c = Balancer::new(cfg(Strategy::P2c));
+        let p2c = balancer(cfg(Strategy::P2c));
         assert!(!p2c.learn(&s, &belief, 0, 500));
         // The engine had lost the prompt: the index forgets it there with everything older
         // (the request that found it missing was recorded anew: that prompt stays), and keeps
@@ -750,5 +750,31 @@ mod tests {
         let (stale, belief) = choose(&older);
         assert_eq!(stale.reason, Reason::LeastLoad, "forgotten");
         assert_eq!(belief, Belief::default());
+    }
+
+    #[test]
+    fn every_decision_reason_is_a_series_from_the_start() {
+        let registry = prometheus::Registry::new();
+        let b = Balancer::new(cfg(Strategy::Auto), &Registrar::new(&registry)).unwrap();
+        b.count(Reason::PrefixHit);
+        b.count(Reason::PrefixHit);
+        let mut text = Vec::new();
+        prometheus::Encoder::encode(
+            &prometheus::TextEncoder::new(),
+            &registry.gather(),
+            &mut text,
+        )
+        .unwrap();
+        let text = String::from_utf8(text).unwrap();
+        for r in Reason::ALL {
+            let n = if r == Reason::PrefixHit { 2 } else { 0 };
+            let line = format!(
+                "goodput_proxy_route_decisions_total{{reason=\"{}\"}} {n}\n",
+                r.as_str()
+            );
+            assert!(text.contains(&line), "{line} in {text}");
+        }
+        // Declared once: a second balancer on the same registry is refused.
+        assert!(Balancer::new(cfg(Strategy::Auto), &Registrar::new(&registry)).is_err());
     }
 }
