@@ -174,5 +174,5 @@ label_set!(EngineOf<'static>, ["upstream", "kind"], |s| [
     s.kind.as_str()
 ]);
 
-/// Why the balancer chose a replica (a closed enum): `goodput_proxy_route_decisions_total`.
+// Why the balancer chose a replica (a closed enum): `goodput_proxy_route_decisions_total`.
 label_set!(RouteReason, ["reason"], |s| [s.as_str()]);
