@@ -110,11 +110,12 @@ impl MeteredBody {
                 // Finished already (cannot happen before `done`): pass the rest through.
                 return Poll::Ready(polled);
             };
-            let Active { meter, itl, .. } = a;
+            let Active { meter, itl, finish } = a;
             match polled {
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) => {
                         meter.on_upstream_frame(t, data, &mut s.out, |g| itl.observe(g));
+                        finish.progress(meter.output_tokens());
                         continue;
                     }
                     // Trailers end the body: what the meter holds goes out first.
@@ -163,6 +164,8 @@ impl Body for MeteredBody {
                 if let Some(data) = frame.data_ref() {
                     let itl = &mut a.itl;
                     a.meter.on_frame(Instant::now(), data, |g| itl.observe(g));
+                    // The replica's load in tokens follows what the stream has shown.
+                    a.finish.progress(a.meter.output_tokens());
                 }
             }
             Some(Err(e)) => this.finish(body_error_ending(e)),

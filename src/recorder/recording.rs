@@ -196,6 +196,13 @@ impl Open {
 pub struct UsageInjected;
 
 impl Finish {
+    /// The stream has shown `tokens` output tokens so far (see [`Routed::progress`]).
+    pub(super) fn progress(&mut self, tokens: u64) {
+        if let Some(r) = self.routed.as_mut() {
+            r.progress(tokens);
+        }
+    }
+
     /// The request's record: metrics, the tenant's token budget, sinks and the ring.
     pub fn record(self, m: Measurement) {
         let Started {

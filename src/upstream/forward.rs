@@ -23,7 +23,7 @@ use super::headers::{connection_named, is_hop_by_hop, strip_hop_by_hop, Forwarde
 use super::hold::{self, Prefixed};
 use super::shape::Shape;
 use super::strategy::{Balancer, Belief, Cand, Reason};
-use super::{Replica, Upstreams};
+use super::{OutputLoad, Replica, Upstreams};
 use crate::body::ProxyBody;
 use crate::context::{ConnInfo, RequestContext, X_GOODPUT_TRACE, X_REQUEST_ID};
 use crate::error::ProxyError;
@@ -45,9 +45,23 @@ pub struct Routed {
     pub shape: Shape,
     pub belief: Belief,
     pub balancer: Arc<Balancer>,
+    /// The request's output tokens still counted in the replica's load.
+    pub output: OutputLoad,
+    /// Output tokens the stream has shown so far (what `output` was told).
+    shown: u64,
 }
 
 impl Routed {
+    /// The stream has shown `tokens` output tokens in all (the meter's count): the replica's
+    /// load keeps only what may remain. Per event: a comparison, and an atomic add when the
+    /// count grew.
+    pub fn progress(&mut self, tokens: u64) {
+        if tokens > self.shown {
+            self.output.shown(tokens - self.shown);
+            self.shown = tokens;
+        }
+    }
+
     /// The engine reported `cached_tokens` of `prompt_tokens` prompt tokens served from its
     /// prefix cache: the balancer's index learns what the replica really held.
     pub fn learn(&self, cached_tokens: u64, prompt_tokens: u64) {
@@ -122,7 +136,8 @@ async fn forward(
         let idx = choice.idx;
         let replica = &replicas[idx];
         attempts.push(replica.url.clone());
-        let guard = replica.start_tokens(shape.tokens());
+        let guard = replica.start_tokens(shape.prompt_tokens);
+        let output = replica.start_output(shape.output_tokens);
         let uri = replica
             .uri_for(path_and_query)
             .map_err(|e| ProxyError::Upstream { source: e.into() })?;
@@ -204,6 +219,8 @@ async fn forward(
             shape,
             belief,
             balancer: up.balancer.clone(),
+            output,
+            shown: 0,
         });
         return Ok(Response::from_parts(rparts, body));
     }

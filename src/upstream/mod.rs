@@ -197,11 +197,21 @@ impl Replica {
         self.start_tokens(0)
     }
 
-    /// As [`start`](Self::start), also counting the request's estimated `tokens`.
+    /// As [`start`](Self::start), also counting the request's estimated prompt `tokens`.
     pub fn start_tokens(self: &Arc<Self>, tokens: u64) -> InFlightGuard {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         self.route.tokens.fetch_add(tokens, Ordering::Relaxed);
         InFlightGuard(self.clone(), tokens)
+    }
+
+    /// Counts the `limit` output tokens a request may still produce in this replica's load,
+    /// until its stream shows them ([`OutputLoad::shown`]) or the returned load drops.
+    pub fn start_output(self: &Arc<Self>, limit: u64) -> OutputLoad {
+        self.route.tokens.fetch_add(limit, Ordering::Relaxed);
+        OutputLoad(Arc::new(OutputLeft {
+            replica: self.clone(),
+            left: AtomicU64::new(limit),
+        }))
     }
 
     /// The replica as the balancer sees it now.
@@ -227,6 +237,40 @@ impl Drop for InFlightGuard {
     fn drop(&mut self) {
         self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
         self.0.route.tokens.fetch_sub(self.1, Ordering::Relaxed);
+    }
+}
+
+/// A request's output tokens still to come, counted in its replica's load: the request's
+/// limit (`max_tokens`, else a default) less the output tokens its stream has shown, released
+/// whole when the last clone drops (the request's end, or a retry elsewhere). Cloned into the
+/// response's extensions; only the meter of the one response reports progress.
+#[derive(Debug, Clone)]
+pub struct OutputLoad(Arc<OutputLeft>);
+
+#[derive(Debug)]
+struct OutputLeft {
+    replica: Arc<Replica>,
+    left: AtomicU64,
+}
+
+impl OutputLoad {
+    /// `more` output tokens were shown to the client: that many fewer remain (never below
+    /// 0: a stream may run past the default limit). One atomic add while some remain.
+    pub fn shown(&self, more: u64) {
+        let o = &self.0;
+        let left = o.left.load(Ordering::Relaxed);
+        let release = more.min(left);
+        if release > 0 {
+            o.left.store(left - release, Ordering::Relaxed);
+            o.replica.route.tokens.fetch_sub(release, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for OutputLeft {
+    fn drop(&mut self) {
+        let left = *self.left.get_mut();
+        self.replica.route.tokens.fetch_sub(left, Ordering::Relaxed);
     }
 }
 
@@ -427,6 +471,35 @@ mod tests {
         // Nothing discovered: the configured replica remains.
         up.set_discovered(&[]);
         assert_eq!(urls(&up), ["http://static:1"]);
+    }
+
+    #[test]
+    fn output_tokens_leave_the_load_as_the_stream_shows_them() {
+        let r = Arc::new(Replica::new("http://e:1").unwrap());
+        let guard = r.start_tokens(100);
+        let out = r.start_output(50);
+        assert_eq!(r.route.tokens(), 150);
+        let held = out.clone();
+        // (tokens shown by one event, load after it)
+        let steps: &[(u64, u64)] = &[(1, 149), (0, 149), (9, 140), (30, 110), (25, 100), (7, 100)];
+        for &(more, load) in steps {
+            out.shown(more);
+            assert_eq!(r.route.tokens(), load, "after {more}");
+        }
+        drop(out);
+        drop(held);
+        assert_eq!(
+            r.route.tokens(),
+            100,
+            "the limit was used up: nothing more to release"
+        );
+        // A request that ends early (or is retried elsewhere) releases what remains.
+        let early = r.start_output(50);
+        early.shown(3);
+        drop(early);
+        assert_eq!(r.route.tokens(), 100);
+        drop(guard);
+        assert_eq!(r.route.tokens(), 0);
     }
 
     #[test]
