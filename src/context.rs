@@ -1,7 +1,8 @@
 //! The request context: one per request, created by the outermost layer and carried as ONE
 //! request extension (`Arc<RequestContext>`). It holds what is known at arrival (id, `t0`,
 //! peer) and write-once cells for what inner layers learn on the way down (collect: the
-//! body's facts; auth: the tenant; the moment the request is handed to forwarding).
+//! body's facts; auth: the tenant). What forwarding learns (the replica, when the request went
+//! to it) comes back up with the response instead (`upstream::forward::Routed`).
 //! Readers: the access log, the measure layer, forwarding (the id), tenant limits (the tenant
 //! auth accepted).
 //!
@@ -55,7 +56,6 @@ pub struct RequestContext {
     /// The client connection (absent when a test calls the stack without a listener).
     pub peer: Option<ConnInfo>,
     facts: OnceLock<RequestFacts>,
-    forwarded: OnceLock<Instant>,
     tenant: OnceLock<Arc<Tenant>>,
 }
 
@@ -66,7 +66,6 @@ impl RequestContext {
             t0,
             peer,
             facts: OnceLock::new(),
-            forwarded: OnceLock::new(),
             tenant: OnceLock::new(),
         }
     }
@@ -84,16 +83,6 @@ impl RequestContext {
     /// Collect: the body was read (a second call is ignored: the first reader wins).
     pub fn set_facts(&self, facts: RequestFacts) {
         let _ = self.facts.set(facts);
-    }
-
-    /// When the request was handed to forwarding (the proxy's own overhead ends here).
-    pub fn forwarded_at(&self) -> Option<Instant> {
-        self.forwarded.get().copied()
-    }
-
-    /// The innermost layer, just before it calls forwarding.
-    pub fn mark_forwarded(&self, at: Instant) {
-        let _ = self.forwarded.set(at);
     }
 
     /// The tenant whose key the request presented (auth on and the key valid).

@@ -126,9 +126,8 @@ pub fn build(
     let s = &config.server;
     let measured = recorder.enabled();
     let forward = Forward::new(upstreams, forwarded);
-    // Innermost, right before forwarding: it rewrites the collected body (usage injection),
-    // wraps the upstream body in the usage strip when it did, and marks in the context when
-    // the request is handed over (the end of the proxy's own overhead).
+    // Innermost, right before forwarding: it rewrites the collected body (usage injection) and
+    // marks a response whose usage chunk the recorder's body strips again.
     let inner: Stage<Bytes> = if measured {
         let usage =
             UsageLayer::new(recorder.usage_injection()).usage_unasked(&config.engine.usage_unasked);

@@ -35,8 +35,9 @@ impl Strategy {
 pub struct BalanceConfig {
     /// `p2c`, `prefix`, `goodput` or `auto` (docs/routing.md compares them).
     pub strategy: Strategy,
-    /// Share of requests (goodput, auto) sent to a random healthy replica, so that a replica
-    /// that recovered earns traffic back (0 to 0.5).
+    /// Share of requests (goodput, auto) sent to a random healthy replica whose attainment is
+    /// below the best and whose engine is not saturated, so that a replica that recovered earns
+    /// traffic back (0 to 0.5). While every replica meets its SLOs alike, none is explored.
     pub exploration: f64,
     /// Bytes of the request's prompt text per prefix block (about 4 bytes per token).
     pub prefix_block_bytes: usize,

@@ -11,9 +11,11 @@
 //!   error or drop;
 //! - the drop of its future before the head (the client went away).
 //!
-//! What inner layers learn (model, stream, tenant, the hand-over to forwarding) comes through
-//! the [`RequestContext`]; that usage was injected comes up with the response
-//! ([`UsageInjected`](crate::recorder::UsageInjected)).
+//! What inner layers learn on the way down (model, stream, tenant) comes through the
+//! [`RequestContext`]; what forwarding learns (the replica, when the request went to it) and
+//! that usage was injected come up with the response head, as its extensions
+//! ([`Routed`](crate::upstream::forward::Routed),
+//! [`UsageInjected`](crate::recorder::UsageInjected)).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -210,8 +212,8 @@ mod tests {
         StreamBody::new(stream::iter(items)).boxed_unsync()
     }
 
-    /// The layers below measure as far as it can tell: collect writes the facts, usage
-    /// injection marks the hand-over, forwarding answers per `inner`.
+    /// The layers below measure as far as it can tell: collect writes the facts, forwarding
+    /// answers per `inner`.
     fn service(
         meter: Arc<Recorder>,
         inner: Inner,
@@ -241,7 +243,6 @@ mod tests {
                     n: 1,
                     tools: None,
                 });
-                ctx.mark_forwarded(Instant::now());
                 let b = match inner {
                     Inner::Reject => unreachable!(),
                     Inner::ForwardError => {
@@ -323,7 +324,11 @@ mod tests {
         let mut fut =
             Box::pin(service(m.clone(), Inner::NoHead, None).oneshot(request("/v1/completions")));
         assert!(futures_util::FutureExt::now_or_never(&mut fut).is_none());
-        assert_eq!(in_flight(&m), 1, "counted in flight once forwarded");
+        assert_eq!(
+            in_flight(&m),
+            1,
+            "counted in flight once its model is known"
+        );
         assert!(outcomes(&m).is_empty());
         drop(fut);
         assert_eq!(outcomes(&m), [Outcome::ClientAbort]);

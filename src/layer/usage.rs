@@ -4,15 +4,12 @@
 //! body then strips the usage chunk again, so the client gets the stream it asked for and the
 //! meter exact token counts.
 //!
-//! Innermost, after collect (it rewrites the collected body) and right before forwarding: it
-//! also marks in the context when the request is handed to forwarding (the end of the proxy's
-//! own overhead).
+//! Innermost, after collect (it rewrites the collected body) and right before forwarding.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Request, Response};
-use tokio::time::Instant;
 use tower::{Layer, Service};
 
 use super::measure::is_generation;
@@ -78,7 +75,6 @@ where
         } else {
             None
         };
-        ctx.mark_forwarded(Instant::now());
         let Some(body) = injected else {
             return inner.call(req);
         };

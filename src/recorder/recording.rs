@@ -34,7 +34,7 @@ struct Open {
     generation: bool,
     /// The client sent `x-goodput-trace: 1`.
     trace_asked: bool,
-    /// Counted in flight, under its model's label, from the hand-over to forwarding.
+    /// Counted in flight, under its model's label, from the moment collect has read it.
     started: Option<Started>,
 }
 
@@ -75,12 +75,12 @@ impl Recording {
         }
     }
 
-    /// The inner service is still working: once a generation request has been handed to
-    /// forwarding (collect has written its model into the context, in the same poll), it is
-    /// counted in flight under its model's label.
+    /// The inner service is still working: once collect has read a generation request's
+    /// model (it hands the request on to forwarding in the same poll), the request is counted
+    /// in flight under its model's label, while it waits for the engine's head.
     pub fn poll_pending(&mut self) {
         if let Some(open) = self.open.as_mut() {
-            if open.generation && open.started.is_none() && open.ctx.forwarded_at().is_some() {
+            if open.generation && open.started.is_none() && open.ctx.facts().is_some() {
                 open.started = Some(open.start());
             }
         }
@@ -121,11 +121,6 @@ impl Open {
         let recorder = &self.recorder;
         let ctx = &self.ctx;
         let model = ctx.facts().and_then(|f| f.model.as_deref());
-        if let Some(at) = ctx.forwarded_at() {
-            recorder
-                .metrics
-                .observe_overhead(at.saturating_duration_since(ctx.t0));
-        }
         let rm = recorder.metrics.for_request(model.unwrap_or(""));
         recorder.saw_model(model, rm.model());
         Started {
@@ -163,9 +158,17 @@ impl Open {
         let stream = facts.is_some_and(|f| f.stream);
         let (mut parts, body) = resp.into_parts();
         let tools = facts.and_then(|f| f.tools.clone());
-        let proxy_time = ctx
-            .forwarded_at()
-            .map(|at| at.saturating_duration_since(ctx.t0));
+        finish.upstream = parts.extensions.get::<ServedBy>().map(|s| s.0.clone());
+        finish.routed = parts.extensions.remove::<Routed>();
+        // The proxy's own time: t0 until forwarding handed the attempt that answered to the
+        // upstream client (its part of the TTFT split).
+        let proxy_time = finish
+            .routed
+            .as_ref()
+            .map(|r| r.sent.saturating_duration_since(ctx.t0));
+        if let Some(d) = proxy_time {
+            recorder.metrics.observe_overhead(d);
+        }
         let mut sm = StreamMeter::new(ctx.t0, stream)
             .keep_gaps(GAPS_KEPT_PER_REQUEST)
             .with_tools(tools)
@@ -176,8 +179,6 @@ impl Open {
             sm = sm.trace(recorder.trace_bounds);
         }
         sm.on_head(Instant::now(), parts.status.as_u16());
-        finish.upstream = parts.extensions.get::<ServedBy>().map(|s| s.0.clone());
-        finish.routed = parts.extensions.remove::<Routed>();
         if let Some(u) = &finish.upstream {
             finish.started.rm.set_upstream(u);
         }

@@ -32,11 +32,15 @@ use crate::error::ProxyError;
 #[derive(Debug, Clone)]
 pub struct ServedBy(pub Arc<str>);
 
-/// How the replica that answered was chosen (a response extension, read by the recorder):
-/// it feeds the replica's measured goodput and the record's route fields.
+/// How the replica that answered was chosen, and when the request went to it (a response
+/// extension, read by the recorder): it feeds the replica's measured goodput, the record's
+/// route fields and the proxy's part of the TTFT split.
 #[derive(Debug, Clone)]
 pub struct Routed {
     pub replica: Arc<Replica>,
+    /// When the attempt that answered was handed to the upstream client: the end of the
+    /// proxy's own time (body read, balancing, any earlier attempts).
+    pub sent: tokio::time::Instant,
     pub reason: Reason,
     /// Every replica tried, in order (the last one answered).
     pub attempts: Vec<Arc<str>>,
@@ -148,7 +152,8 @@ async fn forward(
         // Built again for the rare second attempt rather than cloned for every first one.
         *out.headers_mut() = headers();
 
-        let first_byte_by = tokio::time::Instant::now() + first_byte;
+        let sent = tokio::time::Instant::now();
+        let first_byte_by = sent + first_byte;
         let result = tokio::time::timeout_at(first_byte_by, up.client.request(out)).await;
         let resp = match result {
             Err(_) => {
@@ -214,6 +219,7 @@ async fn forward(
         rparts.extensions.insert(ServedBy(replica.url.clone()));
         rparts.extensions.insert(Routed {
             replica: replica.clone(),
+            sent,
             reason: choice.reason,
             attempts,
             shape,

@@ -9,7 +9,8 @@
 //!   saturated ("sticky until saturated"); otherwise power of two choices on load in tokens.
 //! - `goodput`: power of two choices on load in tokens divided by the replica's recent SLO
 //!   attainment (to the power `attainment_weight`), plus an `exploration` share sent to a
-//!   random replica so that a replica that recovered earns traffic back.
+//!   random replica below the best attainment (and not saturated), so that a replica that
+//!   recovered earns traffic back.
 //! - `auto`: `prefix` among the replicas whose attainment is within 0.2 of the best, `goodput`
 //!   otherwise, with the same exploration share.
 //!
@@ -102,6 +103,39 @@ fn two_choices<R: Rng + ?Sized>(
     }
 }
 
+/// A random replica worth re-measuring: its attainment is below the best (the weighted score
+/// keeps traffic away from it, so only exploration shows that it recovered) and its engine is
+/// not saturated (a deep queue or a full KV cache would fail the request, not measure the
+/// replica). `None` when every replica is at the best attainment: the load score already
+/// treats them alike, and a random pick would only send requests past a shorter queue.
+fn explore<R: Rng + ?Sized>(
+    cfg: &BalanceConfig,
+    cands: &[Cand],
+    elig: &[usize],
+    rng: &mut R,
+) -> Option<usize> {
+    let best = elig
+        .iter()
+        .map(|&i| cands[i].attainment)
+        .fold(0.0, f64::max);
+    let worth = |i: &usize| {
+        let c = &cands[*i];
+        c.attainment < best
+            && !c
+                .waiting
+                .is_some_and(|w| w >= cfg.saturation_queue.max(1.0))
+            && !c.kv.is_some_and(|k| k >= cfg.saturation_kv)
+    };
+    let n = elig.iter().filter(|i| worth(i)).count();
+    if n == 0 {
+        return None;
+    }
+    elig.iter()
+        .copied()
+        .filter(worth)
+        .nth(rng.random_range(0..n))
+}
+
 /// The choice. `matched`: candidates holding the request's longest recorded prefix (most
 /// recent first), `match_blocks` its length; `scratch` is reused between calls.
 #[allow(clippy::too_many_arguments)]
@@ -133,7 +167,9 @@ pub fn decide<R: Rng + ?Sized>(
     }
     let explores = matches!(strategy, Strategy::Goodput | Strategy::Auto);
     if explores && cfg.exploration > 0.0 && rng.random::<f64>() < cfg.exploration {
-        return pick(elig[rng.random_range(0..elig.len())], Reason::Explore);
+        if let Some(i) = explore(cfg, cands, elig, rng) {
+            return pick(i, Reason::Explore);
+        }
     }
     let weighted = explores && cfg.attainment_weight > 0.0;
     let score = |i: usize| {
@@ -502,7 +538,7 @@ mod tests {
     }
 
     #[test]
-    fn the_exploration_share_reaches_every_replica() {
+    fn the_exploration_share_goes_to_replicas_below_the_best_attainment() {
         let c = BalanceConfig {
             exploration: 0.1,
             ..cfg(Strategy::Auto)
@@ -511,31 +547,47 @@ mod tests {
             attainment: 0.0,
             ..cand(2, 0)
         };
-        let cands = [cand(0, 0), cand(1, 0), bad];
         let mut rng = SmallRng::seed_from_u64(9);
-        let (mut explored, mut to_bad) = (0, 0);
-        for _ in 0..10_000 {
-            let ch = decide(
-                &c,
-                &cands,
-                &shape(0),
-                &[],
-                0,
-                &[],
-                &mut rng,
-                &mut Vec::new(),
-            )
-            .unwrap();
-            if ch.reason == Reason::Explore {
-                explored += 1;
-            }
-            if ch.idx == 2 {
-                assert_eq!(ch.reason, Reason::Explore);
-                to_bad += 1;
-            }
-        }
+        let mut decide_n = |cands: &[Cand], n: usize| {
+            (0..n)
+                .map(|_| {
+                    decide(&c, cands, &shape(0), &[], 0, &[], &mut rng, &mut Vec::new()).unwrap()
+                })
+                .collect::<Vec<_>>()
+        };
+        // Only the replica the weighted score keeps away is explored, and only exploration
+        // reaches it.
+        let choices = decide_n(&[cand(0, 0), cand(1, 0), bad], 10_000);
+        let explored = choices.iter().filter(|ch| ch.reason == Reason::Explore);
+        assert!(explored.clone().all(|ch| ch.idx == 2));
+        let explored = explored.count();
         assert!((900..1_100).contains(&explored), "{explored}");
-        assert!((250..420).contains(&to_bad), "{to_bad}");
+        assert_eq!(choices.iter().filter(|ch| ch.idx == 2).count(), explored);
+        // Replicas alike: nothing to re-measure, no request sent past a shorter queue.
+        let queued = Cand {
+            waiting: Some(3.0),
+            ..cand(1, 0)
+        };
+        let choices = decide_n(&[cand(0, 0), queued], 2_000);
+        assert!(choices
+            .iter()
+            .all(|ch| ch.reason != Reason::Explore && ch.idx == 0));
+        // A penalized replica whose engine is saturated is not explored either.
+        for busy in [
+            Cand {
+                waiting: Some(c.saturation_queue),
+                ..bad
+            },
+            Cand {
+                kv: Some(c.saturation_kv),
+                ..bad
+            },
+        ] {
+            let choices = decide_n(&[cand(0, 0), cand(1, 0), busy], 2_000);
+            assert!(choices
+                .iter()
+                .all(|ch| ch.reason != Reason::Explore && ch.idx != 2));
+        }
         // p2c and prefix never explore.
         for s in [Strategy::P2c, Strategy::Prefix] {
             let c = BalanceConfig {
@@ -545,7 +597,7 @@ mod tests {
             for _ in 0..200 {
                 let ch = decide(
                     &c,
-                    &cands,
+                    &[cand(0, 0), cand(1, 0), bad],
                     &shape(0),
                     &[],
                     0,

@@ -105,3 +105,38 @@ async fn the_request_id_still_reaches_the_upstream_through_the_meter() {
         "{echo}"
     );
 }
+
+/// The TTFT split through the whole stack: `proxy` is t0 until forwarding handed the request to
+/// the upstream client (carried up with the response head), and the four parts add up to the
+/// client's TTFT exactly, in whole nanoseconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ttft_split_starts_with_the_proxys_own_time_and_adds_up() {
+    let mut cfg = SimConfig::with_timing(5.0, 1.0);
+    cfg.enable_per_request_metrics = true;
+    let sim = start_sim(cfg).await;
+    let (config, path) = meter_config_with_sink(&sim.base_url(), "meter-split");
+    let proxy = start_proxy(config).await;
+    let c = client();
+    for _ in 0..3 {
+        observe(&c, post_json(&proxy.url(CHAT), &chat_body(4, "")), true).await;
+    }
+    let ns = |r: &serde_json::Value, k: &str| -> u64 {
+        let s = r[k].as_f64().unwrap_or_else(|| panic!("{k}: {r}"));
+        (s * 1e9).round() as u64
+    };
+    for r in sink_records(&path, 3).await {
+        assert_eq!(r["outcome"], "success", "{r}");
+        let proxy_ns = ns(&r, "ttft_proxy_s");
+        assert!(proxy_ns > 0, "the proxy's own time is measured: {r}");
+        let parts =
+            proxy_ns + ns(&r, "ttft_queue_s") + ns(&r, "ttft_prefill_s") + ns(&r, "ttft_rest_s");
+        assert_eq!(parts, ns(&r, "ttft_s"), "{r}");
+    }
+    let m = metrics(&proxy).await;
+    assert!(
+        m.contains("goodput_proxy_overhead_seconds_count 3"),
+        "one observation a request"
+    );
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+    sim.shutdown().await;
+}

@@ -9,8 +9,8 @@
 //! view whatever the engine said it in; the meter fills it from the chunk it saw (the injected
 //! usage chunk the client never gets included).
 //!
-//! [`TtftSplit`]: the client's TTFT is the sum of `proxy` (t0 to the request handed to
-//! forwarding), `queue` (the engine's queue time), `prefill` (the engine's TTFT, counted from
+//! [`TtftSplit`]: the client's TTFT is the sum of `proxy` (t0 to the request handed to the
+//! upstream connection), `queue` (the engine's queue time), `prefill` (the engine's TTFT, counted from
 //! scheduling) and `rest` (network, the engine's HTTP front end, tokenization,
 //! detokenization, the way back): what no engine histogram shows. The parts add up to the TTFT exactly, in whole
 //! nanoseconds. The engine's clock is not the proxy's: when its parts exceed what is left of

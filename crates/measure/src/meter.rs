@@ -510,7 +510,8 @@ pub struct StreamMeter {
     tools: Option<Arc<ToolSet>>,
     /// The usage strip, when the proxy injected usage ([`StreamMeter::strip_usage`]).
     strip: Option<Box<strip::Strip>>,
-    /// `t0` to the request handed to forwarding: the proxy's part of the TTFT split.
+    /// `t0` to the request handed to the upstream connection: the proxy's part of the TTFT
+    /// split.
     proxy_time: Option<Duration>,
 }
 
@@ -535,8 +536,8 @@ impl StreamMeter {
         }
     }
 
-    /// The proxy's own time before it handed the request to forwarding (the first part of
-    /// [`Measurement::ttft_split`]).
+    /// The proxy's own time before it handed the request to the upstream connection (the
+    /// first part of [`Measurement::ttft_split`]).
     pub fn proxy_time(mut self, d: Option<Duration>) -> Self {
         self.proxy_time = d;
         self
