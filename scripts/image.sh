@@ -35,10 +35,12 @@ die() { echo "image.sh: $*" >&2; exit 1; }
 
 install_tools() {
     local missing=()
-    command -v podman >/dev/null 2>&1 || missing+=(podman)
-    command -v runc >/dev/null 2>&1 || missing+=(runc)
-    command -v mmdebstrap >/dev/null 2>&1 || missing+=(mmdebstrap)
-    command -v curl >/dev/null 2>&1 || missing+=(curl)
+    # `type -P`, not `command -v`: the `podman` wrapper function below would answer for a
+    # podman that is not installed.
+    local tool
+    for tool in podman runc mmdebstrap curl; do
+        type -P "$tool" >/dev/null || missing+=("$tool")
+    done
     [[ ${#missing[@]} == 0 ]] && return 0
     [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1 \
         || die "needs ${missing[*]} (Debian: apt-get install ${missing[*]})"

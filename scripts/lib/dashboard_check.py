@@ -257,7 +257,9 @@ def main() -> int:
                                         "--model", MODEL, "--ttft-ms", "20", "--tpot-ms", "4",
                                         "--jitter", "lognormal", "--jitter-cv", "0.5",
                                         "--seed", str(i + 1), "--max-num-seqs", "2",
-                                        "--fault", "0.05:status=503", *extra])
+                                        "--fault", "0.05:status=503",
+                                        # per-request timings: the TTFT-split panels
+                                        "--enable-per-request-metrics", *extra])
             sims.append((f"http://127.0.0.1:{port}", p))
         for url, p in sims:
             wait_for(f"{url}/health", 10, f"sim {url}", p)

@@ -12,6 +12,7 @@
 //! at most one page per [`crate::compare::history::SPACING`], none older than [`MAX_WINDOW`]).
 
 mod panels;
+mod split;
 
 use std::time::Duration;
 

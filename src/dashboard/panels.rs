@@ -13,7 +13,9 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use crate::compare::{
-    self, admin::exact_from_stats, ENGINE_RUNNING, ENGINE_SUCCESS, ENGINE_WAITING, QUANTITIES,
+    self,
+    admin::{exact_from_stats, split_from_stats},
+    ENGINE_RUNNING, ENGINE_SUCCESS, ENGINE_WAITING, QUANTITIES,
 };
 use crate::engine::parse::{self, Family};
 use crate::metrics::NO_UPSTREAM;
@@ -32,6 +34,7 @@ pub const PANELS: &[Panel] = &[
     ("routing", routing),
     ("tools", tools),
     ("latency", latency),
+    ("ttft_split", super::split::ttft_split),
     ("slowest", slowest),
 ];
 
@@ -186,6 +189,7 @@ fn table(
                 ))
                 .map_or(&[][..], Vec::as_slice);
             let doc = compute_stats(part, now, seconds, seconds, None);
+            w.ttft_split.insert(key.clone(), split_from_stats(&doc));
             w.exact
                 .insert(key, exact_from_stats(&doc).unwrap_or_default());
         }
@@ -361,11 +365,20 @@ fn headroom(i: &Inputs) -> Value {
 
 fn latency(i: &Inputs) -> Value {
     match &i.table {
-        Some(t) => json!({
-            "window_seconds": t.window_seconds,
-            "groups": t.groups,
-            "starting": false,
-        }),
+        Some(t) => {
+            // Where TTFT goes is its own panel (`split.rs`): not sent twice.
+            let mut groups = json!(t.groups);
+            for g in groups.as_array_mut().into_iter().flatten() {
+                if let Some(g) = g.as_object_mut() {
+                    g.remove("ttft_split");
+                }
+            }
+            json!({
+                "window_seconds": t.window_seconds,
+                "groups": groups,
+                "starting": false,
+            })
+        }
         None => json!({ "window_seconds": 0.0, "groups": [], "starting": true }),
     }
 }

@@ -1,20 +1,23 @@
 //! Metrics of the engine's own view of each request and of where TTFT went: the engine's
 //! queue time and prefill (its TTFT, from scheduling) on vLLM's request-latency grid (the
 //! grid of `vllm:request_queue_time_seconds` and `vllm:request_prefill_time_seconds`, so they
-//! line up bucket by bucket), the rest of the client's TTFT that no engine histogram shows on
-//! the TTFT grid, cached prompt tokens, and stalls (gaps between output events over
-//! `measure.stall_ms`). Labels: `model` and `upstream`, from the bounded label sets.
+//! line up bucket by bucket), every request it reported; the TTFT split of the requests whose
+//! TTFT could be split, one family with a `part` label on the TTFT grid (the four parts of
+//! one request are observed together, so per part `_sum / _count` are means over the same
+//! requests and add up to their mean client TTFT: a stacked chart is exact); cached prompt
+//! tokens, and stalls (gaps between output events over `measure.stall_ms`). Labels: `model`
+//! and `upstream`, from the bounded label sets, and `part` from a closed enum.
 
 use goodput_measure::meter::Measurement;
 
 use super::family::{Counters, Histograms, Registrar};
-use super::labels::Served;
+use super::labels::{Served, SplitPart, TtftPart};
 use super::{E2E_BUCKETS, TTFT_BUCKETS};
 
 pub struct EngineViewFamilies {
     queue: Histograms<Served<'static>>,
     prefill: Histograms<Served<'static>>,
-    rest: Histograms<Served<'static>>,
+    split: Histograms<SplitPart<'static>>,
     cached_tokens: Counters<Served<'static>>,
     stalls: Counters<Served<'static>>,
 }
@@ -32,9 +35,9 @@ impl EngineViewFamilies {
                 "The engine's own time to first token, from scheduling (without its queue), of each request it reported.",
                 E2E_BUCKETS,
             )?,
-            rest: r.histograms(
-                "goodput_proxy_ttft_rest_seconds",
-                "Client TTFT minus the proxy's time, the engine's queue and its prefill: network, the engine's front end, tokenization, the way back.",
+            split: r.histograms(
+                "goodput_proxy_ttft_split_seconds",
+                "Where the client's TTFT went, per part: proxy (request head to forwarding), engine_queue, engine_prefill (the engine's TTFT from scheduling), rest (network, the engine's front end, tokenization, the way back). The parts of a request add up to its TTFT.",
                 TTFT_BUCKETS,
             )?,
             cached_tokens: r.counters(
@@ -62,8 +65,15 @@ impl EngineViewFamilies {
         if let Some(d) = e.ttft {
             self.prefill.get(&l).observe(d.as_secs_f64());
         }
-        if let Some(d) = split.rest {
-            self.rest.get(&l).observe(d.as_secs_f64());
+        if let Some(parts) = split.parts() {
+            for (part, d) in TtftPart::ALL.into_iter().zip(parts) {
+                let series = SplitPart {
+                    model,
+                    upstream,
+                    part,
+                };
+                self.split.get(&series).observe(d.as_secs_f64());
+            }
         }
         if let Some(n) = e.cached_prompt_tokens {
             self.cached_tokens.get(&l).inc_by(n);

@@ -54,6 +54,49 @@ label_set!(Served<'static>, ["model", "upstream"], |s| [
     s.model, s.upstream
 ]);
 
+/// The parts of a request's TTFT split, in the order they add up: the proxy's own time, the
+/// engine's queue, the engine's prefill (its TTFT from scheduling), and the rest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TtftPart {
+    Proxy,
+    EngineQueue,
+    EnginePrefill,
+    Rest,
+}
+
+impl TtftPart {
+    /// In the order of `TtftSplit::parts`.
+    pub const ALL: [TtftPart; 4] = [
+        TtftPart::Proxy,
+        TtftPart::EngineQueue,
+        TtftPart::EnginePrefill,
+        TtftPart::Rest,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TtftPart::Proxy => "proxy",
+            TtftPart::EngineQueue => "engine_queue",
+            TtftPart::EnginePrefill => "engine_prefill",
+            TtftPart::Rest => "rest",
+        }
+    }
+}
+
+/// One part of the TTFT split of a request served by a replica:
+/// `goodput_proxy_ttft_split_seconds`.
+#[derive(Debug, Clone, Copy)]
+pub struct SplitPart<'a> {
+    pub model: &'a str,
+    pub upstream: &'a str,
+    pub part: TtftPart,
+}
+label_set!(SplitPart<'static>, ["model", "upstream", "part"], |s| [
+    s.model,
+    s.upstream,
+    s.part.as_str()
+]);
+
 /// A finished request: `goodput_proxy_requests_total`.
 #[derive(Debug, Clone, Copy)]
 pub struct Finished<'a> {

@@ -369,7 +369,7 @@ mod tests {
                 "goodput_proxy_time_per_output_token_seconds",
                 "goodput_proxy_time_to_first_chunk_seconds",
                 "goodput_proxy_time_to_first_token_seconds",
-                "goodput_proxy_ttft_rest_seconds",
+                "goodput_proxy_ttft_split_seconds",
             ]
         );
         let bounds = |name: &str| -> Vec<f64> {
@@ -400,6 +400,27 @@ mod tests {
             bounds("goodput_proxy_e2e_request_latency_seconds"),
             E2E_BUCKETS
         );
+        assert_eq!(bounds("goodput_proxy_ttft_split_seconds"), TTFT_BUCKETS);
+        // The split: one series per part, observed together, adding up to the client TTFT.
+        let split = family(&fams, "goodput_proxy_ttft_split_seconds").get_metric();
+        let mut parts: Vec<&str> = split
+            .iter()
+            .map(|m| {
+                let l = m.get_label();
+                l.iter().find(|l| l.name() == "part").unwrap().value()
+            })
+            .collect();
+        parts.sort_unstable();
+        assert_eq!(parts, ["engine_prefill", "engine_queue", "proxy", "rest"]);
+        assert!(split
+            .iter()
+            .all(|m| m.get_histogram().get_sample_count() == 1));
+        let total: f64 = split
+            .iter()
+            .map(|m| m.get_histogram().get_sample_sum())
+            .sum();
+        let ttft = meas.ttft.unwrap().as_secs_f64();
+        assert!((total - ttft).abs() < 1e-9, "{total} vs {ttft}");
         assert_eq!(TTFT_BUCKETS.len(), 22);
         assert_eq!(TPOT_BUCKETS.len(), 19);
         assert_eq!(E2E_BUCKETS.len(), 21);

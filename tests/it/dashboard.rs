@@ -37,6 +37,8 @@ async fn proxy_with_traffic() -> (Proxy, [goodput_sim::SimHandle; 2]) {
         seed,
         jitter: Jitter::Lognormal,
         jitter_cv: 0.3,
+        // Engine timings per request: the TTFT split panel has data.
+        enable_per_request_metrics: true,
         ..SimConfig::with_timing(20.0, 4.0)
     };
     let (a, b) = (start_sim(sim(1)).await, start_sim(sim(2)).await);
@@ -165,6 +167,45 @@ async fn the_document_shows_the_traffic_panel_by_panel() {
         assert!(!r["reasons"].as_object().unwrap().is_empty(), "{r}");
     }
 
+    // Where TTFT went, per upstream: every request that got its usage chunk (all but the
+    // truncated one) was split, and the recent means are the parts of the same requests.
+    let split = &p["ttft_split"];
+    let groups = split["groups"].as_array().unwrap();
+    assert_eq!(groups.len(), 2, "{split}");
+    let requests: u64 = groups.iter().map(|g| g["requests"].as_u64().unwrap()).sum();
+    assert_eq!(requests, total - 1, "{split}");
+    for g in groups {
+        for part in [
+            "client_ttft",
+            "proxy",
+            "engine_queue",
+            "engine_prefill",
+            "rest",
+            "engine_hist_ttft",
+        ] {
+            for q in ["p50", "p99"] {
+                assert!(g[part][q].as_f64().is_some(), "{part} {q} of {g}");
+            }
+        }
+        // The engine's prefill is inside the client's TTFT.
+        assert!(
+            g["engine_prefill"]["p50"].as_f64() <= g["client_ttft"]["p99"].as_f64(),
+            "{g}"
+        );
+    }
+    // The last seconds (RECENT) hold the latest of them at least.
+    let recent = split["recent_requests"].as_u64().unwrap();
+    assert!((1..total).contains(&recent), "{split}");
+    let mean_sum: f64 = ["proxy", "engine_queue", "engine_prefill", "rest"]
+        .iter()
+        .map(|k| split["recent_means"][k].as_f64().unwrap())
+        .sum();
+    assert!(mean_sum > 0.0, "{split}");
+    assert!(
+        p["latency"]["groups"][0].get("ttft_split").is_none(),
+        "the split is sent once"
+    );
+
     assert_eq!(p["tools"]["outcomes"]["valid"], 1, "{}", p["tools"]);
     assert_eq!(p["tools"]["outcomes"]["invalid_json"], 1, "{}", p["tools"]);
     assert_eq!(p["tools"]["requests"], 2);
@@ -231,6 +272,17 @@ const PANEL_CHECKS: &[(&str, &[&str])] = &[
             "<td class=\"text\">goodput</td>",
             ">load (tokens)<",
             ">chosen because<",
+        ],
+    ),
+    (
+        "ttft_split",
+        &[
+            "<td class=\"text\">tiny @ http://",
+            ">engine prefill<",
+            "<td class=\"rest\">",
+            ">p99<",
+            "(means)",
+            "uplot",
         ],
     ),
     (

@@ -111,6 +111,75 @@ PANELS.latency = (body, d) => {
   body.replaceChildren(...parts);
 };
 
+// Where TTFT goes: the parts' means over the last seconds, charted stacked (each band is one
+// part; they add up to the mean client TTFT of the same requests), and per group p50 / p99 of
+// each part beside the client's exact TTFT and the engine histogram's estimate.
+// Stroke and an opaque fill per part (a lower band must hide the one drawn before it).
+const SPLIT_COLORS = { proxy: ["#7c3aed", "#ddd6fe"], engine_queue: ["#b7791f", "#fde68a"],
+                       engine_prefill: ["#2563eb", "#bfdbfe"], rest: ["#dc2626", "#fecaca"] };
+const splitSeries = { t: [], proxy: [], engine_queue: [], engine_prefill: [], rest: [] };
+let splitChart = null;
+
+PANELS.ttft_split = (body, d) => {
+  splitSeries.t.push(Date.now() / 1000);
+  for (const p of d.parts) splitSeries[p].push(d.recent_means[p]);
+  for (const k of Object.keys(splitSeries)) if (splitSeries[k].length > SERIES_MAX) splitSeries[k].shift();
+  if (!splitChart) {
+    body.replaceChildren(h("div", { class: "muted now" }), h("div", { class: "chart" }), h("div", { class: "rows" }));
+    if (window.uPlot) {
+      // Drawn top band first: each series is the running sum up to its part, filled down to 0,
+      // so the next (lower) one paints over it; the legend shows each part's own value.
+      const order = [...d.parts].reverse();
+      splitChart = new uPlot({
+        width: Math.max(320, body.clientWidth - 8), height: 180,
+        series: [{}, ...order.map((p) => ({
+          label: p.replace("_", " "), stroke: SPLIT_COLORS[p][0], fill: SPLIT_COLORS[p][1],
+          value: (u, v, si, i) => i === null || i === undefined ? dash : ms(splitSeries[p][i]) + " ms",
+        }))],
+        axes: [{}, { label: "mean, s" }],
+      }, [[], ...order.map(() => [])], body.querySelector(".chart"));
+    }
+  }
+  if (splitChart) {
+    const order = [...d.parts].reverse();
+    const stacked = order.map((_, k) => splitSeries.t.map((_, i) => {
+      let sum = 0;
+      for (const p of d.parts.slice(0, d.parts.length - k)) {
+        if (splitSeries[p][i] === null || splitSeries[p][i] === undefined) return null;
+        sum += splitSeries[p][i];
+      }
+      return sum;
+    }));
+    splitChart.setData([splitSeries.t, ...stacked]);
+  }
+  const now = d.recent_requests
+    ? `last ${num(d.recent_seconds, 0)} s, ${d.recent_requests} requests: ` +
+      d.parts.map((p) => `${p.replace("_", " ")} ${ms(d.recent_means[p])}`).join(" + ") + " ms (means)"
+    : `no request with engine timings in the last ${num(d.recent_seconds, 0)} s`;
+  body.querySelector(".now").textContent = now;
+  const rowsEl = body.querySelector(".rows");
+  if (!d.groups.length) {
+    rowsEl.replaceChildren(empty(d.starting ? "window starting" :
+      "no request in the window whose engine reported its timings (vLLM: --enable-per-request-metrics)"));
+    return;
+  }
+  const rows = [];
+  for (const g of d.groups) {
+    for (const q of ["p50", "p99"]) {
+      rows.push(h("tr", {},
+        h("td", { class: "text" }, q === "p50" ? `${g.model} @ ${g.upstream === null ? "(all)" : g.upstream}` : ""),
+        h("td", { class: "text" }, q),
+        h("td", {}, ms(g.client_ttft[q])),
+        d.parts.map((p) => h("td", { class: p === "rest" ? "rest" : "" }, ms(g[p][q]))),
+        h("td", {}, ms(g.engine_hist_ttft[q])),
+        h("td", {}, q === "p50" ? `${g.requests}${g.clamped ? ` (${g.clamped} clamped)` : ""}` : "")));
+    }
+  }
+  rowsEl.replaceChildren(table(["model @ upstream", "q", "client ttft", "proxy", "engine queue",
+    "engine prefill", "rest", "engine~ ttft", "split requests"], rows),
+    h("div", { class: "muted" }, "ms; percentiles of each part do not add up (the means above do); clamped: the engine's parts exceeded the client's TTFT (two clocks), rest set to 0"));
+};
+
 PANELS.replicas = (body, d) => {
   if (!d.replicas.length) { body.replaceChildren(empty("no replica")); return; }
   // An engine not scraped (yet, or its last scrape failed) has no figures: "n/a", not 0.
