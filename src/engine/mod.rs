@@ -9,6 +9,7 @@
 pub mod parse;
 pub mod scrape;
 pub mod signals;
+pub mod streams;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -43,9 +44,14 @@ struct EngineReplica {
 
 impl EngineReplica {
     fn new(replica: &Arc<Replica>, upstream: Arc<str>, config: &EngineConfig) -> Self {
+        let configured = config.kind_of(&replica.url);
+        if let Some(kind) = configured {
+            // Known before the first scrape (and without scraping).
+            replica.set_engine_kind(kind);
+        }
         Self {
             replica: replica.clone(),
-            configured: config.kind_of(&replica.url),
+            configured,
             upstream,
             state: RwLock::new(ReplicaState::default()),
         }
@@ -327,6 +333,7 @@ impl Engines {
         remove_kind(&m.kind, upstream);
         if let Some(kind) = snap.signals.kind {
             m.kind.get(&EngineOf { upstream, kind }).set(1);
+            r.replica.set_engine_kind(kind);
         }
         let Ok(mut st) = r.state.write() else {
             return false;

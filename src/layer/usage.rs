@@ -1,8 +1,10 @@
 //! Usage injection: for a streaming generation request whose client did not ask for usage, the
-//! collected body gets `stream_options.include_usage` (see `measure::usage` for when it
-//! applies), and a 2xx response says so in its extensions ([`UsageInjected`]): the recorder's
-//! body then strips the usage chunk again, so the client gets the stream it asked for and the
-//! meter exact token counts.
+//! collected body with `stream_options.include_usage` (see `measure::usage` for when it
+//! applies) is offered to forwarding ([`UsageOffer`]), which sends it or the client's body by
+//! the engine of the replica it picked (`engine::streams::injects_usage`) and says which
+//! ([`OfferTaken`]). A 2xx response to an injected request says so in its extensions
+//! ([`UsageInjected`]): the recorder's body then strips the usage chunk again, so the client
+//! gets the stream it asked for and the meter exact token counts.
 //!
 //! Innermost, after collect (it rewrites the collected body) and right before forwarding.
 
@@ -20,6 +22,15 @@ use crate::error::ProxyError;
 use crate::recorder::UsageInjected;
 use crate::upstream::forward::ServedBy;
 use goodput_measure::usage::inject_include_usage;
+
+/// The request body with usage injected (a request extension): forwarding sends it instead of
+/// the client's body to a replica whose engine takes injection.
+#[derive(Debug, Clone)]
+pub struct UsageOffer(pub Bytes);
+
+/// Forwarding sent the [`UsageOffer`] (a response extension).
+#[derive(Debug, Clone, Copy)]
+pub struct OfferTaken;
 
 #[derive(Debug, Clone)]
 pub struct UsageLayer {
@@ -78,18 +89,19 @@ where
         let Some(body) = injected else {
             return inner.call(req);
         };
-        *req.body_mut() = Bytes::from(body);
+        req.extensions_mut().insert(UsageOffer(Bytes::from(body)));
         let fut = inner.call(req);
         let unasked = self.unasked.clone();
         Box::pin(async move {
             let mut resp = fut.await?;
+            let taken = resp.extensions().get::<OfferTaken>().is_some();
             let adds_usage = resp
                 .extensions()
                 .get::<ServedBy>()
                 .is_some_and(|s| unasked.iter().any(|u| **u == *s.0));
             // An error body (4xx/5xx JSON) carries no usage chunk to strip, and an engine that
             // adds usage unasked sent the one the client would have got anyway.
-            if resp.status().is_success() && !adds_usage {
+            if taken && resp.status().is_success() && !adds_usage {
                 resp.extensions_mut().insert(UsageInjected);
             }
             Ok(resp)

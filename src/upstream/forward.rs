@@ -27,6 +27,7 @@ use super::{OutputLoad, Replica, Upstreams};
 use crate::body::ProxyBody;
 use crate::context::{ConnInfo, RequestContext, X_GOODPUT_TRACE, X_REQUEST_ID};
 use crate::error::ProxyError;
+use crate::layer::usage::{OfferTaken, UsageOffer};
 
 /// Which replica served a response (a response extension, read by the access log and meter).
 #[derive(Debug, Clone)]
@@ -109,7 +110,9 @@ async fn forward(
     forwarded: Forwarded,
     req: Request<Bytes>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
+    // The body with usage injected, sent only to a replica whose engine takes it.
+    let offer = parts.extensions.remove::<UsageOffer>();
     let headers = || {
         let mut headers = upstream_headers(&parts, forwarded);
         if let Some(key) = &up.config.authorization {
@@ -145,7 +148,10 @@ async fn forward(
         let uri = replica
             .uri_for(path_and_query)
             .map_err(|e| ProxyError::Upstream { source: e.into() })?;
-        let mut out = Request::new(Full::new(body.clone()));
+        let injected = offer
+            .as_ref()
+            .filter(|_| crate::engine::streams::injects_usage(replica.engine_kind()));
+        let mut out = Request::new(Full::new(injected.map_or(&body, |o| &o.0).clone()));
         *out.method_mut() = parts.method.clone();
         *out.uri_mut() = uri;
         *out.version_mut() = Version::HTTP_11;
@@ -216,6 +222,9 @@ async fn forward(
         } else {
             body.boxed_unsync()
         };
+        if injected.is_some() {
+            rparts.extensions.insert(OfferTaken);
+        }
         rparts.extensions.insert(ServedBy(replica.url.clone()));
         rparts.extensions.insert(Routed {
             replica: replica.clone(),

@@ -11,7 +11,7 @@ pub mod shape;
 pub mod strategy;
 pub mod tls;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
@@ -23,7 +23,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tower::util::BoxCloneSyncService;
 
-use crate::config::UpstreamConfig;
+use crate::config::{EngineKind, UpstreamConfig};
 use crate::metrics::Registrar;
 use prometheus::Registry;
 
@@ -58,6 +58,10 @@ pub struct Replica {
     /// The engine's canonical signals from its latest `/metrics` scrape; written by the engine
     /// scraper, read by the balancer: a few atomic loads per pick.
     engine: EngineCell,
+    /// The engine it runs, configured or told from its `/metrics` (0: not known yet, else the
+    /// index in [`EngineKind::ALL`] + 1): what the proxy may change in its requests depends on
+    /// how that engine streams (`engine::streams`).
+    kind: AtomicU8,
     /// The balancer's view: identity in the prefix index, tokens in flight, what clients got.
     pub route: RouteState,
 }
@@ -152,6 +156,7 @@ impl Replica {
             in_flight: AtomicUsize::new(0),
             healthy: AtomicBool::new(false),
             engine: EngineCell::new(),
+            kind: AtomicU8::new(0),
             route: RouteState::new(),
         })
     }
@@ -185,6 +190,21 @@ impl Replica {
     /// Set by the engine scraper after each scrape (`EngineLoad::default()` when it failed).
     pub fn set_engine_load(&self, load: EngineLoad) {
         self.engine.store(load);
+    }
+
+    /// The engine this replica runs, when configured or detected.
+    pub fn engine_kind(&self) -> Option<EngineKind> {
+        let i = self.kind.load(Ordering::Relaxed);
+        EngineKind::ALL.get(usize::from(i).checked_sub(1)?).copied()
+    }
+
+    /// Set from the configuration, and by the engine scraper from each good page.
+    pub fn set_engine_kind(&self, kind: EngineKind) {
+        let i = EngineKind::ALL
+            .iter()
+            .position(|k| *k == kind)
+            .map_or(0, |i| i + 1);
+        self.kind.store(i as u8, Ordering::Relaxed);
     }
 
     /// Requests waiting in the engine's own queue, as last scraped (0 when unknown).

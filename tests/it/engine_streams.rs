@@ -1,7 +1,9 @@
 //! Engines' streams through the proxy: usage an engine adds unasked (SGLang's
 //! `--stream-response-default-include-usage`) reaches the client as it would straight from the
 //! engine when the replica is listed in `engine.usage_unasked`, and the record counts it
-//! exactly.
+//! exactly; llama.cpp's `timings` reach the client where the engine puts them, whether the
+//! proxy knows the replica is llama.cpp (no injection) or not yet (injected usage stripped,
+//! `timings` moved back), and count the tokens exactly.
 
 use crate::support::meter::*;
 use crate::support::prom::*;
@@ -48,5 +50,107 @@ async fn usage_the_engine_adds_unasked_is_never_stripped() {
         metric(&page, "goodput_proxy_generation_tokens_total", &[]),
         12.0
     );
+    sim.shutdown().await;
+}
+
+/// Every value inside `"timings":{...}` masked (the engine's clocks differ per response).
+fn mask_timings(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(body);
+    let mut out = String::new();
+    let mut rest: &str = &text;
+    while let Some(at) = rest.find("\"timings\":{") {
+        let end = at + rest[at..].find('}').expect("timings close");
+        out.push_str(&rest[..at]);
+        out.push_str("\"timings\":{T}");
+        rest = &rest[end + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llamacpp_timings_reach_the_client_and_count_the_tokens() {
+    let sim = start_sim(SimConfig {
+        personality: Personality::Llamacpp,
+        seed: 5,
+        ..SimConfig::with_timing(1.0, 0.5)
+    })
+    .await;
+    let c = client();
+    let bodies = [
+        chat_body(9, r#","seed":1"#),
+        chat_body(9, r#","seed":1,"stream_options":{"include_usage":false}"#),
+        chat_body(9, r#","seed":1,"stream_options":{"include_usage":true}"#),
+        r#"{"model":"tiny","prompt":"Once upon","stream":true,"max_tokens":9,"seed":5}"#
+            .to_string(),
+        r#"{"model":"tiny","messages":[{"role":"user","content":"Hi"}],"max_tokens":5,"seed":6}"#
+            .to_string(),
+    ];
+    // Known (configured; detection sets the same) and not known (no scrape: the proxy injects
+    // usage, and the strip moves `timings` back to the finish chunk).
+    for known in [true, false] {
+        let tag = if known {
+            "llamacpp-known"
+        } else {
+            "llamacpp-unknown"
+        };
+        let (mut config, sink) = meter_config_with_sink(&sim.base_url(), tag);
+        if known {
+            config.engine.kind = "llamacpp".into();
+        } else {
+            config.engine.scrape = false;
+        }
+        let proxy = start_proxy(config).await;
+        for body in &bodies {
+            let path = if body.contains("\"prompt\"") {
+                COMPL
+            } else {
+                CHAT
+            };
+            let stream = body.contains("\"stream\":true");
+            let direct = observe(
+                &c,
+                post_json(&format!("{}{path}", sim.base_url()), body),
+                stream,
+            )
+            .await;
+            assert!(
+                mask_timings(&direct.body).contains("\"timings\":{T}"),
+                "the engine sends timings: {}",
+                mask_timings(&direct.body)
+            );
+            let via = observe(&c, post_json(&proxy.url(path), body), stream).await;
+            assert_eq!(via.status, direct.status, "{tag}: {body}");
+            assert_eq!(
+                mask_timings(&via.body),
+                mask_timings(&direct.body),
+                "{tag}: {body}"
+            );
+        }
+        let records = sink_records(&sink, bodies.len()).await;
+        for (i, r) in records.iter().enumerate() {
+            // Streams whose client asked for no usage (all but the one that asked and the
+            // JSON one) are injected only while the engine is not known; tokens are exact
+            // either way (`timings`, or the injected usage), and the engine's view comes from
+            // `timings`.
+            let unasked = i != 2 && i != 4;
+            assert_eq!(r["usage_injected"], unasked && !known, "{tag} {i}: {r}");
+            assert_eq!(r["tokens_exact"], true, "{tag} {i}: {r}");
+            assert_eq!(r["outcome"], "success", "{tag} {i}: {r}");
+            if i < 3 {
+                assert_eq!(r["completion_tokens"], 9, "{tag} {i}: {r}");
+            }
+            assert!(r["engine_ttft_s"].as_f64().is_some(), "{tag} {i}: {r}");
+            assert!(r["engine_decode_s"].as_f64().is_some(), "{tag} {i}: {r}");
+            assert!(r["engine_queue_s"].is_null(), "{tag} {i}: {r}");
+            if i != 4 {
+                // The TTFT split in three (llama.cpp times no queue): the parts add up.
+                let part = |k: &str| r[k].as_f64().unwrap_or_else(|| panic!("{k}: {r}"));
+                let sum = part("ttft_proxy_s") + part("ttft_prefill_s") + part("ttft_rest_s");
+                assert!((sum - part("ttft_s")).abs() < 1e-6, "{tag} {i}: {r}");
+                assert!(r["ttft_queue_s"].is_null(), "{tag} {i}: {r}");
+            }
+        }
+    }
     sim.shutdown().await;
 }

@@ -5,9 +5,10 @@
 //! "queue_time_ms","time_to_first_token_ms","generation_time_ms","mean_itl_ms",...}` on the
 //! final usage chunk of a stream (only when a usage chunk is sent, only for `n = 1`) and on the
 //! JSON body, and with `--enable-prompt-tokens-details` its usage carries
-//! `prompt_tokens_details.cached_tokens`; llama.cpp sends `timings`. [`EngineView`] is that
-//! view whatever the engine said it in; the meter fills it from the chunk it saw (the injected
-//! usage chunk the client never gets included).
+//! `prompt_tokens_details.cached_tokens`; llama.cpp sends `timings` (its TTFT from the slot
+//! taking the task, decode time, cached prompt tokens; no queue time: see `engine_timings`).
+//! [`EngineView`] is that view whatever the engine said it in; the meter fills it from the
+//! chunk it saw (the injected usage chunk the client never gets included).
 //!
 //! [`TtftSplit`]: the client's TTFT is the sum of `proxy` (t0 to the request handed to the
 //! upstream connection), `queue` (the engine's queue time), `prefill` (the engine's TTFT, counted from
@@ -15,7 +16,9 @@
 //! detokenization, the way back): what no engine histogram shows. The parts add up to the TTFT exactly, in whole
 //! nanoseconds. The engine's clock is not the proxy's: when its parts exceed what is left of
 //! the client's TTFT, they are cut to fit (queue first, then prefill), `rest` is 0, and
-//! `clamped` says so; no part is ever negative.
+//! `clamped` says so; no part is ever negative. An engine that reports its TTFT but no queue
+//! time (llama.cpp: a task waiting for a free slot is not timed) gets a split whose `queue` is
+//! `None`: its wait, if any, is in `rest`.
 
 use std::time::Duration;
 
@@ -85,7 +88,8 @@ pub struct EngineReport {
 }
 
 /// Where a request's TTFT went (see the module docs); all `None` when it cannot be split: no
-/// client TTFT, or the engine did not report both its queue time and its TTFT.
+/// client TTFT, or the engine did not report its TTFT. `queue` is `None` also when the engine
+/// reports no queue time.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TtftSplit {
     #[serde(rename = "ttft_proxy_s", with = "crate::seconds::opt", default)]
@@ -106,7 +110,7 @@ impl TtftSplit {
     /// The split of `client_ttft`, given the proxy's own time before forwarding and what the
     /// engine reported.
     pub fn of(client_ttft: Option<Duration>, proxy: Option<Duration>, e: &EngineView) -> Self {
-        let (Some(ttft), Some(queue), Some(prefill)) = (client_ttft, e.queue, e.ttft) else {
+        let (Some(ttft), Some(prefill)) = (client_ttft, e.ttft) else {
             return TtftSplit::default();
         };
         let proxy = proxy.unwrap_or_default();
@@ -118,17 +122,17 @@ impl TtftSplit {
             left -= got;
             got
         };
-        let (proxy, queue, prefill) = (take(proxy), take(queue), take(prefill));
+        let (proxy, queue, prefill) = (take(proxy), e.queue.map(&mut take), take(prefill));
         TtftSplit {
             proxy: Some(proxy),
-            queue: Some(queue),
+            queue,
             prefill: Some(prefill),
             rest: Some(left),
             clamped,
         }
     }
 
-    /// The four parts, when the TTFT was split.
+    /// The four parts, when the TTFT was split and the engine reported its queue time.
     pub fn parts(&self) -> Option<[Duration; 4]> {
         Some([self.proxy?, self.queue?, self.prefill?, self.rest?])
     }
@@ -203,7 +207,7 @@ mod tests {
                 Some([0, 30, 50, 20]),
                 false,
             ),
-            // Missing engine fields: no split.
+            // Missing engine fields: no split of four (without a queue time, see below).
             (Some(100), Some(2), view(None, Some(50)), None, false),
             (Some(100), Some(2), view(Some(30), None), None, false),
             (Some(100), Some(2), EngineView::default(), None, false),
@@ -222,6 +226,28 @@ mod tests {
                 assert_eq!(p.iter().sum::<Duration>(), ms(t), "exact sum");
             }
         }
+    }
+
+    #[test]
+    fn an_engine_without_a_queue_time_splits_in_three() {
+        // (client TTFT, proxy, engine TTFT) -> (proxy, prefill, rest, clamped); llama.cpp.
+        let table = [
+            (100, 2, 50, [2, 50, 48], false),
+            (52, 2, 50, [2, 50, 0], false),
+            (40, 2, 50, [2, 38, 0], true),
+        ];
+        for (ttft, proxy, prefill, want, clamped) in table {
+            let s = TtftSplit::of(Some(ms(ttft)), Some(ms(proxy)), &view(None, Some(prefill)));
+            assert_eq!(
+                [s.proxy, s.prefill, s.rest],
+                want.map(|w| Some(ms(w))),
+                "{ttft} {proxy} {prefill}"
+            );
+            assert_eq!((s.queue, s.clamped, s.parts()), (None, clamped, None));
+        }
+        // No engine TTFT: nothing.
+        let s = TtftSplit::of(Some(ms(100)), Some(ms(2)), &view(Some(30), None));
+        assert_eq!(s, TtftSplit::default());
     }
 
     #[test]

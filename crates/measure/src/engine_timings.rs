@@ -3,10 +3,19 @@
 //! engine. Read with the cursor of [`crate::scan`], so the inspection pass that meets the
 //! `timings` key can read it in place ([`read_llamacpp_timings`]); plain values out.
 //!
-//! `prompt_ms` runs from the slot taking the task to the prompt's last batch (the first token
-//! comes from its logits): the engine's time to first token after admission. llama.cpp reports
-//! no queue time (a task deferred for want of a slot is not timed) and no scheduling instant.
+//! `prompt_ms` runs from the slot taking the task to the first token (it comes from the
+//! prompt's last batch): the engine's time to first token after admission. `predicted_ms` runs
+//! from the first to the last token, over `predicted_n - 1` decode steps (`server_slot_stats`
+//! in `tools/server/server-common.h` at llama.cpp 0c1e570). llama.cpp reports no queue time (a
+//! task deferred for want of a slot is not timed) and no scheduling instant.
+//!
+//! [`TimingsReport`] is what the meter takes from it: the engine's view (TTFT, decode, mean
+//! ITL, cached prompt tokens, as vLLM's per-request `metrics` say them) and the token counts:
+//! `predicted_n` is the counter llama-server's `usage.completion_tokens` reports (`n_decoded`,
+//! `slot.stats.n_gen`), and `cache_n + prompt_n` its `usage.prompt_tokens`, so a stream with
+//! `timings` and no usage chunk is counted exactly.
 
+use crate::engine::{from_ms, EngineView};
 use crate::scan::{Cursor, Scan};
 
 /// `timings` as `llama-server` writes it (`server_slot_stats::to_json`); a missing or
@@ -32,6 +41,43 @@ impl LlamaTimings {
     pub fn is_empty(&self) -> bool {
         *self == LlamaTimings::default()
     }
+
+    /// What the meter takes from these timings (see the module docs); `None` when empty.
+    pub fn report(&self) -> Option<TimingsReport> {
+        if self.is_empty() {
+            return None;
+        }
+        let ms = |v: Option<f64>| v.and_then(from_ms);
+        // vLLM's mean ITL: decode time over the gaps between tokens (llama.cpp 0c1e570's
+        // `predicted_per_token_ms` is the same; older builds divided by every token).
+        let mean_itl = match (self.predicted_ms, self.predicted_n) {
+            (Some(d), Some(n)) if n >= 2 => from_ms(d / (n - 1) as f64),
+            _ => None,
+        };
+        Some(TimingsReport {
+            view: EngineView {
+                queue: None,
+                ttft: ms(self.prompt_ms),
+                decode: ms(self.predicted_ms),
+                mean_itl,
+                cached_prompt_tokens: self.cache_n,
+            },
+            completion_tokens: self.predicted_n,
+            prompt_tokens: self.cache_n.zip(self.prompt_n).map(|(c, p)| c + p),
+        })
+    }
+}
+
+/// llama.cpp's `timings` in the meter's terms.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TimingsReport {
+    /// The engine's view: TTFT (`prompt_ms`), decode (`predicted_ms`), mean ITL, cached
+    /// prompt tokens (`cache_n`); no queue time.
+    pub view: EngineView,
+    /// Output tokens (`predicted_n`): exact.
+    pub completion_tokens: Option<u64>,
+    /// Prompt tokens (`cache_n + prompt_n`).
+    pub prompt_tokens: Option<u64>,
 }
 
 /// Reads the `timings` value at the cursor (an object); other shapes are skipped and read as
@@ -126,5 +172,64 @@ mod tests {
             assert_eq!(llamacpp_timings(payload.as_bytes()), *want, "{payload}");
         }
         assert!(LlamaTimings::default().is_empty());
+    }
+
+    #[test]
+    fn reports_of_timings() {
+        let ms = |v: u64| Some(std::time::Duration::from_micros(v));
+        let full = LlamaTimings {
+            cache_n: Some(62),
+            prompt_n: Some(1),
+            prompt_ms: Some(0.242),
+            predicted_n: Some(5),
+            predicted_ms: Some(0.31),
+            predicted_per_token_ms: Some(0.0775),
+        };
+        let cases: Vec<(LlamaTimings, Option<TimingsReport>)> = vec![
+            // The real capture (stream-chat-usage.txt): usage said 63 prompt, 5 completion,
+            // 62 cached.
+            (
+                full,
+                Some(TimingsReport {
+                    view: EngineView {
+                        queue: None,
+                        ttft: ms(242),
+                        decode: ms(310),
+                        mean_itl: Some(std::time::Duration::from_nanos(77_500)),
+                        cached_prompt_tokens: Some(62),
+                    },
+                    completion_tokens: Some(5),
+                    prompt_tokens: Some(63),
+                }),
+            ),
+            // One token: no gap, no mean ITL.
+            (
+                LlamaTimings {
+                    predicted_n: Some(1),
+                    predicted_ms: Some(0.001),
+                    ..LlamaTimings::default()
+                },
+                Some(TimingsReport {
+                    view: EngineView {
+                        decode: ms(1),
+                        ..EngineView::default()
+                    },
+                    completion_tokens: Some(1),
+                    prompt_tokens: None,
+                }),
+            ),
+            // A prompt count without the cache count: no prompt total.
+            (
+                LlamaTimings {
+                    prompt_n: Some(3),
+                    ..LlamaTimings::default()
+                },
+                Some(TimingsReport::default()),
+            ),
+            (LlamaTimings::default(), None),
+        ];
+        for (t, want) in cases {
+            assert_eq!(t.report(), want, "{t:?}");
+        }
     }
 }

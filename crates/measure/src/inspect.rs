@@ -7,6 +7,7 @@ use std::ops::Range;
 use serde::Deserialize;
 
 use crate::engine::{from_ms, EngineView};
+use crate::engine_timings::{read_llamacpp_timings, TimingsReport};
 use crate::outcome::FinishReason;
 use crate::scan::{Cursor, Malformed, Scan, Str};
 
@@ -81,6 +82,9 @@ pub struct ChunkInfo {
     /// Sum of [`ChoiceInfo::tokens`] over the choices.
     pub tokens: u32,
     pub usage: Option<Usage>,
+    /// llama.cpp's top-level `timings` (an object with at least one known field), whether or
+    /// not the chunk carries usage.
+    pub timings: Option<TimingsReport>,
     choices: [ChoiceInfo; MAX_CHOICES_PER_CHUNK],
     kept: u8,
 }
@@ -94,6 +98,7 @@ impl ChunkInfo {
             output: false,
             tokens: 0,
             usage: None,
+            timings: None,
             choices: [ChoiceInfo::default(); MAX_CHOICES_PER_CHUNK],
             kept: 0,
         }
@@ -124,6 +129,8 @@ pub struct ResponseInfo {
     /// The first choice's finish reason, or the first `abort` / `error` one when a choice has it.
     pub finish_reason: Option<FinishReason>,
     pub usage: Option<Usage>,
+    /// llama.cpp's `timings` (see [`ChunkInfo::timings`]).
+    pub timings: Option<TimingsReport>,
 }
 
 impl ResponseInfo {
@@ -145,6 +152,9 @@ pub struct EventScan {
     /// The raw JSON value of a top-level `system_fingerprint` that is not `null`, as a range
     /// of the payload given to [`scan_event`] (set whenever the payload is a JSON object).
     pub fingerprint: Option<Range<usize>>,
+    /// The raw JSON value of a top-level `timings` that is not `null`, likewise: llama.cpp
+    /// puts it on its usage chunk when usage was asked for, else on the finish chunk.
+    pub timings: Option<Range<usize>>,
 }
 
 /// Inspect one SSE data payload (the joined `data:` lines, or `[DONE]`).
@@ -181,6 +191,7 @@ fn scan_event_into(data: &[u8], mut log: Option<&mut TokenLog>) -> EventScan {
     let mut scan = EventScan {
         info: ChunkInfo::of_kind(ChunkKind::Unknown),
         fingerprint: None,
+        timings: None,
     };
     if data == b"[DONE]" {
         scan.info.kind = ChunkKind::Done;
@@ -199,6 +210,7 @@ fn scan_event_into(data: &[u8], mut log: Option<&mut TokenLog>) -> EventScan {
                 scan.info = ChunkInfo::of_kind(scan.info.kind);
             }
             scan.fingerprint = body.fingerprint.map(|r| r.start + lead..r.end + lead);
+            scan.timings = body.timings.map(|r| r.start + lead..r.end + lead);
         }
         Err(Malformed) => scan.info = ChunkInfo::of_kind(ChunkKind::Unknown),
     }
@@ -228,6 +240,7 @@ fn inspect_response_into(body: &[u8], mut log: Option<&mut TokenLog>) -> Respons
         failed_count: 0,
         finish_reason: None,
         usage: None,
+        timings: None,
     };
     let mut chunk = ChunkInfo::of_kind(ChunkKind::Unknown);
     let Ok(raw) = read_body(body.trim_ascii(), &mut chunk, log) else {
@@ -236,6 +249,7 @@ fn inspect_response_into(body: &[u8], mut log: Option<&mut TokenLog>) -> Respons
     info.parsed = true;
     info.error = raw.is_error();
     info.usage = chunk.usage;
+    info.timings = chunk.timings;
     if raw.choices {
         info.choice_count = chunk.choice_count;
         info.finished_count = chunk.finished_count;
@@ -261,6 +275,7 @@ struct Body {
     /// `object` is `"error"`.
     object_error: bool,
     fingerprint: Option<Range<usize>>,
+    timings: Option<Range<usize>>,
 }
 
 impl Body {
@@ -293,6 +308,7 @@ const BODY_KEYS: &[&[u8]] = &[
     b"object",
     b"system_fingerprint",
     b"metrics",
+    b"timings",
 ];
 
 /// Reads the top level; the choices and usage go straight into `out` (no copy of the choice
@@ -341,6 +357,15 @@ fn read_body(data: &[u8], out: &mut ChunkInfo, mut log: Option<&mut TokenLog>) -
                 };
             }
             Some(5) => metrics = c.read_or_skip(read_metrics)?.unwrap_or_default(),
+            Some(6) => {
+                let start = c.next_offset();
+                (out.timings, body.timings) = if c.null() {
+                    (None, None)
+                } else {
+                    let t = read_llamacpp_timings(c)?;
+                    (t.report(), Some(start..c.offset()))
+                };
+            }
             _ => c.skip()?,
         }
         Ok(())

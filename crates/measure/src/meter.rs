@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use crate::agent::{response_agent, AgentMeter, AgentSummary, ToolSet};
 use crate::engine::{EngineReport, EngineView, TtftSplit};
+use crate::engine_timings::TimingsReport;
 use crate::inspect::{
     inspect_response_logged, scan_event_logged, ChunkInfo, ChunkKind, RepeatCache, Seen, TokenLog,
     Usage, TEMPLATE_ROOM,
@@ -227,6 +228,9 @@ struct Timeline {
     itl_max: Option<Duration>,
     prompt_tokens: Option<u64>,
     usage_completion: Option<u64>,
+    /// The counts of llama.cpp's `timings` (exact; usage's win when both came).
+    timings_prompt: Option<u64>,
+    timings_completion: Option<u64>,
     done: bool,
     inband_error: bool,
     finish_reason: Option<FinishReason>,
@@ -256,6 +260,14 @@ struct Timeline {
     one_look: u64,
 }
 
+/// Where an event's `system_fingerprint` and `timings` values are (ranges of its payload):
+/// what the usage strip moves from the injected usage chunk back to the finish chunk.
+#[derive(Debug, Default)]
+struct Moved {
+    fingerprint: Option<std::ops::Range<usize>>,
+    timings: Option<std::ops::Range<usize>>,
+}
+
 impl Timeline {
     fn new(t0: Instant) -> Self {
         Self {
@@ -271,6 +283,8 @@ impl Timeline {
             itl_max: None,
             prompt_tokens: None,
             usage_completion: None,
+            timings_prompt: None,
+            timings_completion: None,
             done: false,
             inband_error: false,
             finish_reason: None,
@@ -318,11 +332,11 @@ impl Timeline {
 
     /// What an event's payload says: the template's answer when it repeats it, else a scan's
     /// (which notes the event's tokens in `self.log` and may become the template), with the
-    /// range of its `system_fingerprint` value (scans only; a repeat finishes nothing, so
-    /// the usage strip never needs it).
-    fn look(&mut self, data: &[u8]) -> (ChunkInfo, Option<std::ops::Range<usize>>) {
+    /// ranges of its `system_fingerprint` and `timings` values (scans only; a repeat finishes
+    /// nothing and carries no usage, so the usage strip never needs them).
+    fn look(&mut self, data: &[u8]) -> (ChunkInfo, Moved) {
         if let Some((info, _)) = self.repeated(data) {
-            return (info, None);
+            return (info, Moved::default());
         }
         let scan = scan_event_logged(data, &mut self.log);
         // A template must log nothing (no logprobs, no tool calls): its repeats skip the
@@ -330,7 +344,11 @@ impl Timeline {
         if self.log.is_empty() && self.cacheable() {
             self.repeat.learn(data, &scan.info);
         }
-        (scan.info, scan.fingerprint)
+        let moved = Moved {
+            fingerprint: scan.fingerprint,
+            timings: scan.timings,
+        };
+        (scan.info, moved)
     }
 
     /// An event at `buf`'s start that repeats the template, framed and checked in one look
@@ -400,6 +418,9 @@ impl Timeline {
         if let Some(u) = info.usage {
             self.on_usage(u);
         }
+        if let Some(r) = info.timings {
+            self.on_timings(r);
+        }
         if info.choice_count > 0 && self.t_first_chunk.is_none() {
             self.t_first_chunk = Some(t);
         }
@@ -458,6 +479,33 @@ impl Timeline {
         if u.completion_tokens.is_some() {
             self.usage_completion = u.completion_tokens;
         }
+    }
+
+    /// What a chunk the client never gets (the injected usage chunk) reported: its usage and
+    /// llama.cpp's `timings`.
+    fn on_reported(&mut self, info: &ChunkInfo) {
+        if let Some(u) = info.usage {
+            self.on_usage(u);
+        }
+        if let Some(r) = info.timings {
+            self.on_timings(r);
+        }
+    }
+
+    /// llama.cpp's `timings`: its view of the request and exact counts.
+    fn on_timings(&mut self, r: TimingsReport) {
+        self.engine.update(&r.view);
+        if r.prompt_tokens.is_some() {
+            self.timings_prompt = r.prompt_tokens;
+        }
+        if r.completion_tokens.is_some() {
+            self.timings_completion = r.completion_tokens;
+        }
+    }
+
+    /// Output tokens by the engine's own count: usage's, else `timings`'.
+    fn engine_completion(&self) -> Option<u64> {
+        self.usage_completion.or(self.timings_completion)
     }
 
     /// A choice finished with `abort` or `error`: the engine gave up on it.
@@ -676,9 +724,9 @@ impl StreamMeter {
             if a.tool_calls > 0 || a.reasoning_tokens.is_some() {
                 m.agent = Some(Box::new(a));
             }
-            m.prompt_tokens = tl.prompt_tokens;
-            m.tokens_exact = tl.usage_completion.is_some();
-            m.completion_tokens = tl.usage_completion.or(Some(tl.counted_tokens));
+            m.prompt_tokens = tl.prompt_tokens.or(tl.timings_prompt);
+            m.tokens_exact = tl.engine_completion().is_some();
+            m.completion_tokens = tl.engine_completion().or(Some(tl.counted_tokens));
             m.choices = tl.all_choices().count() as u32;
             m.sse_discarded = self.parser.discarded();
             (m.tpot, m.choice_tpots) = tl.tpots(m.completion_tokens);
@@ -729,12 +777,19 @@ impl StreamMeter {
         }
         self.body = Vec::new();
         m.finish_reason = info.finish_reason;
+        let mut view = EngineView::default();
         if let Some(u) = info.usage {
             m.prompt_tokens = u.prompt_tokens;
             m.completion_tokens = u.completion_tokens;
-            m.tokens_exact = u.completion_tokens.is_some();
-            m.set_engine(u.engine, TtftSplit::default(), 0);
+            view = u.engine;
         }
+        if let Some(r) = info.timings {
+            view.update(&r.view);
+            m.prompt_tokens = m.prompt_tokens.or(r.prompt_tokens);
+            m.completion_tokens = m.completion_tokens.or(r.completion_tokens);
+        }
+        m.tokens_exact = m.completion_tokens.is_some();
+        m.set_engine(view, TtftSplit::default(), 0);
         // No TPOT for JSON: nothing the client saw tells when the first token came, and
         // E2E / tokens would put prefill into the decode series (DESIGN.md).
         if info.error || info.failed_count > 0 {

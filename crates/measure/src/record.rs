@@ -480,6 +480,8 @@ pub fn compute_stats(
             into.extend(v);
         }
         let s = m.ttft_split();
+        // Four parts only (an engine without a queue time, llama.cpp, is left out): the
+        // parts of the same requests, as on /metrics and the page.
         if let Some(parts) = s.parts() {
             for (into, d) in split.iter_mut().zip(parts) {
                 into.push(secs(d));

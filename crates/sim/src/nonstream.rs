@@ -139,6 +139,15 @@ pub async fn run(
     let tokens = choices.iter().map(|c| c.tokens).sum();
     tmpl.set_engine_metrics(PerRequestMetrics::new(&run.times(), tokens));
     tmpl.set_prompt_details(run.prompt_details());
+    if tmpl.reports_timings() {
+        let t = crate::personality::timings::llamacpp_timings(
+            &run.times(),
+            tmpl.prompt_tokens(),
+            run.cached_tokens(),
+            tokens,
+        );
+        tmpl.set_timings(t);
+    }
     let body = Bytes::from(tmpl.json_body(&choices));
     if faults.truncate_after.is_some() {
         // Count it as an abort, as a real cut connection would be.

@@ -7,7 +7,7 @@
 //! - where the Prometheus text is served ([`Personality::metrics_path`]: `trtllm-serve` serves
 //!   it on `/prometheus/metrics`);
 //! - the stream: SGLang's `--stream-response-default-include-usage` (usage the client did not
-//!   ask for) and llama.cpp's `timings` on the last chunk (see `stream_usage`, `timings`).
+//!   ask for) and llama.cpp's `timings` on the last chunk ([`timings`]).
 //!
 //! Shaped from each engine's source; files and commits are cited in docs/engines.md.
 
@@ -64,6 +64,11 @@ impl Personality {
         Personality::Tgi,
         Personality::Trtllm,
     ];
+
+    /// The engine ends each request with llama.cpp's `timings` ([`timings`]).
+    pub fn reports_timings(self) -> bool {
+        self == Personality::Llamacpp
+    }
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -522,6 +527,8 @@ fn trtllm(o: &mut String, m: &EngineMetrics) {
         }
     }
 }
+
+pub mod timings;
 
 #[cfg(test)]
 mod tests;

@@ -165,6 +165,9 @@ pub struct Templates {
     /// The engine's timings, once the request ended (see [`Templates::set_engine_metrics`]).
     engine_metrics: Option<PerRequestMetrics>,
     prompt_details: Option<PromptDetails>,
+    /// llama.cpp's `timings` (its personality): asked for, and the object once known.
+    reports_timings: bool,
+    timings: Option<String>,
 }
 
 impl Templates {
@@ -194,7 +197,37 @@ impl Templates {
             per_request_metrics: false,
             engine_metrics: None,
             prompt_details: None,
+            reports_timings: false,
+            timings: None,
         }
+    }
+
+    /// The request ends with llama.cpp's `timings`: on the usage chunk when one comes, else on
+    /// the finish chunk, and on a JSON body (see `personality::timings`).
+    pub fn with_timings(mut self, reports: bool) -> Self {
+        self.reports_timings = reports;
+        self
+    }
+
+    pub fn reports_timings(&self) -> bool {
+        self.reports_timings
+    }
+
+    /// The `timings` object of the request, once it finished.
+    pub fn set_timings(&mut self, timings: String) {
+        self.timings = Some(timings);
+    }
+
+    fn push_timings(&self, buf: &mut BytesMut) {
+        if let Some(t) = self.timings.as_ref().filter(|_| self.reports_timings) {
+            buf.extend_from_slice(b",\"timings\":");
+            buf.extend_from_slice(t.as_bytes());
+        }
+    }
+
+    /// The prompt's length in tokens.
+    pub fn prompt_tokens(&self) -> u64 {
+        self.prompt_tokens
     }
 
     /// The engine's options that change the stream: `--enable-force-include-usage` (usage on
@@ -343,6 +376,7 @@ impl Templates {
         self.push_continuous_usage(buf, completion);
         if finish.is_some() && !self.include_usage {
             push_fingerprint(buf);
+            self.push_timings(buf);
         }
         buf.extend_from_slice(b"}\n\n");
     }
@@ -365,6 +399,7 @@ impl Templates {
         if let Some(m) = self.reported_metrics() {
             push_metrics(buf, &m, true);
         }
+        self.push_timings(buf);
         buf.extend_from_slice(b"}\n\n");
     }
 
@@ -427,6 +462,11 @@ impl Templates {
             // Every layout above ends in `"metrics":null}`: the object takes the null's place.
             b.truncate(b.len() - b"null}".len());
             push_metrics(&mut b, &m, false);
+            b.extend_from_slice(b"}");
+        }
+        if self.timings.is_some() {
+            b.truncate(b.len() - 1);
+            self.push_timings(&mut b);
             b.extend_from_slice(b"}");
         }
         b.to_vec()

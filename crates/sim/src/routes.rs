@@ -238,10 +238,12 @@ async fn generate(
     }
     // SGLang's `--stream-response-default-include-usage`: usage as if the client asked.
     greq.include_usage |= cfg.stream_response_default_include_usage;
-    let tmpl = Templates::new(&greq, &cfg.models[greq.model_idx], eng.created).engine_options(
-        cfg.enable_force_include_usage,
-        cfg.enable_per_request_metrics,
-    );
+    let tmpl = Templates::new(&greq, &cfg.models[greq.model_idx], eng.created)
+        .engine_options(
+            cfg.enable_force_include_usage,
+            cfg.enable_per_request_metrics,
+        )
+        .with_timings(cfg.personality.reports_timings());
     let run = Run::new(eng.clone(), &greq, arrival, arrival_no);
     let agents = agent::plans(&greq, faults.reasoning, faults.tool_call);
     if greq.stream {

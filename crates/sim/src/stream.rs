@@ -240,6 +240,19 @@ impl SseBody {
     /// first event, all role chunks of a step first, as vLLM orders them).
     fn flush_ready(&mut self) {
         let logprobs = self.run.gen.logprobs();
+        let finishing = self
+            .ready
+            .iter()
+            .any(|&i| self.pending[i as usize].finish.is_some());
+        if finishing && self.tmpl.reports_timings() {
+            let timings = crate::personality::timings::llamacpp_timings(
+                &self.run.times(),
+                self.tmpl.prompt_tokens(),
+                self.run.cached_tokens(),
+                self.run.gen.total_tokens(),
+            );
+            self.tmpl.set_timings(timings);
+        }
         if self.api == Api::Chat {
             for &i in &self.ready {
                 let p = &mut self.pending[i as usize];

@@ -40,6 +40,7 @@ fn check(data: &[u8]) -> Result<ChunkKind, TestCaseError> {
     );
     built.choices[..want.choices.len()].copy_from_slice(&want.choices);
     built.kept = want.choices.len() as u8;
+    built.timings = want.timings;
     prop_assert_eq!(inspect_chunk(data), built, "payload {}", shown());
     Ok(want.kind)
 }
@@ -688,6 +689,36 @@ impl Gen {
         if self.chance(35) {
             let v = self.field(|_| J::Str("vllm-0.32.0-f1283a03".into()));
             m.push(("system_fingerprint".into(), v));
+        }
+        if self.chance(15) {
+            // llama.cpp's `timings`: known fields with odd values too, and unknown ones.
+            let v = self.field(|g| {
+                let mut t: Vec<(String, J)> = Vec::new();
+                for key in [
+                    "cache_n",
+                    "prompt_n",
+                    "prompt_ms",
+                    "prompt_per_second",
+                    "predicted_n",
+                    "predicted_ms",
+                    "predicted_per_token_ms",
+                    "draft_n",
+                ] {
+                    if g.chance(70) {
+                        // No exponent `lax` rewrites: the oracle would read another number.
+                        let v = match g.below(10) {
+                            0 => J::Raw("null"),
+                            1 => J::Str("x".into()),
+                            _ => J::Num(
+                                g.pick(&["0", "1", "5", "63", "0.242", "1.5e2", "-1", "2.0"]),
+                            ),
+                        };
+                        t.push((key.into(), v));
+                    }
+                }
+                J::Obj(t)
+            });
+            m.push(("timings".into(), v));
         }
         for _ in 0..self.below(3) {
             let key = self.pick(&["prompt_token_ids", "Choices", "usage_", "finish_reason"]);

@@ -174,6 +174,27 @@ fn oracle_engine(m: &Map<String, Value>, u: &Map<String, Value>) -> crate::engin
     }
 }
 
+/// llama.cpp's `timings`: an object's known fields (integers, finite non-negative numbers),
+/// reported when any is there.
+fn oracle_timings(m: &Map<String, Value>) -> Option<crate::engine_timings::TimingsReport> {
+    let t = m.get("timings")?.as_object()?;
+    let uint = |k: &str| t.get(k).and_then(Value::as_u64);
+    let float = |k: &str| {
+        t.get(k)
+            .and_then(Value::as_f64)
+            .filter(|f| f.is_finite() && *f >= 0.0)
+    };
+    crate::engine_timings::LlamaTimings {
+        cache_n: uint("cache_n"),
+        prompt_n: uint("prompt_n"),
+        prompt_ms: float("prompt_ms"),
+        predicted_n: uint("predicted_n"),
+        predicted_ms: float("predicted_ms"),
+        predicted_per_token_ms: float("predicted_per_token_ms"),
+    }
+    .report()
+}
+
 /// The top-level reading: (is error, choices, usage), `None` when a field is refused.
 type Top = (bool, Option<Vec<ChoiceInfo>>, Option<Usage>);
 
@@ -215,6 +236,9 @@ pub struct Expected {
     pub choices: Vec<ChoiceInfo>,
     /// The value of `system_fingerprint`, when the payload is a JSON object with one not null.
     pub fingerprint: Option<Value>,
+    /// llama.cpp's `timings`, read (chunks only) and raw (when not null, as the fingerprint).
+    pub timings: Option<crate::engine_timings::TimingsReport>,
+    pub timings_raw: Option<Value>,
     /// What a traced scan logs (chunks only): every choice with tokens or output.
     pub log: Vec<LogChoice>,
     /// The tool-call entries an untraced scan logs (chunks only).
@@ -365,6 +389,8 @@ impl Expected {
             usage: None,
             choices: Vec::new(),
             fingerprint,
+            timings: None,
+            timings_raw: None,
             log: Vec::new(),
             calls: Vec::new(),
         }
@@ -389,6 +415,10 @@ impl Expected {
             fingerprint: s
                 .fingerprint
                 .map(|r| serde_json::from_slice::<Value>(&lax(&data[r])).unwrap_or(Value::Null)),
+            timings: s.info.timings,
+            timings_raw: s
+                .timings
+                .map(|r| serde_json::from_slice::<Value>(&lax(&data[r])).unwrap_or(Value::Null)),
             log,
             calls: scanned_calls(data),
         }
@@ -411,13 +441,20 @@ pub fn oracle(data: &[u8]) -> Expected {
         .get("system_fingerprint")
         .filter(|v| !v.is_null())
         .cloned();
-    if error {
-        return Expected::of_kind(ChunkKind::Error, fingerprint);
-    }
-    if choices.is_none() && usage.is_none() {
-        return Expected::of_kind(ChunkKind::Unknown, fingerprint);
+    let timings_raw = m.get("timings").filter(|v| !v.is_null()).cloned();
+    if error || (choices.is_none() && usage.is_none()) {
+        let kind = if error {
+            ChunkKind::Error
+        } else {
+            ChunkKind::Unknown
+        };
+        let mut e = Expected::of_kind(kind, fingerprint);
+        e.timings_raw = timings_raw;
+        return e;
     }
     let mut e = Expected::of_kind(ChunkKind::Chunk, fingerprint);
+    e.timings = oracle_timings(&m);
+    e.timings_raw = timings_raw;
     e.log = oracle_log(&m);
     e.calls = oracle_calls(&m, "delta");
     if lax(data) != data {
@@ -446,6 +483,7 @@ pub fn oracle_response(body: &[u8]) -> ResponseInfo {
         failed_count: 0,
         finish_reason: None,
         usage: None,
+        timings: None,
     };
     let Some((error, choices, usage)) = parse(body.trim_ascii()).as_ref().and_then(oracle_top)
     else {
@@ -454,6 +492,7 @@ pub fn oracle_response(body: &[u8]) -> ResponseInfo {
     info.parsed = true;
     info.error = error;
     info.usage = usage;
+    info.timings = parse(body.trim_ascii()).as_ref().and_then(oracle_timings);
     if let Some(c) = choices {
         let finish = |c: &ChoiceInfo| c.finish;
         info.choice_count = c.len() as u32;

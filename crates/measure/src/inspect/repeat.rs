@@ -230,7 +230,8 @@ impl RepeatCache {
         let worth = info.kind == ChunkKind::Chunk
             && info.output
             && info.finished_count == 0
-            && info.usage.is_none();
+            && info.usage.is_none()
+            && info.timings.is_none();
         if worth && self.template.learn(data) {
             self.info = *info;
             Seen::Learned

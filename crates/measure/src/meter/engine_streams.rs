@@ -3,6 +3,8 @@
 //! (usage the client did not ask for), TGI (role and first token in one chunk, keep-alive
 //! comment frames), and chunks that are not events of the timeline (pings, `choices: []`
 //! progress). Expected values come from an independent reading of each event with serde_json.
+//! llama.cpp's `timings` count the tokens exactly (`predicted_n` is the count its usage reports)
+//! and survive the usage strip: they move back to the finish chunk.
 
 use super::*;
 use crate::fixtures::parse_capture;
@@ -43,7 +45,9 @@ fn read(block: &str) -> (bool, bool, Option<u64>) {
     (
         !choices.is_empty(),
         output,
-        v["usage"]["completion_tokens"].as_u64(),
+        v["usage"]["completion_tokens"]
+            .as_u64()
+            .or(v["timings"]["predicted_n"].as_u64()),
     )
 }
 
@@ -196,4 +200,97 @@ fn progress_chunks_and_comments_never_start_ttft() {
     assert_eq!(m.ttfc, Some(ms(130)));
     assert_eq!(m.ttft, Some(ms(130)));
     assert_eq!(m.completion_tokens, Some(2));
+}
+
+/// The capture's id and every value inside `timings` masked: what differs between two
+/// responses to the same request.
+fn masked(body: &str) -> String {
+    let mut out = String::new();
+    for line in body.split_inclusive('\n') {
+        let mut line = line.to_string();
+        if let Some(at) = line.find("chatcmpl-") {
+            let end = at + line[at..].find('"').unwrap();
+            line.replace_range(at..end, "chatcmpl-ID");
+        }
+        if let Some(at) = line.find("\"timings\":{") {
+            let end = at + line[at..].find('}').unwrap();
+            line.replace_range(at..=end, "\"timings\":{T}");
+        }
+        out.push_str(&line);
+    }
+    out
+}
+
+/// Strips `body` as the proxy does after injecting usage, in frames of `frame` bytes.
+fn stripped(body: &[u8], frame: usize) -> (String, Measurement) {
+    let t0 = Instant::now();
+    let mut m = StreamMeter::new(t0, true).strip_usage();
+    m.on_head(t0, 200);
+    let mut out = std::collections::VecDeque::new();
+    for (i, f) in body.chunks(frame).enumerate() {
+        let t = t0 + ms(1 + i as u64);
+        m.on_upstream_frame(t, bytes::Bytes::copy_from_slice(f), &mut out, |_| {});
+    }
+    let end = t0 + ms(1000);
+    m.end_of_upstream(end, &mut out);
+    let bytes: Vec<u8> = out.iter().flat_map(|b| b.iter().copied()).collect();
+    (
+        String::from_utf8(bytes).unwrap(),
+        m.finish(end, Ending::Complete),
+    )
+}
+
+#[test]
+fn llamacpp_timings_move_back_to_the_finish_chunk_when_usage_is_stripped() {
+    let usage = capture("stream-chat-usage.txt").concat();
+    let plain = capture("stream-chat.txt").concat();
+    // The same timings, where llama-server puts them without usage: the finish chunk's end.
+    let usage_line = usage
+        .lines()
+        .find(|l| l.contains("\"choices\":[]"))
+        .unwrap();
+    let timings = &usage_line[usage_line.find(",\"timings\":").unwrap()..usage_line.len() - 1];
+    let finish_line = usage
+        .lines()
+        .find(|l| l.contains("\"finish_reason\":\"length\""))
+        .unwrap();
+    let want = usage.replace(&format!("{usage_line}\n\n"), "").replace(
+        finish_line,
+        &format!("{}{timings}}}", &finish_line[..finish_line.len() - 1]),
+    );
+    for frame in [usage.len(), 64, 7, 1] {
+        let (got, m) = stripped(usage.as_bytes(), frame);
+        assert_eq!(got, want, "frames of {frame}");
+        // And the real stream without usage has that shape.
+        assert_eq!(masked(&got), masked(&plain), "frames of {frame}");
+        assert!(m.usage_injected && m.usage_stripped);
+        assert_eq!(
+            (m.prompt_tokens, m.completion_tokens, m.tokens_exact),
+            (Some(63), Some(5), true)
+        );
+        assert_eq!(m.engine_view().cached_prompt_tokens, Some(62));
+        assert_eq!(m.engine_view().ttft, Some(Duration::from_micros(242)));
+    }
+}
+
+#[test]
+fn llamacpp_timings_count_the_tokens_and_tell_the_engines_view() {
+    // No usage chunk (the proxy does not inject for llama.cpp): `timings` on the finish chunk.
+    let m = measure(&capture("stream-chat.txt"));
+    assert_eq!(
+        (m.prompt_tokens, m.completion_tokens, m.tokens_exact),
+        (Some(63), Some(5), true)
+    );
+    let v = m.engine_view();
+    assert_eq!(v.queue, None, "llama.cpp reports no queue time");
+    assert_eq!(v.ttft, Some(Duration::from_micros(1496)));
+    assert_eq!(v.decode, Some(Duration::from_micros(530)));
+    assert_eq!(v.mean_itl, Some(Duration::from_nanos(132_500)));
+    assert_eq!(v.cached_prompt_tokens, Some(0));
+    // A usage chunk without timings would have been stripped; one with them and no finish
+    // chunk held passes whole.
+    let lone = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":0},\"timings\":{\"predicted_n\":0}}\n\ndata: [DONE]\n\n";
+    let (got, m) = stripped(lone.as_bytes(), lone.len());
+    assert_eq!(got, lone);
+    assert_eq!(m.completion_tokens, Some(0));
 }

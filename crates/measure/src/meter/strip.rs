@@ -15,6 +15,14 @@
 //! once for both the meter and the strip's decision. Only a held finish chunk is looked at a
 //! second time, when it is released (metered then, as the client gets it then).
 //!
+//! llama.cpp (`llama-server`) does the same with its `timings` object: on the finish chunk
+//! without usage, last on the usage chunk with it (captures `llamacpp-0c1e570/stream-chat.txt`
+//! vs `stream-chat-usage.txt`); it goes back before the finish chunk's closing `}` too, where
+//! the engine asked directly puts it. The proxy does not inject usage for a replica it knows to
+//! be llama.cpp (its `timings` count the tokens exactly); this restores the client's bytes for
+//! one it does not know yet. A usage chunk with `timings` but no held finish chunk to take them
+//! passes whole: what the engine said is never dropped.
+//!
 //! What the engine sends of its own accord is never removed: an engine that puts `usage` on
 //! chunks with choices (vLLM's `--enable-force-include-usage`, which forces continuous usage;
 //! the proxy never injects continuous usage) sends the final usage chunk whatever the request
@@ -53,9 +61,12 @@ enum Class {
     Other,
     /// A chunk where some choice finishes, without usage; whether it has a fingerprint.
     Finish { has_fingerprint: bool },
-    /// A `choices:[]` chunk with usage: the injected one, with `system_fingerprint`'s raw
-    /// JSON text, if any.
-    Usage(Option<Bytes>),
+    /// A `choices:[]` chunk with usage: the injected one, with the raw JSON text of its
+    /// `system_fingerprint` and `timings`, if any.
+    Usage {
+        fingerprint: Option<Bytes>,
+        timings: Option<Bytes>,
+    },
 }
 
 /// The strip's state (see the module docs); boxed in the meter, which has one only when
@@ -174,19 +185,31 @@ fn meter_held_now(
     std::mem::swap(&mut tl.log, &mut strip.spare_log);
 }
 
-/// `,"system_fingerprint":<fp>` before the last `}` of the event (its JSON object's end).
-fn insert_fingerprint(event: &[u8], fp: &[u8]) -> Bytes {
-    match event.iter().rposition(|b| *b == b'}') {
-        Some(at) => {
-            let mut out = BytesMut::with_capacity(event.len() + fp.len() + 22);
-            out.extend_from_slice(&event[..at]);
-            out.extend_from_slice(br#","system_fingerprint":"#);
-            out.extend_from_slice(fp);
-            out.extend_from_slice(&event[at..]);
-            out.freeze()
+/// `,"<key>":<value>` for each field, in order, before the last `}` of the event (its JSON
+/// object's end).
+fn insert_fields(event: Bytes, fields: &[(&[u8], Option<&Bytes>)]) -> Bytes {
+    let (Some(at), true) = (
+        event.iter().rposition(|b| *b == b'}'),
+        fields.iter().any(|(_, v)| v.is_some()),
+    ) else {
+        return event;
+    };
+    let extra: usize = fields
+        .iter()
+        .filter_map(|(k, v)| Some(k.len() + (*v)?.len() + 4))
+        .sum();
+    let mut out = BytesMut::with_capacity(event.len() + extra);
+    out.extend_from_slice(&event[..at]);
+    for (key, value) in fields {
+        if let Some(v) = value {
+            out.extend_from_slice(b",\"");
+            out.extend_from_slice(key);
+            out.extend_from_slice(b"\":");
+            out.extend_from_slice(v);
         }
-        None => Bytes::copy_from_slice(event),
     }
+    out.extend_from_slice(&event[at..]);
+    out.freeze()
 }
 
 impl StreamMeter {
@@ -330,11 +353,29 @@ impl StreamMeter {
                 strip.held_has_fingerprint = has_fingerprint;
                 Fate::Held
             }
-            Some(Class::Usage(fingerprint)) => {
+            Some(Class::Usage {
+                timings: Some(_), ..
+            }) if strip.held.is_none() => {
+                // Timings with no finish chunk to take them: the chunk passes whole.
+                match event {
+                    Some(e) => acc.piece(frame, e),
+                    None => acc.range(frame, start, end),
+                }
+                Fate::Passed
+            }
+            Some(Class::Usage {
+                fingerprint,
+                timings,
+            }) => {
                 let fp = fingerprint.filter(|_| !strip.held_has_fingerprint);
-                let h = strip.held.take().map(|h| match fp {
-                    Some(fp) => insert_fingerprint(&h, &fp),
-                    None => h,
+                let h = strip.held.take().map(|h| {
+                    insert_fields(
+                        h,
+                        &[
+                            (b"system_fingerprint", fp.as_ref()),
+                            (b"timings", timings.as_ref()),
+                        ],
+                    )
                 });
                 release(strip, h, frame, acc);
                 Fate::Dropped
@@ -381,17 +422,20 @@ fn judge(
         tl.inband_error = true;
         return Class::Other;
     }
-    let (info, fingerprint) = tl.look(ev.data);
+    let (info, moved) = tl.look(ev.data);
     if info.kind == ChunkKind::Chunk && info.choice_count > 0 && info.usage.is_some() {
         strip.engine_usage = true;
     }
     let class = if info.kind != ChunkKind::Chunk {
         Class::Other
     } else if info.choice_count == 0 && info.usage.is_some() && !strip.engine_usage {
-        Class::Usage(fingerprint_bytes(ev.data, fingerprint))
+        Class::Usage {
+            fingerprint: raw_bytes(ev.data, moved.fingerprint),
+            timings: raw_bytes(ev.data, moved.timings),
+        }
     } else if info.finished_count > 0 && info.usage.is_none() {
         Class::Finish {
-            has_fingerprint: fingerprint.is_some(),
+            has_fingerprint: moved.fingerprint.is_some(),
         }
     } else {
         Class::Other
@@ -401,18 +445,18 @@ fn judge(
             meter_held(tl, strip, t, on_gap);
             tl.on_info(t, &info, ev.data, on_gap);
         }
-        Class::Finish { .. } | Class::Usage(_) => {
+        Class::Finish { .. } | Class::Usage { .. } => {
             // Not metered now: the log is the held chunk's to fill again on release.
             tl.log.clear();
             meter_held(tl, strip, t, on_gap);
-            if let (Class::Usage(_), Some(u)) = (&class, info.usage) {
-                tl.on_usage(u);
+            if let Class::Usage { .. } = class {
+                tl.on_reported(&info);
             }
         }
     }
     class
 }
 
-fn fingerprint_bytes(data: &[u8], at: Option<Range<usize>>) -> Option<Bytes> {
+fn raw_bytes(data: &[u8], at: Option<Range<usize>>) -> Option<Bytes> {
     at.and_then(|r| data.get(r)).map(Bytes::copy_from_slice)
 }
