@@ -129,8 +129,7 @@ pub fn build(
     // Innermost, right before forwarding: it rewrites the collected body (usage injection) and
     // marks a response whose usage chunk the recorder's body strips again.
     let inner: Stage<Bytes> = if measured {
-        let usage =
-            UsageLayer::new(recorder.usage_injection()).usage_unasked(&config.engine.usage_unasked);
+        let usage = UsageLayer::new(recorder.usage_injection());
         stage(usage.layer(forward))
     } else {
         stage(forward)

@@ -194,7 +194,7 @@ pub struct EngineConfig {
     /// Per configured replica URL (as written, without a trailing `/`): its engine.
     pub kinds: Vec<(String, EngineKind)>,
     /// Replica URLs (as written, without a trailing `/`) whose engine adds usage to every
-    /// stream, asked or not: usage is never stripped from their streams.
+    /// stream, asked or not: usage is never injected into (nor stripped from) their streams.
     pub usage_unasked: Vec<String>,
 }
 

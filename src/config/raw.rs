@@ -561,9 +561,10 @@ pub struct RawEngine {
     /// as `kind`, which applies to every replica not listed here).
     pub kinds: BTreeMap<String, String>,
     /// Replicas (URLs as written in `upstream.urls`) that end every stream with a usage
-    /// chunk whether the client asked or not (SGLang `--stream-response-default-include-usage`):
-    /// the proxy never strips usage from their streams, so their clients get it as they would
-    /// straight from the engine.
+    /// chunk whether the client asked or not (SGLang `--stream-response-default-include-usage`),
+    /// whatever their engine: the proxy never injects usage into their requests (so never
+    /// strips it), and their clients get it as they would straight from the engine. Replicas
+    /// detected as SGLang need not be listed: the proxy learns it from their first stream.
     pub usage_unasked: Vec<String>,
 }
 

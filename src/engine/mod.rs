@@ -49,6 +49,14 @@ impl EngineReplica {
             // Known before the first scrape (and without scraping).
             replica.set_engine_kind(kind);
         }
+        let url = replica.url.trim_end_matches('/');
+        if config
+            .usage_unasked
+            .iter()
+            .any(|u| u.trim_end_matches('/') == url)
+        {
+            replica.set_usage_unasked(streams::Unasked::Configured);
+        }
         Self {
             replica: replica.clone(),
             configured,

@@ -8,8 +8,6 @@
 //!
 //! Innermost, after collect (it rewrites the collected body) and right before forwarding.
 
-use std::sync::Arc;
-
 use bytes::Bytes;
 use http::{Request, Response};
 use tower::{Layer, Service};
@@ -20,7 +18,6 @@ use crate::body::ProxyBody;
 use crate::context::RequestContext;
 use crate::error::ProxyError;
 use crate::recorder::UsageInjected;
-use crate::upstream::forward::ServedBy;
 use goodput_measure::usage::inject_include_usage;
 
 /// The request body with usage injected (a request extension): forwarding sends it instead of
@@ -32,27 +29,20 @@ pub struct UsageOffer(pub Bytes);
 #[derive(Debug, Clone, Copy)]
 pub struct OfferTaken;
 
+/// Forwarding sent the client's body to learn whether the replica's engine adds usage unasked
+/// (a response extension): the record of the stream tells (`engine::streams::Unasked`).
+#[derive(Debug, Clone, Copy)]
+pub struct LearnsUnasked;
+
 #[derive(Debug, Clone)]
 pub struct UsageLayer {
     /// `[measure] usage_injection = "auto"`.
     inject: bool,
-    /// Replicas whose engine adds usage to every stream, asked or not (`engine.usage_unasked`):
-    /// their usage chunk is what the client would have got anyway, so it is never stripped.
-    unasked: Arc<[Arc<str>]>,
 }
 
 impl UsageLayer {
     pub fn new(inject: bool) -> Self {
-        Self {
-            inject,
-            unasked: Arc::from([]),
-        }
-    }
-
-    /// Replicas (URLs as configured) whose streams keep their usage chunk.
-    pub fn usage_unasked(mut self, urls: &[String]) -> Self {
-        self.unasked = urls.iter().map(|u| Arc::from(u.as_str())).collect();
-        self
+        Self { inject }
     }
 }
 
@@ -91,17 +81,11 @@ where
         };
         req.extensions_mut().insert(UsageOffer(Bytes::from(body)));
         let fut = inner.call(req);
-        let unasked = self.unasked.clone();
         Box::pin(async move {
             let mut resp = fut.await?;
             let taken = resp.extensions().get::<OfferTaken>().is_some();
-            let adds_usage = resp
-                .extensions()
-                .get::<ServedBy>()
-                .is_some_and(|s| unasked.iter().any(|u| **u == *s.0));
-            // An error body (4xx/5xx JSON) carries no usage chunk to strip, and an engine that
-            // adds usage unasked sent the one the client would have got anyway.
-            if taken && resp.status().is_success() && !adds_usage {
+            // An error body (4xx/5xx JSON) carries no usage chunk to strip.
+            if taken && resp.status().is_success() {
                 resp.extensions_mut().insert(UsageInjected);
             }
             Ok(resp)

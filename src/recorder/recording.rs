@@ -11,7 +11,9 @@ use super::{unix_ms_at, Recorder, GAPS_KEPT_PER_REQUEST};
 use crate::auth::{Tenant, NO_TENANT};
 use crate::body::{BoxError, ProxyBody};
 use crate::context::RequestContext;
+use crate::engine::streams::Unasked;
 use crate::error::ProxyError;
+use crate::layer::usage::LearnsUnasked;
 use crate::metrics::RequestMetrics;
 use crate::upstream::deadline::DeadlineError;
 use crate::upstream::forward::{Routed, ServedBy};
@@ -55,6 +57,8 @@ pub struct Finish {
     upstream: Option<Arc<str>>,
     /// How the replica that answered was chosen (absent when none did).
     routed: Option<Routed>,
+    /// The stream was left alone to learn whether its engine adds usage unasked.
+    learns_unasked: bool,
 }
 
 impl Recording {
@@ -142,6 +146,7 @@ impl Open {
             started,
             upstream: None,
             routed: None,
+            learns_unasked: false,
         }
     }
 
@@ -160,6 +165,7 @@ impl Open {
         let tools = facts.and_then(|f| f.tools.clone());
         finish.upstream = parts.extensions.get::<ServedBy>().map(|s| s.0.clone());
         finish.routed = parts.extensions.remove::<Routed>();
+        finish.learns_unasked = parts.extensions.get::<LearnsUnasked>().is_some();
         // The proxy's own time: t0 until forwarding handed the attempt that answered to the
         // upstream client (its part of the TTFT split).
         let proxy_time = finish
@@ -269,6 +275,16 @@ impl Finish {
                     rec.measured.prompt_tokens,
                 ) {
                     r.learn(cached, prompt);
+                }
+                if self.learns_unasked && rec.measured.outcome == Outcome::Success {
+                    // The client asked for no usage and got the engine's stream as it came:
+                    // usage in it (exact tokens) was the engine's own.
+                    let learned = if rec.measured.tokens_exact {
+                        Unasked::Yes
+                    } else {
+                        Unasked::No
+                    };
+                    r.replica.set_usage_unasked(learned);
                 }
                 let mut attempts = r.attempts;
                 attempts.pop();

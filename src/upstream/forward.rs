@@ -26,8 +26,9 @@ use super::strategy::{Balancer, Belief, Cand, Reason};
 use super::{OutputLoad, Replica, Upstreams};
 use crate::body::ProxyBody;
 use crate::context::{ConnInfo, RequestContext, X_GOODPUT_TRACE, X_REQUEST_ID};
+use crate::engine::streams::{usage_for, Usage};
 use crate::error::ProxyError;
-use crate::layer::usage::{OfferTaken, UsageOffer};
+use crate::layer::usage::{LearnsUnasked, OfferTaken, UsageOffer};
 
 /// Which replica served a response (a response extension, read by the access log and meter).
 #[derive(Debug, Clone)]
@@ -148,9 +149,8 @@ async fn forward(
         let uri = replica
             .uri_for(path_and_query)
             .map_err(|e| ProxyError::Upstream { source: e.into() })?;
-        let injected = offer
-            .as_ref()
-            .filter(|_| crate::engine::streams::injects_usage(replica.engine_kind()));
+        let usage = usage_for(replica.engine_kind(), replica.usage_unasked());
+        let injected = offer.as_ref().filter(|_| usage == Usage::Inject);
         let mut out = Request::new(Full::new(injected.map_or(&body, |o| &o.0).clone()));
         *out.method_mut() = parts.method.clone();
         *out.uri_mut() = uri;
@@ -224,6 +224,8 @@ async fn forward(
         };
         if injected.is_some() {
             rparts.extensions.insert(OfferTaken);
+        } else if offer.is_some() && usage == Usage::Learn {
+            rparts.extensions.insert(LearnsUnasked);
         }
         rparts.extensions.insert(ServedBy(replica.url.clone()));
         rparts.extensions.insert(Routed {

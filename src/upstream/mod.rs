@@ -24,6 +24,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tower::util::BoxCloneSyncService;
 
 use crate::config::{EngineKind, UpstreamConfig};
+use crate::engine::streams::Unasked;
 use crate::metrics::Registrar;
 use prometheus::Registry;
 
@@ -62,6 +63,8 @@ pub struct Replica {
     /// index in [`EngineKind::ALL`] + 1): what the proxy may change in its requests depends on
     /// how that engine streams (`engine::streams`).
     kind: AtomicU8,
+    /// Whether its engine adds usage unasked (the index in [`Unasked::ALL`]).
+    usage_unasked: AtomicU8,
     /// The balancer's view: identity in the prefix index, tokens in flight, what clients got.
     pub route: RouteState,
 }
@@ -157,6 +160,7 @@ impl Replica {
             healthy: AtomicBool::new(false),
             engine: EngineCell::new(),
             kind: AtomicU8::new(0),
+            usage_unasked: AtomicU8::new(0),
             route: RouteState::new(),
         })
     }
@@ -205,6 +209,27 @@ impl Replica {
             .position(|k| *k == kind)
             .map_or(0, |i| i + 1);
         self.kind.store(i as u8, Ordering::Relaxed);
+    }
+
+    /// Whether its engine adds usage to streams unasked, as configured or learned.
+    pub fn usage_unasked(&self) -> Unasked {
+        let i = usize::from(self.usage_unasked.load(Ordering::Relaxed));
+        Unasked::ALL.get(i).copied().unwrap_or(Unasked::Unknown)
+    }
+
+    /// Set from the configuration ([`Unasked::Configured`]), or learned from a stream the
+    /// proxy left alone; a configured answer is never replaced.
+    pub fn set_usage_unasked(&self, v: Unasked) {
+        let i = Unasked::ALL.iter().position(|u| *u == v).unwrap_or(0) as u8;
+        let configured = Unasked::ALL
+            .iter()
+            .position(|u| *u == Unasked::Configured)
+            .unwrap_or(0) as u8;
+        let _ = self
+            .usage_unasked
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                (old != configured).then_some(i)
+            });
     }
 
     /// Requests waiting in the engine's own queue, as last scraped (0 when unknown).

@@ -3,7 +3,8 @@
 //! engine when the replica is listed in `engine.usage_unasked`, and the record counts it
 //! exactly; llama.cpp's `timings` reach the client where the engine puts them, whether the
 //! proxy knows the replica is llama.cpp (no injection) or not yet (injected usage stripped,
-//! `timings` moved back), and count the tokens exactly.
+//! `timings` moved back), and count the tokens exactly. For a replica detected as SGLang the
+//! proxy learns from one stream it leaves alone whether the engine adds usage unasked.
 
 use crate::support::meter::*;
 use crate::support::prom::*;
@@ -153,4 +154,73 @@ async fn llamacpp_timings_reach_the_client_and_count_the_tokens() {
         }
     }
     sim.shutdown().await;
+}
+
+/// Waits until the proxy read `kind` from the replica's page.
+async fn detected(proxy: &Proxy, url: &str, kind: &str) {
+    let deadline = tokio::time::Instant::now() + SLOW;
+    loop {
+        let m = metrics(proxy).await;
+        let labels = [("upstream", url), ("kind", kind)];
+        if try_metric(&m, "goodput_proxy_engine_kind", &labels) == Some(1.0) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{kind} not detected:\n{m}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sglangs_unasked_usage_is_learned_from_the_stream() {
+    let c = client();
+    for adds in [true, false] {
+        let sim = start_sim(SimConfig {
+            personality: Personality::Sglang,
+            stream_response_default_include_usage: adds,
+            seed: 3,
+            ..SimConfig::with_timing(1.0, 0.5)
+        })
+        .await;
+        let tag = if adds { "sglang-adds" } else { "sglang-plain" };
+        let (mut config, sink) = meter_config_with_sink(&sim.base_url(), tag);
+        config.engine.scrape_interval_ms = 100;
+        let proxy = start_proxy(config).await;
+        detected(&proxy, &sim.base_url(), "sglang").await;
+        let body = chat_body(12, r#","seed":1"#);
+        for i in 0..3 {
+            let direct = observe(
+                &c,
+                post_json(&format!("{}{CHAT}", sim.base_url()), &body),
+                true,
+            )
+            .await;
+            let via = observe(&c, post_json(&proxy.url(CHAT), &body), true).await;
+            assert_eq!(
+                String::from_utf8_lossy(&via.body),
+                String::from_utf8_lossy(&direct.body),
+                "{tag}"
+            );
+            // Recorded (and so learned from) before the next request goes.
+            sink_lines(&sink, i + 1).await;
+        }
+        let records = sink_records(&sink, 3).await;
+        // The first stream is left alone and tells; then an engine that adds usage is never
+        // injected (its usage is the client's), one that does not is injected and stripped.
+        let injected: Vec<bool> = records
+            .iter()
+            .map(|r| r["usage_injected"] == true)
+            .collect();
+        let exact: Vec<bool> = records.iter().map(|r| r["tokens_exact"] == true).collect();
+        if adds {
+            assert_eq!(injected, [false, false, false], "{tag}");
+            assert_eq!(exact, [true, true, true], "{tag}");
+        } else {
+            assert_eq!(injected, [false, true, true], "{tag}");
+            assert_eq!(exact, [false, true, true], "{tag}");
+        }
+        sim.shutdown().await;
+    }
 }
