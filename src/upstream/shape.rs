@@ -9,9 +9,10 @@
 //! only reach the last, partial, block, which is never hashed.
 
 use std::hash::BuildHasher;
+use std::sync::LazyLock;
 
 use foldhash::fast::FixedState;
-use memchr::memmem;
+use memchr::memmem::Finder;
 
 /// Blocks hashed at most (the rest of a very long prompt adds nothing to a routing choice).
 pub const MAX_BLOCKS: usize = 64;
@@ -30,11 +31,19 @@ pub struct Shape {
     pub output_tokens: u64,
 }
 
+// Built once: building a searcher costs more than a search through a request body.
+static MESSAGES: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"messages\""));
+static PROMPT: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"prompt\""));
+static MAX_COMPLETION_TOKENS: LazyLock<Finder<'static>> =
+    LazyLock::new(|| Finder::new(b"\"max_completion_tokens\""));
+static MAX_TOKENS: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"max_tokens\""));
+
 impl Shape {
     /// `block_bytes`: prompt bytes per block (config `balance.prefix_block_bytes`).
     pub fn of(body: &[u8], block_bytes: usize) -> Shape {
-        let start = memmem::find(body, b"\"messages\"")
-            .or_else(|| memmem::find(body, b"\"prompt\""))
+        let start = MESSAGES
+            .find(body)
+            .or_else(|| PROMPT.find(body))
             .unwrap_or(body.len());
         let prompt = &body[start..];
         let hasher = FixedState::with_seed(0x7072_6566_6978);
@@ -62,10 +71,10 @@ impl Shape {
 
 /// `max_tokens` or `max_completion_tokens` as a plain integer (anything else: unknown).
 fn max_tokens(body: &[u8]) -> Option<u64> {
-    [&b"\"max_completion_tokens\""[..], &b"\"max_tokens\""[..]]
+    [&*MAX_COMPLETION_TOKENS, &*MAX_TOKENS]
         .iter()
         .find_map(|key| {
-            let at = memmem::find(body, key)? + key.len();
+            let at = key.find(body)? + key.needle().len();
             let rest = &body[at..];
             let colon = rest.iter().position(|&c| c == b':')?;
             if !rest[..colon].iter().all(u8::is_ascii_whitespace) {
@@ -124,7 +133,7 @@ mod tests {
         let a = Shape::of(&body, 64);
         for k in [0usize, 3, 7] {
             let mut changed = body.clone();
-            let start = memmem::find(&body, b"\"messages\"").unwrap();
+            let start = memchr::memmem::find(&body, b"\"messages\"").unwrap();
             changed[start + k * 64 + 40] ^= 1;
             let b = Shape::of(&changed, 64);
             assert_eq!(a.blocks[..k], b.blocks[..k], "k={k}");

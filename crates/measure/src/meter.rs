@@ -250,9 +250,6 @@ struct Timeline {
     log: TokenLog,
     logprobs: LogprobAcc,
     trace: Option<TraceBuilder>,
-    /// Events that repeat the last scanned one but for their text are not scanned again
-    /// (untraced requests: a trace notes each event's text).
-    repeat: RepeatCache,
     /// The repeat cache is used (the fast path; off, every event is framed by the parser and
     /// scanned: the reference the differential tests hold the fast path to).
     repeat_on: bool,
@@ -298,7 +295,6 @@ impl Timeline {
             log: TokenLog::default(),
             logprobs: LogprobAcc::default(),
             trace: None,
-            repeat: RepeatCache::new(),
             repeat_on: true,
             one_look: 0,
         }
@@ -321,12 +317,18 @@ impl Timeline {
             .filter(|c| c.seen)
     }
 
-    fn on_event(&mut self, t: Instant, ev: SseEvent<'_>, on_gap: &mut impl FnMut(Duration)) {
+    fn on_event(
+        &mut self,
+        repeat: &mut RepeatCache,
+        t: Instant,
+        ev: SseEvent<'_>,
+        on_gap: &mut impl FnMut(Duration),
+    ) {
         if ev.event == Some(b"error") {
             self.inband_error = true;
             return;
         }
-        let (info, _) = self.look(ev.data);
+        let (info, _) = self.look(repeat, ev.data);
         self.on_info(t, &info, ev.data, on_gap);
     }
 
@@ -334,15 +336,15 @@ impl Timeline {
     /// (which notes the event's tokens in `self.log` and may become the template), with the
     /// ranges of its `system_fingerprint` and `timings` values (scans only; a repeat finishes
     /// nothing and carries no usage, so the usage strip never needs them).
-    fn look(&mut self, data: &[u8]) -> (ChunkInfo, Moved) {
-        if let Some((info, _)) = self.repeated(data) {
+    fn look(&mut self, repeat: &mut RepeatCache, data: &[u8]) -> (ChunkInfo, Moved) {
+        if let Some((info, _)) = self.repeated(repeat, data) {
             return (info, Moved::default());
         }
         let scan = scan_event_logged(data, &mut self.log);
         // A template must log nothing (no logprobs, no tool calls): its repeats skip the
         // log, so they must have nothing to log.
         if self.log.is_empty() && self.cacheable() {
-            self.repeat.learn(data, &scan.info);
+            repeat.learn(data, &scan.info);
         }
         let moved = Moved {
             fingerprint: scan.fingerprint,
@@ -356,14 +358,14 @@ impl Timeline {
     /// [`Timeline::on_event`] measures it. Returns its length.
     fn on_repeat_at(
         &mut self,
+        repeat: &RepeatCache,
         t: Instant,
         buf: &[u8],
         on_gap: &mut impl FnMut(Duration),
     ) -> Option<usize> {
-        let (len, data) = self.repeat.repeats_event(buf)?;
-        let info = *self.repeat.info(); // one copy: `on_info` borrows the timeline whole
+        let (len, data) = repeat.repeats_event(buf)?;
         self.one_look += 1;
-        self.on_info(t, &info, &buf[data], on_gap);
+        self.on_info(t, repeat.info(), &buf[data], on_gap);
         Some(len)
     }
 
@@ -402,9 +404,9 @@ impl Timeline {
 
     /// The repeat cache's answer, when it may answer (see [`RepeatCache`]): not for a traced
     /// request, whose log notes every event's text.
-    fn repeated(&self, data: &[u8]) -> Option<(ChunkInfo, Seen)> {
+    fn repeated(&self, repeat: &RepeatCache, data: &[u8]) -> Option<(ChunkInfo, Seen)> {
         if self.cacheable() {
-            self.repeat.repeats(data)
+            repeat.repeats(data)
         } else {
             None
         }
@@ -424,6 +426,12 @@ impl Timeline {
         if info.choice_count > 0 && self.t_first_chunk.is_none() {
             self.t_first_chunk = Some(t);
         }
+        // The gap since the stream's last output event, taken once: it is also the gap of
+        // every choice whose last output event was that one (with one choice, every gap).
+        let last_token = self.t_last_token;
+        let stream_gap = last_token
+            .filter(|_| info.output)
+            .map(|last| t.saturating_duration_since(last));
         for c in info.choices() {
             if let Some(f) = c.finish {
                 if !self.finish_reason.is_some_and(FinishReason::engine_gave_up) {
@@ -441,7 +449,10 @@ impl Timeline {
                 continue;
             }
             ch.events += 1;
-            let gap = ch.last.map(|last| t.saturating_duration_since(last));
+            let gap = match ch.last {
+                Some(last) if Some(last) == last_token => stream_gap,
+                last => last.map(|last| t.saturating_duration_since(last)),
+            };
             if ch.first.is_none() {
                 ch.first = Some(t);
             }
@@ -461,8 +472,7 @@ impl Timeline {
             if self.t_first_token.is_none() {
                 self.t_first_token = Some(t);
             }
-            if let Some(last) = self.t_last_token {
-                let gap = t.saturating_duration_since(last);
+            if let Some(gap) = stream_gap {
                 self.stalls = self.stalls.saturating_add(u32::from(gap > self.stall));
             }
             self.t_last_token = Some(t);
@@ -549,6 +559,10 @@ pub struct StreamMeter {
     status: Option<u16>,
     parser: SseParser,
     tl: Timeline,
+    /// Events that repeat the last scanned one but for their text are not scanned again
+    /// (untraced requests: a trace notes each event's text). Beside the timeline, not in it:
+    /// a repeat's answer is read in place while the timeline takes it in.
+    repeat: RepeatCache,
     /// Non-streaming: the JSON body, buffered to be inspected at the end.
     body: Vec<u8>,
     body_overflow: bool,
@@ -564,17 +578,20 @@ pub struct StreamMeter {
 }
 
 impl StreamMeter {
+    #[inline]
     pub fn new(t0: Instant, streaming: bool) -> Self {
-        let mut tl = Timeline::new(t0);
-        if streaming {
+        let repeat = if streaming {
             // Taken here, not at the first template: the event path allocates nothing.
-            tl.repeat = RepeatCache::with_capacity(TEMPLATE_ROOM);
-        }
+            RepeatCache::with_capacity(TEMPLATE_ROOM)
+        } else {
+            RepeatCache::new()
+        };
         Self {
             streaming,
             status: None,
             parser: SseParser::new(),
-            tl,
+            tl: Timeline::new(t0),
+            repeat,
             body: Vec::new(),
             body_overflow: false,
             last_frame: None,
@@ -586,12 +603,14 @@ impl StreamMeter {
 
     /// The proxy's own time before it handed the request to the upstream connection (the
     /// first part of [`Measurement::ttft_split`]).
+    #[inline]
     pub fn proxy_time(mut self, d: Option<Duration>) -> Self {
         self.proxy_time = d;
         self
     }
 
     /// Gaps between output events longer than `d` count as stalls ([`Measurement::stalls`]).
+    #[inline]
     pub fn stall_threshold(mut self, d: Duration) -> Self {
         self.tl.stall = d;
         self
@@ -605,6 +624,7 @@ impl StreamMeter {
     }
 
     /// Judge tool calls against the request's `tools` (their JSON Schemas).
+    #[inline]
     pub fn with_tools(mut self, tools: Option<Arc<ToolSet>>) -> Self {
         self.tools = tools;
         self
@@ -612,6 +632,7 @@ impl StreamMeter {
 
     /// Keep up to `cap` ITL gaps in [`Measurement::itl_gaps`]. The log grows by doubling (a
     /// handful of allocations per request, none per event once warm).
+    #[inline]
     pub fn keep_gaps(mut self, cap: usize) -> Self {
         self.tl.gap_cap = cap;
         self.tl.gaps = Vec::with_capacity(cap.min(256));
@@ -619,6 +640,7 @@ impl StreamMeter {
     }
 
     /// Keep a token-level trace of this stream within `bounds` ([`Measurement::trace`]).
+    #[inline]
     pub fn trace(mut self, bounds: TraceBounds) -> Self {
         self.tl.trace = Some(TraceBuilder::new(bounds));
         self.tl.log.detail = true;
@@ -660,19 +682,22 @@ impl StreamMeter {
     /// over, so the parser is not needed for it (`meter/repeat_differential.rs` splits streams
     /// anywhere and holds this against the parser alone).
     fn feed(&mut self, t: Instant, mut bytes: &[u8], on_gap: &mut impl FnMut(Duration)) {
-        let tl = &mut self.tl;
+        let (tl, repeat) = (&mut self.tl, &mut self.repeat);
         if !tl.cacheable() {
-            self.parser.feed(bytes, |ev| tl.on_event(t, ev, on_gap));
+            self.parser
+                .feed(bytes, |ev| tl.on_event(repeat, t, ev, on_gap));
             return;
         }
         while !bytes.is_empty() {
             if self.parser.at_event_start() {
-                if let Some(len) = tl.on_repeat_at(t, bytes, on_gap) {
+                if let Some(len) = tl.on_repeat_at(repeat, t, bytes, on_gap) {
                     bytes = &bytes[len..];
                     continue;
                 }
             }
-            let took = self.parser.feed_one(bytes, |ev| tl.on_event(t, ev, on_gap));
+            let took = self
+                .parser
+                .feed_one(bytes, |ev| tl.on_event(repeat, t, ev, on_gap));
             bytes = &bytes[took..];
         }
     }
@@ -699,9 +724,10 @@ impl StreamMeter {
         m.ttfb = since(self.tl.t_headers);
         if self.streaming && self.status_ok() {
             let mut noop = |_| {};
-            let tl = &mut self.tl;
+            let (tl, repeat) = (&mut self.tl, &mut self.repeat);
             let t = self.last_frame.unwrap_or(t_end);
-            self.parser.finish(|ev| tl.on_event(t, ev, &mut noop));
+            self.parser
+                .finish(|ev| tl.on_event(repeat, t, ev, &mut noop));
         }
         m.outcome = match self.status {
             Some(s) if s >= 500 => Outcome::UpstreamError,
@@ -1198,6 +1224,64 @@ mod tests {
             "one observation per choice"
         );
         assert_eq!((m.completion_tokens, m.tokens_exact), (Some(20), true));
+    }
+
+    /// The gaps the meter takes (ITL per choice, stalls between the stream's output events)
+    /// against a plain model that takes every gap from its own two instants: events of up to
+    /// three choices, with and without output, one or two choices an event, at random times.
+    mod gap_model {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn choice(index: u8, output: bool) -> String {
+            let content = if output { "x" } else { "" };
+            format!(r#"{{"index":{index},"delta":{{"content":"{content}"}},"finish_reason":null}}"#)
+        }
+
+        proptest! {
+            #[test]
+            fn gaps_and_stalls_are_the_models(
+                events in proptest::collection::vec(
+                    ((0u8..3, any::<bool>()), proptest::option::of((0u8..3, any::<bool>())), 0u64..40),
+                    1..40,
+                ),
+            ) {
+                let t0 = Instant::now();
+                let stall = ms(15);
+                let mut m = StreamMeter::new(t0, true).keep_gaps(1 << 10).stall_threshold(stall);
+                m.on_head(t0, 200);
+                let (mut last_of, mut last_output) = ([None::<Instant>; 3], None::<Instant>);
+                let (mut want_gaps, mut want_stalls) = (Vec::new(), 0u32);
+                let mut t = t0;
+                let mut got_gaps = Vec::new();
+                for ((i, out), second, dt) in events {
+                    t += ms(dt);
+                    let mut cs = vec![(i, out)];
+                    cs.extend(second.filter(|(j, _)| *j != i));
+                    let body = cs.iter().map(|&(i, o)| choice(i, o)).collect::<Vec<_>>().join(",");
+                    let frame = format!(r#"data: {{"choices":[{body}]}}"#) + "\n\n";
+                    m.on_frame(t, frame.as_bytes(), |g| got_gaps.push(g));
+                    for &(i, o) in &cs {
+                        if o {
+                            if let Some(last) = last_of[i as usize] {
+                                want_gaps.push(t.saturating_duration_since(last));
+                            }
+                            last_of[i as usize] = Some(t);
+                        }
+                    }
+                    if cs.iter().any(|c| c.1) {
+                        if let Some(last) = last_output {
+                            want_stalls += u32::from(t.saturating_duration_since(last) > stall);
+                        }
+                        last_output = Some(t);
+                    }
+                }
+                let got = m.finish(t, Ending::Complete);
+                prop_assert_eq!(&got_gaps, &want_gaps);
+                prop_assert_eq!(got.itl_count, want_gaps.len() as u64);
+                prop_assert_eq!(got.stalls(), want_stalls);
+            }
+        }
     }
 
     #[test]

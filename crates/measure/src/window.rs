@@ -87,11 +87,15 @@ impl RatioWindow {
     pub fn add(&mut self, key: &Arc<str>, good: bool, at: Instant) {
         let s = self.second(at);
         self.all.add(s, good);
-        let n = self.slots;
-        self.by_key
-            .entry(key.clone())
-            .or_insert_with(|| Slots::new(n))
-            .add(s, good);
+        // Looked up before inserting: a key seen before (nearly every call) costs no clone.
+        match self.by_key.get_mut(key) {
+            Some(slots) => slots.add(s, good),
+            None => {
+                let mut slots = Slots::new(self.slots);
+                slots.add(s, good);
+                self.by_key.insert(key.clone(), slots);
+            }
+        }
     }
 
     /// The overall ratio at `now`; `None` when no eligible request finished in the window.

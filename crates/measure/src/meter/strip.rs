@@ -43,7 +43,7 @@ use bytes::{Bytes, BytesMut};
 use tokio::time::Instant;
 
 use super::{StreamMeter, Timeline};
-use crate::inspect::{ChunkKind, TokenLog};
+use crate::inspect::{ChunkKind, RepeatCache, TokenLog};
 use crate::sse::{SseParser, MAX_LINE_BYTES};
 
 /// What happened to the last complete event (for a `\n` that arrives in the next frame).
@@ -161,15 +161,22 @@ fn release(strip: &mut Strip, held: Option<Bytes>, frame: &Bytes, acc: &mut Out)
 /// current event's scan log, if any, is kept aside meanwhile. Asked for every event: the
 /// check is inlined, the work (once or twice a stream) is not.
 #[inline]
-fn meter_held(tl: &mut Timeline, strip: &mut Strip, t: Instant, on_gap: &mut impl FnMut(Duration)) {
+fn meter_held(
+    tl: &mut Timeline,
+    repeat: &mut RepeatCache,
+    strip: &mut Strip,
+    t: Instant,
+    on_gap: &mut impl FnMut(Duration),
+) {
     if strip.held.is_some() {
-        meter_held_now(tl, strip, t, on_gap);
+        meter_held_now(tl, repeat, strip, t, on_gap);
     }
 }
 
 #[inline(never)]
 fn meter_held_now(
     tl: &mut Timeline,
+    repeat: &mut RepeatCache,
     strip: &mut Strip,
     t: Instant,
     on_gap: &mut impl FnMut(Duration),
@@ -180,8 +187,8 @@ fn meter_held_now(
     strip.spare_log.detail = tl.log.detail;
     std::mem::swap(&mut tl.log, &mut strip.spare_log);
     let mut parser = SseParser::new();
-    parser.feed(held, |ev| tl.on_event(t, ev, on_gap));
-    parser.finish(|ev| tl.on_event(t, ev, on_gap));
+    parser.feed(held, |ev| tl.on_event(repeat, t, ev, on_gap));
+    parser.finish(|ev| tl.on_event(repeat, t, ev, on_gap));
     std::mem::swap(&mut tl.log, &mut strip.spare_log);
 }
 
@@ -215,6 +222,7 @@ fn insert_fields(event: Bytes, fields: &[(&[u8], Option<&Bytes>)]) -> Bytes {
 impl StreamMeter {
     /// Strip the usage chunk the proxy injected (see the module docs): frames go through
     /// [`StreamMeter::on_upstream_frame`], not [`StreamMeter::on_frame`].
+    #[inline]
     pub fn strip_usage(mut self) -> Self {
         if self.streaming {
             self.strip = Some(Box::default());
@@ -275,7 +283,7 @@ impl StreamMeter {
         let held = strip.held.as_ref().map_or(0, Bytes::len) + strip.held_comments.len();
         if strip.partial.len() + held > MAX_LINE_BYTES {
             strip.gave_up = true;
-            meter_held(&mut self.tl, strip, t, on_gap);
+            meter_held(&mut self.tl, &mut self.repeat, strip, t, on_gap);
             let h = strip.held.take();
             release(strip, h, &frame, &mut acc);
             let partial = std::mem::take(&mut strip.partial);
@@ -297,17 +305,18 @@ impl StreamMeter {
         let Some(strip) = self.strip.as_deref_mut() else {
             return frame.len();
         };
-        let tl = &mut self.tl;
+        let (tl, repeat) = (&mut self.tl, &mut self.repeat);
         let rest = &frame[start..];
         if strip.partial.is_empty() && tl.cacheable() && self.parser.at_event_start() {
-            if let Some((len, data)) = tl.repeat.repeats_event(rest) {
+            if let Some((len, data)) = repeat.repeats_event(rest) {
                 // An ordinary output event: what the template said, and it passes.
-                meter_held(tl, strip, t, on_gap);
-                let h = strip.held.take();
-                release(strip, h, frame, acc);
-                let info = *tl.repeat.info();
+                if strip.held.is_some() || !strip.held_comments.is_empty() {
+                    meter_held(tl, repeat, strip, t, on_gap);
+                    let h = strip.held.take();
+                    release(strip, h, frame, acc);
+                }
                 tl.one_look += 1;
-                tl.on_info(t, &info, &rest[data], on_gap);
+                tl.on_info(t, repeat.info(), &rest[data], on_gap);
                 acc.range(frame, start, start + len);
                 return start + len;
             }
@@ -316,7 +325,7 @@ impl StreamMeter {
         // `None`: the block dispatched no event (comments, fields without data).
         let mut class = None;
         let took = self.parser.feed_one(rest, |ev| {
-            class = Some(judge(tl, strip, t, ev, on_gap));
+            class = Some(judge(tl, repeat, strip, t, ev, on_gap));
         });
         let end = start + took;
         if self.parser.blocks() == blocks {
@@ -394,7 +403,7 @@ impl StreamMeter {
             return;
         };
         let mut noop = |_| {};
-        meter_held(&mut self.tl, strip, t, &mut noop);
+        meter_held(&mut self.tl, &mut self.repeat, strip, t, &mut noop);
         if let Some(h) = strip.held.take() {
             out.push_back(h);
         }
@@ -412,17 +421,18 @@ impl StreamMeter {
 /// finish chunk waits (metered when released); the usage chunk's usage goes to the timeline.
 fn judge(
     tl: &mut Timeline,
+    repeat: &mut RepeatCache,
     strip: &mut Strip,
     t: Instant,
     ev: crate::sse::SseEvent<'_>,
     on_gap: &mut impl FnMut(Duration),
 ) -> Class {
     if ev.event == Some(b"error") {
-        meter_held(tl, strip, t, on_gap);
+        meter_held(tl, repeat, strip, t, on_gap);
         tl.inband_error = true;
         return Class::Other;
     }
-    let (info, moved) = tl.look(ev.data);
+    let (info, moved) = tl.look(repeat, ev.data);
     if info.kind == ChunkKind::Chunk && info.choice_count > 0 && info.usage.is_some() {
         strip.engine_usage = true;
     }
@@ -442,13 +452,13 @@ fn judge(
     };
     match class {
         Class::Other => {
-            meter_held(tl, strip, t, on_gap);
+            meter_held(tl, repeat, strip, t, on_gap);
             tl.on_info(t, &info, ev.data, on_gap);
         }
         Class::Finish { .. } | Class::Usage { .. } => {
             // Not metered now: the log is the held chunk's to fill again on release.
             tl.log.clear();
-            meter_held(tl, strip, t, on_gap);
+            meter_held(tl, repeat, strip, t, on_gap);
             if let Class::Usage { .. } = class {
                 tl.on_reported(&info);
             }
