@@ -67,7 +67,7 @@ fn main() {
             if let Some((c, _)) = c {
                 sink += c.idx;
                 // About 4 requests in flight per replica.
-                guards.push_back(set[c.idx].start_tokens(shape.tokens()));
+                guards.push_back(set[c.idx].start_tokens(shape.prompt_tokens, shape.output_tokens));
                 if guards.len() > 4 * replicas {
                     guards.pop_front();
                 }

@@ -475,6 +475,8 @@ async fn scale_ticks(state: Arc<AppState>, scale: Arc<Scale>) {
                 healthy: r.is_healthy(),
                 in_flight: r.in_flight(),
                 tokens_in_flight: Some(r.route.tokens()),
+                tokens_sent: r.route.tokens_sent(),
+                tokens_pending: Some(r.route.tokens_pending()),
             })
             .collect();
         scale.tick(now, &loads);

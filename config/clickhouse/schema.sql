@@ -69,12 +69,13 @@ CREATE TABLE IF NOT EXISTS goodput.records
     slo_tpot_ok Nullable(UInt8),
     slo_e2e_ok Nullable(UInt8),
     slo_tool_calls_ok Nullable(UInt8),
+    slo_stall_ok Nullable(UInt8),
     slo_good UInt8,
     -- Agent traffic (NULL without reasoning or tool calls): phase times, reasoning
     -- tokens, tool calls and the worst call's outcome (valid, invalid_json, schema_violation,
     -- unknown_function) with its first violation. On a table made before them:
-    -- ALTER TABLE goodput.records ADD COLUMN <name> <type> for each agent_*, logprobs_* and
-    -- slo_tool_calls_ok column (and the agent_*_s aliases).
+    -- ALTER TABLE goodput.records ADD COLUMN <name> <type> for each agent_*, logprobs_*,
+    -- slo_tool_calls_ok and slo_stall_ok column (and the agent_*_s aliases).
     agent_ttf_reasoning_ns Nullable(UInt64),
     agent_ttf_answer_ns Nullable(UInt64),
     agent_ttf_tool_call_ns Nullable(UInt64),

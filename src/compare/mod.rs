@@ -1,7 +1,10 @@
 //! `goodput-proxy compare`: for TTFT, TPOT and E2E at p50 / p90 / p99, per model (and per
 //! upstream), the exact percentile (raw per-request values), the proxy's histogram estimate and
 //! the engine's histogram estimate over one window, their differences, and what the engines'
-//! counters say over that window.
+//! counters say over that window. Each engine's histogram is read by its own name
+//! ([`Quantity::engines`]: vLLM, SGLang, TensorRT-LLM, TGI where it has one); a row says which
+//! engine's it shows, and which engines of the group export none (llama.cpp exports no latency
+//! histogram, TGI no TTFT or TPOT one).
 //!
 //! The table is plain data ([`Table`]), built from plain inputs ([`Window`]) and rendered by
 //! [`render`]; where the inputs come from is a data source's business: [`admin`] reads a live
@@ -22,36 +25,79 @@ use goodput_measure::prom::hist::{self, Buckets};
 /// The quantiles every row shows.
 pub const QUANTILES: [f64; 3] = [0.5, 0.9, 0.99];
 
-/// One latency quantity: its name in the table, the proxy's histogram, the engine's (V1 name
-/// first, then the v0 one) and its field in `/stats`.
+/// One latency quantity: its name in the table, the proxy's histogram, each engine's and its
+/// field in `/stats`.
 #[derive(Debug, Clone, Copy)]
 pub struct Quantity {
     pub name: &'static str,
     pub proxy_family: &'static str,
-    pub engine_families: &'static [&'static str],
+    /// Each engine's histogram of it; an engine not listed exports none.
+    pub engines: &'static [EngineHistogram],
     pub stats_field: &'static str,
 }
 
+/// One engine's histogram of a quantity: the engine (as `goodput_proxy_engine_kind` names
+/// it) and its family names, in order of preference (vLLM's V1 name, then its v0 one).
+#[derive(Debug, Clone, Copy)]
+pub struct EngineHistogram {
+    pub kind: &'static str,
+    pub families: &'static [&'static str],
+}
+
+const fn engine(kind: &'static str, families: &'static [&'static str]) -> EngineHistogram {
+    EngineHistogram { kind, families }
+}
+
+impl Quantity {
+    /// Every engine family read for this quantity.
+    pub fn engine_families(&self) -> impl Iterator<Item = &'static str> {
+        self.engines.iter().flat_map(|e| e.families.iter().copied())
+    }
+}
+
+/// The engine kinds whose families are read (the `kind` label of `goodput_proxy_engine_kind`).
+pub const ENGINE_KIND: &str = "goodput_proxy_engine_kind";
+
+// Names from each engine's source (docs/engines.md): SGLang's `TokenizerMetricsCollector`,
+// TensorRT-LLM's `MetricsCollector`, TGI's router (`tgi_request_duration`: the whole request;
+// its `tgi_request_mean_time_per_token_duration` divides a time that includes the prefill, so
+// it is no TPOT). llama.cpp's `--metrics` page has counters and gauges only.
 pub const QUANTITIES: [Quantity; 3] = [
     Quantity {
         name: "ttft",
         proxy_family: "goodput_proxy_time_to_first_token_seconds",
-        engine_families: &["vllm:time_to_first_token_seconds"],
+        engines: &[
+            engine("vllm", &["vllm:time_to_first_token_seconds"]),
+            engine("sglang", &["sglang:time_to_first_token_seconds"]),
+            engine("trtllm", &["trtllm_time_to_first_token_seconds"]),
+        ],
         stats_field: "ttft_seconds",
     },
     Quantity {
         name: "tpot",
         proxy_family: "goodput_proxy_time_per_output_token_seconds",
-        engine_families: &[
-            "vllm:request_time_per_output_token_seconds",
-            "vllm:time_per_output_token_seconds",
+        engines: &[
+            engine(
+                "vllm",
+                &[
+                    "vllm:request_time_per_output_token_seconds",
+                    "vllm:time_per_output_token_seconds",
+                ],
+            ),
+            engine("sglang", &["sglang:request_time_per_output_token_seconds"]),
+            engine("trtllm", &["trtllm_time_per_output_token_seconds"]),
         ],
         stats_field: "tpot_seconds",
     },
     Quantity {
         name: "e2e",
         proxy_family: "goodput_proxy_e2e_request_latency_seconds",
-        engine_families: &["vllm:e2e_request_latency_seconds"],
+        engines: &[
+            engine("vllm", &["vllm:e2e_request_latency_seconds"]),
+            engine("sglang", &["sglang:e2e_request_latency_seconds"]),
+            engine("trtllm", &["trtllm_e2e_request_latency_seconds"]),
+            engine("tgi", &["tgi_request_duration"]),
+        ],
         stats_field: "e2e_seconds",
     },
 ];
@@ -139,6 +185,11 @@ pub struct Row {
     pub quantity: &'static str,
     /// How the proxy's and the engine's histograms relate (see [`Grid`]).
     pub grid: Grid,
+    /// Whose histogram the engine column shows (an engine kind), when one had data.
+    pub engine: Option<&'static str>,
+    /// Engines of the group's replicas that export no histogram of this quantity (the engine
+    /// column then covers the other replicas, if any).
+    pub no_histogram: Vec<&'static str>,
     pub exact_count: u64,
     pub proxy_count: f64,
     pub engine_count: f64,
@@ -158,6 +209,9 @@ pub enum Grid {
     EngineDiffers,
     /// The engine replicas of this group use different grids: no engine estimate.
     EnginesDiffer,
+    /// The group's replicas run different engines: no engine estimate (their histograms are
+    /// not added, whatever their grids).
+    MixedEngines,
     /// No engine histogram for this quantity.
     NoEngine,
 }
@@ -181,6 +235,9 @@ impl Grid {
             ),
             Grid::EnginesDiffer => Some(
                 "engine replicas use different buckets: no engine estimate (not added across grids)",
+            ),
+            Grid::MixedEngines => Some(
+                "replicas run different engines: no engine estimate (their histograms are not added); see each upstream's row",
             ),
         }
     }
@@ -266,11 +323,48 @@ fn proxy_filter<'a>(model: &'a str, upstream: Option<&'a str>) -> impl Fn(&Sampl
     }
 }
 
-fn engine_filter<'a>(model: &'a str, upstream: Option<&'a str>) -> impl Fn(&Sample) -> bool + 'a {
+/// An engine series of the group: its `model_name` is the model, or, for an engine whose
+/// series name no model (TGI serves one), its replica is one the proxy sent the model to.
+fn engine_filter<'a>(
+    model: &'a str,
+    upstream: Option<&'a str>,
+    served: &'a BTreeSet<String>,
+) -> impl Fn(&Sample) -> bool + 'a {
     move |s: &Sample| {
-        s.label("model_name") == Some(model)
-            && upstream.is_none_or(|u| s.label("upstream") == Some(u))
+        let up = s.label("upstream");
+        upstream.is_none_or(|u| up == Some(u))
+            && match s.label("model_name") {
+                Some(m) => m == model,
+                None => up.is_some_and(|u| served.contains(u)),
+            }
     }
+}
+
+/// The upstreams the proxy sent `model` to (its E2E histogram's series at the window's end),
+/// or just `upstream`.
+fn served(w: &Window, model: &str, upstream: Option<&str>) -> BTreeSet<String> {
+    let fam = QUANTITIES[2].proxy_family;
+    w.end
+        .iter()
+        .filter(|f| f.name == fam)
+        .flat_map(|f| &f.samples)
+        .filter(|s| s.label("model") == Some(model))
+        .filter_map(|s| s.label("upstream"))
+        .filter(|u| upstream.is_none_or(|want| want == *u))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The engines the proxy read on those upstreams (`goodput_proxy_engine_kind` = 1).
+fn engine_kinds(w: &Window, upstreams: &BTreeSet<String>) -> BTreeSet<&'static str> {
+    w.end
+        .iter()
+        .filter(|f| f.name == ENGINE_KIND)
+        .flat_map(|f| &f.samples)
+        .filter(|s| s.value == 1.0 && s.label("upstream").is_some_and(|u| upstreams.contains(u)))
+        .filter_map(|s| crate::config::EngineKind::parse(s.label("kind")?))
+        .map(crate::config::EngineKind::as_str)
+        .collect()
 }
 
 /// A family every goodput-proxy admin page has, traffic or not (the latency histograms only
@@ -295,18 +389,14 @@ pub fn check_families(page: &[Family], url: &str, engines: bool) -> Result<(), C
     if !engines {
         return Ok(());
     }
-    for q in QUANTITIES {
-        if !q.engine_families.iter().any(|f| has(f)) {
-            return Err(missing(
-                q.engine_families[0],
-                "the proxy serves no engine metrics (engine.scrape = false, or no engine answered its last scrape)",
-            ));
-        }
-    }
-    if !has(ENGINE_SUCCESS) {
+    // Any engine's histogram, or the engine kinds read (llama.cpp exports no histogram): a
+    // quantity no engine of the page has is a row without an engine estimate, said so.
+    let engines_read =
+        has(ENGINE_KIND) || QUANTITIES.iter().flat_map(|q| q.engine_families()).any(has);
+    if !engines_read {
         return Err(missing(
-            ENGINE_SUCCESS,
-            "the proxy serves no engine counters (engine.scrape = false, or no engine answered its last scrape)",
+            QUANTITIES[0].engines[0].families[0],
+            "the proxy serves no engine metrics (engine.scrape = false, or no engine answered its last scrape)",
         ));
     }
     Ok(())
@@ -340,23 +430,45 @@ pub fn build(w: &Window, by_upstream: bool) -> Table {
 fn build_group(w: &Window, key: &GroupKey) -> Group {
     let (model, upstream) = (key.model.as_str(), key.upstream.as_deref());
     let pf = proxy_filter(model, upstream);
-    let ef = engine_filter(model, upstream);
+    let served = served(w, model, upstream);
+    let ef = engine_filter(model, upstream, &served);
+    let kinds = engine_kinds(w, &served);
     let exact = w.exact.get(key);
     let rows = QUANTITIES
         .iter()
         .map(|q| {
             let proxy = window_delta(w, q.proxy_family, &pf).unwrap_or_default();
-            let engine_family = q
-                .engine_families
+            // Each engine's first family with data in this group.
+            let found: Vec<(&'static str, &'static str)> = q
+                .engines
                 .iter()
-                .find(|f| window_delta(w, f, &ef).is_some_and(|b| !b.is_empty()));
-            let engine_grids = engine_family.map_or_else(Vec::new, |f| hist::grids(&w.end, f, &ef));
-            let grid = Grid::of(&hist::grids(&w.end, q.proxy_family, &pf), &engine_grids);
-            // Replicas on different grids cannot be added bucket by bucket: no engine figure
-            // rather than one from a mixed grid.
+                .filter_map(|e| {
+                    let has_data =
+                        |f: &&&str| window_delta(w, f, &ef).is_some_and(|b| !b.is_empty());
+                    e.families.iter().find(has_data).map(|f| (e.kind, *f))
+                })
+                .collect();
+            let no_histogram: Vec<&'static str> = kinds
+                .iter()
+                .filter(|k| !q.engines.iter().any(|e| e.kind == **k))
+                .copied()
+                .collect();
+            let engine_family = match found.as_slice() {
+                [one] => Some(*one),
+                _ => None,
+            };
+            let engine_grids =
+                engine_family.map_or_else(Vec::new, |(_, f)| hist::grids(&w.end, f, &ef));
+            let grid = if found.len() > 1 {
+                Grid::MixedEngines
+            } else {
+                Grid::of(&hist::grids(&w.end, q.proxy_family, &pf), &engine_grids)
+            };
+            // Replicas on different grids (or engines) cannot be added bucket by bucket: no
+            // engine figure rather than one from a mixed grid.
             let engine = match (grid, engine_family) {
-                (Grid::EnginesDiffer, _) | (_, None) => Buckets::default(),
-                (_, Some(f)) => window_delta(w, f, &ef).unwrap_or_default(),
+                (Grid::EnginesDiffer | Grid::MixedEngines, _) | (_, None) => Buckets::default(),
+                (_, Some((_, f))) => window_delta(w, f, &ef).unwrap_or_default(),
             };
             let ex = exact
                 .and_then(|e| e.get(q.name))
@@ -383,6 +495,8 @@ fn build_group(w: &Window, key: &GroupKey) -> Group {
             Row {
                 quantity: q.name,
                 grid,
+                engine: engine_family.map(|(kind, _)| kind),
+                no_histogram,
                 exact_count: ex.count,
                 proxy_count: hist::count(&proxy),
                 engine_count: hist::count(&engine),
@@ -400,7 +514,8 @@ fn build_group(w: &Window, key: &GroupKey) -> Group {
 }
 
 fn engine_counters(w: &Window, model: &str, upstream: Option<&str>) -> EngineCounters {
-    let ef = engine_filter(model, upstream);
+    let served = served(w, model, upstream);
+    let ef = engine_filter(model, upstream, &served);
     let at = |fams: &[Family]| {
         hist::sums_by(fams, ENGINE_SUCCESS, "finished_reason", &ef).unwrap_or_default()
     };

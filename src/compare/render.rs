@@ -85,6 +85,19 @@ fn group_text(out: &mut String, g: &Group) {
         if let Some(note) = r.grid.note() {
             let _ = writeln!(out, "  {}: {note}", r.quantity);
         }
+        if !r.no_histogram.is_empty() {
+            let others = if r.engine.is_some() {
+                ": the engine column covers the other replicas"
+            } else {
+                ": no engine estimate"
+            };
+            let _ = writeln!(
+                out,
+                "  {}: {} exports no such histogram{others}",
+                r.quantity,
+                r.no_histogram.join(", ")
+            );
+        }
     }
     let e = &g.engine;
     let reasons: Vec<String> = e

@@ -274,3 +274,153 @@ fn grids_say_what_is_compared() {
         );
     }
 }
+
+/// A page for model `tiny` on upstreams `a` (SGLang: its own TTFT family and grid), `b`
+/// (llama.cpp: no latency histogram), `c` (TGI: E2E only, no model label), and optionally `d`
+/// (vLLM), with `n` requests each.
+fn fleet_page(n: f64, with_vllm: bool) -> Vec<Family> {
+    let mut s = String::new();
+    let mut hist = |name: &str, series: &[(String, f64)], grid: &[f64]| {
+        s.push_str(&format!("# TYPE {name} histogram\n"));
+        for (labels, v) in series {
+            let sep = if labels.is_empty() { "" } else { "," };
+            for le in grid {
+                let c = if v <= le { n } else { 0.0 };
+                s.push_str(&format!("{name}_bucket{{{labels}{sep}le=\"{le}\"}} {c}\n"));
+            }
+            s.push_str(&format!("{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {n}\n"));
+            s.push_str(&format!(
+                "{name}_sum{{{labels}}} {}\n{name}_count{{{labels}}} {n}\n",
+                v * n
+            ));
+        }
+    };
+    let proxy_grid = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
+    let ups: Vec<&str> = if with_vllm {
+        vec!["a", "b", "c", "d"]
+    } else {
+        vec!["a", "b", "c"]
+    };
+    for (name, v) in [
+        ("goodput_proxy_time_to_first_token_seconds", 0.05),
+        ("goodput_proxy_time_per_output_token_seconds", 0.02),
+        ("goodput_proxy_e2e_request_latency_seconds", 0.4),
+    ] {
+        let series: Vec<(String, f64)> = ups
+            .iter()
+            .map(|u| (format!("model=\"tiny\",upstream=\"{u}\""), v))
+            .collect();
+        hist(name, &series, &proxy_grid);
+    }
+    let sglang = vec![(
+        "engine_type=\"unified\",model_name=\"tiny\",upstream=\"a\"".to_string(),
+        0.15,
+    )];
+    hist(
+        "sglang:time_to_first_token_seconds",
+        &sglang,
+        &[0.1, 0.2, 0.4, 0.6],
+    );
+    hist(
+        "tgi_request_duration",
+        &[("upstream=\"c\"".to_string(), 0.4)],
+        &proxy_grid,
+    );
+    if with_vllm {
+        let vllm = vec![("model_name=\"tiny\",upstream=\"d\"".to_string(), 0.05)];
+        hist("vllm:time_to_first_token_seconds", &vllm, &proxy_grid);
+    }
+    s.push_str("# TYPE goodput_proxy_records_dropped_total counter\ngoodput_proxy_records_dropped_total 0\n");
+    s.push_str("# TYPE goodput_proxy_engine_kind gauge\n");
+    for (u, k) in [
+        ("a", "sglang"),
+        ("b", "llamacpp"),
+        ("c", "tgi"),
+        ("d", "vllm"),
+    ] {
+        if ups.contains(&u) {
+            s.push_str(&format!(
+                "goodput_proxy_engine_kind{{kind=\"{k}\",upstream=\"{u}\"}} 1\n"
+            ));
+        }
+    }
+    parse(&s).unwrap()
+}
+
+#[test]
+fn each_engine_is_read_by_its_own_names() {
+    let row = |t: &Table, up: Option<&str>, q: &str| {
+        let g = t
+            .groups
+            .iter()
+            .find(|g| g.upstream.as_deref() == up)
+            .unwrap();
+        g.rows.iter().find(|r| r.quantity == q).unwrap().clone()
+    };
+    let w = Window {
+        seconds: 10.0,
+        start: fleet_page(0.0, false),
+        end: fleet_page(10.0, false),
+        ..Window::default()
+    };
+    check_families(&w.end, "page", true).unwrap();
+    let t = build(&w, true);
+    // (upstream, quantity) -> (engine read, grid, engines without such a histogram, count)
+    type Want = (Option<&'static str>, Grid, Vec<&'static str>, f64);
+    let cases: Vec<(&str, &str, Want)> = vec![
+        (
+            "a",
+            "ttft",
+            (Some("sglang"), Grid::EngineDiffers, vec![], 10.0),
+        ),
+        ("a", "tpot", (None, Grid::NoEngine, vec![], 0.0)),
+        ("b", "ttft", (None, Grid::NoEngine, vec!["llamacpp"], 0.0)),
+        ("b", "e2e", (None, Grid::NoEngine, vec!["llamacpp"], 0.0)),
+        ("c", "ttft", (None, Grid::NoEngine, vec!["tgi"], 0.0)),
+        // TGI's series name no model: read for the replica the proxy sent the model to.
+        ("c", "e2e", (Some("tgi"), Grid::Same, vec![], 10.0)),
+    ];
+    for (up, q, (engine, grid, none, count)) in cases {
+        let r = row(&t, Some(up), q);
+        assert_eq!(
+            (r.engine, r.grid, r.no_histogram.clone(), r.engine_count),
+            (engine, grid, none, count),
+            "{up} {q}"
+        );
+    }
+    let text = render::text(&t);
+    assert!(
+        text.contains("ttft: llamacpp exports no such histogram: no engine estimate"),
+        "{text}"
+    );
+    // Per model: SGLang's TTFT is the only one (the other replicas said so); two engines with
+    // a TTFT histogram are not added.
+    let t = build(&w, false);
+    let r = row(&t, None, "ttft");
+    assert_eq!(
+        (r.engine, r.no_histogram.clone()),
+        (Some("sglang"), vec!["llamacpp", "tgi"])
+    );
+    let w = Window {
+        seconds: 10.0,
+        start: fleet_page(0.0, true),
+        end: fleet_page(10.0, true),
+        ..Window::default()
+    };
+    let t = build(&w, false);
+    let r = row(&t, None, "ttft");
+    assert_eq!(
+        (r.engine, r.grid, r.engine_count),
+        (None, Grid::MixedEngines, 0.0)
+    );
+    assert_eq!(
+        row(&build(&w, true), Some("d"), "ttft").engine,
+        Some("vllm")
+    );
+    // A llama.cpp-only proxy page is comparable (its rows say why there is no engine column).
+    let only_kinds: Vec<Family> = fleet_page(1.0, false)
+        .into_iter()
+        .filter(|f| f.name.starts_with("goodput_proxy_"))
+        .collect();
+    check_families(&only_kinds, "p", true).unwrap();
+}

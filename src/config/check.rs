@@ -448,6 +448,7 @@ impl Checker<'_> {
             ttft: self.limit("slo.ttft_ms", s.ttft_ms),
             tpot: self.limit("slo.tpot_ms", s.tpot_ms),
             e2e: self.limit("slo.e2e_ms", s.e2e_ms),
+            max_stall: self.limit("slo.max_stall_ms", s.max_stall_ms),
             valid_tool_calls: s.valid_tool_calls,
         };
         let mut per_model = std::collections::HashMap::new();
@@ -463,6 +464,7 @@ impl Checker<'_> {
                 ttft: one("ttft_ms", o.ttft_ms, default.ttft),
                 tpot: one("tpot_ms", o.tpot_ms, default.tpot),
                 e2e: one("e2e_ms", o.e2e_ms, default.e2e),
+                max_stall: one("max_stall_ms", o.max_stall_ms, default.max_stall),
                 valid_tool_calls: default.valid_tool_calls,
             };
             per_model.insert(name.clone(), slo);

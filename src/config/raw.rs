@@ -467,6 +467,10 @@ pub struct RawSlo {
     pub ttft_ms: Limit,
     pub tpot_ms: Limit,
     pub e2e_ms: Limit,
+    /// The longest a stream's reader may wait between two output events of one choice (the
+    /// record's `itl_max_s`), ms; a longer stall makes the request not good. Default `"none"`:
+    /// stalls are counted (`measure.stall_ms`, `goodput_proxy_stalls_total`), not judged.
+    pub max_stall_ms: Limit,
     /// A tool call that is not valid JSON, breaks its function's schema in the request's
     /// `tools`, or names an unknown function makes the request not good.
     pub valid_tool_calls: bool,
@@ -480,6 +484,7 @@ impl Default for RawSlo {
             ttft_ms: Limit::Ms(2_000),
             tpot_ms: Limit::Ms(150),
             e2e_ms: Limit::Ms(30_000),
+            max_stall_ms: Limit::None,
             valid_tool_calls: true,
             models: BTreeMap::new(),
         }
@@ -492,6 +497,7 @@ pub struct SloOverride {
     pub ttft_ms: Option<Limit>,
     pub tpot_ms: Option<Limit>,
     pub e2e_ms: Option<Limit>,
+    pub max_stall_ms: Option<Limit>,
 }
 
 /// A limit in milliseconds, or none: written `5000` or `"none"` (never `0`, which would read

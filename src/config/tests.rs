@@ -206,7 +206,7 @@ fn measure_and_slo_settings() {
     let c = Config::from_toml(
         "[measure]\nusage_injection = \"off\"\nmodels = [\"a\"]\nrecords = 10\n\
          [slo]\nttft_ms = 500\ne2e_ms = \"none\"\n[slo.models.big]\nttft_ms = 4000\n\
-         [slo.models.loose]\ntpot_ms = \"none\"\n",
+         [slo.models.loose]\ntpot_ms = \"none\"\n[slo.models.smooth]\nmax_stall_ms = 2000\n",
         "m.toml",
     )
     .unwrap();
@@ -221,6 +221,14 @@ fn measure_and_slo_settings() {
     assert_eq!(big.tpot, t.default.tpot);
     assert_eq!(t.for_model("loose").tpot, None);
     assert_eq!(t.for_model("small"), &t.default);
+    // The stall SLO is off unless set, per model too.
+    assert_eq!(t.default.max_stall, None);
+    assert_eq!(big.max_stall, None);
+    let smooth = t.for_model("smooth");
+    assert_eq!(smooth.max_stall, Some(Duration::from_secs(2)));
+    assert_eq!(smooth.ttft, t.default.ttft);
+    let c = Config::from_toml("[slo]\nmax_stall_ms = 1500\n", "s.toml").unwrap();
+    assert_eq!(c.slo.default.max_stall, Some(Duration::from_millis(1500)));
 }
 
 #[test]
@@ -234,6 +242,11 @@ fn a_limit_is_milliseconds_or_none_never_zero() {
         ("[slo.models.a]\ne2e_ms = 0\n", "slo.models.a.e2e_ms"),
         ("[slo]\ntpot_ms = \"off\"\n", "slo.tpot_ms"),
         ("[slo]\ntpot_ms = -1\n", "slo.tpot_ms"),
+        ("[slo]\nmax_stall_ms = 0\n", "slo.max_stall_ms"),
+        (
+            "[slo.models.a]\nmax_stall_ms = 0\n",
+            "slo.models.a.max_stall_ms",
+        ),
     ] {
         let p = problems(toml, &[]);
         assert_eq!(p.len(), 1, "{toml}: {p:?}");

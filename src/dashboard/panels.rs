@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use crate::compare::{
     self,
     admin::{exact_from_stats, split_from_stats},
-    ENGINE_RUNNING, ENGINE_SUCCESS, ENGINE_WAITING, QUANTITIES,
+    ENGINE_KIND, ENGINE_RUNNING, ENGINE_SUCCESS, ENGINE_WAITING, QUANTITIES,
 };
 use crate::engine::parse::{self, Family};
 use crate::metrics::NO_UPSTREAM;
@@ -131,7 +131,12 @@ fn upstream_label(state: &AppState, e: &Entry) -> Arc<str> {
 /// (relabelled `upstream`, as on `/metrics`).
 fn metric_page(state: &AppState, gathered: Vec<prometheus::proto::MetricFamily>) -> Vec<Family> {
     use prometheus::Encoder;
-    let own: HashSet<&str> = QUANTITIES.iter().map(|q| q.proxy_family).collect();
+    // With the engine kinds read: the table names engines without such a histogram.
+    let own: HashSet<&str> = QUANTITIES
+        .iter()
+        .map(|q| q.proxy_family)
+        .chain([ENGINE_KIND])
+        .collect();
     let families: Vec<_> = gathered
         .into_iter()
         .filter(|f| own.contains(f.name()))
@@ -146,7 +151,7 @@ fn metric_page(state: &AppState, gathered: Vec<prometheus::proto::MetricFamily>)
     let mut text = String::from_utf8(buf).unwrap_or_default();
     let engine: HashSet<&str> = QUANTITIES
         .iter()
-        .flat_map(|q| q.engine_families.iter().copied())
+        .flat_map(|q| q.engine_families())
         .chain([ENGINE_SUCCESS, ENGINE_RUNNING, ENGINE_WAITING])
         .collect();
     // A counter's family may be named with or without `_total`.

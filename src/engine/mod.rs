@@ -9,7 +9,6 @@
 pub mod parse;
 pub mod scrape;
 pub mod signals;
-pub mod streams;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -55,7 +54,7 @@ impl EngineReplica {
             .iter()
             .any(|u| u.trim_end_matches('/') == url)
         {
-            replica.set_usage_unasked(streams::Unasked::Configured);
+            replica.set_usage_unasked(crate::upstream::usage::Unasked::Configured);
         }
         Self {
             replica: replica.clone(),

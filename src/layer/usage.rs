@@ -1,7 +1,7 @@
 //! Usage injection: for a streaming generation request whose client did not ask for usage, the
 //! collected body with `stream_options.include_usage` (see `measure::usage` for when it
 //! applies) is offered to forwarding ([`UsageOffer`]), which sends it or the client's body by
-//! the engine of the replica it picked (`engine::streams::injects_usage`) and says which
+//! the engine of the replica it picked (`upstream::usage::usage_for`) and says which
 //! ([`OfferTaken`]). A 2xx response to an injected request says so in its extensions
 //! ([`UsageInjected`]): the recorder's body then strips the usage chunk again, so the client
 //! gets the stream it asked for and the meter exact token counts.
@@ -18,21 +18,8 @@ use crate::body::ProxyBody;
 use crate::context::RequestContext;
 use crate::error::ProxyError;
 use crate::recorder::UsageInjected;
+use crate::upstream::usage::{OfferTaken, UsageOffer};
 use goodput_measure::usage::inject_include_usage;
-
-/// The request body with usage injected (a request extension): forwarding sends it instead of
-/// the client's body to a replica whose engine takes injection.
-#[derive(Debug, Clone)]
-pub struct UsageOffer(pub Bytes);
-
-/// Forwarding sent the [`UsageOffer`] (a response extension).
-#[derive(Debug, Clone, Copy)]
-pub struct OfferTaken;
-
-/// Forwarding sent the client's body to learn whether the replica's engine adds usage unasked
-/// (a response extension): the record of the stream tells (`engine::streams::Unasked`).
-#[derive(Debug, Clone, Copy)]
-pub struct LearnsUnasked;
 
 #[derive(Debug, Clone)]
 pub struct UsageLayer {

@@ -125,6 +125,7 @@ pub enum SloName {
     Tpot,
     E2e,
     ToolCalls,
+    Stall,
 }
 
 impl SloName {
@@ -134,6 +135,7 @@ impl SloName {
             SloName::Tpot => "tpot",
             SloName::E2e => "e2e",
             SloName::ToolCalls => "tool_calls",
+            SloName::Stall => "stall",
         }
     }
 }
@@ -205,6 +207,34 @@ pub struct ByUpstream<'a> {
     pub upstream: &'a str,
 }
 label_set!(ByUpstream<'static>, ["upstream"], |s| [s.upstream]);
+
+/// The kind of work still to do at a replica: prompt tokens to prefill, output tokens to
+/// decode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenPhase {
+    Prefill,
+    Decode,
+}
+
+impl TokenPhase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TokenPhase::Prefill => "prefill",
+            TokenPhase::Decode => "decode",
+        }
+    }
+}
+
+/// A replica's pending tokens of one kind: `goodput_proxy_upstream_tokens_pending`.
+#[derive(Debug, Clone, Copy)]
+pub struct PendingTokens<'a> {
+    pub upstream: &'a str,
+    pub phase: TokenPhase,
+}
+label_set!(PendingTokens<'static>, ["upstream", "phase"], |s| [
+    s.upstream,
+    s.phase.as_str()
+]);
 
 /// The engine a replica runs: `goodput_proxy_engine_kind`.
 #[derive(Debug, Clone, Copy)]

@@ -204,6 +204,7 @@ impl RequestMetrics {
             (SloName::Tpot, v.tpot_ok),
             (SloName::E2e, v.e2e_ok),
             (SloName::ToolCalls, v.tool_calls_ok),
+            (SloName::Stall, v.stall_ok),
         ] {
             if ok == Some(false) {
                 f.slo_violations

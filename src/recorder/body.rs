@@ -12,6 +12,7 @@
 
 use std::collections::VecDeque;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
@@ -22,6 +23,7 @@ use tokio::time::Instant;
 use super::recording::{body_error_ending, Finish};
 use crate::body::{BoxError, ProxyBody};
 use crate::metrics::ItlBuffer;
+use crate::upstream::TokenProgress;
 use goodput_measure::meter::StreamMeter;
 use goodput_measure::outcome::Ending;
 
@@ -30,6 +32,8 @@ struct Active {
     meter: StreamMeter,
     itl: ItlBuffer,
     finish: Finish,
+    /// Its share of the replica's pending work, told what the client has been served.
+    progress: Option<Arc<TokenProgress>>,
 }
 
 /// What a stripping body still has to hand the client after the upstream body's end.
@@ -64,9 +68,15 @@ impl MeteredBody {
         itl: ItlBuffer,
     ) -> Self {
         let stripping = meter.strips().then(Box::default);
+        let progress = finish.progress();
         Self {
             inner,
-            active: Some(Active { meter, itl, finish }),
+            active: Some(Active {
+                meter,
+                itl,
+                finish,
+                progress,
+            }),
             stripping,
         }
     }
@@ -110,12 +120,19 @@ impl MeteredBody {
                 // Finished already (cannot happen before `done`): pass the rest through.
                 return Poll::Ready(polled);
             };
-            let Active { meter, itl, finish } = a;
+            let Active {
+                meter,
+                itl,
+                progress,
+                ..
+            } = a;
             match polled {
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) => {
                         meter.on_upstream_frame(t, data, &mut s.out, |g| itl.observe(g));
-                        finish.progress(meter.output_tokens());
+                        if let Some(p) = progress {
+                            p.served(meter.output_so_far());
+                        }
                         continue;
                     }
                     // Trailers end the body: what the meter holds goes out first.
@@ -164,8 +181,9 @@ impl Body for MeteredBody {
                 if let Some(data) = frame.data_ref() {
                     let itl = &mut a.itl;
                     a.meter.on_frame(Instant::now(), data, |g| itl.observe(g));
-                    // The replica's load in tokens follows what the stream has shown.
-                    a.finish.progress(a.meter.output_tokens());
+                    if let Some(p) = &a.progress {
+                        p.served(a.meter.output_so_far());
+                    }
                 }
             }
             Some(Err(e)) => this.finish(body_error_ending(e)),

@@ -11,12 +11,12 @@ use super::{unix_ms_at, Recorder, GAPS_KEPT_PER_REQUEST};
 use crate::auth::{Tenant, NO_TENANT};
 use crate::body::{BoxError, ProxyBody};
 use crate::context::RequestContext;
-use crate::engine::streams::Unasked;
 use crate::error::ProxyError;
-use crate::layer::usage::LearnsUnasked;
 use crate::metrics::RequestMetrics;
 use crate::upstream::deadline::DeadlineError;
 use crate::upstream::forward::{Routed, ServedBy};
+use crate::upstream::usage::LearnsUnasked;
+use crate::upstream::usage::Unasked;
 use goodput_measure::meter::{Measurement, StreamMeter};
 use goodput_measure::outcome::{rejected_by_client, Ending, Outcome};
 use goodput_measure::record::RequestRecord;
@@ -203,11 +203,9 @@ impl Open {
 pub struct UsageInjected;
 
 impl Finish {
-    /// The stream has shown `tokens` output tokens so far (see [`Routed::progress`]).
-    pub(super) fn progress(&mut self, tokens: u64) {
-        if let Some(r) = self.routed.as_mut() {
-            r.progress(tokens);
-        }
+    /// The request's share of its replica's pending work (absent when no replica answered).
+    pub(super) fn progress(&self) -> Option<Arc<crate::upstream::TokenProgress>> {
+        self.routed.as_ref().map(|r| r.progress.clone())
     }
 
     /// The request's record: metrics, the tenant's token budget, sinks and the ring.
@@ -242,7 +240,6 @@ impl Finish {
                 rm.upstream(),
                 eligible,
                 v.good,
-                tokens,
                 end.checked_sub(m.e2e).unwrap_or(end),
                 end,
             );

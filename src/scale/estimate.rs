@@ -90,25 +90,39 @@ impl Curve {
         b.total = b.total * keep + t;
     }
 
-    /// The load per replica at which attainment falls to `target`, from the bins holding at
-    /// least `min_requests`; `None` while no such bin is below the target.
+    /// The load per replica at which attainment falls to `target`, from groups of bins holding
+    /// at least `min_requests` each ([`Curve::groups`]): where the fit crosses it, between a load that met the target and
+    /// one that did not. `None` until both have been seen: while no load missed, the limit is
+    /// unknown; while every load seen missed, load is not what made them miss (fewer requests
+    /// per replica are not known to help), and a limit put at the lightest load seen would
+    /// ask for replicas without end.
     pub fn capacity(&self, target: f64, min_requests: f64) -> Option<f64> {
-        let seen: Vec<(usize, f64, f64)> = self
-            .bins
-            .iter()
-            .enumerate()
-            .filter(|(_, b)| b.total >= min_requests.max(1.0))
-            .map(|(k, b)| (k, b.good / b.total, b.total))
-            .collect();
-        let fit = non_increasing(&seen.iter().map(|s| (s.1, s.2)).collect::<Vec<_>>());
-        let j = fit.iter().position(|&a| a < target)?;
-        if j == 0 {
-            // Even the lightest load seen misses: the limit is below it.
-            return Some(self.edges(seen[0].0).0);
-        }
-        let (x0, x1) = (self.middle(seen[j - 1].0), self.middle(seen[j].0));
+        let groups = self.groups(min_requests.max(1.0));
+        let fit = non_increasing(&groups.iter().map(|g| (g.1, g.2)).collect::<Vec<_>>());
+        let j = fit.iter().position(|&a| a < target).filter(|&j| j > 0)?;
+        let (x0, x1) = (groups[j - 1].0, groups[j].0);
         let (a0, a1) = (fit[j - 1], fit[j]);
         Some(x0 + (a0 - target) / (a0 - a1) * (x1 - x0))
+    }
+
+    /// The bins as (load, attainment, requests), lightest first, neighbours joined until each
+    /// group holds at least `min_requests` (its load: the middle of its bins, weighted by
+    /// requests). Sparse bins are evidence where they lie, not noise to drop: a light load
+    /// that met its SLOs over a few bins still counts once together it holds enough requests.
+    /// A sparse rest above the last full group is left out.
+    fn groups(&self, min_requests: f64) -> Vec<(f64, f64, f64)> {
+        let mut out = Vec::new();
+        let (mut at, mut good, mut total) = (0.0, 0.0, 0.0);
+        for (k, b) in self.bins.iter().enumerate().filter(|(_, b)| b.total > 0.0) {
+            at += self.middle(k) * b.total;
+            good += b.good;
+            total += b.total;
+            if total >= min_requests {
+                out.push((at / total, good / total, total));
+                (at, good, total) = (0.0, 0.0, 0.0);
+            }
+        }
+        out
     }
 }
 
@@ -271,6 +285,54 @@ mod tests {
     }
 
     #[test]
+    fn misses_at_every_load_seen_are_not_a_limit() {
+        // Requests fail whatever the load (a broken model, a stalled host): no load met the
+        // target, so there is no crossing and no capacity, never one near 0 (which would ask
+        // for replicas without end).
+        let cases: &[&[(f64, u64)]] = &[
+            &[(0.05, 0)],
+            &[(0.05, 10), (0.3, 5), (3.0, 0)],
+            // A lone bad bin at the lightest load, pooled with good ones above it that still
+            // fall short together.
+            &[(0.05, 0), (1.0, 38), (2.0, 37)],
+        ];
+        for points in cases {
+            let mut c = curve();
+            for &(load, good) in *points {
+                c.observe(load, good, 40);
+            }
+            assert_eq!(c.capacity(TARGET, MIN), None, "{points:?}");
+        }
+        // Once a load is seen to meet the target, the crossing is above it.
+        let mut c = curve();
+        c.observe(0.05, 0, 20);
+        c.observe(1.0, 400, 400);
+        c.observe(8.0, 0, 40);
+        let cap = c.capacity(TARGET, MIN).unwrap_or(0.0);
+        assert!(cap > 1.0 && cap < 8.0, "{cap}");
+    }
+
+    #[test]
+    fn sparse_light_loads_count_together() {
+        // A short quiet start: 30 good requests spread over light loads, no bin with 20; then
+        // an overload where everything misses. The light loads together met the target, so
+        // the limit lies between them and the overload.
+        let mut c = curve();
+        for load in [1.0, 1.3, 1.6, 2.0, 2.5, 3.0] {
+            c.observe(load, 5, 5);
+        }
+        c.observe(20.0, 0, 60);
+        let cap = c.capacity(TARGET, MIN).unwrap_or(0.0);
+        assert!(cap > 2.0 && cap < 20.0, "{cap}");
+        // Without the overload there is no limit to speak of.
+        let mut c = curve();
+        for load in [1.0, 1.3, 1.6, 2.0, 2.5, 3.0] {
+            c.observe(load, 5, 5);
+        }
+        assert_eq!(c.capacity(TARGET, MIN), None);
+    }
+
+    #[test]
     fn a_bad_patch_at_low_load_is_pooled_with_its_neighbours() {
         // One unlucky bin at light load (errors unrelated to load) among good ones: the
         // non-increasing fit pools it, so it alone does not set the capacity.
@@ -286,8 +348,13 @@ mod tests {
     #[test]
     fn bins_remember_their_last_requests() {
         let mut c = Curve::new(0.5, 16, 100.0);
+        c.observe(2.0, 100, 100);
         c.observe(4.0, 0, 100);
-        assert_eq!(c.capacity(TARGET, MIN), Some(c.edges(c.bin_of(4.0)).0));
+        let cap = c.capacity(TARGET, MIN).unwrap_or(0.0);
+        assert!(
+            cap > c.middle(c.bin_of(2.0)) && cap < c.middle(c.bin_of(4.0)),
+            "{cap}"
+        );
         // The same load now meets its SLOs: `memory` new requests replace the old ones, and
         // the limit is no longer seen there.
         for _ in 0..6 {

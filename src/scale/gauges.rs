@@ -6,7 +6,9 @@ use std::sync::{Arc, Mutex};
 use prometheus::{GaugeVec, Opts, Registry};
 use tokio::time::Instant;
 
-use super::Estimate;
+use super::{Estimate, InFlight};
+use crate::metrics::labels::{PendingTokens, TokenPhase};
+use crate::metrics::{Gauges as Family, Registrar};
 use goodput_measure::window::RatioWindow;
 
 pub(super) struct Gauges {
@@ -20,6 +22,7 @@ pub(super) struct Gauges {
     capacity_tokens: GaugeVec,
     desired_replicas: GaugeVec,
     tokens_in_flight: GaugeVec,
+    tokens_pending: Family<PendingTokens<'static>>,
     /// Upstreams whose tokens-in-flight series is set (a replica that left loses it).
     tokens_set: Mutex<Vec<Arc<str>>>,
 }
@@ -57,7 +60,7 @@ impl Gauges {
             )?,
             headroom_tokens: gauge(
                 "goodput_proxy_headroom_tokens_per_second",
-                "As goodput_proxy_headroom_streams, in tokens (prompt + output) per second.",
+                "As goodput_proxy_headroom_streams, in tokens offered per second (prompt + output asked for, as the balancer estimates them when it sends a request).",
                 &["model"],
             )?,
             capacity_streams: gauge(
@@ -72,13 +75,17 @@ impl Gauges {
             )?,
             desired_replicas: gauge(
                 "goodput_proxy_desired_replicas",
-                "Replicas the current load needs to meet scale.target for the model: load / capacity per replica, the larger of streams and tokens/s (a fraction: round up); absent until the capacity is known.",
+                "Replicas the current load needs to meet scale.target for the model: load / capacity per replica, the largest over what replicas hold (streams, prompt tokens to prefill, output tokens to decode) (a fraction: round up); absent until a capacity is known.",
                 &["model"],
             )?,
             tokens_in_flight: gauge(
                 "goodput_proxy_upstream_tokens_in_flight",
                 "Estimated tokens (prompt + output asked for) of this proxy's requests in flight at the replica, as the balancer counts them.",
                 &["upstream"],
+            )?,
+            tokens_pending: Registrar::new(registry).gauges(
+                "goodput_proxy_upstream_tokens_pending",
+                "Work of this proxy's requests in flight at the replica, in estimated tokens, by phase: prefill (prompt tokens of requests without output yet: waiting or in prefill) and decode (output tokens still to come: max_tokens, else 256, less those served). Non-streaming requests count as prefill until they end.",
             )?,
             tokens_set: Mutex::new(Vec::new()),
         };
@@ -135,17 +142,39 @@ impl Gauges {
         }
     }
 
-    pub(super) fn set_in_flight_tokens(&self, tokens: &[(Arc<str>, u64)]) {
+    pub(super) fn set_in_flight_tokens(&self, tokens: &[InFlight]) {
         let Ok(mut set) = self.tokens_set.lock() else {
             return;
         };
-        for gone in set.iter().filter(|u| !tokens.iter().any(|(t, _)| t == *u)) {
+        let phases = [TokenPhase::Prefill, TokenPhase::Decode];
+        for gone in set
+            .iter()
+            .filter(|u| !tokens.iter().any(|t| &t.upstream == *u))
+        {
             let _ = self.tokens_in_flight.remove_label_values(&[gone]);
+            for phase in phases {
+                self.tokens_pending.remove(&PendingTokens {
+                    upstream: gone,
+                    phase,
+                });
+            }
         }
-        for (u, n) in tokens {
-            self.tokens_in_flight.with_label_values(&[u]).set(*n as f64);
+        for t in tokens {
+            let u = &*t.upstream;
+            self.tokens_in_flight
+                .with_label_values(&[u])
+                .set(t.tokens as f64);
+            for phase in phases {
+                let n = t.pending.map(|p| match phase {
+                    TokenPhase::Prefill => p.prefill,
+                    TokenPhase::Decode => p.decode,
+                });
+                let series = PendingTokens { upstream: u, phase };
+                self.tokens_pending
+                    .set_or_remove(&series, n.map(|n| n as f64));
+            }
         }
-        *set = tokens.iter().map(|(u, _)| u.clone()).collect();
+        *set = tokens.iter().map(|t| t.upstream.clone()).collect();
     }
 }
 

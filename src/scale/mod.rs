@@ -5,8 +5,9 @@
 //! - Headroom per model, in streams and in tokens per second: the replicas' capacity at the
 //!   `[scale] target` ([`estimate::Curve`], learned from every replica's load against its
 //!   attainment), less the load they carry now; and the desired-replicas hint, load / capacity
-//!   per replica.
-//! - Tokens in flight per upstream: the balancer's own count of the tokens its requests bring.
+//!   per replica in whichever unit of what replicas hold binds first ([`Unit`]).
+//! - Tokens in flight per upstream: the balancer's own count of the tokens its requests bring,
+//!   and the work still to do by kind (prompt tokens to prefill, output tokens to decode).
 //!
 //! Per request, [`Scale::finished`] only counts (one lock, no allocation for known labels).
 //! Every `tick_ms` the proxy hands [`Scale::tick`] each replica's load; the estimate is made
@@ -25,6 +26,7 @@ use tokio::time::Instant;
 
 use crate::auth::NO_TENANT;
 use crate::config::ScaleConfig;
+use crate::upstream::TokensPending;
 use estimate::Curve;
 use gauges::Gauges;
 use goodput_measure::window::RatioWindow;
@@ -45,6 +47,19 @@ pub struct ReplicaLoad {
     pub in_flight: usize,
     /// Estimated tokens (prompt + output) of those requests, when the balancer counts them.
     pub tokens_in_flight: Option<u64>,
+    /// Estimated tokens of every request sent there so far (a counter): its rate is the token
+    /// load the replica is offered.
+    pub tokens_sent: u64,
+    /// Those in flight by kind of work still to do (prefill, decode).
+    pub tokens_pending: Option<TokensPending>,
+}
+
+/// One replica's tokens in flight as served on `/metrics`.
+#[derive(Debug, Clone)]
+struct InFlight {
+    upstream: Arc<str>,
+    tokens: u64,
+    pending: Option<TokensPending>,
 }
 
 /// One model's estimate as of the last tick.
@@ -87,16 +102,37 @@ struct Finished {
 /// Per replica, the load of each recent tick (raw), for the load a request lived through.
 const HISTORY_TICKS: usize = 600;
 
-/// What one replica carried, smoothed.
-#[derive(Debug, Clone, Copy, Default)]
-struct Smoothed {
-    streams: f64,
-    tokens_per_s: f64,
+/// What one replica carried, in each unit ([`Unit`]).
+type Load = [f64; UNITS];
+
+/// The load units, indices into a [`Load`]. Streams, prefill and decode tokens are what a
+/// replica holds: they keep rising while it falls behind (a queue holds requests, their
+/// prompts and their outputs to come). Tokens per second offered is a flow the balancer sets:
+/// it sends less to a replica that struggles, so its misses show at a light flow. The hint
+/// reads only what replicas hold; the flow gives the headroom in tokens per second.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unit {
+    Streams = 0,
+    TokensPerS = 1,
+    Prefill = 2,
+    Decode = 3,
+}
+const UNITS: usize = 4;
+const HELD: [Unit; 3] = [Unit::Streams, Unit::Prefill, Unit::Decode];
+
+impl Unit {
+    /// The lowest bin edge of its curve.
+    fn lo(self) -> f64 {
+        match self {
+            Unit::Streams => STREAMS_LO,
+            _ => TOKENS_LO,
+        }
+    }
 }
 
 struct Model {
-    streams: Curve,
-    tokens: Curve,
+    /// Attainment against load, one curve per unit.
+    curves: [Curve; UNITS],
 }
 
 #[derive(Default)]
@@ -104,13 +140,14 @@ struct State {
     /// Finished since the last tick, per (model, upstream).
     pending: HashMap<(Arc<str>, Arc<str>), Vec<Finished>>,
     /// Each replica's raw load at its recent ticks, oldest first.
-    history: HashMap<Arc<str>, std::collections::VecDeque<(Instant, Smoothed)>>,
-    /// Tokens (prompt + output) finished since the last tick, per upstream.
-    tokens: HashMap<Arc<str>, u64>,
-    replicas: HashMap<Arc<str>, Smoothed>,
+    history: HashMap<Arc<str>, std::collections::VecDeque<(Instant, Load)>>,
+    /// Each replica's `tokens_sent` at the last tick.
+    sent: HashMap<Arc<str>, u64>,
+    /// Each replica's load, smoothed over `load_window_ms`.
+    replicas: HashMap<Arc<str>, Load>,
     models: HashMap<Arc<str>, Model>,
     estimates: Vec<(Arc<str>, Estimate)>,
-    in_flight_tokens: Vec<(Arc<str>, u64)>,
+    in_flight_tokens: Vec<InFlight>,
     last_tick: Option<Instant>,
 }
 
@@ -157,7 +194,6 @@ impl Scale {
         upstream: &Arc<str>,
         eligible: bool,
         good: bool,
-        tokens: u64,
         start: Instant,
         at: Instant,
     ) {
@@ -180,11 +216,12 @@ impl Scale {
             end: at,
             good,
         });
-        *st.tokens.entry(upstream.clone()).or_default() += tokens;
     }
 
-    /// One sample per replica: smooths each replica's load, feeds every model's curves with
-    /// what finished since the last tick (each request at the mean load its replica carried
+    /// One sample per replica: smooths each replica's load in every [`Unit`] (what it holds:
+    /// requests, prompt tokens to prefill, output tokens to decode; and the tokens it was
+    /// offered per second, a flow: what was sent, not what came out), feeds every model's
+    /// curves with what finished since the last tick (each request at the mean load its replica carried
     /// from its start to its end: the load it lived through, not the load when it ended), and
     /// estimates each model's headroom.
     pub fn tick(&self, now: Instant, replicas: &[ReplicaLoad]) {
@@ -200,20 +237,21 @@ impl Scale {
         let dt_s = dt.as_secs_f64().max(1e-3);
         let alpha = (dt_s * 1e3 / self.config.load_window_ms as f64).min(1.0);
         let pending = std::mem::take(&mut st.pending);
-        let mut tokens = std::mem::take(&mut st.tokens);
-        let mut smoothed: HashMap<Arc<str>, Smoothed> = HashMap::with_capacity(replicas.len());
+        let mut sent = std::mem::take(&mut st.sent);
+        let mut smoothed: HashMap<Arc<str>, Load> = HashMap::with_capacity(replicas.len());
         let mut history = std::mem::take(&mut st.history);
         history.retain(|u, _| replicas.iter().any(|r| &r.upstream == u));
         for r in replicas {
-            let raw = Smoothed {
-                streams: r.in_flight as f64,
-                tokens_per_s: tokens.remove(&r.upstream).unwrap_or(0) as f64 / dt_s,
-            };
+            // A replica's counter starts at 0 when it joins.
+            let before = sent.remove(&r.upstream).unwrap_or(0);
+            let pending = r.tokens_pending.unwrap_or_default();
+            let mut raw = [0.0; UNITS];
+            raw[Unit::Streams as usize] = r.in_flight as f64;
+            raw[Unit::TokensPerS as usize] = r.tokens_sent.saturating_sub(before) as f64 / dt_s;
+            raw[Unit::Prefill as usize] = pending.prefill as f64;
+            raw[Unit::Decode as usize] = pending.decode as f64;
             let s = match st.replicas.get(&r.upstream) {
-                Some(w) => Smoothed {
-                    streams: w.streams + alpha * (raw.streams - w.streams),
-                    tokens_per_s: w.tokens_per_s + alpha * (raw.tokens_per_s - w.tokens_per_s),
-                },
+                Some(w) => std::array::from_fn(|i| w[i] + alpha * (raw[i] - w[i])),
                 None => raw,
             };
             smoothed.insert(r.upstream.clone(), s);
@@ -225,55 +263,76 @@ impl Scale {
         }
         st.replicas = smoothed;
         st.history = history;
+        st.sent = replicas
+            .iter()
+            .map(|r| (r.upstream.clone(), r.tokens_sent))
+            .collect();
         let memory = self.config.memory as f64;
         for ((model, upstream), done) in pending {
             let Some(h) = st.history.get(&upstream) else {
                 continue;
             };
             let m = st.models.entry(model).or_insert_with(|| Model {
-                streams: Curve::new(STREAMS_LO, BINS, memory),
-                tokens: Curve::new(TOKENS_LO, BINS, memory),
+                curves: [Unit::Streams, Unit::TokensPerS, Unit::Prefill, Unit::Decode]
+                    .map(|u| Curve::new(u.lo(), BINS, memory)),
             });
             for f in done {
                 if let Some(load) = lived_through(h, f.start, f.end) {
                     let good = u64::from(f.good);
-                    m.streams.observe(load.streams, good, 1);
-                    m.tokens.observe(load.tokens_per_s, good, 1);
+                    for (c, l) in m.curves.iter_mut().zip(load) {
+                        c.observe(l, good, 1);
+                    }
                 }
             }
         }
         let healthy = replicas.iter().filter(|r| r.healthy).count();
-        let (streams, tps) = st
-            .replicas
-            .values()
-            .fold((0.0, 0.0), |(s, t), r| (s + r.streams, t + r.tokens_per_s));
+        let load: Load = st.replicas.values().fold([0.0; UNITS], |mut sum, r| {
+            for (s, l) in sum.iter_mut().zip(r) {
+                *s += l;
+            }
+            sum
+        });
         let (target, min) = (self.config.target, self.config.min_requests as f64);
         st.estimates = st
             .models
             .iter()
             .map(|(model, m)| {
-                let cs = m.streams.capacity(target, min);
-                let ct = m.tokens.capacity(target, min);
-                let desired = [
-                    estimate::desired_replicas(cs, streams),
-                    estimate::desired_replicas(ct, tps),
-                ]
-                .into_iter()
-                .flatten()
-                .reduce(f64::max);
+                let cap: [Option<f64>; UNITS] =
+                    std::array::from_fn(|i| m.curves[i].capacity(target, min));
+                // The replicas the load needs in whichever held unit binds first.
+                let desired = HELD
+                    .iter()
+                    .filter_map(|&u| estimate::desired_replicas(cap[u as usize], load[u as usize]))
+                    .reduce(f64::max);
+                let (s, t) = (Unit::Streams as usize, Unit::TokensPerS as usize);
                 let e = Estimate {
-                    capacity_streams: cs,
-                    capacity_tokens: ct,
-                    headroom_streams: estimate::headroom(cs, healthy, streams),
-                    headroom_tokens: estimate::headroom(ct, healthy, tps),
+                    capacity_streams: cap[s],
+                    capacity_tokens: cap[t],
+                    headroom_streams: estimate::headroom(cap[s], healthy, load[s]),
+                    headroom_tokens: estimate::headroom(cap[t], healthy, load[t]),
                     desired_replicas: desired,
                 };
+                // The hint's inputs, to see why it moved (`RUST_LOG=goodput_proxy::scale=debug`).
+                tracing::debug!(
+                    model = &**model,
+                    healthy,
+                    load = ?load,
+                    capacity = ?cap,
+                    desired,
+                    "scale estimate (streams, tokens/s offered, prefill tokens, decode tokens)"
+                );
                 (model.clone(), e)
             })
             .collect();
         st.in_flight_tokens = replicas
             .iter()
-            .filter_map(|r| Some((r.upstream.clone(), r.tokens_in_flight?)))
+            .filter_map(|r| {
+                Some(InFlight {
+                    upstream: r.upstream.clone(),
+                    tokens: r.tokens_in_flight?,
+                    pending: r.tokens_pending,
+                })
+            })
             .collect();
     }
 
@@ -329,23 +388,21 @@ impl Scale {
 /// The mean load of the ticks in `[start, end]`; a request shorter than a tick gets the last
 /// tick at or before its end.
 fn lived_through(
-    h: &std::collections::VecDeque<(Instant, Smoothed)>,
+    h: &std::collections::VecDeque<(Instant, Load)>,
     start: Instant,
     end: Instant,
-) -> Option<Smoothed> {
-    let (mut sum, mut n) = (Smoothed::default(), 0usize);
-    for (_, s) in h.iter().filter(|(t, _)| *t >= start && *t <= end) {
-        sum.streams += s.streams;
-        sum.tokens_per_s += s.tokens_per_s;
+) -> Option<Load> {
+    let (mut sum, mut n) = ([0.0; UNITS], 0usize);
+    for (_, l) in h.iter().filter(|(t, _)| *t >= start && *t <= end) {
+        for (s, v) in sum.iter_mut().zip(l) {
+            *s += v;
+        }
         n += 1;
     }
     if n == 0 {
-        return h.iter().rev().find(|(t, _)| *t <= end).map(|(_, s)| *s);
+        return h.iter().rev().find(|(t, _)| *t <= end).map(|(_, l)| *l);
     }
-    Some(Smoothed {
-        streams: sum.streams / n as f64,
-        tokens_per_s: sum.tokens_per_s / n as f64,
-    })
+    Some(sum.map(|s| s / n as f64))
 }
 
 /// `30s`, `5m`, `2h`: the `window` label of a window length.

@@ -4,12 +4,18 @@ fn s(v: &str) -> Arc<str> {
     Arc::from(v)
 }
 
-fn load(upstream: &str, in_flight: usize) -> ReplicaLoad {
+/// `sent`: the replica's tokens-sent counter.
+fn load(upstream: &str, in_flight: usize, sent: u64) -> ReplicaLoad {
     ReplicaLoad {
         upstream: s(upstream),
         healthy: true,
         in_flight,
         tokens_in_flight: Some(in_flight as u64 * 100),
+        tokens_sent: sent,
+        tokens_pending: Some(TokensPending {
+            prefill: in_flight as u64 * 60,
+            decode: in_flight as u64 * 40,
+        }),
     }
 }
 
@@ -43,10 +49,10 @@ fn attainment_per_window_model_tenant_upstream() {
     let t0 = Instant::now();
     let (m, a, b) = (s("m"), s("a"), s("u0"));
     for good in [true, true, true, false] {
-        sc.finished(&m, Some(&a), &b, true, good, 10, t0, t0);
+        sc.finished(&m, Some(&a), &b, true, good, t0, t0);
     }
     // A rejection the client caused says nothing about the replicas.
-    sc.finished(&m, Some(&a), &b, false, false, 0, t0, t0);
+    sc.finished(&m, Some(&a), &b, false, false, t0, t0);
     sc.refresh(t0 + Duration::from_secs(1));
     assert_eq!(
         series(&r, "goodput_proxy_slo_attainment"),
@@ -73,28 +79,32 @@ fn headroom_is_absent_until_the_limit_is_seen_then_follows_the_load() {
     let (sc, r) = scale();
     let m = s("m");
     let mut now = Instant::now();
-    sc.tick(now, &[load("u0", 0), load("u1", 0)]);
-    // Two replicas; each meets its SLOs up to 8 streams and misses half beyond.
+    sc.tick(now, &[load("u0", 0, 0), load("u1", 0, 0)]);
+    // Two replicas; each meets its SLOs up to 8 streams and misses half beyond. Each is
+    // sent 100 tokens a second per stream.
     let m = &m;
-    let step = |sc: &Scale, now: &mut Instant, per_replica: usize| {
+    let mut sent = 0;
+    let step = |sc: &Scale, now: &mut Instant, sent: &mut u64, per_replica: usize| {
         *now += Duration::from_secs(1);
         for u in ["u0", "u1"] {
             for i in 0..30 {
                 let good = per_replica <= 8 || i % 2 == 0;
-                sc.finished(m, None, &s(u), true, good, 100, *now, *now);
+                sc.finished(m, None, &s(u), true, good, *now, *now);
             }
         }
-        sc.tick(*now, &[load("u0", per_replica), load("u1", per_replica)]);
+        *sent += per_replica as u64 * 100;
+        let n = per_replica;
+        sc.tick(*now, &[load("u0", n, *sent), load("u1", n, *sent)]);
     };
     for n in 1..=8 {
-        step(&sc, &mut now, n);
+        step(&sc, &mut now, &mut sent, n);
     }
     sc.refresh(now);
     assert!(series(&r, "goodput_proxy_headroom_streams").is_empty());
     assert!(series(&r, "goodput_proxy_desired_replicas").is_empty());
     assert_eq!(sc.estimates()[0].1.capacity_streams, None);
     for n in 9..=12 {
-        step(&sc, &mut now, n);
+        step(&sc, &mut now, &mut sent, n);
     }
     // Now at 12 per replica, past the limit: no room, 3 replicas wanted where 2 serve.
     let e = sc.estimates()[0].1;
@@ -104,8 +114,11 @@ fn headroom_is_absent_until_the_limit_is_seen_then_follows_the_load() {
     assert_eq!(e.headroom_streams, Some(0.0));
     let want = e.desired_replicas.unwrap();
     assert!(want >= 24.0 / cap - 1e-9, "{want}");
+    // The same limit in tokens offered per second: 100 per stream.
+    let cap_tokens = e.capacity_tokens.unwrap();
+    assert!((650.0..=950.0).contains(&cap_tokens), "{cap_tokens}");
     // Load falls to 2 per replica: room for about 2 x cap - 4 more.
-    step(&sc, &mut now, 2);
+    step(&sc, &mut now, &mut sent, 2);
     let e = sc.estimates()[0].1;
     let room = e.headroom_streams.unwrap();
     assert!((room - (2.0 * cap - 4.0)).abs() < 1e-9, "{room}");
@@ -117,14 +130,67 @@ fn headroom_is_absent_until_the_limit_is_seen_then_follows_the_load() {
         series(&r, "goodput_proxy_upstream_tokens_in_flight"),
         [("u0".into(), 200.0), ("u1".into(), 200.0)]
     );
+    assert_eq!(
+        series(&r, "goodput_proxy_upstream_tokens_pending"),
+        [
+            ("decode,u0".into(), 80.0),
+            ("decode,u1".into(), 80.0),
+            ("prefill,u0".into(), 120.0),
+            ("prefill,u1".into(), 120.0)
+        ]
+    );
     // A replica that leaves loses its series.
     now += Duration::from_secs(1);
-    sc.tick(now, &[load("u0", 1)]);
+    sc.tick(now, &[load("u0", 1, sent)]);
     sc.refresh(now);
     assert_eq!(
         series(&r, "goodput_proxy_upstream_tokens_in_flight"),
         [("u0".into(), 100.0)]
     );
+    assert_eq!(
+        series(&r, "goodput_proxy_upstream_tokens_pending"),
+        [("decode,u0".into(), 40.0), ("prefill,u0".into(), 60.0)]
+    );
+}
+
+/// Past saturation a replica's output stays flat, or falls, while its clients miss their
+/// SLOs; what it is sent keeps rising. The token load is what was sent, so the limit in tokens
+/// per second sits where attainment crossed the target, and a replica that finishes little
+/// while its requests fail does not put the limit near 0 (which asked for replicas without
+/// end).
+#[test]
+fn token_load_is_what_was_sent_not_what_came_out() {
+    let (sc, _r) = scale();
+    let m = s("m");
+    let mut now = Instant::now();
+    let mut sent = 0u64;
+    sc.tick(now, &[load("u0", 0, 0)]);
+    // (tokens sent per second, streams, requests finished this second, good ones)
+    let seconds: &[(u64, usize, u32, u32)] = &[
+        (500, 2, 20, 20),
+        (1_000, 4, 20, 20),
+        (2_000, 8, 20, 20),
+        (4_000, 16, 20, 6),
+        // Saturated: little comes out and most of it misses.
+        (8_000, 32, 20, 2),
+        (8_000, 40, 20, 0),
+    ];
+    for &(rate, streams, total, good) in seconds {
+        for _ in 0..10 {
+            now += Duration::from_secs(1);
+            for i in 0..total {
+                sc.finished(&m, None, &s("u0"), true, i < good, now, now);
+            }
+            sent += rate;
+            sc.tick(now, &[load("u0", streams, sent)]);
+        }
+    }
+    let e = sc.estimates()[0].1;
+    let cap = e.capacity_tokens.unwrap_or(0.0);
+    assert!((2_000.0..4_000.0).contains(&cap), "{cap}");
+    // Offered 8000 tokens/s: 2 to 4 replicas' worth, not thousands.
+    let want = e.desired_replicas.unwrap_or(0.0);
+    assert!((2.0..=5.0).contains(&want), "{want}");
 }
 
 #[test]

@@ -23,12 +23,11 @@ use super::headers::{connection_named, is_hop_by_hop, strip_hop_by_hop, Forwarde
 use super::hold::{self, Prefixed};
 use super::shape::Shape;
 use super::strategy::{Balancer, Belief, Cand, Reason};
-use super::{OutputLoad, Replica, Upstreams};
+use super::usage::{usage_for, LearnsUnasked, OfferTaken, Usage, UsageOffer};
+use super::{Replica, TokenProgress, Upstreams};
 use crate::body::ProxyBody;
 use crate::context::{ConnInfo, RequestContext, X_GOODPUT_TRACE, X_REQUEST_ID};
-use crate::engine::streams::{usage_for, Usage};
 use crate::error::ProxyError;
-use crate::layer::usage::{LearnsUnasked, OfferTaken, UsageOffer};
 
 /// Which replica served a response (a response extension, read by the access log and meter).
 #[derive(Debug, Clone)]
@@ -51,23 +50,11 @@ pub struct Routed {
     pub shape: Shape,
     pub belief: Belief,
     pub balancer: Arc<Balancer>,
-    /// The request's output tokens still counted in the replica's load.
-    pub output: OutputLoad,
-    /// Output tokens the stream has shown so far (what `output` was told).
-    shown: u64,
+    /// Its share of the replica's pending work, told as its output is served.
+    pub progress: Arc<TokenProgress>,
 }
 
 impl Routed {
-    /// The stream has shown `tokens` output tokens in all (the meter's count): the replica's
-    /// load keeps only what may remain. Per event: a comparison, and an atomic add when the
-    /// count grew.
-    pub fn progress(&mut self, tokens: u64) {
-        if tokens > self.shown {
-            self.output.shown(tokens - self.shown);
-            self.shown = tokens;
-        }
-    }
-
     /// The engine reported `cached_tokens` of `prompt_tokens` prompt tokens served from its
     /// prefix cache: the balancer's index learns what the replica really held.
     pub fn learn(&self, cached_tokens: u64, prompt_tokens: u64) {
@@ -144,8 +131,8 @@ async fn forward(
         let idx = choice.idx;
         let replica = &replicas[idx];
         attempts.push(replica.url.clone());
-        let guard = replica.start_tokens(shape.prompt_tokens);
-        let output = replica.start_output(shape.output_tokens);
+        let guard = replica.start_tokens(shape.prompt_tokens, shape.output_tokens);
+        let progress = guard.progress();
         let uri = replica
             .uri_for(path_and_query)
             .map_err(|e| ProxyError::Upstream { source: e.into() })?;
@@ -236,8 +223,7 @@ async fn forward(
             shape,
             belief,
             balancer: up.balancer.clone(),
-            output,
-            shown: 0,
+            progress,
         });
         return Ok(Response::from_parts(rparts, body));
     }

@@ -10,6 +10,7 @@ pub mod prefix;
 pub mod shape;
 pub mod strategy;
 pub mod tls;
+pub mod usage;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
@@ -24,7 +25,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tower::util::BoxCloneSyncService;
 
 use crate::config::{EngineKind, UpstreamConfig};
-use crate::engine::streams::Unasked;
+use usage::Unasked;
 use crate::metrics::Registrar;
 use prometheus::Registry;
 
@@ -61,7 +62,7 @@ pub struct Replica {
     engine: EngineCell,
     /// The engine it runs, configured or told from its `/metrics` (0: not known yet, else the
     /// index in [`EngineKind::ALL`] + 1): what the proxy may change in its requests depends on
-    /// how that engine streams (`engine::streams`).
+    /// how that engine streams (`upstream::usage`).
     kind: AtomicU8,
     /// Whether its engine adds usage unasked (the index in [`Unasked::ALL`]).
     usage_unasked: AtomicU8,
@@ -76,6 +77,14 @@ pub struct RouteState {
     pub id: prefix::ReplicaId,
     /// Estimated tokens (prompt + output) of this proxy's requests in flight there.
     tokens: AtomicU64,
+    /// Estimated tokens of every request ever sent there (a counter: its rate is the token
+    /// load offered to the replica, which keeps rising past saturation, unlike its output).
+    sent: AtomicU64,
+    /// The work still to do there, by kind: estimated prompt tokens of requests without output
+    /// yet (waiting or in prefill), and output tokens still to come (asked for, less those
+    /// served). See [`TokenProgress`].
+    prefill: AtomicU64,
+    decode: AtomicU64,
     /// Recent SLO attainment, TTFT, TPOT of its requests.
     pub stats: goodput::ReplicaStats,
 }
@@ -86,6 +95,9 @@ impl RouteState {
         RouteState {
             id: NEXT.fetch_add(1, Ordering::Relaxed),
             tokens: AtomicU64::new(0),
+            sent: AtomicU64::new(0),
+            prefill: AtomicU64::new(0),
+            decode: AtomicU64::new(0),
             stats: goodput::ReplicaStats::default(),
         }
     }
@@ -93,6 +105,29 @@ impl RouteState {
     pub fn tokens(&self) -> u64 {
         self.tokens.load(Ordering::Relaxed)
     }
+
+    /// Estimated tokens of all requests sent there so far.
+    pub fn tokens_sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+
+    /// Prompt tokens still to prefill and output tokens still to decode, of this proxy's
+    /// requests in flight there.
+    pub fn tokens_pending(&self) -> TokensPending {
+        TokensPending {
+            prefill: self.prefill.load(Ordering::Relaxed),
+            decode: self.decode.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A replica's work in flight by kind, in estimated tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TokensPending {
+    /// Prompt tokens of requests that have had no output yet.
+    pub prefill: u64,
+    /// Output tokens still to come (asked for, less those served).
+    pub decode: u64,
 }
 
 /// One replica's engine load as the engine itself reports it, the same whatever the engine
@@ -239,23 +274,24 @@ impl Replica {
 
     /// Counts a request against this replica until the returned guard drops (at body end).
     pub fn start(self: &Arc<Self>) -> InFlightGuard {
-        self.start_tokens(0)
+        self.start_tokens(0, 0)
     }
 
-    /// As [`start`](Self::start), also counting the request's estimated prompt `tokens`.
-    pub fn start_tokens(self: &Arc<Self>, tokens: u64) -> InFlightGuard {
+    /// As [`start`](Self::start), also counting the request's estimated `prompt` tokens and
+    /// the `output` tokens it may ask for.
+    pub fn start_tokens(self: &Arc<Self>, prompt: u64, output: u64) -> InFlightGuard {
+        let tokens = prompt + output;
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         self.route.tokens.fetch_add(tokens, Ordering::Relaxed);
-        InFlightGuard(self.clone(), tokens)
-    }
-
-    /// Counts the `limit` output tokens a request may still produce in this replica's load,
-    /// until its stream shows them ([`OutputLoad::shown`]) or the returned load drops.
-    pub fn start_output(self: &Arc<Self>, limit: u64) -> OutputLoad {
-        self.route.tokens.fetch_add(limit, Ordering::Relaxed);
-        OutputLoad(Arc::new(OutputLeft {
+        self.route.sent.fetch_add(tokens, Ordering::Relaxed);
+        self.route.prefill.fetch_add(prompt, Ordering::Relaxed);
+        self.route.decode.fetch_add(output, Ordering::Relaxed);
+        InFlightGuard(Arc::new(TokenProgress {
             replica: self.clone(),
-            left: AtomicU64::new(limit),
+            tokens,
+            output,
+            prefill_left: AtomicU64::new(prompt),
+            decode_left: AtomicU64::new(output),
         }))
     }
 
@@ -274,48 +310,65 @@ impl Replica {
     }
 }
 
-/// Decrements the replica's in-flight count (and tokens) when dropped.
+/// Decrements the replica's in-flight count (and tokens, and the work still pending) when
+/// dropped.
 #[derive(Debug)]
-pub struct InFlightGuard(Arc<Replica>, u64);
+pub struct InFlightGuard(Arc<TokenProgress>);
+
+impl InFlightGuard {
+    /// The request's progress, for whoever sees its output (the recorder's body).
+    pub fn progress(&self) -> Arc<TokenProgress> {
+        self.0.clone()
+    }
+}
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
-        self.0.route.tokens.fetch_sub(self.1, Ordering::Relaxed);
+        let p = &self.0;
+        let route = &p.replica.route;
+        p.replica.in_flight.fetch_sub(1, Ordering::Relaxed);
+        route.tokens.fetch_sub(p.tokens, Ordering::Relaxed);
+        route
+            .prefill
+            .fetch_sub(p.prefill_left.swap(0, Ordering::Relaxed), Ordering::Relaxed);
+        route
+            .decode
+            .fetch_sub(p.decode_left.swap(0, Ordering::Relaxed), Ordering::Relaxed);
     }
 }
 
-/// A request's output tokens still to come, counted in its replica's load: the request's
-/// limit (`max_tokens`, else a default) less the output tokens its stream has shown, released
-/// whole when the last clone drops (the request's end, or a retry elsewhere). Cloned into the
-/// response's extensions; only the meter of the one response reports progress.
-#[derive(Debug, Clone)]
-pub struct OutputLoad(Arc<OutputLeft>);
-
+/// One request's share of its replica's pending work. Its prompt tokens count as prefill
+/// until its first output token; its output tokens count as decode until served (never more
+/// than it asked for). What is left goes when the request ends. Each token leaves the
+/// replica's counts exactly once: the request's own counts are taken with atomic swaps and
+/// minimums, whoever (the body watching the output, or the end) gets there first.
 #[derive(Debug)]
-struct OutputLeft {
+pub struct TokenProgress {
     replica: Arc<Replica>,
-    left: AtomicU64,
+    /// Prompt + output, as counted in the balancer's `tokens`.
+    tokens: u64,
+    /// Output tokens asked for.
+    output: u64,
+    prefill_left: AtomicU64,
+    decode_left: AtomicU64,
 }
 
-impl OutputLoad {
-    /// `more` output tokens were shown to the client: that many fewer remain (never below
-    /// 0: a stream may run past the default limit). One atomic add while some remain.
-    pub fn shown(&self, more: u64) {
-        let o = &self.0;
-        let left = o.left.load(Ordering::Relaxed);
-        let release = more.min(left);
-        if release > 0 {
-            o.left.store(left - release, Ordering::Relaxed);
-            o.replica.route.tokens.fetch_sub(release, Ordering::Relaxed);
+impl TokenProgress {
+    /// The client has been served `output` tokens so far (`None`: no output yet).
+    pub fn served(&self, output: Option<u64>) {
+        let Some(n) = output else {
+            return;
+        };
+        let route = &self.replica.route;
+        let p = self.prefill_left.swap(0, Ordering::Relaxed);
+        if p > 0 {
+            route.prefill.fetch_sub(p, Ordering::Relaxed);
         }
-    }
-}
-
-impl Drop for OutputLeft {
-    fn drop(&mut self) {
-        let left = *self.left.get_mut();
-        self.replica.route.tokens.fetch_sub(left, Ordering::Relaxed);
+        let left = self.output.saturating_sub(n);
+        let before = self.decode_left.fetch_min(left, Ordering::Relaxed);
+        if before > left {
+            route.decode.fetch_sub(before - left, Ordering::Relaxed);
+        }
     }
 }
 
@@ -519,35 +572,6 @@ mod tests {
     }
 
     #[test]
-    fn output_tokens_leave_the_load_as_the_stream_shows_them() {
-        let r = Arc::new(Replica::new("http://e:1").unwrap());
-        let guard = r.start_tokens(100);
-        let out = r.start_output(50);
-        assert_eq!(r.route.tokens(), 150);
-        let held = out.clone();
-        // (tokens shown by one event, load after it)
-        let steps: &[(u64, u64)] = &[(1, 149), (0, 149), (9, 140), (30, 110), (25, 100), (7, 100)];
-        for &(more, load) in steps {
-            out.shown(more);
-            assert_eq!(r.route.tokens(), load, "after {more}");
-        }
-        drop(out);
-        drop(held);
-        assert_eq!(
-            r.route.tokens(),
-            100,
-            "the limit was used up: nothing more to release"
-        );
-        // A request that ends early (or is retried elsewhere) releases what remains.
-        let early = r.start_output(50);
-        early.shown(3);
-        drop(early);
-        assert_eq!(r.route.tokens(), 100);
-        drop(guard);
-        assert_eq!(r.route.tokens(), 0);
-    }
-
-    #[test]
     fn in_flight_guard_counts() {
         let r = Arc::new(Replica::new("http://e:1").unwrap());
         let g1 = r.start();
@@ -556,5 +580,45 @@ mod tests {
         drop(g1);
         drop(g2);
         assert_eq!(r.in_flight(), 0);
+    }
+
+    #[test]
+    fn pending_work_moves_from_prefill_to_decode_as_output_is_served() {
+        let r = Arc::new(Replica::new("http://e:1").unwrap());
+        let pending = |prefill, decode| TokensPending { prefill, decode };
+        let a = r.start_tokens(100, 50);
+        let pa = a.progress();
+        let b = r.start_tokens(30, 20);
+        let pb = b.progress();
+        // (who, output served so far, pending work after)
+        let steps: &[(&Arc<TokenProgress>, Option<u64>, TokensPending)] = &[
+            (&pa, None, pending(130, 70)),
+            // The first token: a's prompt is done, one of its 50 tokens served.
+            (&pa, Some(1), pending(30, 69)),
+            (&pa, Some(10), pending(30, 60)),
+            // A lower count (events before a running usage) never gives tokens back.
+            (&pa, Some(4), pending(30, 60)),
+            (&pb, Some(3), pending(0, 57)),
+            // More than asked for: nothing left, never below 0.
+            (&pa, Some(80), pending(0, 17)),
+        ];
+        for (i, &(p, served, want)) in steps.iter().enumerate() {
+            p.served(served);
+            assert_eq!(r.route.tokens_pending(), want, "step {i}");
+        }
+        assert_eq!(r.route.tokens(), 200);
+        drop(a);
+        assert_eq!(r.route.tokens_pending(), pending(0, 17));
+        // Told after its end: nothing moves twice.
+        pa.served(Some(100));
+        drop(b);
+        assert_eq!(r.route.tokens_pending(), pending(0, 0));
+        assert_eq!((r.in_flight(), r.route.tokens()), (0, 0));
+        // Ended before any output: its prompt and output leave with it.
+        let c = r.start_tokens(8, 4);
+        assert_eq!(r.route.tokens_pending(), pending(8, 4));
+        drop(c);
+        assert_eq!(r.route.tokens_pending(), pending(0, 0));
+        assert_eq!(r.route.tokens_sent(), 212);
     }
 }

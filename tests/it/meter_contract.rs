@@ -348,6 +348,116 @@ async fn packed_events_keep_tpot_exact_from_usage() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn packed_choices_count_their_tokens_from_continuous_usage() {
+    // TPOT within 5% of the engine's: never beside a CPU-heavy test.
+    let _serial = crate::support::serial().await;
+    let mut rig = Rig::start().await;
+    // Two choices, three tokens per event. With continuous usage each choice's tokens are the
+    // growth of its running count (30 each), so its TPOT is the engine's (up to the two steps
+    // its first packed event hides); counting events (10 each) would make it 3x larger.
+    let want = SIM_TPOT_MS / 1000.0 * 27.0 / 29.0;
+    for (options, exact) in [
+        (
+            r#","stream_options":{"include_usage":true,"continuous_usage_stats":true}"#,
+            true,
+        ),
+        (r#","stream_options":{"include_usage":true}"#, false),
+    ] {
+        let extra = format!(r#","stream":true,"n":2{options}"#);
+        let (seen, r) = rig.send(CHAT, &chat(&extra), "coalesce=3", true).await;
+        assert_eq!(r["outcome"], "success", "{options}: {r}");
+        assert_eq!(r["completion_tokens"], 60, "{options}: {r}");
+        let each = r["choice_tpot_s"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{r}"));
+        assert_eq!(each.len(), 2, "{r}");
+        for (i, t) in each.iter().enumerate() {
+            let got = secs(t);
+            if exact {
+                assert!(
+                    (got - want).abs() <= 0.05 * want,
+                    "{options} choice {i}: TPOT {got}, want {want}"
+                );
+            } else {
+                // Events only: 10 "tokens" over the same span, an upper bound.
+                assert!(got > 2.5 * want, "{options} choice {i}: TPOT {got}");
+            }
+        }
+        // The client's meter agrees (the same code, on the bytes it got).
+        assert_eq!(seen.m.choice_tpots.len(), 2);
+        // ITL stays one gap per event: 9 per choice.
+        assert_eq!(r["itl_count"], 18, "{options}: {r}");
+    }
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stall_slo_is_part_of_goodput_only_when_set() {
+    let sim = start_sim(SimConfig {
+        models: vec!["tiny".into(), "loose".into()],
+        ..SimConfig::with_timing(5.0, 5.0)
+    })
+    .await;
+    let (mut config, sink) = meter_config_with_sink(&sim.base_url(), "stall-slo");
+    config.slo.max_stall_ms = goodput_proxy::config::raw::Limit::Ms(300);
+    // A stalled stream's TPOT is long too: only the stall SLO is judged here.
+    config.slo.tpot_ms = goodput_proxy::config::raw::Limit::None;
+    // The other model keeps the default: stalls not judged.
+    config.slo.models.insert(
+        "loose".into(),
+        goodput_proxy::config::raw::SloOverride {
+            max_stall_ms: Some(goodput_proxy::config::raw::Limit::None),
+            ..Default::default()
+        },
+    );
+    config.measure.models.push("loose".into());
+    let proxy = start_proxy(config).await;
+    let c = client();
+    // (request id, model, fault, stall_ok, good)
+    let cases = [
+        ("smooth", "tiny", "", Some(true), true),
+        ("stalled", "tiny", "stall-every=500", Some(false), false),
+        ("not-judged", "loose", "stall-every=500", None, true),
+    ];
+    for (id, model, fault, _, _) in cases {
+        let body = chat_body(3, "").replace("\"tiny\"", &format!("\"{model}\""));
+        let mut req = post_json(&proxy.url(CHAT), &body);
+        req.headers_mut()
+            .insert("x-request-id", id.parse().unwrap());
+        if !fault.is_empty() {
+            req = with_fault(req, fault);
+        }
+        observe(&c, req, true).await;
+    }
+    let records = || {
+        std::fs::read_to_string(&sink)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .collect::<Vec<_>>()
+    };
+    assert!(eventually(SLOW, || records().len() == cases.len()).await);
+    let all = records();
+    for (id, _, _, stall_ok, good) in cases {
+        let r = all.iter().find(|r| r["id"] == id).unwrap();
+        assert_eq!(r["outcome"], "success", "{id}: {r}");
+        assert_eq!(r["slo"]["stall_ok"].as_bool(), stall_ok, "{id}: {r}");
+        assert_eq!(r["slo"]["good"], good, "{id}: {r}");
+    }
+    let m = metrics(&proxy).await;
+    assert_eq!(
+        metric(
+            &m,
+            "goodput_proxy_slo_violations_total",
+            &[("model", "tiny"), ("slo", "stall")]
+        ),
+        1.0
+    );
+    let _ = std::fs::remove_dir_all(sink.parent().unwrap());
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_bodies_have_e2e_and_tokens_but_no_stream_timings() {
     let mut rig = Rig::start().await;
     let (seen, r) = rig.send(CHAT, &chat(""), "", false).await;

@@ -194,8 +194,11 @@ struct ChoiceTimeline {
     last: Option<Instant>,
     /// Output events of this choice.
     events: u64,
-    /// Its tokens: `logprobs` entries when present, else one per output event.
+    /// Its tokens, the sum over its chunks of [`event_tokens`].
     tokens: u64,
+    /// The engine's running count of this choice's tokens, from continuous usage (the last
+    /// chunk of this choice that carried `usage`).
+    running: Option<u64>,
     finish: Option<FinishReason>,
 }
 
@@ -417,12 +420,20 @@ impl Timeline {
     }
 
     fn on_chunk(&mut self, t: Instant, info: &ChunkInfo, on_gap: &mut impl FnMut(Duration)) {
+        // Continuous usage (vLLM `continuous_usage_stats`, `--enable-force-include-usage`):
+        // `usage` on a chunk of one choice is that choice's running count (vLLM counts per
+        // choice; its final `"choices":[]` chunk has the request's sum).
+        let running = match info.choice_count {
+            1 => info.usage.and_then(|u| u.completion_tokens),
+            _ => None,
+        };
         if let Some(u) = info.usage {
-            self.on_usage(u);
+            self.on_usage(u, running.is_none());
         }
         if let Some(r) = info.timings {
             self.on_timings(r);
         }
+        let mut counted = 0;
         if info.choice_count > 0 && self.t_first_chunk.is_none() {
             self.t_first_chunk = Some(t);
         }
@@ -444,7 +455,10 @@ impl Timeline {
             if c.finish.is_some() {
                 ch.finish = c.finish;
             }
-            ch.tokens += u64::from(c.tokens);
+            let tokens = event_tokens(running, ch.running, c.tokens);
+            ch.running = running.or(ch.running);
+            ch.tokens += tokens;
+            counted += tokens;
             if !c.output {
                 continue;
             }
@@ -466,7 +480,7 @@ impl Timeline {
                 on_gap(gap);
             }
         }
-        self.counted_tokens += u64::from(info.tokens);
+        self.counted_tokens += counted;
         if info.output {
             self.output_events += 1;
             if self.t_first_token.is_none() {
@@ -479,23 +493,35 @@ impl Timeline {
         }
     }
 
-    /// The last usage seen wins (with continuous usage stats every chunk carries a running one).
-    fn on_usage(&mut self, u: Usage) {
+    /// The last usage seen wins. `of_request`: its `completion_tokens` counts the request's
+    /// tokens; else it is one choice's running count (continuous usage on a chunk of one
+    /// choice), kept by that choice ([`Timeline::running_total`]).
+    fn on_usage(&mut self, u: Usage, of_request: bool) {
         self.agent.on_usage(&u);
         self.engine.update(&u.engine);
         if u.prompt_tokens.is_some() {
             self.prompt_tokens = u.prompt_tokens;
         }
-        if u.completion_tokens.is_some() {
+        if of_request && u.completion_tokens.is_some() {
             self.usage_completion = u.completion_tokens;
         }
+    }
+
+    /// The request's tokens from the engine's running counts: their sum over the choices,
+    /// when every choice seen had one (a stream that ended before its final usage chunk).
+    fn running_total(&self) -> Option<u64> {
+        let mut total = None;
+        for c in self.all_choices() {
+            total = Some(total.unwrap_or(0) + c.running?);
+        }
+        total
     }
 
     /// What a chunk the client never gets (the injected usage chunk) reported: its usage and
     /// llama.cpp's `timings`.
     fn on_reported(&mut self, info: &ChunkInfo) {
         if let Some(u) = info.usage {
-            self.on_usage(u);
+            self.on_usage(u, true); // a `"choices":[]` chunk: the request's usage
         }
         if let Some(r) = info.timings {
             self.on_timings(r);
@@ -536,7 +562,8 @@ impl Timeline {
     }
 
     /// Per-choice TPOTs: with one choice, its tokens are the request's output tokens (usage
-    /// when present); with several, each counts its own (logprobs entries, else events).
+    /// when present); with several, each counts its own (the sum of its events' tokens:
+    /// continuous usage growth, else logprobs entries, else 1 per event).
     fn tpots(&self, completion_tokens: Option<u64>) -> (Option<Duration>, Box<[Duration]>) {
         let seen = self.all_choices().count();
         if seen <= 1 {
@@ -709,9 +736,23 @@ impl StreamMeter {
     }
 
     /// Usage reported outside the stream this meter saw (a usage chunk removed
-    /// before the client, and so this meter, got it). The last usage seen wins.
+    /// before the client, and so this meter, got it: the request's final usage). The last
+    /// usage seen wins.
     pub fn on_usage(&mut self, usage: Usage) {
-        self.tl.on_usage(usage);
+        self.tl.on_usage(usage, true);
+    }
+
+    /// Output tokens served so far: the engine's running `usage.completion_tokens` when it
+    /// sends one, else the tokens of the output events (whichever is more); `None` before the
+    /// first output token (the request is still waiting or in prefill).
+    pub fn output_so_far(&self) -> Option<u64> {
+        self.tl.t_first_token?;
+        Some(
+            self.tl
+                .usage_completion
+                .unwrap_or(0)
+                .max(self.tl.counted_tokens),
+        )
     }
 
     /// The request is over at `t_end` for the reason `ending`.
@@ -751,8 +792,9 @@ impl StreamMeter {
                 m.agent = Some(Box::new(a));
             }
             m.prompt_tokens = tl.prompt_tokens.or(tl.timings_prompt);
-            m.tokens_exact = tl.engine_completion().is_some();
-            m.completion_tokens = tl.engine_completion().or(Some(tl.counted_tokens));
+            let exact = tl.engine_completion().or_else(|| tl.running_total());
+            m.tokens_exact = exact.is_some();
+            m.completion_tokens = exact.or(Some(tl.counted_tokens));
             m.choices = tl.all_choices().count() as u32;
             m.sse_discarded = self.parser.discarded();
             (m.tpot, m.choice_tpots) = tl.tpots(m.completion_tokens);
@@ -828,6 +870,19 @@ impl StreamMeter {
     }
 }
 
+/// The tokens one choice's entry of a chunk carries (DESIGN.md, "tokens of one event"): the
+/// growth of the engine's running count for the choice since its previous chunk with usage
+/// (continuous usage: exact, however many tokens the engine packed into the event), else
+/// `scanned` (its `logprobs` entries, else 1 for an output event). The first running count of
+/// a choice has nothing to grow from (an engine that sends usage only on its last chunk looks
+/// the same), and a count that went down is no running count of this choice: both fall back.
+fn event_tokens(running: Option<u64>, before: Option<u64>, scanned: u32) -> u64 {
+    match (running, before) {
+        (Some(now), Some(before)) if now >= before => now - before,
+        _ => u64::from(scanned),
+    }
+}
+
 fn div_duration(d: Duration, n: u64) -> Duration {
     Duration::from_nanos((d.as_nanos() / u128::from(n.max(1))).min(u128::from(u64::MAX)) as u64)
 }
@@ -842,6 +897,8 @@ mod engine_tests;
 mod repeat_differential;
 #[cfg(test)]
 mod strip_tests;
+#[cfg(test)]
+mod tokens_tests;
 #[cfg(test)]
 mod trace_tests;
 

@@ -14,6 +14,9 @@ pub struct Slo {
     pub ttft: Option<Duration>,
     pub tpot: Option<Duration>,
     pub e2e: Option<Duration>,
+    /// The longest a stream's reader may wait between two output events of one choice (the
+    /// record's `itl_max`); `None` (the default): stalls are counted, not judged.
+    pub max_stall: Option<Duration>,
     /// A tool call that is not valid (not JSON, breaking its function's schema, naming an
     /// unknown function) makes the request not good (default on).
     pub valid_tool_calls: bool,
@@ -26,6 +29,7 @@ impl Default for Slo {
             ttft: Some(Duration::from_secs(2)),
             tpot: Some(Duration::from_millis(150)),
             e2e: Some(Duration::from_secs(30)),
+            max_stall: None,
             valid_tool_calls: true,
         }
     }
@@ -44,8 +48,9 @@ impl SloTable {
     }
 }
 
-/// Which SLOs held. `None`: the SLO is not configured or does not apply (non-streaming TTFT and
-/// TPOT; TTFT without any output token; TPOT with fewer than 2 tokens).
+/// Which SLOs held. `None`: the SLO is not configured or does not apply (non-streaming TTFT,
+/// TPOT and stall; TTFT without any output token; TPOT with fewer than 2 tokens; stall with
+/// fewer than 2 output events of one choice).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct SloVerdict {
     pub ttft_ok: Option<bool>,
@@ -55,6 +60,10 @@ pub struct SloVerdict {
     /// `valid_tool_calls` off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_calls_ok: Option<bool>,
+    /// No choice waited longer than `max_stall` between two output events; `None` when
+    /// `max_stall` is not set or there was no gap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stall_ok: Option<bool>,
     pub good: bool,
 }
 
@@ -64,10 +73,14 @@ pub fn judge(m: &Measurement, slo: &Slo) -> SloVerdict {
         (Some(l), Some(v)) => Some(v <= l),
         _ => None,
     };
-    let (ttft_ok, tpot_ok) = if m.streaming {
-        (check(slo.ttft, m.ttft), check(slo.tpot, m.tpot))
+    let (ttft_ok, tpot_ok, stall_ok) = if m.streaming {
+        (
+            check(slo.ttft, m.ttft),
+            check(slo.tpot, m.tpot),
+            check(slo.max_stall, m.itl_max),
+        )
     } else {
-        (None, None)
+        (None, None, None)
     };
     let e2e_ok = check(slo.e2e, Some(m.e2e));
     let tool_calls_ok = match (&m.agent, slo.valid_tool_calls) {
@@ -75,7 +88,7 @@ pub fn judge(m: &Measurement, slo: &Slo) -> SloVerdict {
         _ => None,
     };
     let good = m.outcome == Outcome::Success
-        && [ttft_ok, tpot_ok, e2e_ok, tool_calls_ok]
+        && [ttft_ok, tpot_ok, e2e_ok, tool_calls_ok, stall_ok]
             .iter()
             .all(|v| *v != Some(false));
     SloVerdict {
@@ -83,6 +96,7 @@ pub fn judge(m: &Measurement, slo: &Slo) -> SloVerdict {
         tpot_ok,
         e2e_ok,
         tool_calls_ok,
+        stall_ok,
         good,
     }
 }
@@ -187,6 +201,7 @@ mod tests {
             ttft: None,
             tpot: None,
             e2e: None,
+            max_stall: None,
             valid_tool_calls: false,
         };
         let m = stream(Outcome::Success, Some(99_000), Some(99_000), 99_000);
@@ -234,6 +249,31 @@ mod tests {
             };
             let v = judge(&m, &off);
             assert_eq!((v.tool_calls_ok, v.good), (None, true), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_stall_slo_judges_the_longest_gap_only_when_set() {
+        // (streaming, largest gap between a choice's events in ms, max_stall ms) -> stall_ok
+        let cases = [
+            (true, Some(900), None, None), // off by default: not judged
+            (true, Some(900), Some(1_000), Some(true)), // under the limit
+            (true, Some(1_000), Some(1_000), Some(true)), // at it
+            (true, Some(1_001), Some(1_000), Some(false)), // over it: not good
+            (true, None, Some(1_000), None), // one event: no gap to judge
+            (false, Some(5_000), Some(1_000), None), // JSON: nothing streamed
+        ];
+        for (streaming, gap, max, want) in cases {
+            let mut m = stream(Outcome::Success, Some(100), Some(10), 2_000);
+            m.streaming = streaming;
+            m.itl_max = gap.map(ms);
+            let slo = Slo {
+                max_stall: max.map(ms),
+                ..Slo::default()
+            };
+            let v = judge(&m, &slo);
+            assert_eq!(v.stall_ok, want, "{gap:?} against {max:?}");
+            assert_eq!(v.good, want != Some(false), "{gap:?} against {max:?}");
         }
     }
 }

@@ -95,6 +95,10 @@ pub struct AutoscaleArgs {
     /// The proxy binary (default: `goodput-proxy` beside this executable).
     #[arg(long)]
     pub proxy_bin: Option<PathBuf>,
+    /// The proxy's `RUST_LOG` (its log is `proxy.log` in each signal's directory);
+    /// `goodput_proxy::scale=debug` adds the desired-replicas hint's inputs at every tick.
+    #[arg(long, default_value = "warn,goodput_proxy=info")]
+    pub proxy_log: String,
 }
 
 /// The engine replica: 8 decode slots, 20 ms per token plus 2 ms per sequence in the batch,
@@ -117,6 +121,7 @@ fn slo() -> Slo {
         ttft: Some(Duration::from_millis(250)),
         tpot: Some(Duration::from_millis(50)),
         e2e: Some(Duration::from_secs(5)),
+        max_stall: None,
         valid_tool_calls: false,
     }
 }
@@ -300,7 +305,7 @@ async fn run_one(
     let mut cmd = tokio::process::Command::new(&bin);
     cmd.arg("serve")
         .env("GOODPUT_PROXY_CONFIG", &config)
-        .env("RUST_LOG", "warn,goodput_proxy=info");
+        .env("RUST_LOG", &args.proxy_log);
     let proxy = ProxyProcess::start(cmd, &dir.join("proxy.log"))
         .await
         .with_context(|| format!("starting {}", bin.display()))?;

@@ -14,7 +14,23 @@
 //!   adds it: never injected, nothing stripped) or not (injected from then on).
 //!   `engine.usage_unasked` says it for a replica by configuration, for any engine.
 
+use bytes::Bytes;
+
 use crate::config::EngineKind;
+
+/// The request body with usage injected (a request extension): forwarding sends it instead of
+/// the client's body to a replica whose engine takes injection.
+#[derive(Debug, Clone)]
+pub struct UsageOffer(pub Bytes);
+
+/// Forwarding sent the [`UsageOffer`] (a response extension).
+#[derive(Debug, Clone, Copy)]
+pub struct OfferTaken;
+
+/// Forwarding sent the client's body to learn whether the replica's engine adds usage unasked
+/// (a response extension): the record of the stream tells ([`Unasked`]).
+#[derive(Debug, Clone, Copy)]
+pub struct LearnsUnasked;
 
 /// Whether a replica's engine ends every stream with usage its client did not ask for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
