@@ -25,9 +25,9 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tower::util::BoxCloneSyncService;
 
 use crate::config::{EngineKind, UpstreamConfig};
-use usage::Unasked;
 use crate::metrics::Registrar;
 use prometheus::Registry;
+use usage::Unasked;
 
 pub use forward::Forward;
 
