@@ -5,6 +5,7 @@
 //!   cargo run --release --example route_choose -- [REPLICAS] [REQUESTS]
 
 use goodput_proxy::config::{BalanceConfig, Strategy};
+use goodput_proxy::metrics::Registrar;
 use goodput_proxy::upstream::shape::Shape;
 use goodput_proxy::upstream::strategy::{Balancer, Cand};
 use goodput_proxy::upstream::Replica;
@@ -39,7 +40,8 @@ fn main() {
             strategy,
             ..BalanceConfig::default()
         };
-        let b = Balancer::new(cfg.clone());
+        let b = Balancer::new(cfg.clone(), &Registrar::new(&prometheus::Registry::new()))
+            .unwrap_or_else(|e| panic!("{e}"));
         let mut rng = SmallRng::seed_from_u64(1);
         // Real replicas: the snapshot the forwarder takes per request is part of the cost.
         let set: Vec<std::sync::Arc<Replica>> = (0..replicas)
@@ -62,7 +64,7 @@ fn main() {
             let t2 = Instant::now();
             shape_ns += (t1 - t).as_nanos();
             choose_ns += (t2 - t1).as_nanos();
-            if let Some(c) = c {
+            if let Some((c, _)) = c {
                 sink += c.idx;
                 // About 4 requests in flight per replica.
                 guards.push_back(set[c.idx].start_tokens(shape.prompt_tokens, shape.output_tokens));

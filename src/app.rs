@@ -75,8 +75,9 @@ impl App {
         } else {
             None
         };
-        let upstreams =
-            Upstreams::new(&config.upstream).map_err(|e| anyhow::anyhow!("upstream: {e}"))?;
+        let registry = prometheus::Registry::new();
+        let upstreams = Upstreams::new(&config.upstream, &registry)
+            .map_err(|e| anyhow::anyhow!("upstream: {e}"))?;
         let tls = match &config.server.tls {
             Some(t) => Some(Arc::new(ReloadableTls::load(&t.cert, &t.key)?)),
             None => None,
@@ -90,7 +91,6 @@ impl App {
                     config.server.admin_listen
                 )
             })?;
-        let registry = prometheus::Registry::new();
         let scale = Scale::register(&config.scale, &registry, tokio::time::Instant::now())
             .context("registering autoscaling metrics")?;
         let recorder = Arc::new(build_recorder(&config, &registry)?.with_scale(Arc::new(scale)));
@@ -102,10 +102,6 @@ impl App {
             .metrics()
             .upstreams
             .add(engines.sync(&upstreams.replicas()));
-        // The balancer counts its own decisions (it lives in the upstreams, created first).
-        registry
-            .register(Box::new(upstreams.balancer.decisions.clone()))
-            .context("registering the route decision counter")?;
         let state = Arc::new(AppState {
             registry,
             recorder,

@@ -9,7 +9,11 @@
 //!   cargo run --release -p goodput-loadtest --example route_bench -- [SECONDS] [OUT] [WORKLOAD...]
 //!
 //! Workloads: `shared` (8 long system prompts, short questions), `uniform` (short chat),
-//! `mixed` (one replica at half speed), `slow` (one replica drops to 0.3x a third of the way in).
+//! `mixed` (one replica at half speed), `slow` (one replica drops to 0.3x a third of the way in),
+//! `shared-learn` (`shared` on engines that report `cached_tokens`; not in the default set).
+//! `hold`: what holding the response head for admission retries costs the client: `shared`
+//! and `uniform` under `auto`, `balance.retry_rejections` on and off on the same seeded
+//! arrivals, time to the response head beside time to the first event (a second table).
 
 use std::time::Duration;
 
@@ -43,12 +47,16 @@ enum Workload {
     Uniform,
     Mixed,
     Slow,
+    /// `Shared` on engines that report `cached_tokens` (vLLM `--enable-prompt-tokens-details`),
+    /// which the prefix index learns from (last: the others keep their seeds).
+    SharedLearn,
 }
 
 impl Workload {
     fn name(self) -> &'static str {
         match self {
             Workload::Shared => "shared prefixes",
+            Workload::SharedLearn => "shared prefixes, cached_tokens reported",
             Workload::Uniform => "uniform short chat",
             Workload::Mixed => "mixed pool (one at 0.5x)",
             Workload::Slow => "sudden slow replica (0.3x at 1/3)",
@@ -56,7 +64,7 @@ impl Workload {
     }
     fn rate(self) -> f64 {
         match self {
-            Workload::Shared => 24.0,
+            Workload::Shared | Workload::SharedLearn => 24.0,
             _ => 48.0,
         }
     }
@@ -80,6 +88,9 @@ fn engine(speed: f64) -> SimConfig {
 }
 
 struct Sample {
+    /// Time to the response head, and to the first data event (the role chunk counts).
+    head_ms: Option<f64>,
+    first_event_ms: Option<f64>,
     ttft_ms: Option<f64>,
     tpot_ms: Option<f64>,
     ok: bool,
@@ -88,7 +99,9 @@ struct Sample {
 
 fn body(w: Workload, rng: &mut SmallRng, systems: &[String], i: usize) -> String {
     let (system, max_tokens) = match w {
-        Workload::Shared => (systems[rng.random_range(0..systems.len())].clone(), 32),
+        Workload::Shared | Workload::SharedLearn => {
+            (systems[rng.random_range(0..systems.len())].clone(), 32)
+        }
         _ => (String::from("You are helpful."), 48),
     };
     let words: Vec<String> = (0..rng.random_range(10..40))
@@ -109,6 +122,8 @@ async fn one(client: HttpClient, url: String, body: String) -> Sample {
         .body(Full::new(Bytes::from(body)))
         .map_err(|_| ());
     let fail = Sample {
+        head_ms: None,
+        first_event_ms: None,
         ttft_ms: None,
         tpot_ms: None,
         ok: false,
@@ -121,6 +136,8 @@ async fn one(client: HttpClient, url: String, body: String) -> Sample {
     if resp.status() != 200 {
         return fail;
     }
+    let head = Instant::now();
+    let mut first_event = None;
     let mut body = resp.into_body();
     let (mut first, mut last, mut tokens, mut done, mut error) = (None, None, 0u64, false, false);
     let mut buf = Vec::new();
@@ -130,6 +147,9 @@ async fn one(client: HttpClient, url: String, body: String) -> Sample {
         buf.extend_from_slice(d);
         while let Some(at) = buf.windows(2).position(|w| w == b"\n\n") {
             let ev: Vec<u8> = buf.drain(..at + 2).collect();
+            if ev.starts_with(b"data:") {
+                first_event.get_or_insert(now);
+            }
             if ev.starts_with(b"data: [DONE]") {
                 done = true;
             } else if ev.windows(8).any(|w| w == b"\"error\":") {
@@ -148,6 +168,8 @@ async fn one(client: HttpClient, url: String, body: String) -> Sample {
         _ => None,
     };
     Sample {
+        head_ms: Some(ms(t0, head)),
+        first_event_ms: first_event.map(|f| ms(t0, f)),
         ttft_ms: ttft,
         tpot_ms: tpot,
         ok: done && !error && tokens > 0,
@@ -158,6 +180,9 @@ async fn one(client: HttpClient, url: String, body: String) -> Sample {
 struct Row {
     workload: &'static str,
     strategy: &'static str,
+    retry: bool,
+    head: [f64; 3],
+    first_event: [f64; 3],
     ttft: [f64; 3],
     tpot: [f64; 2],
     goodput: f64,
@@ -166,18 +191,18 @@ struct Row {
     n: usize,
 }
 
-async fn run(w: Workload, strategy: Strategy, seconds: f64) -> anyhow::Result<Row> {
+async fn run(w: Workload, strategy: Strategy, retry: bool, seconds: f64) -> anyhow::Result<Row> {
     let speeds = match w {
         Workload::Mixed => [1.0, 1.0, 1.0, 0.5],
         _ => [1.0; 4],
     };
     let mut sims: Vec<SimHandle> = Vec::new();
     for s in speeds {
-        sims.push(
-            SimServer::bind(engine(s), "127.0.0.1:0".parse()?)
-                .await?
-                .spawn(),
-        );
+        let cfg = SimConfig {
+            enable_prompt_tokens_details: w == Workload::SharedLearn,
+            ..engine(s)
+        };
+        sims.push(SimServer::bind(cfg, "127.0.0.1:0".parse()?).await?.spawn());
     }
     let mut c = RawConfig::default();
     c.server.listen = "127.0.0.1:0".parse()?;
@@ -189,6 +214,7 @@ async fn run(w: Workload, strategy: Strategy, seconds: f64) -> anyhow::Result<Ro
     c.slo.ttft_ms = Limit::Ms(SLO_TTFT_MS as u64);
     c.slo.tpot_ms = Limit::Ms(SLO_TPOT_MS as u64);
     c.balance.strategy = strategy;
+    c.balance.retry_rejections = retry;
     let app = App::bind(c.check().map_err(|e| anyhow::anyhow!("{e:?}"))?).await?;
     let addr = app.local_addr();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -199,8 +225,14 @@ async fn run(w: Workload, strategy: Strategy, seconds: f64) -> anyhow::Result<Ro
 
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
     let url = format!("http://{addr}/v1/chat/completions");
-    // The same seeded arrivals and bodies for every strategy.
-    let mut rng = SmallRng::seed_from_u64(SEED ^ w as u64);
+    // The same seeded arrivals and bodies for every strategy, and for both shared-prefix
+    // workloads.
+    let seed_of = if w == Workload::SharedLearn {
+        Workload::Shared
+    } else {
+        w
+    };
+    let mut rng = SmallRng::seed_from_u64(SEED ^ seed_of as u64);
     let systems: Vec<String> = (0..8)
         .map(|k| format!("Policy {k}: ") + &format!("clause{k} applies ").repeat(700))
         .collect();
@@ -241,6 +273,10 @@ async fn run(w: Workload, strategy: Strategy, seconds: f64) -> anyhow::Result<Ro
     }
     let mut ttfts: Vec<f64> = samples.iter().filter_map(|s| s.ttft_ms).collect();
     let mut tpots: Vec<f64> = samples.iter().filter_map(|s| s.tpot_ms).collect();
+    let mut heads: Vec<f64> = samples.iter().filter_map(|s| s.head_ms).collect();
+    let mut firsts: Vec<f64> = samples.iter().filter_map(|s| s.first_event_ms).collect();
+    heads.sort_by(f64::total_cmp);
+    firsts.sort_by(f64::total_cmp);
     ttfts.sort_by(f64::total_cmp);
     tpots.sort_by(f64::total_cmp);
     let good = samples
@@ -260,6 +296,9 @@ async fn run(w: Workload, strategy: Strategy, seconds: f64) -> anyhow::Result<Ro
     Ok(Row {
         workload: w.name(),
         strategy: strategy.as_str(),
+        retry,
+        head: [p(&heads, 0.5), p(&heads, 0.9), p(&heads, 0.99)],
+        first_event: [p(&firsts, 0.5), p(&firsts, 0.9), p(&firsts, 0.99)],
         ttft: [p(&ttfts, 0.5), p(&ttfts, 0.9), p(&ttfts, 0.99)],
         tpot: [p(&tpots, 0.5), p(&tpots, 0.99)],
         goodput: good as f64 / samples.len().max(1) as f64,
@@ -290,6 +329,28 @@ fn markdown(rows: &[Row]) -> String {
     s
 }
 
+/// The head-holding table: time to the response head and to the first event, retry on/off.
+fn hold_markdown(rows: &[Row]) -> String {
+    let mut s = String::from("| workload | retry_rejections | requests | time to head p50 / p90 / p99 (ms) | time to first event p50 / p90 / p99 (ms) | TTFT p50 / p99 (ms) |\n| --- | --- | --- | --- | --- | --- |\n");
+    for r in rows {
+        s.push_str(&format!(
+            "| {} | {} | {} | {:.1} / {:.1} / {:.1} | {:.1} / {:.1} / {:.1} | {:.0} / {:.0} |\n",
+            r.workload,
+            if r.retry { "on (head held)" } else { "off" },
+            r.n,
+            r.head[0],
+            r.head[1],
+            r.head[2],
+            r.first_event[0],
+            r.first_event[1],
+            r.first_event[2],
+            r.ttft[0],
+            r.ttft[2],
+        ));
+    }
+    s
+}
+
 fn html(rows: &[Row], seconds: f64) -> String {
     let mut s = format!("<!doctype html><meta charset=utf-8><title>goodput-proxy routing benchmark</title><style>body{{font:14px sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}td:first-child,td:nth-child(2){{text-align:left}}</style><h1>Routing benchmark</h1><p>Four simulated replicas, {seconds} s of seeded Poisson arrivals per run, SLOs TTFT &le; {SLO_TTFT_MS} ms, TPOT &le; {SLO_TPOT_MS} ms.</p><table><tr><th>workload<th>strategy<th>requests<th>TTFT p50<th>p90<th>p99<th>TPOT p50<th>p99<th>goodput ratio<th>throughput tok/s<th>prefix hit rate");
     for r in rows {
@@ -311,17 +372,36 @@ async fn main() -> anyhow::Result<()> {
         .get(1)
         .cloned()
         .unwrap_or_else(|| "route-bench-out".into());
+    let hold = args.iter().skip(2).any(|a| a == "hold");
     let mut workloads: Vec<Workload> = args
         .iter()
         .skip(2)
         .filter_map(|a| match a.as_str() {
             "shared" => Some(Workload::Shared),
+            "shared-learn" => Some(Workload::SharedLearn),
             "uniform" => Some(Workload::Uniform),
             "mixed" => Some(Workload::Mixed),
             "slow" => Some(Workload::Slow),
             _ => None,
         })
         .collect();
+    if hold {
+        let mut rows = Vec::new();
+        for w in [Workload::Shared, Workload::Uniform] {
+            for retry in [true, false] {
+                let row = run(w, Strategy::Auto, retry, seconds).await?;
+                eprintln!("hold: {} / retry {retry}: {} requests", row.workload, row.n);
+                rows.push(row);
+            }
+        }
+        let md = hold_markdown(&rows);
+        print!("{md}");
+        std::fs::create_dir_all(&out)?;
+        std::fs::write(format!("{out}/hold.md"), &md)?;
+        if workloads.is_empty() {
+            return Ok(());
+        }
+    }
     if workloads.is_empty() {
         workloads = vec![
             Workload::Shared,
@@ -333,7 +413,7 @@ async fn main() -> anyhow::Result<()> {
     let mut rows = Vec::new();
     for w in workloads {
         for s in STRATEGIES {
-            let row = run(w, s, seconds).await?;
+            let row = run(w, s, true, seconds).await?;
             eprintln!("{} / {}: {} requests", row.workload, row.strategy, row.n);
             rows.push(row);
         }

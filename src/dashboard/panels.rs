@@ -31,6 +31,7 @@ pub const PANELS: &[Panel] = &[
     ("goodput", goodput),
     ("replicas", replicas),
     ("headroom", headroom),
+    ("routing", routing),
     ("tools", tools),
     ("latency", latency),
     ("ttft_split", super::split::ttft_split),
@@ -287,6 +288,51 @@ fn replicas(i: &Inputs) -> Value {
         })
         .collect();
     json!({ "replicas": replicas, "more": all.len().saturating_sub(MAX_REPLICAS) })
+}
+
+/// Why the balancer chose the replicas that answered the window's requests (each record's
+/// `route_reason`), overall and per replica, beside the balancer's view of each replica now:
+/// its load in tokens (prompt and output still to come of this proxy's requests there) and
+/// its recent SLO attainment (the moving mean `goodput` and `auto` weigh it by).
+fn routing(i: &Inputs) -> Value {
+    let mut reasons: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let mut per: BTreeMap<Arc<str>, BTreeMap<&'static str, u64>> = BTreeMap::new();
+    let mut retried = 0u64;
+    for e in &i.entries {
+        let Some(reason) = e.record.route_reason else {
+            continue;
+        };
+        *reasons.entry(reason.as_str()).or_default() += 1;
+        *per.entry(i.upstream_label(e))
+            .or_default()
+            .entry(reason.as_str())
+            .or_default() += 1;
+        retried += u64::from(!e.record.retried_from.is_empty());
+    }
+    let upstreams = &i.state.upstreams;
+    let labels = &i.state.recorder.metrics().upstreams;
+    let all = upstreams.replicas();
+    let replicas: Vec<Value> = all
+        .iter()
+        .take(MAX_REPLICAS)
+        .map(|r| {
+            let label = labels.resolve(&r.url);
+            let stats = &r.route.stats;
+            json!({
+                "reasons": per.get(&label).cloned().unwrap_or_default(),
+                "upstream": label,
+                "load_tokens": r.route.tokens(),
+                "attainment": (stats.observed() > 0).then(|| stats.attainment()),
+            })
+        })
+        .collect();
+    json!({
+        "strategy": upstreams.balancer.cfg.strategy.as_str(),
+        "reasons": reasons,
+        "retried": retried,
+        "replicas": replicas,
+        "more": all.len().saturating_sub(MAX_REPLICAS),
+    })
 }
 
 /// Per model: SLO attainment over both windows, headroom and the desired-replicas hint as the

@@ -447,7 +447,7 @@ mod tests {
             urls: urls.iter().map(|u| BaseUrl::parse(u).unwrap()).collect(),
             ..UpstreamConfig::default()
         };
-        let up = Upstreams::new(&cfg).unwrap();
+        let up = Upstreams::new(&cfg, &prometheus::Registry::new()).unwrap();
         let registry = Registry::new();
         let e = Engines::new(&EngineConfig::default(), &up, &registry).unwrap();
         (up, e, registry)
@@ -519,7 +519,7 @@ mod tests {
             urls: urls.iter().map(|u| BaseUrl::parse(u).unwrap()).collect(),
             ..UpstreamConfig::default()
         };
-        let up = Upstreams::new(&cfg).unwrap();
+        let up = Upstreams::new(&cfg, &prometheus::Registry::new()).unwrap();
         let registry = Registry::new();
         let engine_cfg = EngineConfig {
             kinds: vec![("http://c:3".into(), EngineKind::Trtllm)],
@@ -585,7 +585,7 @@ mod tests {
             urls: vec![BaseUrl::parse("http://a:1").unwrap()],
             ..UpstreamConfig::default()
         };
-        let up = Upstreams::new(&cfg).unwrap();
+        let up = Upstreams::new(&cfg, &prometheus::Registry::new()).unwrap();
         let registry = Registry::new();
         let engine_cfg = EngineConfig {
             upstream_label: UpstreamLabel::Index,

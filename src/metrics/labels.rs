@@ -5,6 +5,7 @@
 
 use goodput_measure::agent::ToolCallOutcome;
 use goodput_measure::outcome::{FinishReason, Outcome, NO_FINISH_REASON};
+use goodput_measure::record::RouteReason;
 
 use super::family::LabelSet;
 use crate::config::EngineKind;
@@ -245,3 +246,6 @@ label_set!(EngineOf<'static>, ["upstream", "kind"], |s| [
     s.upstream,
     s.kind.as_str()
 ]);
+
+// Why the balancer chose a replica (a closed enum): `goodput_proxy_route_decisions_total`.
+label_set!(RouteReason, ["reason"], |s| [s.as_str()]);

@@ -267,6 +267,12 @@ impl Finish {
                         secs(rec.measured.tpot),
                     );
                 }
+                if let (Some(cached), Some(prompt)) = (
+                    rec.measured.engine_view().cached_prompt_tokens,
+                    rec.measured.prompt_tokens,
+                ) {
+                    r.learn(cached, prompt);
+                }
                 if self.learns_unasked && rec.measured.outcome == Outcome::Success {
                     // The client asked for no usage and got the engine's stream as it came:
                     // usage in it (exact tokens) was the engine's own.

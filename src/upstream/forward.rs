@@ -22,7 +22,7 @@ use super::deadline::DeadlineBody;
 use super::headers::{connection_named, is_hop_by_hop, strip_hop_by_hop, Forwarded, Hop};
 use super::hold::{self, Prefixed};
 use super::shape::Shape;
-use super::strategy::{Cand, Reason};
+use super::strategy::{Balancer, Belief, Cand, Reason};
 use super::usage::{usage_for, LearnsUnasked, OfferTaken, Usage, UsageOffer};
 use super::{Replica, TokenProgress, Upstreams};
 use crate::body::ProxyBody;
@@ -45,10 +45,22 @@ pub struct Routed {
     pub reason: Reason,
     /// Every replica tried, in order (the last one answered).
     pub attempts: Vec<Arc<str>>,
-    /// The request as the balancer read it (for learning from the engine's `cached_tokens`).
+    /// The request as the balancer read it, and what its prefix index believed the replica
+    /// held: checked against the engine's `cached_tokens` when the response reports them.
     pub shape: Shape,
+    pub belief: Belief,
+    pub balancer: Arc<Balancer>,
     /// Its share of the replica's pending work, told as its output is served.
     pub progress: Arc<TokenProgress>,
+}
+
+impl Routed {
+    /// The engine reported `cached_tokens` of `prompt_tokens` prompt tokens served from its
+    /// prefix cache: the balancer's index learns what the replica really held.
+    pub fn learn(&self, cached_tokens: u64, prompt_tokens: u64) {
+        self.balancer
+            .learn(&self.shape, &self.belief, cached_tokens, prompt_tokens);
+    }
 }
 
 /// Forwards a collected request to one replica.
@@ -109,7 +121,8 @@ async fn forward(
     let replicas = up.replicas();
     loop {
         let cands: Vec<Cand> = replicas.iter().map(|r| r.cand()).collect();
-        let Some(choice) = balancer.choose(&cands, &shape, &excluded, &mut rand::rng()) else {
+        let Some((choice, belief)) = balancer.choose(&cands, &shape, &excluded, &mut rand::rng())
+        else {
             return Err(ProxyError::UpstreamConnect {
                 source: "no upstream replica configured".into(),
             });
@@ -208,6 +221,8 @@ async fn forward(
             reason: choice.reason,
             attempts,
             shape,
+            belief,
+            balancer: up.balancer.clone(),
             progress,
         });
         return Ok(Response::from_parts(rparts, body));
@@ -354,7 +369,9 @@ mod tests {
         };
         let attempts = Arc::default();
         let connector = refusing(&config, refuse, &attempts);
-        let up = Arc::new(Upstreams::with_connector(&config, connector).unwrap());
+        let up = Arc::new(
+            Upstreams::with_connector(&config, connector, &prometheus::Registry::new()).unwrap(),
+        );
         let req = Request::post("/v1/completions")
             .body(Bytes::from("{}"))
             .unwrap();

@@ -25,6 +25,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tower::util::BoxCloneSyncService;
 
 use crate::config::{EngineKind, UpstreamConfig};
+use crate::metrics::Registrar;
+use prometheus::Registry;
 use usage::Unasked;
 
 pub use forward::Forward;
@@ -383,8 +385,9 @@ pub struct Upstreams {
     configured: usize,
     pub client: UpstreamClient,
     pub config: UpstreamConfig,
-    /// The replica choice (`[balance]`).
-    pub balancer: strategy::Balancer,
+    /// The replica choice (`[balance]`); shared with the responses it routed, which teach its
+    /// prefix index what the engines held.
+    pub balancer: Arc<strategy::Balancer>,
 }
 
 /// What one discovery round changed.
@@ -401,21 +404,25 @@ impl SetChange {
 }
 
 impl Upstreams {
-    /// Builds replicas from `config.urls` (already validated) and the pooled client.
-    pub fn new(config: &UpstreamConfig) -> Result<Upstreams, String> {
+    /// Builds replicas from `config.urls` (already validated) and the pooled client; the
+    /// balancer's families are registered on `registry`.
+    pub fn new(config: &UpstreamConfig, registry: &Registry) -> Result<Upstreams, String> {
         let tls = match &config.tls {
             Some(t) => Some(tls::client_config(t)?),
             None => None,
         };
         let connector = tls::Connector::new(http_connector(config), tls, config.connect_timeout);
-        Self::with_connector(config, BoxCloneSyncService::new(connector))
+        Self::with_connector(config, BoxCloneSyncService::new(connector), registry)
     }
 
     /// As [`Upstreams::new`], connecting through `connector`.
     pub fn with_connector(
         config: &UpstreamConfig,
         connector: UpstreamConnector,
+        registry: &Registry,
     ) -> Result<Upstreams, String> {
+        let balancer = strategy::Balancer::new(config.balance.clone(), &Registrar::new(registry))
+            .map_err(|e| format!("registering the balancer's metrics: {e}"))?;
         let replicas = config
             .urls
             .iter()
@@ -425,7 +432,7 @@ impl Upstreams {
             configured: replicas.len(),
             replicas: RwLock::new(replicas.into()),
             client: build_client(config, connector),
-            balancer: strategy::Balancer::new(config.balance.clone()),
+            balancer: Arc::new(balancer),
             config: config.clone(),
         })
     }
@@ -534,7 +541,7 @@ mod tests {
             urls: vec![crate::config::BaseUrl::parse("http://static:1").unwrap()],
             ..UpstreamConfig::default()
         };
-        let up = Upstreams::new(&cfg).unwrap();
+        let up = Upstreams::new(&cfg, &Registry::new()).unwrap();
         let urls = |up: &Upstreams| -> Vec<String> {
             up.replicas().iter().map(|r| r.url.to_string()).collect()
         };

@@ -5,6 +5,12 @@
 //! looks for its longest recorded prefix (a chain hash of block k implies blocks 0..k, so the
 //! recorded blocks of a prompt form a prefix and a binary search finds its end).
 //!
+//! Learning from the engine: a replica whose engine reports that it no longer held a prefix
+//! the index expected it to hold ([`PrefixIndex::evicted_up_to`]) evicted, least recently used
+//! first as vLLM does, everything it served no later than that prefix's last use. The index
+//! keeps one horizon stamp per such replica: its ways stamped at or before it are dead. One
+//! comparison per way on lookup, no scan of the map.
+//!
 //! Bound: two generations of at most `capacity / 2` blocks each. When the current one is
 //! full it becomes the old one and the previous old one is dropped; a block found only in the
 //! old generation is moved back. So the index holds at most `capacity` blocks (about 64 bytes
@@ -18,6 +24,10 @@ use foldhash::fast::FixedState;
 /// Replicas remembered per block.
 pub const WAYS: usize = 4;
 
+/// Replicas with an eviction horizon at most (a replica that lost its entry looks as if it
+/// still held what it served before: affinity that its engine's answer corrects again).
+const MAX_HORIZONS: usize = 256;
+
 /// A replica's identity in the index (stable while it is in the set).
 pub type ReplicaId = u32;
 
@@ -29,6 +39,11 @@ struct Slot {
 }
 
 impl Slot {
+    /// Whether way `w` is live: recorded, and after its replica's eviction horizon.
+    fn live(&self, w: usize, horizons: &Horizons) -> bool {
+        self.stamps[w] != 0 && self.stamps[w] > horizons.of(self.ids[w])
+    }
+
     fn put(&mut self, id: ReplicaId, stamp: u32) {
         let way = (0..WAYS)
             .find(|&w| self.stamps[w] != 0 && self.ids[w] == id)
@@ -37,26 +52,19 @@ impl Slot {
         self.stamps[way] = stamp;
     }
 
-    fn remove(&mut self, id: ReplicaId) {
-        for w in 0..WAYS {
-            if self.ids[w] == id {
-                self.stamps[w] = 0;
-            }
-        }
+    fn is_live(&self, horizons: &Horizons) -> bool {
+        (0..WAYS).any(|w| self.live(w, horizons))
     }
 
-    fn is_empty(&self) -> bool {
-        self.stamps.iter().all(|&s| s == 0)
-    }
-
-    /// Its replicas, most recent first.
-    fn replicas(&self) -> Replicas {
+    /// Its live replicas, most recent first.
+    fn replicas(&self, horizons: &Horizons) -> Replicas {
         let mut ways: [usize; WAYS] = std::array::from_fn(|w| w);
         ways.sort_unstable_by(|&a, &b| self.stamps[b].cmp(&self.stamps[a]));
         let mut out = Replicas::default();
         for w in ways {
-            if self.stamps[w] != 0 {
+            if self.live(w, horizons) {
                 out.ids[out.len] = self.ids[w];
+                out.stamps[out.len] = self.stamps[w];
                 out.len += 1;
             }
         }
@@ -64,16 +72,52 @@ impl Slot {
     }
 }
 
-/// Up to [`WAYS`] replica ids, most recent first.
+/// Up to [`WAYS`] replica ids, most recent first, with when each last served the block.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Replicas {
     ids: [ReplicaId; WAYS],
+    stamps: [u32; WAYS],
     len: usize,
 }
 
 impl Replicas {
     pub fn as_slice(&self) -> &[ReplicaId] {
         &self.ids[..self.len]
+    }
+
+    /// When `id` last served the block (the index's clock), if it is one of them.
+    pub fn stamp_of(&self, id: ReplicaId) -> Option<u32> {
+        self.as_slice()
+            .iter()
+            .position(|&i| i == id)
+            .map(|at| self.stamps[at])
+    }
+}
+
+/// Per replica, the stamp up to which its engine is known to have evicted what it served:
+/// a few entries (replicas whose engines reported an eviction), searched linearly.
+#[derive(Debug, Default)]
+struct Horizons(Vec<(ReplicaId, u32)>);
+
+impl Horizons {
+    fn of(&self, id: ReplicaId) -> u32 {
+        self.0
+            .iter()
+            .find_map(|&(i, s)| (i == id).then_some(s))
+            .unwrap_or(0)
+    }
+
+    fn raise(&mut self, id: ReplicaId, stamp: u32) {
+        match self.0.iter_mut().find(|(i, _)| *i == id) {
+            Some((_, s)) => *s = (*s).max(stamp),
+            None => {
+                if self.0.len() >= MAX_HORIZONS {
+                    // Replicas come and go with discovery: the oldest entry makes room.
+                    self.0.remove(0);
+                }
+                self.0.push((id, stamp));
+            }
+        }
     }
 }
 
@@ -85,6 +129,7 @@ pub struct PrefixIndex {
     old: Map,
     half: usize,
     clock: u32,
+    horizons: Horizons,
 }
 
 impl PrefixIndex {
@@ -96,6 +141,7 @@ impl PrefixIndex {
             old: Map::with_hasher(FixedState::default()),
             half,
             clock: 0,
+            horizons: Horizons::default(),
         }
     }
 
@@ -112,7 +158,7 @@ impl PrefixIndex {
         self.cur
             .get(&h)
             .or_else(|| self.old.get(&h))
-            .filter(|s| !s.is_empty())
+            .filter(|s| s.is_live(&self.horizons))
     }
 
     /// The longest recorded prefix of `blocks` (in blocks) and the replicas that recorded its
@@ -133,7 +179,7 @@ impl PrefixIndex {
             k => (
                 k,
                 self.get(blocks[k - 1])
-                    .map(Slot::replicas)
+                    .map(|s| s.replicas(&self.horizons))
                     .unwrap_or_default(),
             ),
         }
@@ -141,7 +187,14 @@ impl PrefixIndex {
 
     /// `id` served a request with these blocks.
     pub fn record(&mut self, blocks: &[u64], id: ReplicaId) {
-        self.clock = self.clock.wrapping_add(1).max(1);
+        self.clock = self.clock.wrapping_add(1);
+        if self.clock == 0 {
+            // The clock wrapped (after 2^32 requests): stamps no longer order, start afresh.
+            self.cur.clear();
+            self.old.clear();
+            self.horizons = Horizons::default();
+            self.clock = 1;
+        }
         for &h in blocks {
             let slot = match self.cur.get_mut(&h) {
                 Some(s) => s,
@@ -160,15 +213,15 @@ impl PrefixIndex {
         }
     }
 
-    /// `id` no longer holds these blocks (its engine reported them not cached).
-    pub fn forget(&mut self, blocks: &[u64], id: ReplicaId) {
-        for h in blocks {
-            for map in [&mut self.cur, &mut self.old] {
-                if let Some(s) = map.get_mut(h) {
-                    s.remove(id);
-                }
-            }
-        }
+    /// The index's clock: the stamp the next [`record`](Self::record) will use is above it.
+    pub fn clock(&self) -> u32 {
+        self.clock
+    }
+
+    /// `id`'s engine evicted what it served up to `stamp` (it no longer held a prefix it last
+    /// served then): every block recorded under it no later than `stamp` is forgotten for it.
+    pub fn evicted_up_to(&mut self, id: ReplicaId, stamp: u32) {
+        self.horizons.raise(id, stamp);
     }
 }
 
@@ -195,9 +248,44 @@ mod tests {
         );
         assert_eq!(ix.longest(&blocks(2, 5)), (0, Replicas::default()));
         assert_eq!(ix.longest(&[]).0, 0);
-        ix.forget(&a, 7);
-        assert_eq!(ix.longest(&a).0, 3);
-        assert_eq!(ix.longest(&a).1.as_slice(), &[9]);
+    }
+
+    #[test]
+    fn an_eviction_forgets_what_the_replica_served_up_to_then_only() {
+        let mut ix = PrefixIndex::new(1024);
+        let (a, b, c) = (blocks(1, 4), blocks(2, 4), blocks(3, 4));
+        ix.record(&a, 7);
+        ix.record(&a, 8);
+        ix.record(&b, 7);
+        let b_stamp = ix.longest(&b).1.stamp_of(7).unwrap();
+        ix.record(&c, 7);
+        assert_eq!(ix.longest(&a).1.stamp_of(8), Some(2));
+        assert_eq!(ix.longest(&b).1.stamp_of(8), None);
+        // 7's engine no longer had `b`: `a` (older) is gone from it too, `c` (newer) is not,
+        // and replica 8 keeps `a`.
+        ix.evicted_up_to(7, b_stamp);
+        assert_eq!(ix.longest(&a).0, 4);
+        assert_eq!(ix.longest(&a).1.as_slice(), &[8]);
+        assert_eq!(ix.longest(&b).0, 0);
+        assert_eq!(ix.longest(&c).1.as_slice(), &[7]);
+        // A horizon never moves back; what 7 serves afterwards is live again.
+        ix.evicted_up_to(7, 1);
+        assert_eq!(ix.longest(&b).0, 0);
+        ix.record(&b, 7);
+        assert_eq!(ix.longest(&b).1.as_slice(), &[7]);
+        assert!(ix.clock() > b_stamp);
+    }
+
+    #[test]
+    fn a_wrapped_clock_starts_afresh() {
+        let mut ix = PrefixIndex::new(1024);
+        ix.record(&blocks(1, 2), 7);
+        ix.evicted_up_to(7, u32::MAX - 1);
+        ix.clock = u32::MAX;
+        ix.record(&blocks(2, 2), 7);
+        assert_eq!(ix.clock(), 1);
+        assert_eq!(ix.longest(&blocks(1, 2)).0, 0);
+        assert_eq!(ix.longest(&blocks(2, 2)).1.as_slice(), &[7]);
     }
 
     #[test]

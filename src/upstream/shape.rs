@@ -19,7 +19,7 @@ pub const MAX_BLOCKS: usize = 64;
 /// Output tokens assumed when the request sets no `max_tokens`.
 pub const DEFAULT_OUTPUT_TOKENS: u64 = 256;
 /// Bytes of prompt JSON per token, roughly (English text, BPE vocabularies).
-const BYTES_PER_TOKEN: u64 = 4;
+pub const BYTES_PER_TOKEN: u64 = 4;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Shape {

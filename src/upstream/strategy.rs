@@ -23,12 +23,13 @@
 
 use std::sync::Mutex;
 
-use prometheus::{IntCounter, IntCounterVec, Opts};
+use prometheus::IntCounter;
 use rand::Rng;
 
 use super::prefix::{PrefixIndex, ReplicaId};
 use super::shape::Shape;
 use crate::config::{BalanceConfig, Strategy};
+use crate::metrics::{Counters, Registrar};
 
 /// Why a replica was chosen (the `reason` label of `goodput_proxy_route_decisions_total` and
 /// the record's `route_reason`).
@@ -54,6 +55,17 @@ pub struct Cand {
 pub struct Choice {
     pub idx: usize,
     pub reason: Reason,
+}
+
+/// What the prefix index believed of the chosen replica when it chose, checked against what
+/// the engine reports it had cached ([`Balancer::learn`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Belief {
+    pub id: ReplicaId,
+    /// Blocks of the request's prefix the replica was expected to hold (0: none expected).
+    pub blocks: usize,
+    /// When it last served them (the index's clock).
+    pub stamp: u32,
 }
 
 /// The candidates `excluded` leaves, healthy ones only when there are any.
@@ -223,33 +235,28 @@ pub fn decide<R: Rng + ?Sized>(
 pub struct Balancer {
     pub cfg: BalanceConfig,
     index: Mutex<PrefixIndex>,
-    /// `goodput_proxy_route_decisions_total{reason}` (registered by the app).
-    pub decisions: IntCounterVec,
-    by_reason: [IntCounter; Reason::ALL.len()],
+    /// `goodput_proxy_route_decisions_total`, one series per reason resolved once (every
+    /// reason exists from the start, at 0): counting a decision is one atomic add.
+    decisions: [IntCounter; Reason::ALL.len()],
 }
 
 impl Balancer {
-    pub fn new(cfg: BalanceConfig) -> Self {
-        let decisions = IntCounterVec::new(
-            Opts::new(
-                "goodput_proxy_route_decisions_total",
-                "Replica choices by the balancer, by why the replica was chosen (each attempt of a retried request counts).",
-            ),
-            &["reason"],
-        )
-        .unwrap_or_else(|e| unreachable!("a valid family: {e}"));
-        let by_reason = Reason::ALL.map(|r| decisions.with_label_values(&[r.as_str()]));
-        Balancer {
+    /// The balancer of `cfg`, its decision family registered with `r`.
+    pub fn new(cfg: BalanceConfig, r: &Registrar) -> Result<Self, prometheus::Error> {
+        let family: Counters<Reason> = r.counters(
+            "goodput_proxy_route_decisions_total",
+            "Replica choices by the balancer, by why the replica was chosen (each attempt of a retried request counts).",
+        )?;
+        Ok(Balancer {
             index: Mutex::new(PrefixIndex::new(cfg.prefix_index_blocks)),
             cfg,
-            decisions,
-            by_reason,
-        }
+            decisions: Reason::ALL.map(|reason| family.get(&reason)),
+        })
     }
 
     /// Counts one decision.
     pub fn count(&self, reason: Reason) {
-        self.by_reason[reason as usize].inc();
+        self.decisions[reason as usize].inc();
     }
 
     fn uses_prefix(&self) -> bool {
@@ -257,17 +264,19 @@ impl Balancer {
     }
 
     /// Chooses among `cands` (never an `excluded` index) and, with a prefix strategy, records
-    /// the request's blocks under the chosen replica.
+    /// the request's blocks under the chosen replica; returns what the index believed that
+    /// replica held (for [`Balancer::learn`]).
     pub fn choose<R: Rng + ?Sized>(
         &self,
         cands: &[Cand],
         shape: &Shape,
         excluded: &[usize],
         rng: &mut R,
-    ) -> Option<Choice> {
+    ) -> Option<(Choice, Belief)> {
         let mut scratch = Vec::with_capacity(cands.len());
         if !self.uses_prefix() || shape.blocks.len() < self.cfg.prefix_min_blocks {
-            return decide(&self.cfg, cands, shape, &[], 0, excluded, rng, &mut scratch);
+            let choice = decide(&self.cfg, cands, shape, &[], 0, excluded, rng, &mut scratch)?;
+            return Some((choice, Belief::default()));
         }
         let mut index = self.index.lock().unwrap_or_else(|e| e.into_inner());
         let (blocks, ids) = index.longest(&shape.blocks);
@@ -289,22 +298,47 @@ impl Balancer {
             rng,
             &mut scratch,
         )?;
-        index.record(&shape.blocks, cands[choice.idx].id);
-        Some(choice)
+        let id = cands[choice.idx].id;
+        let belief = match ids.stamp_of(id) {
+            Some(stamp) => Belief { id, blocks, stamp },
+            None => Belief::default(),
+        };
+        index.record(&shape.blocks, id);
+        Some((choice, belief))
     }
 
-    /// The engine reported fewer cached prompt tokens than the index expected: its copy of
-    /// this prompt's later blocks is gone.
-    pub fn forget(&self, shape: &Shape, id: ReplicaId, cached_tokens: u64) {
-        if !self.uses_prefix() {
-            return;
+    /// The engine of the replica chosen with `belief` served `prompt_tokens` prompt tokens,
+    /// `cached_tokens` of them from its prefix cache. Well short of the prefix the index
+    /// expected it to hold (under 3/4 of it: the estimate from prompt bytes is rough), the
+    /// engine had evicted that prefix, and with it, least recently used first, everything it
+    /// served before: the index forgets it for that replica (this request's blocks, just
+    /// recorded, stay: the engine holds them again). Returns whether it learned an eviction.
+    pub fn learn(
+        &self,
+        shape: &Shape,
+        belief: &Belief,
+        cached_tokens: u64,
+        prompt_tokens: u64,
+    ) -> bool {
+        if belief.blocks == 0 || !self.uses_prefix() {
+            return false;
         }
-        let per_block = (self.cfg.prefix_block_bytes / 4).max(1) as u64;
-        let kept = (cached_tokens / per_block) as usize;
-        if kept < shape.blocks.len() {
-            let mut index = self.index.lock().unwrap_or_else(|e| e.into_inner());
-            index.forget(&shape.blocks[kept..], id);
+        // The engine's tokens for the expected prefix: its share of the prompt's bytes.
+        let prompt_bytes = shape
+            .prompt_tokens
+            .saturating_mul(super::shape::BYTES_PER_TOKEN);
+        let prefix_bytes = (belief.blocks * self.cfg.prefix_block_bytes) as u64;
+        if prompt_bytes == 0 {
+            return false;
         }
+        let expected = (prompt_tokens as u128 * prefix_bytes.min(prompt_bytes) as u128
+            / prompt_bytes as u128) as u64;
+        if cached_tokens.saturating_mul(4) >= expected.saturating_mul(3) {
+            return false;
+        }
+        let mut index = self.index.lock().unwrap_or_else(|e| e.into_inner());
+        index.evicted_up_to(belief.id, belief.stamp);
+        true
     }
 
     /// Blocks the prefix index holds now.
@@ -329,6 +363,10 @@ mod tests {
             kv: Some(0.1),
             attainment: 1.0,
         }
+    }
+
+    fn balancer(cfg: BalanceConfig) -> Balancer {
+        Balancer::new(cfg, &Registrar::new(&prometheus::Registry::new())).unwrap()
     }
 
     fn cfg(strategy: Strategy) -> BalanceConfig {
@@ -689,29 +727,112 @@ mod tests {
     }
 
     #[test]
-    fn the_balancer_learns_prefixes_and_forgets_them() {
-        let b = Balancer::new(cfg(Strategy::Prefix));
+    fn the_balancer_learns_prefixes_and_what_the_engines_evicted() {
+        let b = balancer(cfg(Strategy::Prefix));
         let cands = [cand(10, 0), cand(11, 0), cand(12, 0), cand(13, 0)];
-        let s = shape(4);
+        // While only replica 10 is healthy, every prompt goes there.
+        let solo: Vec<Cand> = cands
+            .iter()
+            .map(|c| Cand {
+                healthy: c.id == 10,
+                ..*c
+            })
+            .collect();
+        // 4 blocks of 256 bytes: a 1,024-byte prefix of a prompt of 400 estimated tokens.
+        let s = Shape {
+            prompt_tokens: 400,
+            ..shape(4)
+        };
+        let older = Shape {
+            blocks: (100..104).collect(),
+            ..s.clone()
+        };
+        let newer = Shape {
+            blocks: (200..204).collect(),
+            ..s.clone()
+        };
         let mut rng = SmallRng::seed_from_u64(3);
-        let first = b.choose(&cands, &s, &[], &mut rng).unwrap();
-        assert_eq!(first.reason, Reason::LeastLoad);
-        for _ in 0..20 {
-            let again = b.choose(&cands, &s, &[], &mut rng).unwrap();
-            assert_eq!(
-                again,
-                Choice {
-                    idx: first.idx,
-                    reason: Reason::PrefixHit
-                }
-            );
-        }
-        assert_eq!(b.index_len(), 4);
-        // The engine said nothing was cached: the affinity is gone.
-        b.forget(&s, cands[first.idx].id, 0);
+        let mut choose =
+            |cands: &[Cand], shape: &Shape| b.choose(cands, shape, &[], &mut rng).unwrap();
         assert_eq!(
-            b.choose(&cands, &s, &[], &mut rng).unwrap().reason,
-            Reason::LeastLoad
+            choose(&solo, &older).1,
+            Belief::default(),
+            "nothing expected of a first request"
         );
+        choose(&solo, &s);
+        // Healthy again: the prompt goes back where it was served, expected there.
+        let (hit, belief) = choose(&cands, &s);
+        assert_eq!(
+            hit,
+            Choice {
+                idx: 0,
+                reason: Reason::PrefixHit
+            }
+        );
+        assert_eq!((belief.id, belief.blocks), (10, 4));
+        choose(&solo, &newer);
+        // The engines report (cached, prompt) tokens: 4 of 6.25 parts of 500 = 320 expected.
+        let cases: &[(&str, u64, bool)] = &[
+            ("all of it cached", 320, false),
+            ("more than expected", 480, false),
+            ("a block short: estimates are rough", 250, false),
+            ("well short: evicted", 200, true),
+            ("nothing", 0, true),
+        ];
+        for &(what, cached, evicted) in cases {
+            assert_eq!(b.learn(&s, &belief, cached, 500), evicted, "{what}");
+        }
+        // Nothing was expected: nothing to learn; p2c keeps no index.
+        assert!(!b.learn(&s, &Belief::default(), 0, 500));
+        let p2c = balancer(cfg(Strategy::P2c));
+        assert!(!p2c.learn(&s, &belief, 0, 500));
+        // The engine had lost the prompt: the index forgets it there with everything older
+        // (the request that found it missing was recorded anew: that prompt stays), and keeps
+        // what came after.
+        assert!(b.learn(&s, &belief, 0, 500));
+        let mut choose = |shape: &Shape| b.choose(&cands, shape, &[], &mut rng).unwrap();
+        assert_eq!(
+            choose(&s).0,
+            Choice {
+                idx: 0,
+                reason: Reason::PrefixHit
+            }
+        );
+        assert_eq!(
+            choose(&newer).0,
+            Choice {
+                idx: 0,
+                reason: Reason::PrefixHit
+            }
+        );
+        let (stale, belief) = choose(&older);
+        assert_eq!(stale.reason, Reason::LeastLoad, "forgotten");
+        assert_eq!(belief, Belief::default());
+    }
+
+    #[test]
+    fn every_decision_reason_is_a_series_from_the_start() {
+        let registry = prometheus::Registry::new();
+        let b = Balancer::new(cfg(Strategy::Auto), &Registrar::new(&registry)).unwrap();
+        b.count(Reason::PrefixHit);
+        b.count(Reason::PrefixHit);
+        let mut text = Vec::new();
+        prometheus::Encoder::encode(
+            &prometheus::TextEncoder::new(),
+            &registry.gather(),
+            &mut text,
+        )
+        .unwrap();
+        let text = String::from_utf8(text).unwrap();
+        for r in Reason::ALL {
+            let n = if r == Reason::PrefixHit { 2 } else { 0 };
+            let line = format!(
+                "goodput_proxy_route_decisions_total{{reason=\"{}\"}} {n}\n",
+                r.as_str()
+            );
+            assert!(text.contains(&line), "{line} in {text}");
+        }
+        // Declared once: a second balancer on the same registry is refused.
+        assert!(Balancer::new(cfg(Strategy::Auto), &Registrar::new(&registry)).is_err());
     }
 }

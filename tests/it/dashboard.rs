@@ -149,6 +149,24 @@ async fn the_document_shows_the_traffic_panel_by_panel() {
         );
     }
 
+    // Every request was routed: why, per replica, beside the balancer's view of each.
+    let routing = &p["routing"];
+    assert_eq!(routing["strategy"], "auto", "{routing}");
+    let routed: u64 = routing["reasons"]
+        .as_object()
+        .unwrap()
+        .values()
+        .filter_map(Value::as_u64)
+        .sum();
+    assert_eq!(routed, total, "{routing}");
+    let routed_replicas = routing["replicas"].as_array().unwrap();
+    assert_eq!(routed_replicas.len(), 2, "{routing}");
+    for r in routed_replicas {
+        assert!(r["load_tokens"].as_u64().is_some(), "{r}");
+        assert!(r["attainment"].as_f64().is_some(), "{r}");
+        assert!(!r["reasons"].as_object().unwrap().is_empty(), "{r}");
+    }
+
     // Where TTFT went, per upstream: every request that got its usage chunk (all but the
     // truncated one) was split, and the recent means are the parts of the same requests.
     let split = &p["ttft_split"];
@@ -247,6 +265,15 @@ const PANEL_CHECKS: &[(&str, &[&str])] = &[
         &["model tiny, upstream", ">p99<", ">ttft<", ">e2e<"],
     ),
     ("tools", &[">valid<", ">invalid_json<"]),
+    (
+        "routing",
+        &[
+            "strategy auto",
+            "<td class=\"text\">goodput</td>",
+            ">load (tokens)<",
+            ">chosen because<",
+        ],
+    ),
     (
         "ttft_split",
         &[

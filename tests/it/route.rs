@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::support::prom::sample;
+use crate::support::prom::{sample, series};
 use crate::support::proxy::*;
 use crate::support::raw_http::start;
 use goodput_proxy::config::{RawConfig, Strategy};
@@ -29,7 +29,8 @@ fn records(path: &std::path::Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(path)
         .unwrap_or_default()
         .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
+        // The sink may be writing the last line: a partial line is no record yet.
+        .filter_map(|l| serde_json::from_str(l).ok())
         .collect()
 }
 
@@ -40,9 +41,26 @@ fn sink_path(name: &str) -> std::path::PathBuf {
     dir.join("records.jsonl")
 }
 
-/// Waits until the proxy's first health probes marked both replicas healthy.
-async fn settle() {
-    tokio::time::sleep(Duration::from_millis(500)).await;
+/// Waits until the proxy's health probes marked all `n` replicas healthy (polled: the first
+/// probes take longer on a loaded machine, and a replica not yet healthy is no candidate).
+async fn settle(proxy: &Proxy, n: usize) {
+    let client = client();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, m) = send(&client, get(&proxy.admin_url("/metrics"))).await;
+        let m = String::from_utf8_lossy(&m).into_owned();
+        let healthy = series(&m, "goodput_proxy_upstream_healthy")
+            .filter(|(_, v)| *v == 1.0)
+            .count();
+        if healthy >= n {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{healthy} of {n} replicas healthy after 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 async fn rejected_then_served(inband: bool) {
@@ -57,7 +75,7 @@ async fn rejected_then_served(inband: bool) {
     let (ua, ub) = (a.base_url(), b.base_url());
     let sink = sink_path(if inband { "inband" } else { "status" });
     let proxy = start_proxy(config(&[ua.clone(), ub.clone()], Strategy::P2c, &sink)).await;
-    settle().await;
+    settle(&proxy, 2).await;
     let client = client();
     for i in 0..12 {
         let (parts, body) = send(&client, post_json(&proxy.url(CHAT), &stream_body("s", i))).await;
@@ -125,7 +143,7 @@ async fn without_retries_the_client_gets_the_rejection() {
     let mut c = config(&[a.base_url(), a.base_url()], Strategy::P2c, &sink);
     c.balance.retry_rejections = false;
     let proxy = start_proxy(c).await;
-    settle().await;
+    settle(&proxy, 2).await;
     let (parts, body) = send(&client(), post_json(&proxy.url(CHAT), &stream_body("s", 0))).await;
     assert_eq!(parts.status, 200);
     assert!(String::from_utf8_lossy(&body).contains("\"code\": 503"));
@@ -152,7 +170,7 @@ async fn shared_prefixes(strategy: Strategy) -> (f64, String) {
     let mut c = config(&urls, strategy, &sink);
     c.balance.prefix_min_blocks = 2;
     let proxy = start_proxy(c).await;
-    settle().await;
+    settle(&proxy, 3).await;
     let client = client();
     let systems: Vec<String> = (0..3).map(|k| format!("policy {k} ").repeat(250)).collect();
     for i in 0..24 {
@@ -201,4 +219,97 @@ async fn prefix_affinity_shows_in_the_engines_caches_and_the_decisions() {
         prefix_rate > p2c_rate + 0.2,
         "prefix {prefix_rate} p2c {p2c_rate}"
     );
+}
+
+/// The proxy's index learns from the engine's `cached_tokens`: a prompt the index believed a
+/// replica held, reported not cached there, means the engine evicted it and everything it
+/// served before; an older prompt is then no longer sent there as a prefix hit.
+#[tokio::test]
+async fn the_prefix_index_learns_what_the_engine_evicted() {
+    // Small caches (100 blocks of 16 tokens: three prompts of about 500 tokens), cached
+    // tokens reported; slow enough decode that a long stream stays in flight.
+    let engine = || SimConfig {
+        block_size: 16,
+        kv_cache_tokens: 1_600,
+        tpot_ms: 10.0,
+        enable_prompt_tokens_details: true,
+        ..SimConfig::fast()
+    };
+    let sims = [start(engine()).await, start(engine()).await];
+    let urls: Vec<String> = sims.iter().map(|s| s.base_url()).collect();
+    let sink = sink_path("learn");
+    let mut c = config(&urls, Strategy::Prefix, &sink);
+    c.balance.prefix_min_blocks = 2;
+    let proxy = start_proxy(c).await;
+    settle(&proxy, 2).await;
+    let client = client();
+    // A long stream keeps one replica loaded: every later request goes to the other, X.
+    let long = r#"{"model":"tiny","messages":[{"role":"user","content":"go on"}],"stream":true,"max_tokens":2000}"#;
+    let (long_parts, long_body) = client
+        .request(post_json(&proxy.url(CHAT), long))
+        .await
+        .unwrap()
+        .into_parts();
+    assert_eq!(long_parts.status, 200);
+    let prompt = |k: usize| format!("policy {k} ").repeat(250);
+    let mut seen = 0;
+    // Sends one request for prompt `k`; returns its record (the index has learned from it).
+    let mut ask = |k: usize, i: usize| {
+        let client = client.clone();
+        let (proxy_url, sink) = (proxy.url(CHAT), sink.clone());
+        seen += 1;
+        let want = seen;
+        async move {
+            let (parts, body) =
+                send(&client, post_json(&proxy_url, &stream_body(&prompt(k), i))).await;
+            assert_eq!(parts.status, 200);
+            assert!(String::from_utf8_lossy(&body).ends_with("data: [DONE]\n\n"));
+            assert!(
+                eventually(Duration::from_secs(10), || records(&sink).len() >= want).await,
+                "record {want}"
+            );
+            records(&sink).pop().unwrap()
+        }
+    };
+    let cached = |r: &serde_json::Value| r["cached_prompt_tokens"].as_u64().unwrap_or(0);
+    let p1 = ask(1, 0).await;
+    let x = p1["upstream"].as_str().unwrap().to_string();
+    assert_eq!(p1["route_reason"], "least_load", "{p1}");
+    assert_eq!(ask(2, 1).await["upstream"], x.as_str());
+    // Both held: prefix hits, served from X's cache (nothing learned).
+    for (k, i) in [(1, 2), (2, 3)] {
+        let r = ask(k, i).await;
+        assert_eq!(
+            (r["route_reason"].as_str(), r["upstream"].as_str()),
+            (Some("prefix_hit"), Some(x.as_str())),
+            "{r}"
+        );
+        assert!(cached(&r) >= 400, "{r}");
+    }
+    // X's engine evicts both: four other prompts sent to it directly, past the proxy.
+    for k in 10..14 {
+        let body = format!(
+            r#"{{"model":"tiny","messages":[{{"role":"user","content":"{}"}}],"max_tokens":1}}"#,
+            prompt(k)
+        );
+        let (parts, _) = send(&client, post_json(&format!("{x}{CHAT}"), &body)).await;
+        assert_eq!(parts.status, 200);
+    }
+    // The index still believes X holds prompt 2: a prefix hit, answered with little cached.
+    let r = ask(2, 4).await;
+    assert_eq!(
+        (r["route_reason"].as_str(), r["upstream"].as_str()),
+        (Some("prefix_hit"), Some(x.as_str())),
+        "{r}"
+    );
+    assert!(cached(&r) < 200, "{r}");
+    // So X evicted prompt 1 (served before prompt 2's last use) too: no longer a hit.
+    let r = ask(1, 5).await;
+    assert_eq!(r["route_reason"], "least_load", "{r}");
+    assert!(cached(&r) < 200, "the engine had indeed evicted it: {r}");
+    drop((long_parts, long_body));
+    drop(proxy);
+    for s in sims {
+        s.shutdown().await;
+    }
 }

@@ -729,6 +729,12 @@ impl StreamMeter {
         }
     }
 
+    /// Output tokens counted so far (per event: continuous usage growth, logprobs entries,
+    /// else one): what the stream has shown, before any final usage.
+    pub fn output_tokens(&self) -> u64 {
+        self.tl.counted_tokens
+    }
+
     /// Usage reported outside the stream this meter saw (a usage chunk removed
     /// before the client, and so this meter, got it: the request's final usage). The last
     /// usage seen wins.

@@ -211,6 +211,27 @@ PANELS.headroom = (body, d) => {
   body.replaceChildren(table(["model", `attainment ${d.windows[0]}`, `attainment ${d.windows[1]}`, "headroom streams", "headroom tokens/s", "desired replicas"], rows));
 };
 
+PANELS.routing = (body, d) => {
+  const total = Object.values(d.reasons).reduce((a, n) => a + n, 0);
+  const head = h("div", { class: "muted" }, `strategy ${d.strategy}; ${d.retried} of ${total} requests retried on another replica after an admission rejection`);
+  // Attainment is unknown until a request finished there ("n/a", not 100 %).
+  const att = (a) => a === null ? h("span", { class: "muted" }, "n/a") : h("span", { class: a >= 0.9 ? "good" : "bad" }, pct(a));
+  const why = (m) => Object.entries(m).map(([k, n]) => `${k} ${n}`).join(", ") || dash;
+  const reasons = Object.entries(d.reasons).map(([k, n]) => h("tr", {},
+    h("td", { class: "text" }, k), h("td", {}, n), h("td", {}, pct(n / total))));
+  const replicas = d.replicas.map((r) => h("tr", {},
+    h("td", { class: "text" }, r.upstream),
+    h("td", {}, r.load_tokens),
+    h("td", {}, att(r.attainment)),
+    h("td", { class: "text" }, why(r.reasons))));
+  const parts = [head];
+  if (total) parts.push(table(["reason", "requests", "share"], reasons));
+  else parts.push(empty("no routed request in the window"));
+  parts.push(table(["upstream", "load (tokens)", "attainment", "chosen because"], replicas));
+  if (d.more) parts.push(h("div", { class: "muted" }, `${d.more} more replicas not shown`));
+  body.replaceChildren(...parts);
+};
+
 PANELS.tools = (body, d) => {
   if (!d.requests) { body.replaceChildren(empty("no request with tool calls in the window")); return; }
   const rows = Object.entries(d.outcomes).map(([k, n]) => h("tr", {},
