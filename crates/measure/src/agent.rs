@@ -246,24 +246,31 @@ impl AgentMeter {
     /// repeat cache) and the tool-call entries the scan logged (`calls`, spans of `payload`).
     pub fn on_chunk(&mut self, t: Instant, info: &ChunkInfo, calls: &[LoggedCall], payload: &[u8]) {
         for c in info.choices() {
-            // Most events: answer text after the first answer token, nothing new to note.
-            if c.phases == Phases::ANSWER && self.first_answer.is_some() {
-                continue;
-            }
-            if c.phases.contains(Phases::REASONING) {
-                self.reasoning_events += 1;
-                self.first_reasoning.get_or_insert(t);
-            }
-            if c.phases.contains(Phases::ANSWER) {
-                self.first_answer.get_or_insert(t);
-            }
-            if c.phases.contains(Phases::TOOL_CALL) {
-                self.first_tool.get_or_insert(t);
-                self.last_tool = Some(t);
-            }
+            self.on_phases(t, c.phases);
         }
         if !calls.is_empty() {
             self.on_calls(calls, payload);
+        }
+    }
+
+    /// The phases of one choice's entry in a chunk served at `t` (the part of
+    /// [`AgentMeter::on_chunk`] a chunk without tool-call entries has).
+    #[inline]
+    pub fn on_phases(&mut self, t: Instant, phases: Phases) {
+        // Most events: answer text after the first answer token, nothing new to note.
+        if phases == Phases::ANSWER && self.first_answer.is_some() {
+            return;
+        }
+        if phases.contains(Phases::REASONING) {
+            self.reasoning_events += 1;
+            self.first_reasoning.get_or_insert(t);
+        }
+        if phases.contains(Phases::ANSWER) {
+            self.first_answer.get_or_insert(t);
+        }
+        if phases.contains(Phases::TOOL_CALL) {
+            self.first_tool.get_or_insert(t);
+            self.last_tool = Some(t);
         }
     }
 

@@ -12,8 +12,8 @@ use crate::agent::{response_agent, AgentMeter, AgentSummary, ToolSet};
 use crate::engine::{EngineReport, EngineView, TtftSplit};
 use crate::engine_timings::TimingsReport;
 use crate::inspect::{
-    inspect_response_logged, scan_event_logged, ChunkInfo, ChunkKind, RepeatCache, Seen, TokenLog,
-    Usage, TEMPLATE_ROOM,
+    inspect_response_logged, scan_event_logged, ChoiceInfo, ChunkInfo, ChunkKind, RepeatCache,
+    Seen, TokenLog, Usage, TEMPLATE_ROOM,
 };
 use crate::outcome::{Ending, FinishReason, Outcome};
 use crate::sse::{SseEvent, SseParser};
@@ -253,8 +253,10 @@ struct Timeline {
     log: TokenLog,
     logprobs: LogprobAcc,
     trace: Option<TraceBuilder>,
-    /// The repeat cache is used (the fast path; off, every event is framed by the parser and
-    /// scanned: the reference the differential tests hold the fast path to).
+    /// The fast paths are taken: the repeat cache, and the usage strip's reuse of the scan that
+    /// judged a held finish chunk. Off, every event is framed by the parser and scanned (once
+    /// more when a held chunk is released): the reference the differential tests hold the
+    /// fast paths to.
     repeat_on: bool,
     /// Events framed and judged by the template in one look (`Timeline::on_repeat_at`).
     one_look: u64,
@@ -367,9 +369,78 @@ impl Timeline {
         on_gap: &mut impl FnMut(Duration),
     ) -> Option<usize> {
         let (len, data) = repeat.repeats_event(buf)?;
-        self.one_look += 1;
-        self.on_info(t, repeat.info(), &buf[data], on_gap);
+        self.on_repeat(t, repeat, &buf[data], on_gap);
         Some(len)
+    }
+
+    /// An event (payload `data`) that repeats `repeat`'s template, framed by it: what the
+    /// template said goes into the timeline, as [`Timeline::on_info`] takes it in; a template
+    /// of one choice with output and nothing else says only that
+    /// ([`Timeline::on_single_output`]).
+    #[inline]
+    fn on_repeat(
+        &mut self,
+        t: Instant,
+        repeat: &RepeatCache,
+        data: &[u8],
+        on_gap: &mut impl FnMut(Duration),
+    ) {
+        self.one_look += 1;
+        match repeat.single() {
+            Some(c) if c.output && self.log.is_empty() => self.on_single_output(t, c, on_gap),
+            _ => self.on_info(t, repeat.info(), data, on_gap),
+        }
+    }
+
+    /// [`Timeline::on_info`] for a chunk whose one choice `c` carries output and that carries
+    /// nothing else (no finish reason, usage, timings or logged tokens): a repeat of a
+    /// one-choice template. Without the loop over choices and the checks that cannot fire
+    /// for it; `meter/repeat_differential.rs` holds it to the scanning path.
+    #[inline]
+    fn on_single_output(&mut self, t: Instant, c: &ChoiceInfo, on_gap: &mut impl FnMut(Duration)) {
+        if self.t_first_chunk.is_none() {
+            self.t_first_chunk = Some(t);
+        }
+        let last_token = self.t_last_token;
+        let stream_gap = last_token.map(|last| t.saturating_duration_since(last));
+        // Without usage there is no running count: the event's tokens are the scanned ones.
+        let tokens = u64::from(c.tokens);
+        let ch = self.choice(c.index);
+        ch.seen = true;
+        ch.tokens += tokens;
+        ch.events += 1;
+        let gap = match ch.last {
+            Some(last) if Some(last) == last_token => stream_gap,
+            last => last.map(|last| t.saturating_duration_since(last)),
+        };
+        if ch.first.is_none() {
+            ch.first = Some(t);
+        }
+        ch.last = Some(t);
+        if let Some(gap) = gap {
+            self.on_itl(gap, on_gap);
+        }
+        self.counted_tokens += tokens;
+        self.output_events += 1;
+        if self.t_first_token.is_none() {
+            self.t_first_token = Some(t);
+        }
+        if let Some(gap) = stream_gap {
+            self.stalls = self.stalls.saturating_add(u32::from(gap > self.stall));
+        }
+        self.t_last_token = Some(t);
+        self.agent.on_phases(t, c.phases);
+    }
+
+    /// One gap between two output events of a choice.
+    #[inline]
+    fn on_itl(&mut self, gap: Duration, on_gap: &mut impl FnMut(Duration)) {
+        self.itl_count += 1;
+        self.itl_max = Some(self.itl_max.map_or(gap, |m| m.max(gap)));
+        if self.gaps.len() < self.gap_cap {
+            self.gaps.push(gap.as_secs_f32());
+        }
+        on_gap(gap);
     }
 
     /// What an event's payload `data` said (`info`) goes into the timeline.
@@ -449,7 +520,6 @@ impl Timeline {
                     self.finish_reason = Some(f);
                 }
             }
-            let gap_cap = self.gap_cap;
             let ch = self.choice(c.index);
             ch.seen = true;
             if c.finish.is_some() {
@@ -472,12 +542,7 @@ impl Timeline {
             }
             ch.last = Some(t);
             if let Some(gap) = gap {
-                self.itl_count += 1;
-                self.itl_max = Some(self.itl_max.map_or(gap, |m| m.max(gap)));
-                if self.gaps.len() < gap_cap {
-                    self.gaps.push(gap.as_secs_f32());
-                }
-                on_gap(gap);
+                self.on_itl(gap, on_gap);
             }
         }
         self.counted_tokens += counted;
@@ -643,8 +708,9 @@ impl StreamMeter {
         self
     }
 
-    /// Every event framed by the SSE parser and scanned: no repeat cache (the reference the
-    /// differential tests hold the fast path to).
+    /// Every event framed by the SSE parser and scanned: no repeat cache, and a held finish
+    /// chunk scanned again when released (the reference the differential tests hold the fast
+    /// paths to).
     pub fn without_repeat_cache(mut self) -> Self {
         self.tl.repeat_on = false;
         self

@@ -16,13 +16,17 @@
 //! with output text to vary (else the old template stays). `tests` below and the differential test hold the cache equal to
 //! [`inspect_chunk`] on every event.
 
-use super::{inspect_chunk, ChunkInfo, ChunkKind};
+use super::{inspect_chunk, ChoiceInfo, ChunkInfo, ChunkKind};
 use crate::scan::plain_run;
 
 /// Output spans kept per template (a chunk has one per choice; vLLM streams one choice).
 const MAX_SPANS: usize = 4;
 /// Longest event kept as a template: events past it (large logprobs) rarely repeat.
 const MAX_TEMPLATE: usize = 4096;
+
+/// How the template is written as an event: `data: ` before its payload, a blank line after.
+const LEAD: &[u8] = b"data: ";
+const TRAIL: &[u8] = b"\n\n";
 
 /// Values read only as empty-or-not (see the module docs).
 const OUTPUT_KEYS: [&[u8]; 4] = [b"content", b"reasoning_content", b"reasoning", b"text"];
@@ -31,20 +35,24 @@ const OUTPUT_KEYS: [&[u8]; 4] = [b"content", b"reasoning_content", b"reasoning",
 /// that differs from it only inside one of them (see the module docs).
 #[derive(Debug, Clone, Default)]
 pub struct Template {
+    /// The template written as an SSE event, `data: <payload>\n\n` ([`LEAD`], [`TRAIL`]):
+    /// the payload for [`Template::repeats`], the whole for [`RepeatCache::repeats_event`]'s
+    /// one comparison of the head and one of the tail.
     bytes: Vec<u8>,
-    /// `(start, end)` of each output string's text in `bytes` (between its quotes).
+    /// `(start, end)` of each output string's text in the payload (between its quotes).
     spans: [(usize, usize); MAX_SPANS],
     n_spans: usize,
-    /// `bytes` holds no line end (`\n`, `\r`).
+    /// The payload holds no line end (`\n`, `\r`).
     one_line: bool,
-    /// `bytes` holds no line end but in a run at its end that ends with `\n` (an SSE event:
+    /// The payload holds no line end but in a run at its end that ends with `\n` (an SSE event:
     /// one line and a blank one): [`Template::match_prefix`] may frame by it.
     frames: bool,
 }
 
 impl Template {
-    /// Room for a template of `bytes` (taken up front, so that learning one of that size
-    /// allocates nothing on the event path).
+    /// Room for a template event of `bytes` (its payload and the 8 bytes of `data: ` and the
+    /// blank line; taken up front, so that learning one of that size allocates nothing on
+    /// the event path).
     pub fn with_capacity(bytes: usize) -> Self {
         Self {
             bytes: Vec::with_capacity(bytes),
@@ -66,7 +74,9 @@ impl Template {
             self.spans = spans;
             self.n_spans = n;
             self.bytes.clear();
+            self.bytes.extend_from_slice(LEAD);
             self.bytes.extend_from_slice(bytes);
+            self.bytes.extend_from_slice(TRAIL);
             let body_end = bytes
                 .iter()
                 .rposition(|c| !matches!(c, b'\n' | b'\r'))
@@ -95,7 +105,7 @@ impl Template {
         if !self.frames {
             return None;
         }
-        let t = self.bytes.as_slice();
+        let t = self.payload();
         for &(a, b) in &self.spans[..self.n_spans] {
             // Spans are in order: a `buf` too short for this head is too short for the next.
             let (head, rest) = (buf.get(..a)?, &buf[a..]);
@@ -107,6 +117,43 @@ impl Template {
             if end > a && buf.get(end..end + tail.len()) == Some(tail) {
                 return Some((end + tail.len(), a..end));
             }
+        }
+        None
+    }
+
+    /// The template as learned (the payload of its event).
+    fn payload(&self) -> &[u8] {
+        let end = self.bytes.len().saturating_sub(TRAIL.len());
+        self.bytes.get(LEAD.len()..end).unwrap_or_default()
+    }
+
+    /// [`RepeatCache::repeats_event`] for a template of one span, in two comparisons: `buf`
+    /// opens with `data: ` and the template's payload up to its span (one comparison with the
+    /// template's event), plain text, then the rest of the payload and a blank line `\n\n`
+    /// (one more), or the rest and `\r\n\r\n`. Exactly what the general path
+    /// ([`Template::match_prefix`] on the payload after `data: `, then the blank line) finds for
+    /// one span; the caller checked [`Template::is_one_line`].
+    #[inline]
+    fn match_event_one_span(&self, buf: &[u8]) -> Option<(usize, std::ops::Range<usize>)> {
+        let w = self.bytes.as_slice();
+        let (a, b) = self.spans[0];
+        let (a, b) = (a + LEAD.len(), b + LEAD.len());
+        if buf.get(..a)? != &w[..a] {
+            return None;
+        }
+        let end = a + text_len(&buf[a..]);
+        if end == a {
+            return None;
+        }
+        let tail = &w[b..];
+        if buf.get(end..end + tail.len()) == Some(tail) {
+            let n = end + tail.len();
+            return Some((n, LEAD.len()..n - TRAIL.len()));
+        }
+        let tail = &tail[..tail.len() - TRAIL.len()];
+        let n = end + tail.len();
+        if buf.get(end..n) == Some(tail) && buf.get(n..n + 4) == Some(&b"\r\n\r\n"[..]) {
+            return Some((n + 4, LEAD.len()..n));
         }
         None
     }
@@ -125,7 +172,7 @@ impl Template {
     /// `bytes` is the template with other non-empty plain text in one output span: the range
     /// of that text in `bytes`.
     pub fn repeats(&self, bytes: &[u8]) -> Option<std::ops::Range<usize>> {
-        let t = self.bytes.as_slice();
+        let t = self.payload();
         self.spans[..self.n_spans].iter().find_map(|&(a, b)| {
             let tail = t.len() - b;
             let end = bytes.len().checked_sub(tail)?;
@@ -154,6 +201,8 @@ pub enum Seen {
 pub struct RepeatCache {
     template: Template,
     info: ChunkInfo,
+    /// The template's one choice, when it has exactly one ([`RepeatCache::single`]).
+    single: Option<ChoiceInfo>,
 }
 
 impl Default for RepeatCache {
@@ -162,7 +211,8 @@ impl Default for RepeatCache {
     }
 }
 
-/// Room a stream's template takes up front: a vLLM chunk is 200-300 bytes.
+/// Room a stream's template takes up front (its event: `data: `, the payload, a blank line):
+/// a vLLM chunk is 200-300 bytes.
 pub const TEMPLATE_ROOM: usize = 512;
 
 impl RepeatCache {
@@ -170,6 +220,7 @@ impl RepeatCache {
         Self {
             template: Template::default(),
             info: ChunkInfo::of_kind(ChunkKind::Unknown),
+            single: None,
         }
     }
 
@@ -202,10 +253,14 @@ impl RepeatCache {
     /// (`\n\n` or `\r\n\r\n`) whose payload repeats the template. Returns the event's length,
     /// and the payload's range in `buf`; the template's answer for the payload (what
     /// [`RepeatCache::repeats`] says of it) is [`RepeatCache::info`].
+    #[inline]
     pub fn repeats_event(&self, buf: &[u8]) -> Option<(usize, std::ops::Range<usize>)> {
-        const DATA: &[u8] = b"data: ";
+        const DATA: &[u8] = LEAD;
         if !self.template.is_one_line() {
             return None; // a line end in the payload: the lines are the parser's to split
+        }
+        if self.template.n_spans == 1 {
+            return self.template.match_event_one_span(buf);
         }
         let payload = buf.strip_prefix(DATA)?;
         let (n, _) = self.template.match_prefix(payload)?;
@@ -223,6 +278,15 @@ impl RepeatCache {
         &self.info
     }
 
+    /// The template's choice when it has exactly one (every vLLM stream with `n = 1`): then
+    /// [`RepeatCache::info`] says no more than "this choice carries output" (a template
+    /// finishes nothing and carries no usage or timings), and a meter can take a repeat in
+    /// from it alone.
+    #[inline]
+    pub fn single(&self) -> Option<&ChoiceInfo> {
+        self.single.as_ref()
+    }
+
     /// `data` was scanned to `info`: keeps it as the template when it can be one and is worth
     /// it (learning is a pass over its bytes): a chunk with output that finishes nothing and
     /// carries no usage, what the events after it repeat.
@@ -234,6 +298,11 @@ impl RepeatCache {
             && info.timings.is_none();
         if worth && self.template.learn(data) {
             self.info = *info;
+            self.single = info
+                .choices()
+                .first()
+                .copied()
+                .filter(|_| info.choice_count == 1);
             Seen::Learned
         } else {
             Seen::Scanned

@@ -43,7 +43,7 @@ use bytes::{Bytes, BytesMut};
 use tokio::time::Instant;
 
 use super::{StreamMeter, Timeline};
-use crate::inspect::{ChunkKind, RepeatCache, TokenLog};
+use crate::inspect::{ChunkInfo, ChunkKind, RepeatCache, TokenLog};
 use crate::sse::{SseParser, MAX_LINE_BYTES};
 
 /// What happened to the last complete event (for a `\n` that arrives in the next frame).
@@ -78,6 +78,11 @@ pub(super) struct Strip {
     /// A finish chunk waiting to see whether the usage chunk follows.
     held: Option<Bytes>,
     held_has_fingerprint: bool,
+    /// What the scan that judged the held chunk said, when it logged nothing (no logprobs,
+    /// no tool call, untraced): its bytes are metered on release as they are, so that answer
+    /// stands and the chunk is not scanned again (the fast paths only: see
+    /// [`StreamMeter::without_repeat_cache`]).
+    held_info: Option<Box<ChunkInfo>>,
     /// Comment blocks that came while a finish chunk was held: they go out right after it.
     held_comments: BytesMut,
     /// A chunk with choices carried `usage`: the engine reports usage of its own accord, so
@@ -125,9 +130,11 @@ impl Out {
         }
     }
 
-    fn into_pieces(self, frame: &Bytes, out: &mut VecDeque<Bytes>) {
+    fn into_pieces(self, frame: Bytes, out: &mut VecDeque<Bytes>) {
         match self {
             Out::Empty => {}
+            // The whole frame passes (most frames: one ordinary event): it goes out itself.
+            Out::Range(0, b) if b == frame.len() => out.push_back(frame),
             Out::Range(a, b) => out.push_back(frame.slice(a..b)),
             Out::Pieces(v) => out.extend(v),
         }
@@ -186,9 +193,14 @@ fn meter_held_now(
     };
     strip.spare_log.detail = tl.log.detail;
     std::mem::swap(&mut tl.log, &mut strip.spare_log);
-    let mut parser = SseParser::new();
-    parser.feed(held, |ev| tl.on_event(repeat, t, ev, on_gap));
-    parser.finish(|ev| tl.on_event(repeat, t, ev, on_gap));
+    if let Some(info) = strip.held_info.take() {
+        // Its log was empty, so nothing reads its payload: the bytes stand in for it.
+        tl.on_info(t, &info, held, on_gap);
+    } else {
+        let mut parser = SseParser::new();
+        parser.feed(held, |ev| tl.on_event(repeat, t, ev, on_gap));
+        parser.finish(|ev| tl.on_event(repeat, t, ev, on_gap));
+    }
     std::mem::swap(&mut tl.log, &mut strip.spare_log);
 }
 
@@ -289,7 +301,7 @@ impl StreamMeter {
             let partial = std::mem::take(&mut strip.partial);
             acc.piece(&frame, partial.freeze());
         }
-        acc.into_pieces(&frame, out);
+        acc.into_pieces(frame, out);
     }
 
     /// The next event of `frame` from `start`: framed, metered and judged; returns where the
@@ -315,8 +327,7 @@ impl StreamMeter {
                     let h = strip.held.take();
                     release(strip, h, frame, acc);
                 }
-                tl.one_look += 1;
-                tl.on_info(t, repeat.info(), &rest[data], on_gap);
+                tl.on_repeat(t, repeat, &rest[data], on_gap);
                 acc.range(frame, start, start + len);
                 return start + len;
             }
@@ -456,11 +467,14 @@ fn judge(
             tl.on_info(t, &info, ev.data, on_gap);
         }
         Class::Finish { .. } | Class::Usage { .. } => {
-            // Not metered now: the log is the held chunk's to fill again on release.
+            // Not metered now: the log is the held chunk's to fill again on release (unless
+            // it is empty: then the scan's answer is kept for the release).
+            let keep = matches!(class, Class::Finish { .. }) && tl.log.is_empty() && tl.repeat_on;
             tl.log.clear();
             meter_held(tl, repeat, strip, t, on_gap);
-            if let Class::Usage { .. } = class {
-                tl.on_reported(&info);
+            match class {
+                Class::Usage { .. } => tl.on_reported(&info),
+                _ => strip.held_info = keep.then(|| Box::new(info)),
             }
         }
     }
