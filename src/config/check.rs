@@ -72,6 +72,9 @@ struct Checker<'a> {
     problems: Vec<Problem>,
 }
 
+/// The smallest `upstream.read_buffer_bytes` (a vLLM response head is about 200 bytes).
+const MIN_UPSTREAM_READ_BUFFER: usize = 1024;
+
 fn ms(v: u64) -> Duration {
     Duration::from_millis(v)
 }
@@ -94,6 +97,18 @@ impl Checker<'_> {
             self.bad(field, "must be positive");
         }
         v
+    }
+
+    /// `upstream.read_buffer_bytes`: 0 is hyper's adaptive buffer; else room for a response
+    /// head.
+    fn read_buffer(&mut self, bytes: usize) -> Option<usize> {
+        if bytes != 0 && bytes < MIN_UPSTREAM_READ_BUFFER {
+            self.bad(
+                "upstream.read_buffer_bytes",
+                &format!("must be 0 (adaptive) or at least {MIN_UPSTREAM_READ_BUFFER}"),
+            );
+        }
+        (bytes != 0).then_some(bytes)
     }
 
     /// A limit: milliseconds or none; 0 is neither.
@@ -255,6 +270,7 @@ impl Checker<'_> {
             total_timeout: self.limit("upstream.total_timeout_ms", u.total_timeout_ms),
             pool_idle_timeout: ms(u.pool_idle_timeout_ms),
             pool_max_idle_per_host: u.pool_max_idle_per_host,
+            read_buffer: self.read_buffer(u.read_buffer_bytes),
             health_path: self.path("upstream.health_path", &u.health_path),
             health_interval: self.positive_ms("upstream.health_interval_ms", u.health_interval_ms),
             authorization: u.api_key.as_deref().and_then(|k| self.upstream_key(k)),

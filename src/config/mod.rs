@@ -129,6 +129,8 @@ pub struct UpstreamConfig {
     pub total_timeout: Option<Duration>,
     pub pool_idle_timeout: Duration,
     pub pool_max_idle_per_host: usize,
+    /// `upstream.read_buffer_bytes`; `None`: hyper's adaptive buffer.
+    pub read_buffer: Option<usize>,
     pub health_path: String,
     pub health_interval: Duration,
     /// `upstream.tls_ca` and the optional client certificate, for `https://` replicas.

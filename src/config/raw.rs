@@ -203,6 +203,10 @@ pub struct RawUpstream {
     pub pool_idle_timeout_ms: u64,
     /// Most idle pooled connections kept per replica.
     pub pool_max_idle_per_host: usize,
+    /// Read buffer of each HTTP/1 connection to a replica, bytes, or 0 for hyper's adaptive
+    /// buffer (8 KiB, growing with large reads). A response head must fit in it: a larger one
+    /// is a 502, as with nginx's `proxy_buffer_size` (4 KiB, one page). At least 1024.
+    pub read_buffer_bytes: usize,
     /// Path probed on each replica for readiness (`/readyz` is ready when one answers 2xx).
     pub health_path: String,
     /// Interval between readiness probes, ms.
@@ -235,6 +239,7 @@ impl Default for RawUpstream {
             total_timeout_ms: Limit::None,
             pool_idle_timeout_ms: 4_000,
             pool_max_idle_per_host: 256,
+            read_buffer_bytes: 0,
             health_path: "/health".into(),
             health_interval_ms: 2_000,
             api_key: None,

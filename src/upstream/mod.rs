@@ -504,8 +504,12 @@ pub fn http_connector(config: &UpstreamConfig) -> HttpConnector {
 }
 
 fn build_client(config: &UpstreamConfig, connector: UpstreamConnector) -> UpstreamClient {
-    Client::builder(TokioExecutor::new())
-        .pool_timer(TokioTimer::new())
+    let mut b = Client::builder(TokioExecutor::new());
+    if let Some(bytes) = config.read_buffer {
+        // A fixed buffer instead of hyper's adaptive 8 KiB one: held streams cost less memory.
+        b.http1_read_buf_exact_size(bytes);
+    }
+    b.pool_timer(TokioTimer::new())
         .timer(TokioTimer::new())
         // Below the engine's keep-alive (see `pool_idle_timeout_ms`): the pool lets an idle
         // connection go before the engine closes it under a request.
