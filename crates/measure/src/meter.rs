@@ -723,12 +723,13 @@ impl StreamMeter {
         self
     }
 
-    /// Keep up to `cap` ITL gaps in [`Measurement::itl_gaps`]. The log grows by doubling (a
-    /// handful of allocations per request, none per event once warm).
+    /// Keep up to `cap` ITL gaps in [`Measurement::itl_gaps`]. The log starts with room for
+    /// 64 gaps (256 bytes: a held stream keeps no more) and grows by doubling (a handful of
+    /// allocations per long request, none per event once warm).
     #[inline]
     pub fn keep_gaps(mut self, cap: usize) -> Self {
         self.tl.gap_cap = cap;
-        self.tl.gaps = Vec::with_capacity(cap.min(256));
+        self.tl.gaps = Vec::with_capacity(cap.min(64));
         self
     }
 
