@@ -18,6 +18,7 @@ use tokio::time::Instant;
 
 use crate::auth::Tenant;
 use goodput_measure::agent::ToolSet;
+use goodput_measure::usage::Injection;
 
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// The client asks the proxy for a token-level trace of its stream (`1`); addressed to the
@@ -43,6 +44,10 @@ pub struct RequestFacts {
     pub n: u32,
     /// The functions the body offers (`tools`), to judge tool calls by; `None` without.
     pub tools: Option<Arc<ToolSet>>,
+    /// The rewrite usage injection makes of this body when it applies
+    /// (`measure::usage::injection`, from the same pass over the body); the usage layer
+    /// applies it when injection is on.
+    pub usage_injection: Option<Injection>,
 }
 
 /// One request's context. Fields known at arrival are plain; the rest are set once by the
@@ -109,6 +114,7 @@ mod tests {
             stream: true,
             n: 1,
             tools: None,
+            usage_injection: None,
         };
         ctx.set_facts(facts.clone());
         ctx.set_facts(RequestFacts {
@@ -116,6 +122,7 @@ mod tests {
             stream: false,
             n: 2,
             tools: None,
+            usage_injection: None,
         });
         assert_eq!(ctx.facts(), Some(&facts), "the first write wins");
     }

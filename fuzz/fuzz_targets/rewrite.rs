@@ -4,8 +4,9 @@
 //! never touches a non-stream or a non-JSON body, and a plain stream is always rewritten.
 #![no_main]
 
-use goodput_measure::request::peek_request;
-use goodput_measure::usage::inject_include_usage;
+use goodput_measure::agent::ToolSet;
+use goodput_measure::request::{peek_request, RequestFields, RequestPeek};
+use goodput_measure::usage::{inject_include_usage, injection};
 use libfuzzer_sys::fuzz_target;
 
 #[path = "../../crates/measure/src/usage/props.rs"]

@@ -20,7 +20,8 @@ use crate::body::ProxyBody;
 use crate::context::{RequestContext, RequestFacts};
 use crate::error::ProxyError;
 use goodput_measure::agent::ToolSet;
-use goodput_measure::request::{peek_request, RequestPeek};
+use goodput_measure::request::{peek_request, RequestFields, RequestPeek};
+use goodput_measure::usage::injection;
 
 #[derive(Debug, Clone, Copy)]
 pub struct CollectLayer {
@@ -85,17 +86,35 @@ where
             }
             let bytes = read_body(body, limit, idle).await?;
             if let Some(ctx) = RequestContext::of(&parts.extensions).filter(|_| facts) {
-                let RequestPeek { model, stream, n } = peek_request(&bytes);
-                let tools = ToolSet::from_request(&bytes);
-                ctx.set_facts(RequestFacts {
-                    model,
-                    stream,
-                    n,
-                    tools,
-                });
+                ctx.set_facts(read_facts(&bytes));
             }
             inner.call(Request::from_parts(parts, bytes)).await
         })
+    }
+}
+
+/// What the proxy reads from a request body: one pass over a UTF-8 body for the facts, the
+/// tools and usage injection's rewrite (`RequestFields`); a body that is not UTF-8 (no JSON
+/// to the engine, which answers 400; never rewritten) read by each reader's own pass.
+fn read_facts(bytes: &Bytes) -> RequestFacts {
+    let (peek, tools, usage_injection) = match std::str::from_utf8(bytes) {
+        Ok(text) => match RequestFields::read(text) {
+            Some(f) => (
+                f.peek(),
+                f.tools.and_then(ToolSet::from_raw),
+                injection(text, &f),
+            ),
+            None => (RequestPeek::NOT_AN_OBJECT, None, None),
+        },
+        Err(_) => (peek_request(bytes), ToolSet::from_request(bytes), None),
+    };
+    let RequestPeek { model, stream, n } = peek;
+    RequestFacts {
+        model,
+        stream,
+        n,
+        tools,
+        usage_injection,
     }
 }
 

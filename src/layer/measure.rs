@@ -242,6 +242,7 @@ mod tests {
                     stream: true,
                     n: 1,
                     tools: None,
+                    usage_injection: None,
                 });
                 let b = match inner {
                     Inner::Reject => unreachable!(),

@@ -19,7 +19,6 @@ use crate::context::RequestContext;
 use crate::error::ProxyError;
 use crate::recorder::UsageInjected;
 use crate::upstream::usage::{OfferTaken, UsageOffer};
-use goodput_measure::usage::inject_include_usage;
 
 #[derive(Debug, Clone)]
 pub struct UsageLayer {
@@ -57,11 +56,11 @@ where
         let Some(ctx) = RequestContext::of(req.extensions()).cloned() else {
             return inner.call(req);
         };
-        let stream = ctx.facts().is_some_and(|f| f.stream);
-        let injected = if self.inject && stream && is_generation(req.uri().path()) {
-            inject_include_usage(req.body())
-        } else {
-            None
+        let injected = match ctx.facts() {
+            Some(f) if self.inject && f.stream && is_generation(req.uri().path()) => {
+                f.usage_injection.map(|i| i.apply(req.body()))
+            }
+            _ => None,
         };
         let Some(body) = injected else {
             return inner.call(req);

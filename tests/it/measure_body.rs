@@ -48,6 +48,7 @@ where
         stream,
         n: 1,
         tools: None,
+        usage_injection: None,
     });
     let recording = rec.open(ctx, true, false);
     let mut resp = Response::new(inner.map_err(Into::into).boxed_unsync());

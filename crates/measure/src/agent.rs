@@ -96,12 +96,20 @@ struct FunctionPeek {
 
 impl ToolSet {
     /// The tools of a request body; `None` when it offers none (most requests: a substring
-    /// check, no parse).
+    /// check, no parse; a key written with escapes, `"\u0074ools"`, is `tools` too).
     pub fn from_request(body: &[u8]) -> Option<Arc<ToolSet>> {
-        memchr::memmem::find(body, b"\"tools\"")?;
+        if memchr::memmem::find(body, b"\"tools\"").is_none() && !body.contains(&b'\\') {
+            return None;
+        }
         // The last `tools` key, as the engine reads a duplicate (`request::object_fields`).
         let [tools] = crate::request::object_fields(body, ["tools"])?;
-        let tools: Option<Vec<ToolPeek>> = serde_json::from_str(tools?.get()).ok()?;
+        Self::from_raw(tools?)
+    }
+
+    /// The tools of a request's raw `tools` value (`request::RequestFields::tools`); `None`
+    /// when it offers none.
+    pub fn from_raw(tools: &RawValue) -> Option<Arc<ToolSet>> {
+        let tools: Option<Vec<ToolPeek>> = serde_json::from_str(tools.get()).ok()?;
         let functions: Vec<Function> = tools?
             .into_iter()
             .filter_map(|t| t.function)

@@ -151,16 +151,62 @@ pub fn lax_n(raw: Option<&RawValue>) -> u32 {
 /// Reads `model`, `stream` and `n` from an OpenAI request body; not a JSON object means none.
 pub fn peek_request(body: &[u8]) -> RequestPeek {
     match object_fields(body, ["model", "stream", "n"]) {
-        Some([model, stream, n]) => RequestPeek {
+        Some([model, stream, n]) => RequestPeek::of(model, stream, n),
+        None => RequestPeek::NOT_AN_OBJECT,
+    }
+}
+
+impl RequestPeek {
+    /// What a body that is no JSON object says: no model, no stream, one choice.
+    pub const NOT_AN_OBJECT: RequestPeek = RequestPeek {
+        model: None,
+        stream: false,
+        n: 1,
+    };
+
+    fn of(model: Option<&RawValue>, stream: Option<&RawValue>, n: Option<&RawValue>) -> Self {
+        RequestPeek {
             model: model.and_then(|m| serde_json::from_str(m.get()).ok()),
             stream: lax_bool(stream).is_true(),
             n: lax_n(n),
-        },
-        None => RequestPeek {
-            model: None,
-            stream: false,
-            n: 1,
-        },
+        }
+    }
+}
+
+/// Every field of a request body the proxy reads, in one pass over it (the raw value of the
+/// last occurrence of each key, as [`object_fields`] reads them): `model`, `stream` and `n`
+/// ([`RequestFields::peek`], what [`peek_request`] says), `tools` (`agent::ToolSet::from_raw`)
+/// and `stream_options` (`usage::injection`). The body is valid UTF-8 (a `str`): for such a
+/// body each of them reads as its own pass would (the property `usage::props::check` holds,
+/// also fuzzed). A body that is not UTF-8 is read field by field by those passes.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestFields<'a> {
+    pub model: Option<&'a RawValue>,
+    pub stream: Option<&'a RawValue>,
+    pub n: Option<&'a RawValue>,
+    pub tools: Option<&'a RawValue>,
+    pub stream_options: Option<&'a RawValue>,
+}
+
+impl<'a> RequestFields<'a> {
+    /// `None` when `body` is not one JSON object.
+    pub fn read(body: &'a str) -> Option<Self> {
+        let [model, stream, n, tools, stream_options] = object_fields(
+            body.as_bytes(),
+            ["model", "stream", "n", "tools", "stream_options"],
+        )?;
+        Some(Self {
+            model,
+            stream,
+            n,
+            tools,
+            stream_options,
+        })
+    }
+
+    /// What [`peek_request`] says of the body.
+    pub fn peek(&self) -> RequestPeek {
+        RequestPeek::of(self.model, self.stream, self.n)
     }
 }
 

@@ -8,8 +8,10 @@
 use serde_json::value::RawValue;
 
 #[cfg(test)]
-use crate::request::peek_request;
-use crate::request::{lax_bool, object_fields, Lax};
+use crate::agent::ToolSet;
+use crate::request::{lax_bool, object_fields, Lax, RequestFields};
+#[cfg(test)]
+use crate::request::{peek_request, RequestPeek};
 
 const INCLUDE_USAGE: &[u8] = br#""include_usage":true"#;
 
@@ -68,6 +70,40 @@ pub fn inject_include_usage(body: &[u8]) -> Option<Vec<u8>> {
     // Of a key given twice the engine reads the last: that is the one read and rewritten.
     let [stream, stream_options, n] =
         object_fields(text.as_bytes(), ["stream", "stream_options", "n"])?;
+    Some(plan(text, stream, stream_options, n)?.apply(body))
+}
+
+/// [`inject_include_usage`] from the fields of the one pass over the body (`body` is what
+/// `fields` were read from): the rewrite it would make, to apply later
+/// ([`Injection::apply`]). `usage::props::check` holds the two alike on any bytes.
+pub fn injection(body: &str, fields: &RequestFields<'_>) -> Option<Injection> {
+    plan(body, fields.stream, fields.stream_options, fields.n)
+}
+
+/// Where usage injection rewrites a body: `remove` bytes at `at` replaced by `insert`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Injection {
+    at: usize,
+    remove: usize,
+    insert: &'static [&'static [u8]],
+}
+
+impl Injection {
+    /// The rewritten body (`body` is the one this was planned for).
+    pub fn apply(&self, body: &[u8]) -> Vec<u8> {
+        splice(body, self.at, self.remove, self.insert)
+    }
+}
+
+/// The rewrite for a body (valid UTF-8, `text`) with these raw values of `stream`,
+/// `stream_options` and `n` (slices of `text`).
+fn plan(
+    text: &str,
+    stream: Option<&RawValue>,
+    stream_options: Option<&RawValue>,
+    n: Option<&RawValue>,
+) -> Option<Injection> {
+    let body = text.as_bytes();
     if !lax_bool(stream).is_true() || !single_choice(n) {
         return None;
     }
@@ -77,22 +113,20 @@ pub fn inject_include_usage(body: &[u8]) -> Option<Vec<u8>> {
         if body[end] != b'}' {
             return None;
         }
-        return Some(splice(
-            body,
-            end,
-            0,
-            &[br#","stream_options":{"#, INCLUDE_USAGE, b"}"],
-        ));
+        return Some(Injection {
+            at: end,
+            remove: 0,
+            insert: &[br#","stream_options":{"#, INCLUDE_USAGE, b"}"],
+        });
     };
     let opts_at = offset_in(body, opts.get());
     let text = opts.get();
     if text == "null" {
-        return Some(splice(
-            body,
-            opts_at,
-            text.len(),
-            &[b"{", INCLUDE_USAGE, b"}"],
-        ));
+        return Some(Injection {
+            at: opts_at,
+            remove: text.len(),
+            insert: &[b"{", INCLUDE_USAGE, b"}"],
+        });
     }
     if !text.starts_with('{') {
         return None;
@@ -106,12 +140,11 @@ pub fn inject_include_usage(body: &[u8]) -> Option<Vec<u8>> {
     }
     let v = include_usage?; // absent: the engine's default decides (see above)
     match lax_bool(Some(v)) {
-        Lax::Bool(false) | Lax::Unset => Some(splice(
-            body,
-            offset_in(body, v.get()),
-            v.get().len(),
-            &[b"true"],
-        )),
+        Lax::Bool(false) | Lax::Unset => Some(Injection {
+            at: offset_in(body, v.get()),
+            remove: v.get().len(),
+            insert: &[b"true"],
+        }),
         Lax::Bool(true) | Lax::Invalid => None,
     }
 }

@@ -10,10 +10,11 @@
 
 use serde_json::Value;
 
-use super::{inject_include_usage, peek_request};
+use super::{inject_include_usage, injection, peek_request, RequestFields, RequestPeek, ToolSet};
 
 /// `Err` names the first property the body breaks.
 pub fn check(body: &[u8]) -> Result<(), String> {
+    one_pass(body)?;
     let before: Option<Value> = match serde_json::from_slice(body) {
         Ok(v) => Some(v),
         // `1e999` is JSON, and the engine's `json.loads` reads it (as infinity), but no
@@ -67,6 +68,33 @@ pub fn check(body: &[u8]) -> Result<(), String> {
     }
     if inject_include_usage(&out).is_some() {
         return Err("rewriting the rewritten body changed it again".into());
+    }
+    Ok(())
+}
+
+/// The proxy's one pass over a body that is valid UTF-8 ([`RequestFields`]) reads what the
+/// passes of each reader read: the same facts, the same rewrite, the same tools.
+fn one_pass(body: &[u8]) -> Result<(), String> {
+    let Ok(text) = std::str::from_utf8(body) else {
+        return Ok(()); // read by the separate passes
+    };
+    let fields = RequestFields::read(text);
+    let peek = fields
+        .as_ref()
+        .map_or(RequestPeek::NOT_AN_OBJECT, RequestFields::peek);
+    if peek != peek_request(body) {
+        return Err(format!(
+            "one pass peeks {peek:?}, peek_request {:?}",
+            peek_request(body)
+        ));
+    }
+    let rewrite = fields.as_ref().and_then(|f| injection(text, f));
+    if rewrite.map(|i| i.apply(body)) != inject_include_usage(body) {
+        return Err("the one pass rewrites otherwise".into());
+    }
+    let tools = fields.and_then(|f| f.tools).and_then(ToolSet::from_raw);
+    if tools != ToolSet::from_request(body) {
+        return Err("the one pass reads other tools".into());
     }
     Ok(())
 }
