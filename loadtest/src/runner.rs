@@ -141,7 +141,7 @@ pub async fn run(cfg: RunConfig) -> Result<RunResult, RunError> {
             ttft: sc.slo.ttft(),
             tpot: sc.slo.tpot(),
             e2e: sc.slo.e2e(),
-            max_stall: None,
+            max_stall: sc.slo.max_stall(),
             // As the proxy's default: an invalid tool call (judged against the request's own
             // `tools`, or on its JSON when it offered none) makes the request not good.
             valid_tool_calls: true,

@@ -73,6 +73,10 @@ pub struct SloSpec {
     pub ttft_ms: Option<f64>,
     pub tpot_ms: Option<f64>,
     pub e2e_ms: Option<f64>,
+    /// The largest gap allowed between two output events of a stream (the proxy's
+    /// `slo.max_stall_ms`); off unless set, as on the proxy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_stall_ms: Option<f64>,
 }
 
 impl Default for SloSpec {
@@ -81,6 +85,7 @@ impl Default for SloSpec {
             ttft_ms: Some(2000.0),
             tpot_ms: Some(150.0),
             e2e_ms: Some(30000.0),
+            max_stall_ms: None,
         }
     }
 }
@@ -94,6 +99,9 @@ impl SloSpec {
     }
     pub fn e2e(&self) -> Option<Duration> {
         self.e2e_ms.map(ms)
+    }
+    pub fn max_stall(&self) -> Option<Duration> {
+        self.max_stall_ms.map(ms)
     }
 }
 
@@ -410,6 +418,17 @@ impl Scenario {
                 return Err(invalid(name, "must be >= 0"));
             }
         }
+        // As the proxy's `slo.max_stall_ms`: 0 would make every stream with two events a miss.
+        if self
+            .slo
+            .max_stall_ms
+            .is_some_and(|v| !(v > 0.0 && v.is_finite()))
+        {
+            return Err(invalid(
+                "slo.max_stall_ms",
+                "must be > 0 (leave it out to turn it off)",
+            ));
+        }
         self.mix.validate("mix")?;
         if self.phases.is_empty() {
             return Err(invalid("phases", "needs at least one [[phases]] entry"));
@@ -657,6 +676,7 @@ mod tests {
             ("[mix]\nstream_share=2\n[[phases]]\nname='a'\nrequests=1\narrivals={constant={rate=1}}", "mix.stream_share"),
             ("[mix]\nmax_tokens={uniform=[5,2]}\n[[phases]]\nname='a'\nrequests=1\narrivals={constant={rate=1}}", "mix.max_tokens.uniform"),
             ("phases = []", "phases"),
+            ("[slo]\nmax_stall_ms=0\n[[phases]]\nname='a'\nrequests=1\narrivals={constant={rate=1}}", "slo.max_stall_ms"),
             ("[mix]\nhangup_share=1.5\n[[phases]]\nname='a'\nrequests=1\narrivals={constant={rate=1}}", "mix.hangup_share"),
             ("[mix]\nignore_eos=2\n[[phases]]\nname='a'\nrequests=1\narrivals={constant={rate=1}}", "mix.ignore_eos"),
             ("[mix]\nn=1\n[[phases]]\nname='a'\nrequests=1\narrivals={constant={rate=1}}", "mix.n"),

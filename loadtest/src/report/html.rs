@@ -156,7 +156,7 @@ pub fn render(summary: &Summary, windows: &[PhaseWindow], records: &[RequestReco
     let _ = write!(
         h,
         "<!doctype html><html><head><meta charset=utf-8><title>goodput-loadtest report</title><style>{CSS}</style></head><body>\
-         <h1>goodput-loadtest report</h1><p class=meta>target <code>{}</code> · scenario <code>{}</code> · seed {} · max in flight {} · SLO TTFT {} ms, TPOT {} ms, E2E {} ms</p>",
+         <h1>goodput-loadtest report</h1><p class=meta>target <code>{}</code> · scenario <code>{}</code> · seed {} · max in flight {} · SLO TTFT {} ms, TPOT {} ms, E2E {} ms{}</p>",
         esc(&summary.target),
         esc(&summary.scenario),
         summary.seed,
@@ -164,6 +164,10 @@ pub fn render(summary: &Summary, windows: &[PhaseWindow], records: &[RequestReco
         summary.slo.ttft_ms.map_or("–".into(), |v| v.to_string()),
         summary.slo.tpot_ms.map_or("–".into(), |v| v.to_string()),
         summary.slo.e2e_ms.map_or("–".into(), |v| v.to_string()),
+        summary
+            .slo
+            .max_stall_ms
+            .map_or(String::new(), |v| format!(", stall {v} ms")),
     );
     h.push_str("<h2>Latency distributions</h2><div class=grid>");
     for c in [&ttft_cdf, &tpot_cdf, &e2e_cdf, &outc] {

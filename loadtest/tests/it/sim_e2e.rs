@@ -299,6 +299,55 @@ async fn open_loop_does_not_wait_for_slow_responses() {
     sim.shutdown().await;
 }
 
+/// `slo.max_stall_ms` judges each stream on its largest gap between output events, as the
+/// proxy's stall SLO: the streams the simulator stalls (200 ms before every later token, the
+/// usual gap being 5 ms) are not good, the others are, and TTFT/TPOT/E2E pass for both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stall_slo_fails_exactly_the_stalled_streams() {
+    let _serial = crate::support::serial().await;
+    let sim = sim().await;
+    let sc = r#"
+        seed = 5
+        [slo]
+        ttft_ms = 5000
+        tpot_ms = 1000
+        max_stall_ms = 100
+        [mix]
+        max_tokens = { fixed = 4 }
+        ignore_eos = true
+        [[mix.headers]]
+        name = "x-sim-fault"
+        value = "stall-every=200"
+        share = 0.5
+        [[phases]]
+        name = "stalls"
+        requests = 16
+        arrivals = { constant = { rate = 100 } }
+    "#;
+    let res = run(sim.base_url(), sc, None, CompareTargets::default()).await;
+    assert_eq!(res.summary.slo.max_stall_ms, Some(100.0));
+    let stalled = res.records.iter().filter(|r| r.tag.is_some()).count();
+    assert!(
+        stalled > 0 && stalled < 16,
+        "the seeded share stalls some: {stalled}"
+    );
+    for r in &res.records {
+        let itl_max = r.itl_max_seconds.expect("a 4-token stream has gaps");
+        if r.tag.is_some() {
+            assert!(
+                !r.good && itl_max > 0.1,
+                "stalled stream judged good: {r:?}"
+            );
+        } else {
+            assert!(
+                r.good && itl_max < 0.1,
+                "smooth stream judged not good: {r:?}"
+            );
+        }
+    }
+    sim.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completions_api_with_a_non_streaming_share() {
     let _serial = crate::support::serial().await;
