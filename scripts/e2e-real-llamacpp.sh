@@ -11,10 +11,13 @@
 # admin /metrics is polled (engine kind detected as llamacpp, the canonical queue/running gauges
 # equal to llama.cpp's own requests_deferred/processing on the same page), then the meter on
 # llama.cpp's streams (records: success, TTFT after the prompt-progress chunks, exact tokens)
-# and what the client received compared with the engine's own answer. Stops what it started.
+# and what the client received compared with the engine's own answer. Then llama-server again
+# without --metrics and a fresh proxy: the kind told from its `Server` header, its streams left
+# as the client wrote them. Stops what it started.
 #
-# Environment: E2E_ENGINE_PORT (default 8093), E2E_OUT (default target/e2e-real-llamacpp/<time>),
-# E2E_NO_BUILD=1, LLAMACPP_DIR (default /opt/llamacpp).
+# Environment: E2E_ENGINE_PORT (default 8093), E2E_PROXY_PORT and E2E_ADMIN_PORT (default: free
+# ports), E2E_OUT (default target/e2e-real-llamacpp/<time>), E2E_NO_BUILD=1, LLAMACPP_DIR
+# (default /opt/llamacpp).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
@@ -59,10 +62,11 @@ fi
 PROXY_BIN="$ROOT/target/debug/goodput-proxy"
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-LISTEN="127.0.0.1:$(free_port)"
-ADMIN="127.0.0.1:$(free_port)"
+LISTEN="127.0.0.1:${E2E_PROXY_PORT:-$(free_port)}"
+ADMIN="127.0.0.1:${E2E_ADMIN_PORT:-$(free_port)}"
 ENGINE="http://127.0.0.1:$PORT"
-cat > "$OUT/proxy.toml" <<TOML
+proxy_config() { # RECORDS
+cat <<TOML
 [server]
 listen = "$LISTEN"
 admin_listen = "$ADMIN"
@@ -75,19 +79,41 @@ urls = ["$ENGINE"]
 [measure]
 usage_injection = "auto"
 models = ["tiny"]
-sink_path = "$OUT/records.jsonl"
+sink_path = "$1"
 
 [engine]
 scrape_interval_ms = 200
 TOML
+}
+start_proxy() { # NAME
+  proxy_config "$OUT/$1-records.jsonl" > "$OUT/$1-proxy.toml"
+  "$PROXY_BIN" serve --config "$OUT/$1-proxy.toml" >"$OUT/$1-proxy.log" 2>&1 &
+  PROXY_PID=$!
+  for _ in $(seq 1 100); do
+    curl -sf -m 1 -o /dev/null "http://$ADMIN/readyz" && return 0
+    kill -0 "$PROXY_PID" 2>/dev/null || { cat "$OUT/$1-proxy.log" >&2; exit 1; }
+    sleep 0.1
+  done
+}
+stop_proxy() {
+  kill -TERM "$PROXY_PID" 2>/dev/null || true
+  wait "$PROXY_PID" 2>/dev/null || true
+  PROXY_PID=""
+}
 step "proxy on $LISTEN (admin $ADMIN)"
-"$PROXY_BIN" serve --config "$OUT/proxy.toml" >"$OUT/proxy.log" 2>&1 &
-PROXY_PID=$!
-for _ in $(seq 1 100); do
-  curl -sf -m 1 -o /dev/null "http://$ADMIN/readyz" && break
-  kill -0 "$PROXY_PID" 2>/dev/null || { cat "$OUT/proxy.log" >&2; exit 1; }
-  sleep 0.1
-done
+start_proxy metrics
 step "checks"
+rc=0
 python3 "$ROOT/scripts/lib/e2e_llamacpp_check.py" --proxy "http://$LISTEN" --admin "http://$ADMIN" \
-  --engine "$ENGINE" --records "$OUT/records.jsonl" --out "$OUT"
+  --engine "$ENGINE" --records "$OUT/metrics-records.jsonl" --out "$OUT" || rc=1
+
+step "llama-server without --metrics, a fresh proxy"
+stop_proxy
+bash "$RL/stop.sh" "$PORT"
+LLAMACPP_MODEL="$DIR/slow.gguf" LLAMACPP_SLOTS=1 LLAMACPP_NO_METRICS=1 \
+  LLAMACPP_LOG="$OUT/llama-server-no-metrics.log" bash "$RL/serve.sh" "$PORT" >/dev/null
+start_proxy no-metrics
+python3 "$ROOT/scripts/lib/e2e_llamacpp_check.py" --proxy "http://$LISTEN" --admin "http://$ADMIN" \
+  --engine "$ENGINE" --records "$OUT/no-metrics-records.jsonl" --out "$OUT" --phase no-metrics \
+  || rc=1
+exit "$rc"

@@ -11,8 +11,15 @@ answers an error, returns no series, returns only NaN, or, when its legend is pe
 leaves out one of the upstreams (so both the V1 and the v0 names of every engine panel are
 exercised).
 
+With `--fleet mixed` the replicas are five simulated engines of different kinds (vLLM, SGLang,
+llama.cpp, TGI, TensorRT-LLM personalities: docs/engines.md) instead: a per-upstream query must
+then show every replica whose engine serves a family it reads (told from the proxy's own page),
+and the panels of MIXED_COVERAGE every replica of the engines listed there (the canonical
+signals, read through the mapping).
+
 Stdlib only. Everything listens on 127.0.0.1 and is stopped on exit.
 Usage: dashboard_check.py --proxy target/debug/goodput-proxy [--dashboard FILE] [--keep]
+                          [--fleet vllm|mixed]
 """
 
 from __future__ import annotations
@@ -121,6 +128,52 @@ def judge(result: dict, want_upstreams: set[str] | None) -> str | None:
         if missing:
             return f"no data for upstream(s) {missing} (got {sorted(s for s in seen if s)})"
     return None
+
+
+# The mixed fleet: one replica per engine personality, in this order.
+MIXED = ["vllm", "sglang", "llamacpp", "tgi", "trtllm"]
+# Panels that must show every replica of these engines on a mixed fleet (their per-upstream
+# lines): the canonical signals, which every engine has (KV use: where the engine exports it).
+MIXED_COVERAGE = {
+    "Engine running and waiting": set(MIXED),
+    "KV-cache use": {"vllm", "sglang", "trtllm"},
+    "Autoscaler demand signal": set(MIXED),
+    "Replica health": set(MIXED),
+    "In flight per replica (proxy) and per model": set(MIXED),
+}
+
+_WORD = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
+_NAME_REGEX = re.compile(r'__name__\s*=~\s*"([^"]*)"')
+
+
+def metric_names(expr: str) -> set[str]:
+    """Every name a query may read: its words (metric names among functions and labels) and
+    the alternatives of `__name__=~"a|b"`."""
+    names = set(_WORD.findall(expr))
+    for alts in _NAME_REGEX.findall(expr):
+        names.update(a for a in alts.split("|") if a)
+    return names
+
+
+def upstreams_by_name(page: str) -> dict[str, set[str]]:
+    """Sample name -> the `upstream` label values it has on a Prometheus text page."""
+    out: dict[str, set[str]] = {}
+    for line in page.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name = re.split(r"[{\s]", line, maxsplit=1)[0]
+        m = re.search(r'upstream="([^"]*)"', line)
+        if m:
+            out.setdefault(name, set()).add(m.group(1))
+    return out
+
+
+def expected_upstreams(expr: str, served: dict[str, set[str]]) -> set[str]:
+    """The replicas whose page has a series of a metric the query reads."""
+    out: set[str] = set()
+    for n in metric_names(expr):
+        out |= served.get(n, set())
+    return out
 
 
 # ---------- the processes ----------
@@ -241,6 +294,8 @@ def main() -> int:
     ap.add_argument("--rules", default=str(ROOT / "config/prometheus-rules.yml"))
     ap.add_argument("--load-seconds", type=float, default=8.0)
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs) afterwards")
+    ap.add_argument("--fleet", choices=["vllm", "mixed"], default="vllm",
+                    help="vllm: V1 and v0 names; mixed: one replica per engine personality")
     args = ap.parse_args()
 
     dashboard = json.loads(Path(args.dashboard).read_text())
@@ -251,16 +306,23 @@ def main() -> int:
     started = time.monotonic()
     try:
         sims = []
-        for i, extra in enumerate([[], ["--legacy-metric-names"]]):
+        if args.fleet == "mixed":
+            extras = [["--personality", k] for k in MIXED]
+            # per-request timings (the TTFT-split panels): vLLM's, and llama.cpp's `timings`
+            extras[0].append("--enable-per-request-metrics")
+        else:
+            # per-request timings: the TTFT-split panels
+            extras = [["--enable-per-request-metrics"],
+                      ["--enable-per-request-metrics", "--legacy-metric-names"]]
+        for i, extra in enumerate(extras):
             port = free_port()
             p = procs.start(f"sim{i}", [args.proxy, "sim", "--listen", f"127.0.0.1:{port}",
                                         "--model", MODEL, "--ttft-ms", "20", "--tpot-ms", "4",
                                         "--jitter", "lognormal", "--jitter-cv", "0.5",
                                         "--seed", str(i + 1), "--max-num-seqs", "2",
-                                        "--fault", "0.05:status=503",
-                                        # per-request timings: the TTFT-split panels
-                                        "--enable-per-request-metrics", *extra])
+                                        "--fault", "0.05:status=503", *extra])
             sims.append((f"http://127.0.0.1:{port}", p))
+        kinds = dict(zip((u for u, _ in sims), MIXED)) if args.fleet == "mixed" else {}
         for url, p in sims:
             wait_for(f"{url}/health", 10, f"sim {url}", p)
         listen, admin = free_port(), free_port()
@@ -276,6 +338,9 @@ urls = [{", ".join(json.dumps(u) for u, _ in sims)}]
 health_interval_ms = 200
 [engine]
 scrape_interval_ms = 500
+[engine.kinds]
+# trtllm-serve's Prometheus page is on /prometheus/metrics: its kind is set, the rest detected.
+{"".join(f'"{u}" = "trtllm"' + chr(10) for u, k in kinds.items() if k == "trtllm")}
 [measure]
 models = ["{MODEL}"]
 [slo]
@@ -308,6 +373,7 @@ scrape_configs:
         time.sleep(2 * SCRAPE_INTERVAL_S)
 
         upstreams = {u for u, _ in sims}
+        served = upstreams_by_name(get(f"http://127.0.0.1:{admin}/metrics").decode())
         vars_ = {"model": ALL, "upstream": ALL, "__rate_interval": RATE_INTERVAL,
                  "datasource": "prometheus"}
         failures = []
@@ -318,12 +384,20 @@ scrape_configs:
         for q in queries:
             expr = substitute(q.expr, vars_)
             want = upstreams if "{{upstream}}" in q.legend else None
+            if want and kinds:
+                want = expected_upstreams(expr, served)
+                missed = {u for u, k in kinds.items()
+                          if k in MIXED_COVERAGE.get(q.panel, set())} - want
+                if missed:
+                    failures.append(f"panel {q.panel!r} {q.ref}: reads no family of "
+                                    f"{sorted(kinds[u] for u in missed)}\n    {expr}")
             problem = judge(prom_query(prom_url, expr, at), want)
             if problem:
                 failures.append(f"panel {q.panel!r} {q.ref}: {problem}\n    {expr}")
         elapsed = time.monotonic() - started
-        print(f"dashboard check: {len(queries)} panel queries, {len(variables)} variables, "
-              f"{sent} requests of load, {elapsed:.1f} s")
+        print(f"dashboard check ({args.fleet} fleet, {len(sims)} replicas): {len(queries)} "
+              f"panel queries, {len(variables)} variables, {sent} requests of load, "
+              f"{elapsed:.1f} s")
         if failures:
             print("\n".join(failures), file=sys.stderr)
             print(f"dashboard check FAILED ({len(failures)}); logs in {tmp}", file=sys.stderr)

@@ -9,6 +9,11 @@ llama-server. Prints one line per check (PASS / FAIL / NOTE) and a summary; exit
    injected before the kind was known) and the engine's view from timings;
 3. prompt progress: with return_progress the record's TTFT comes after its first chunk;
 4. bytes: what the client got against the engine's own answer to the same request.
+
+With `--phase no-metrics` (llama-server started without `--metrics`, a fresh proxy): the kind
+is still detected as llamacpp (from the `Server: llama.cpp` header of its 501), no queue series
+is served, and a stream through the proxy is left as the client wrote it (no usage injected,
+the engine's own bytes, tokens exact from `timings`).
 """
 import argparse
 import json
@@ -71,12 +76,76 @@ def chat(max_tokens, **extra):
     return b
 
 
+def shape(body, keep_timings=True):
+    """A stream's events with the per-request fields (ids, clocks) blanked."""
+    out = []
+    for e in events(body):
+        if e == "[DONE]":
+            out.append(e)
+            continue
+        v = json.loads(e)
+        for k in ("id", "created"):
+            v.pop(k, None)
+        # the prompt cache differs between two runs of one request
+        if isinstance(v.get("usage"), dict):
+            v["usage"].pop("prompt_tokens_details", None)
+        if "timings" in v:
+            if keep_timings:
+                v["timings"] = sorted(v["timings"])
+            else:
+                v.pop("timings")
+        out.append(v)
+    return out
+
+
+def no_metrics(a):
+    up = a.engine
+    kinds, s = set(), {}
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        s = series(page(a.admin + "/metrics"))
+        kinds = {l.get("kind") for l, v in s.get("goodput_proxy_engine_kind", [])
+                 if v == 1.0 and l.get("upstream") == up}
+        if kinds:
+            break
+        time.sleep(0.2)
+    check(kinds == {"llamacpp"},
+          f"without --metrics: engine kind detected {sorted(kinds)} (its Server header)")
+    up_v = value(s, "goodput_proxy_engine_up", upstream=up)
+    errs = value(s, "goodput_proxy_engine_scrape_errors_total", upstream=up)
+    qd = value(s, "goodput_proxy_upstream_queue_depth", upstream=up)
+    check(up_v == 0.0 and (errs or 0) >= 1 and qd is None,
+          f"scrapes fail (engine_up {up_v}, scrape errors {errs}), no queue series ({qd})")
+    b = chat(6)
+    direct_body = post(up + "/v1/chat/completions", b)
+    via_body = post(a.proxy + "/v1/chat/completions", b)
+    with open(f"{a.out}/no-metrics-direct.txt", "w") as f:
+        f.write(direct_body)
+    with open(f"{a.out}/no-metrics-via-proxy.txt", "w") as f:
+        f.write(via_body)
+    check(shape(direct_body) == shape(via_body),
+          "the client's stream is the engine's own (no usage injected, timings where the "
+          "engine put them)")
+    time.sleep(0.5)
+    recs = [json.loads(l) for l in open(a.records) if l.strip()]
+    r = recs[-1] if recs else {}
+    check(r.get("usage_injected") is False and r.get("tokens_exact") is True
+          and r.get("completion_tokens") == 6 and r.get("outcome") == "success",
+          f"record: {dict((k, r.get(k)) for k in ('usage_injected', 'tokens_exact', 'completion_tokens', 'outcome'))}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     for a in ("proxy", "admin", "engine", "records", "out"):
         ap.add_argument("--" + a, required=True)
+    ap.add_argument("--phase", choices=["metrics", "no-metrics"], default="metrics")
     a = ap.parse_args()
     up = a.engine
+    if a.phase == "no-metrics":
+        no_metrics(a)
+        failed = [w for ok, w in RESULTS if not ok]
+        print(f"{len(RESULTS) - len(failed)} passed, {len(failed)} failed")
+        return 1 if failed else 0
 
     # 1. signals under load
     bodies, errors = [], []
@@ -142,26 +211,6 @@ def main():
 
     # 4. bytes: the engine's own answer vs what the client got through the proxy (ids and
     # clock fields differ per request: compared after blanking them)
-    def shape(body, keep_timings=True):
-        out = []
-        for e in events(body):
-            if e == "[DONE]":
-                out.append(e)
-                continue
-            v = json.loads(e)
-            for k in ("id", "created"):
-                v.pop(k, None)
-            # the prompt cache differs between two runs of one request
-            if isinstance(v.get("usage"), dict):
-                v["usage"].pop("prompt_tokens_details", None)
-            if "timings" in v:
-                if keep_timings:
-                    v["timings"] = sorted(v["timings"])
-                else:
-                    v.pop("timings")
-            out.append(v)
-        return out
-
     for name, path, b in [
         ("chat", "/v1/chat/completions", chat(6)),
         ("completions", "/v1/completions",

@@ -8,7 +8,9 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dashboard_check import judge, panel_queries, substitute, variable_queries  # noqa: E402
+from dashboard_check import (  # noqa: E402
+    MIXED_COVERAGE, expected_upstreams, judge, metric_names, panel_queries, substitute,
+    upstreams_by_name, variable_queries)
 
 DASHBOARD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "config",
                          "grafana", "goodput-proxy.json")
@@ -101,6 +103,30 @@ class TheDashboard(unittest.TestCase):
         for p in self.d["panels"]:
             if p["type"] != "row":
                 self.assertIn(f"**{p['title']}**", doc, p["title"])
+
+
+class MixedFleet(unittest.TestCase):
+    def test_names_of_selectors_and_name_regexes(self):
+        e = ('histogram_quantile(0.5, sum by (upstream, le) (rate({__name__=~"vllm:a_bucket|'
+             'tgi_b_bucket",model_name=~".*"}[4s]))) - max by (upstream) (goodput_proxy_x{u="1"})')
+        self.assertLessEqual({"vllm:a_bucket", "tgi_b_bucket", "goodput_proxy_x"}, metric_names(e))
+
+    def test_expected_upstreams_are_those_serving_a_family_read(self):
+        page = ('# TYPE vllm:a histogram\nvllm:a_bucket{le="1",upstream="u1"} 1\n'
+                'tgi_b_bucket{upstream="u4",le="+Inf"} 2\nplain 3\n'
+                'goodput_proxy_x{upstream="u1"} 1\ngoodput_proxy_x{upstream="u4"} 0\n')
+        served = upstreams_by_name(page)
+        self.assertEqual(served["goodput_proxy_x"], {"u1", "u4"})
+        self.assertNotIn("plain", served)
+        self.assertEqual(expected_upstreams('rate({__name__=~"vllm:a_bucket|x"}[1m])', served),
+                         {"u1"})
+        self.assertEqual(expected_upstreams("goodput_proxy_x", served), {"u1", "u4"})
+
+    def test_covered_panels_exist(self):
+        with open(DASHBOARD) as f:
+            titles = {q.panel for q in panel_queries(json.load(f))}
+        for title in MIXED_COVERAGE:
+            self.assertIn(title, titles)
 
 
 if __name__ == "__main__":

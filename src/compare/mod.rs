@@ -20,6 +20,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::Serialize;
 
 use crate::engine::parse::{Family, Sample};
+use goodput_measure::prom::engines::{self, Names};
 use goodput_measure::prom::hist::{self, Buckets};
 
 /// The quantiles every row shows.
@@ -44,8 +45,11 @@ pub struct EngineHistogram {
     pub families: &'static [&'static str],
 }
 
-const fn engine(kind: &'static str, families: &'static [&'static str]) -> EngineHistogram {
-    EngineHistogram { kind, families }
+const fn engine(names: &'static Names, families: &'static [&'static str]) -> EngineHistogram {
+    EngineHistogram {
+        kind: names.kind,
+        families,
+    }
 }
 
 impl Quantity {
@@ -58,18 +62,16 @@ impl Quantity {
 /// The engine kinds whose families are read (the `kind` label of `goodput_proxy_engine_kind`).
 pub const ENGINE_KIND: &str = "goodput_proxy_engine_kind";
 
-// Names from each engine's source (docs/engines.md): SGLang's `TokenizerMetricsCollector`,
-// TensorRT-LLM's `MetricsCollector`, TGI's router (`tgi_request_duration`: the whole request;
-// its `tgi_request_mean_time_per_token_duration` divides a time that includes the prefill, so
-// it is no TPOT). llama.cpp's `--metrics` page has counters and gauges only.
+// Each engine's histogram names from the one table of engine names (the engines without one
+// of a quantity: llama.cpp has none, TGI only E2E).
 pub const QUANTITIES: [Quantity; 3] = [
     Quantity {
         name: "ttft",
         proxy_family: "goodput_proxy_time_to_first_token_seconds",
         engines: &[
-            engine("vllm", &["vllm:time_to_first_token_seconds"]),
-            engine("sglang", &["sglang:time_to_first_token_seconds"]),
-            engine("trtllm", &["trtllm_time_to_first_token_seconds"]),
+            engine(&engines::VLLM, engines::VLLM.ttft),
+            engine(&engines::SGLANG, engines::SGLANG.ttft),
+            engine(&engines::TRTLLM, engines::TRTLLM.ttft),
         ],
         stats_field: "ttft_seconds",
     },
@@ -77,15 +79,9 @@ pub const QUANTITIES: [Quantity; 3] = [
         name: "tpot",
         proxy_family: "goodput_proxy_time_per_output_token_seconds",
         engines: &[
-            engine(
-                "vllm",
-                &[
-                    "vllm:request_time_per_output_token_seconds",
-                    "vllm:time_per_output_token_seconds",
-                ],
-            ),
-            engine("sglang", &["sglang:request_time_per_output_token_seconds"]),
-            engine("trtllm", &["trtllm_time_per_output_token_seconds"]),
+            engine(&engines::VLLM, engines::VLLM.tpot),
+            engine(&engines::SGLANG, engines::SGLANG.tpot),
+            engine(&engines::TRTLLM, engines::TRTLLM.tpot),
         ],
         stats_field: "tpot_seconds",
     },
@@ -93,19 +89,30 @@ pub const QUANTITIES: [Quantity; 3] = [
         name: "e2e",
         proxy_family: "goodput_proxy_e2e_request_latency_seconds",
         engines: &[
-            engine("vllm", &["vllm:e2e_request_latency_seconds"]),
-            engine("sglang", &["sglang:e2e_request_latency_seconds"]),
-            engine("trtllm", &["trtllm_e2e_request_latency_seconds"]),
-            engine("tgi", &["tgi_request_duration"]),
+            engine(&engines::VLLM, engines::VLLM.e2e),
+            engine(&engines::SGLANG, engines::SGLANG.e2e),
+            engine(&engines::TRTLLM, engines::TRTLLM.e2e),
+            engine(&engines::TGI, engines::TGI.e2e),
         ],
         stats_field: "e2e_seconds",
     },
 ];
 
-/// The engine families read for the counter part of a group.
-pub const ENGINE_SUCCESS: &str = "vllm:request_success_total";
-pub const ENGINE_RUNNING: &str = "vllm:num_requests_running";
-pub const ENGINE_WAITING: &str = "vllm:num_requests_waiting";
+/// Each replica's running batch and waiting queue as the proxy read them through the engine
+/// mapping (`engine::signals::TABLE`: every engine's own names, rank rules applied).
+pub const UPSTREAM_RUNNING: &str = "goodput_proxy_upstream_running";
+pub const UPSTREAM_WAITING: &str = "goodput_proxy_upstream_queue_depth";
+
+/// The engines' finished-request counters `compare` reads (`finished` of the mapping table):
+/// family and the label that splits it by finish reason.
+pub fn engine_finished() -> impl Iterator<Item = (&'static str, Option<&'static str>)> {
+    crate::engine::signals::TABLE
+        .iter()
+        .filter_map(|m| m.names.finished)
+}
+
+/// The key of an engine counter without a finish-reason label (SGLang, TGI): its total.
+pub const ALL_REASONS: &str = "(all)";
 
 /// A group of the table: one model, or one model on one upstream.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -131,8 +138,9 @@ pub struct Window {
     pub seconds: f64,
     pub start: Vec<Family>,
     pub end: Vec<Family>,
-    /// Max of `vllm:num_requests_running` / `_waiting` over the window, per (model, upstream)
-    /// and per (model, [`ALL_UPSTREAMS`]) for the sum over upstreams.
+    /// Max of each replica's running batch / waiting queue ([`UPSTREAM_RUNNING`],
+    /// [`UPSTREAM_WAITING`]) over the window, per (model, upstream) and per (model,
+    /// [`ALL_UPSTREAMS`]) for the sum over upstreams.
     pub max_running: BTreeMap<(String, String), f64>,
     pub max_waiting: BTreeMap<(String, String), f64>,
     /// Exact figures per group and quantity name.
@@ -516,8 +524,22 @@ fn build_group(w: &Window, key: &GroupKey) -> Group {
 fn engine_counters(w: &Window, model: &str, upstream: Option<&str>) -> EngineCounters {
     let served = served(w, model, upstream);
     let ef = engine_filter(model, upstream, &served);
+    // Every engine's own counter, by its own name: split by reason where it has the label,
+    // one total (ALL_REASONS) where it has none.
     let at = |fams: &[Family]| {
-        hist::sums_by(fams, ENGINE_SUCCESS, "finished_reason", &ef).unwrap_or_default()
+        let mut out: BTreeMap<String, f64> = BTreeMap::new();
+        for (family, reason) in engine_finished() {
+            let sums = hist::sums_by(fams, family, reason.unwrap_or(""), &ef);
+            for (k, v) in sums.unwrap_or_default() {
+                let k = if reason.is_some() {
+                    k
+                } else {
+                    ALL_REASONS.into()
+                };
+                *out.entry(k).or_insert(0.0) += v;
+            }
+        }
+        out
     };
     let (start, end) = (at(&w.start), at(&w.end));
     let reset = end
@@ -557,12 +579,30 @@ fn engine_counters(w: &Window, model: &str, upstream: Option<&str>) -> EngineCou
 /// The upstream key of [`Window::max_running`] for a model's sum over every upstream.
 pub const ALL_UPSTREAMS: &str = "*";
 
-/// Folds one page's engine gauges into the window's maxima, per model and upstream and per
-/// model over all upstreams ([`ALL_UPSTREAMS`]); a replica's several engine cores are summed.
+/// The models each upstream serves on a page: the `model` of the proxy's own series with an
+/// `upstream` label, and the `model_name` of the engines' (relabelled) series.
+fn models_by_upstream(page: &[Family]) -> BTreeMap<&str, BTreeSet<&str>> {
+    let mut out: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for s in page.iter().flat_map(|f| &f.samples) {
+        if let (Some(up), Some(model)) = (
+            s.label("upstream"),
+            s.label("model").or_else(|| s.label("model_name")),
+        ) {
+            out.entry(up).or_default().insert(model);
+        }
+    }
+    out
+}
+
+/// Folds one page's replica gauges ([`UPSTREAM_RUNNING`], [`UPSTREAM_WAITING`]: whatever the
+/// engine, read through its mapping) into the window's maxima, per model and upstream and per
+/// model over all upstreams ([`ALL_UPSTREAMS`]). A replica counts for the models the page
+/// shows it serving.
 pub fn fold_gauges(w: &mut Window, page: &[Family]) {
+    let models = models_by_upstream(page);
     for (name, into) in [
-        (ENGINE_RUNNING, &mut w.max_running),
-        (ENGINE_WAITING, &mut w.max_waiting),
+        (UPSTREAM_RUNNING, &mut w.max_running),
+        (UPSTREAM_WAITING, &mut w.max_waiting),
     ] {
         let mut now: BTreeMap<(String, String), f64> = BTreeMap::new();
         for s in page
@@ -570,13 +610,15 @@ pub fn fold_gauges(w: &mut Window, page: &[Family]) {
             .flat_map(|f| &f.samples)
             .filter(|s| s.name == name)
         {
-            let key = (
-                s.label("model_name").unwrap_or("").to_string(),
-                s.label("upstream").unwrap_or("").to_string(),
-            );
-            *now.entry((key.0.clone(), ALL_UPSTREAMS.to_string()))
-                .or_insert(0.0) += s.value;
-            *now.entry(key).or_insert(0.0) += s.value;
+            let Some(up) = s.label("upstream") else {
+                continue;
+            };
+            for model in models.get(up).into_iter().flatten() {
+                *now.entry((model.to_string(), ALL_UPSTREAMS.to_string()))
+                    .or_insert(0.0) += s.value;
+                *now.entry((model.to_string(), up.to_string()))
+                    .or_insert(0.0) += s.value;
+            }
         }
         for (k, v) in now {
             let e = into.entry(k).or_insert(v);

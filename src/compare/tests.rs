@@ -56,10 +56,11 @@ fn page(n: f64, legacy: bool) -> Vec<Family> {
              vllm:request_success_total{{finished_reason=\"stop\",model_name=\"tiny\",upstream=\"{up}\"}} 0\n"
         ));
     }
-    s.push_str("# TYPE vllm:num_requests_running gauge\n");
+    // The replica's running batch as the proxy read it through the engine mapping.
+    s.push_str("# TYPE goodput_proxy_upstream_running gauge\n");
     for up in ["a", "b"] {
         s.push_str(&format!(
-            "vllm:num_requests_running{{model_name=\"tiny\",upstream=\"{up}\"}} {}\n",
+            "goodput_proxy_upstream_running{{upstream=\"{up}\"}} {}\n",
             n.min(8.0)
         ));
     }
@@ -423,4 +424,93 @@ fn each_engine_is_read_by_its_own_names() {
         .filter(|f| f.name.starts_with("goodput_proxy_"))
         .collect();
     check_families(&only_kinds, "p", true).unwrap();
+}
+
+/// A page of four replicas of different engines, `n` requests finished on each: the proxy's
+/// E2E histogram per upstream, each engine's own finished counter (SGLang and TGI: a total;
+/// TensorRT-LLM: by reason; llama.cpp: none) and the replica gauges the proxy read through the
+/// mapping, `waiting` queued on each.
+fn counters_page(n: f64, waiting: f64) -> Vec<Family> {
+    let ups = ["a", "b", "c", "e"];
+    let mut s = String::from("# TYPE goodput_proxy_e2e_request_latency_seconds histogram\n");
+    for u in ups {
+        let l = format!("model=\"tiny\",upstream=\"{u}\"");
+        s.push_str(&format!(
+            "goodput_proxy_e2e_request_latency_seconds_bucket{{{l},le=\"1\"}} {n}\n\
+             goodput_proxy_e2e_request_latency_seconds_bucket{{{l},le=\"+Inf\"}} {n}\n\
+             goodput_proxy_e2e_request_latency_seconds_sum{{{l}}} {}\n\
+             goodput_proxy_e2e_request_latency_seconds_count{{{l}}} {n}\n",
+            n * 0.4
+        ));
+    }
+    s.push_str(&format!(
+        "# TYPE sglang:num_requests_total counter\n\
+         sglang:num_requests_total{{engine_type=\"unified\",model_name=\"tiny\",upstream=\"a\"}} {n}\n\
+         # TYPE tgi_request_success counter\ntgi_request_success{{upstream=\"c\"}} {n}\n\
+         # TYPE trtllm_request_success_total counter\n\
+         trtllm_request_success_total{{engine_type=\"trtllm\",finished_reason=\"stop\",model_name=\"tiny\",upstream=\"e\"}} {}\n\
+         trtllm_request_success_total{{engine_type=\"trtllm\",finished_reason=\"length\",model_name=\"tiny\",upstream=\"e\"}} {}\n",
+        n - 1.0,
+        1.0
+    ));
+    for (name, v) in [
+        ("goodput_proxy_upstream_running", 1.0),
+        ("goodput_proxy_upstream_queue_depth", waiting),
+    ] {
+        s.push_str(&format!("# TYPE {name} gauge\n"));
+        for u in ups {
+            s.push_str(&format!("{name}{{upstream=\"{u}\"}} {v}\n"));
+        }
+    }
+    parse(&s).unwrap()
+}
+
+#[test]
+fn engine_counters_read_each_engines_names() {
+    let mut w = Window {
+        seconds: 10.0,
+        start: counters_page(1.0, 0.0),
+        end: counters_page(11.0, 3.0),
+        ..Window::default()
+    };
+    let (s, e) = (w.start.clone(), w.end.clone());
+    fold_gauges(&mut w, &s);
+    fold_gauges(&mut w, &e);
+    let t = build(&w, true);
+    let counters = |up: &str| -> EngineCounters {
+        t.groups
+            .iter()
+            .find(|g| g.upstream.as_deref() == Some(up))
+            .unwrap()
+            .engine
+            .clone()
+    };
+    let reasons = |c: &EngineCounters| -> Vec<(String, f64)> {
+        c.finished_reason
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect()
+    };
+    // SGLang and TGI: one total; TensorRT-LLM: by reason; llama.cpp: none.
+    assert_eq!(reasons(&counters("a")), [("(all)".to_string(), 10.0)]);
+    assert_eq!(reasons(&counters("b")), []);
+    assert_eq!(reasons(&counters("c")), [("(all)".to_string(), 10.0)]);
+    assert_eq!(
+        reasons(&counters("e")),
+        [("length".to_string(), 0.0), ("stop".to_string(), 10.0)]
+    );
+    // Every replica's queue, whatever its engine (llama.cpp's too).
+    for up in ["a", "b", "c", "e"] {
+        let c = counters(up);
+        assert_eq!(
+            (c.max_running, c.max_waiting),
+            (Some(1.0), Some(3.0)),
+            "{up}"
+        );
+    }
+    let t = build(&w, false);
+    let all = &t.groups[0].engine;
+    assert_eq!(all.finished_reason.get("(all)"), Some(&20.0));
+    assert_eq!(all.requests_per_s, 3.0);
+    assert_eq!((all.max_running, all.max_waiting), (Some(4.0), Some(12.0)));
 }

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use crate::compare::{
     self,
     admin::{exact_from_stats, split_from_stats},
-    ENGINE_KIND, ENGINE_RUNNING, ENGINE_SUCCESS, ENGINE_WAITING, QUANTITIES,
+    ENGINE_KIND, QUANTITIES, UPSTREAM_RUNNING, UPSTREAM_WAITING,
 };
 use crate::engine::parse::{self, Family};
 use crate::metrics::NO_UPSTREAM;
@@ -135,7 +135,7 @@ fn metric_page(state: &AppState, gathered: Vec<prometheus::proto::MetricFamily>)
     let own: HashSet<&str> = QUANTITIES
         .iter()
         .map(|q| q.proxy_family)
-        .chain([ENGINE_KIND])
+        .chain([ENGINE_KIND, UPSTREAM_RUNNING, UPSTREAM_WAITING])
         .collect();
     let families: Vec<_> = gathered
         .into_iter()
@@ -152,7 +152,7 @@ fn metric_page(state: &AppState, gathered: Vec<prometheus::proto::MetricFamily>)
     let engine: HashSet<&str> = QUANTITIES
         .iter()
         .flat_map(|q| q.engine_families())
-        .chain([ENGINE_SUCCESS, ENGINE_RUNNING, ENGINE_WAITING])
+        .chain(compare::engine_finished().map(|(family, _)| family))
         .collect();
     // A counter's family may be named with or without `_total`.
     let wanted = |n: &str| engine.contains(n) || engine.contains(format!("{n}_total").as_str());

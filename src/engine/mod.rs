@@ -352,9 +352,10 @@ impl Engines {
         was_down
     }
 
-    /// Counts a failed scrape of a replica and forgets its page. Returns true when the scrape
-    /// before did not fail (the first failure of a run of them).
-    pub fn record_failure(&self, replica: &Arc<Replica>) -> bool {
+    /// Counts a failed scrape of a replica and forgets its page; `kind` is the engine known
+    /// without it (configured, or named by the answer's `Server` header). Returns true when
+    /// the scrape before did not fail (the first failure of a run of them).
+    pub fn record_failure(&self, replica: &Arc<Replica>, kind: Option<EngineKind>) -> bool {
         let Some(r) = self.find(replica) else {
             return false;
         };
@@ -368,6 +369,11 @@ impl Engines {
             g.remove(&l);
         }
         remove_kind(&m.kind, &r.upstream);
+        if let Some(kind) = kind {
+            let upstream = &*r.upstream;
+            m.kind.get(&EngineOf { upstream, kind }).set(1);
+            r.replica.set_engine_kind(kind);
+        }
         let Ok(mut st) = r.state.write() else {
             return false;
         };
@@ -456,7 +462,7 @@ mod tests {
     fn snap(page: &str) -> Snapshot {
         let families = parse::parse(page).unwrap();
         Snapshot {
-            signals: Signals::read(&families, None),
+            signals: Signals::read(&families, None, None),
             families,
             at: Instant::now(),
         }
@@ -473,8 +479,8 @@ mod tests {
         let (up, e, _r) = engines(&["http://a:1", "http://b:2"]);
         let r = up.replicas();
         // Never up: the first failure is the one to log.
-        assert!(e.record_failure(&r[1]));
-        assert!(!e.record_failure(&r[1]));
+        assert!(e.record_failure(&r[1], None));
+        assert!(!e.record_failure(&r[1], None));
         assert!(e.record_success(&r[0], snap("vllm:num_requests_waiting 2\n")));
         assert!(!e.record_success(&r[0], snap("vllm:num_requests_waiting 3\n")));
         assert_eq!(
@@ -482,7 +488,7 @@ mod tests {
             "# TYPE vllm:num_requests_waiting untyped\n\
              vllm:num_requests_waiting{upstream=\"http://a:1\"} 3\n"
         );
-        assert!(e.record_failure(&r[0]));
+        assert!(e.record_failure(&r[0], None));
         assert!(e.snapshot(&r[0]).is_none());
         assert_eq!(render(&e), "");
         assert!(e.record_success(&r[0], snap("x 1\n")));
@@ -496,7 +502,7 @@ mod tests {
         let _g2 = r[1].start();
         e.record_success(&r[0], snap("vllm:num_requests_waiting 4\n"));
         e.record_success(&r[1], snap("vllm:num_requests_waiting 5\n"));
-        e.record_failure(&r[1]);
+        e.record_failure(&r[1], None);
         e.refresh_gauges(Instant::now());
         let fams = registry.gather();
         let value = |name: &str| {
@@ -530,7 +536,7 @@ mod tests {
         let read = |i: usize, page: &str| {
             let families = parse::parse(page).unwrap();
             Snapshot {
-                signals: Signals::read(&families, e.configured_kind(&r[i])),
+                signals: Signals::read(&families, e.configured_kind(&r[i]), None),
                 families,
                 at: Instant::now(),
             }
@@ -566,7 +572,7 @@ mod tests {
         // trtllm-serve's Prometheus page is not at /metrics.
         assert_eq!(e.scrape_path(&r[0]), "/metrics");
         assert_eq!(e.scrape_path(&r[2]), "/prometheus/metrics");
-        e.record_failure(&r[0]);
+        e.record_failure(&r[0], None);
         e.refresh_gauges(Instant::now());
         assert_eq!(
             registry
@@ -577,6 +583,38 @@ mod tests {
                 .count(),
             2
         );
+    }
+
+    /// llama-server without `--metrics`: every scrape fails (501), but its `Server` header
+    /// names it, so its kind is known (usage injection and `goodput_proxy_engine_kind`) while
+    /// its load is not (no queue series, never a 0 that means "unknown").
+    #[test]
+    fn a_failed_scrape_still_tells_the_kind_its_answer_named() {
+        let (up, e, registry) = engines(&["http://a:1"]);
+        let r = up.replicas();
+        assert_eq!(r[0].engine_kind(), None);
+        assert!(e.record_failure(&r[0], Some(EngineKind::Llamacpp)));
+        e.refresh_gauges(Instant::now());
+        let series = |name: &str| -> Vec<String> {
+            registry
+                .gather()
+                .iter()
+                .filter(|f| f.name() == name)
+                .flat_map(|f| f.get_metric().iter())
+                .map(|m| {
+                    let labels: Vec<&str> = m.get_label().iter().map(|l| l.value()).collect();
+                    labels.join(",")
+                })
+                .collect()
+        };
+        assert_eq!(r[0].engine_kind(), Some(EngineKind::Llamacpp));
+        assert_eq!(series("goodput_proxy_engine_kind"), ["llamacpp,http://a:1"]);
+        assert!(series("goodput_proxy_upstream_queue_depth").is_empty());
+        assert_eq!(series("goodput_proxy_engine_up"), ["http://a:1"]);
+        // A failure naming nothing leaves no kind series (the replica keeps what it learned).
+        e.record_failure(&r[0], None);
+        assert!(series("goodput_proxy_engine_kind").is_empty());
+        assert_eq!(r[0].engine_kind(), Some(EngineKind::Llamacpp));
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! The background scraper: every `engine.scrape_interval_ms`, each replica's `/metrics` is
 //! fetched (bounded in time and size), parsed and stored; the replica's canonical signals
 //! (queue, running batch, KV use, read through [`Signals::read`]) go to the balancer. A failed
-//! scrape is counted, its families are dropped, its signals read unknown (queue 0).
+//! scrape is counted, its families are dropped, its signals read unknown (queue 0); the engine
+//! its answer's `Server` header names is still known (llama-server started without
+//! `--metrics` answers 501, as `llama.cpp`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +15,7 @@ use http_body_util::Full;
 use tokio::time::Instant;
 
 use super::parse::{self, ParseError};
-use super::signals::{EngineLoad, Signals};
+use super::signals::{self, EngineKind, EngineLoad, Signals};
 use super::{Engines, Snapshot};
 use crate::upstream::{Replica, UpstreamClient, Upstreams};
 
@@ -49,7 +51,7 @@ async fn scrape_replica(client: &UpstreamClient, engines: &Engines, replica: &Ar
     let cfg = engines.config();
     let label = engines.upstream(replica);
     let upstream = label.as_deref().unwrap_or("?");
-    let page = fetch(
+    let Scraped { server, page } = fetch(
         client,
         replica,
         engines.scrape_path(replica),
@@ -57,6 +59,7 @@ async fn scrape_replica(client: &UpstreamClient, engines: &Engines, replica: &Ar
         cfg.max_bytes,
     )
     .await;
+    let configured = engines.configured_kind(replica);
     let parsed = match page {
         // Off the async workers: a large page (up to `max_bytes`) takes milliseconds to
         // parse, and a blocked worker would delay the frames the meter timestamps.
@@ -68,7 +71,7 @@ async fn scrape_replica(client: &UpstreamClient, engines: &Engines, replica: &Ar
     };
     match parsed {
         Ok(families) => {
-            let signals = Signals::read(&families, engines.configured_kind(replica));
+            let signals = Signals::read(&families, configured, server);
             let mut load = signals.load;
             if !cfg.balance_on_queue {
                 load.waiting = None;
@@ -86,13 +89,23 @@ async fn scrape_replica(client: &UpstreamClient, engines: &Engines, replica: &Ar
         Err(error) => {
             // Unknown is not busy: a stale queue must not keep traffic away.
             replica.set_engine_load(EngineLoad::default());
-            if engines.record_failure(replica) {
-                tracing::warn!(upstream, %error, "engine metrics scrape failed");
+            let kind = configured.or(server);
+            if engines.record_failure(replica, kind) {
+                let kind = kind.map(EngineKind::as_str);
+                tracing::warn!(upstream, %error, kind, "engine metrics scrape failed");
             } else {
                 tracing::debug!(upstream, %error, "engine metrics scrape failed");
             }
         }
     }
+}
+
+/// What one `GET` of a replica's metrics path got.
+pub struct Scraped {
+    /// The engine the answer's `Server` header names, whatever its status.
+    pub server: Option<EngineKind>,
+    /// The page's text (a 2xx answer), else why there is none.
+    pub page: Result<String, ScrapeError>,
 }
 
 /// One `GET` of the replica's metrics page, whole, within `timeout` and `max_bytes`.
@@ -102,14 +115,37 @@ pub async fn fetch(
     path: &str,
     timeout: Duration,
     max_bytes: usize,
-) -> Result<String, ScrapeError> {
-    let req = Request::get(replica.uri_for(path)?)
-        // The classic text format (not OpenMetrics), which the parser reads.
-        .header(header::ACCEPT, "text/plain;version=0.0.4;q=1,*/*;q=0.1")
-        .body(Full::new(Bytes::new()))?;
-    let page = goodput_net::fetch(client, req, timeout, max_bytes).await?;
-    if !page.status.is_success() {
-        return Err(ScrapeError::Status(page.status.as_u16()));
+) -> Scraped {
+    let req = replica.uri_for(path).and_then(|uri| {
+        Request::get(uri)
+            // The classic text format (not OpenMetrics), which the parser reads.
+            .header(header::ACCEPT, "text/plain;version=0.0.4;q=1,*/*;q=0.1")
+            .body(Full::new(Bytes::new()))
+    });
+    let req = match req {
+        Ok(req) => req,
+        Err(e) => return failed(e.into()),
+    };
+    let answer = match goodput_net::fetch(client, req, timeout, max_bytes).await {
+        Ok(a) => a,
+        Err(e) => return failed(e.into()),
+    };
+    let server = answer
+        .headers
+        .get(header::SERVER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(signals::from_server);
+    let page = if answer.status.is_success() {
+        answer.text().map_err(ScrapeError::from)
+    } else {
+        Err(ScrapeError::Status(answer.status.as_u16()))
+    };
+    Scraped { server, page }
+}
+
+fn failed(e: ScrapeError) -> Scraped {
+    Scraped {
+        server: None,
+        page: Err(e),
     }
-    Ok(page.text()?)
 }

@@ -1,12 +1,14 @@
 //! What the balancer and autoscalers read from an engine's `/metrics`, the same whatever the
 //! engine: its waiting queue, running batch and KV-cache use. Each engine names these facts
 //! differently; [`TABLE`] maps every engine's own families onto them, and [`detect`] tells the
-//! engine from the families its page serves. Pure: families in, numbers out.
+//! engine from the families its page serves, else [`from_server`] from the `Server` header its
+//! answer carried. Pure: families in, numbers out.
 //!
 //! Health is not read from the page: it is the replica's probe of `upstream.health_path`
 //! (`/health` on all five engines, `Replica::is_healthy`) and whether its last scrape
 //! succeeded (`goodput_proxy_engine_up`).
 
+use goodput_measure::prom::engines::{self, Names};
 use goodput_measure::prom::Sample;
 
 use super::parse::Family;
@@ -23,18 +25,14 @@ pub enum Ranks {
     By(&'static [&'static str]),
 }
 
-/// One engine's names for the canonical signals.
+/// One engine's names for the canonical signals and how its series add up.
 #[derive(Debug)]
 pub struct Mapping {
     pub kind: EngineKind,
-    /// Every family of this engine starts with it (detection when no signal family is served).
-    pub prefix: &'static str,
-    /// Requests waiting for admission; the first family present is read.
-    pub waiting: &'static [&'static str],
-    /// Requests in the running batch.
-    pub running: &'static [&'static str],
-    /// KV-cache use 0..1 (the fullest series counts); empty when the engine exports none.
-    pub kv_cache_usage: &'static [&'static str],
+    /// Its names (`goodput_measure::prom::engines`): waiting (the first family present is
+    /// read), running, KV-cache use (the fullest series counts), its prefix (detection when no
+    /// signal family is served), its `Server` header.
+    pub names: &'static Names,
     /// How the queue and running series add up.
     pub ranks: Ranks,
     /// Series with a non-empty value of one of these labels break a total down (and are left
@@ -42,26 +40,19 @@ pub struct Mapping {
     pub breakdowns: &'static [&'static str],
 }
 
-/// The mapping table; the sources each row was read from are cited in docs/engines.md.
+/// The mapping table: each engine's names (one table of them, `goodput_measure::prom::engines`)
+/// and how its series add up; the sources each row was read from are cited in docs/engines.md.
 pub const TABLE: &[Mapping] = &[
     Mapping {
         kind: EngineKind::Vllm,
-        prefix: "vllm:",
-        waiting: &["vllm:num_requests_waiting"],
-        running: &["vllm:num_requests_running"],
-        // V1 name first; V0 called it gpu_cache_usage_perc.
-        kv_cache_usage: &["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"],
+        names: &engines::VLLM,
         // One series per data-parallel engine (`engine` label).
         ranks: Ranks::Sum,
         breakdowns: &[],
     },
     Mapping {
         kind: EngineKind::Sglang,
-        prefix: "sglang:",
-        waiting: &["sglang:num_queue_reqs"],
-        running: &["sglang:num_running_reqs"],
-        // The fullest of its KV pools (full, sliding-window, mamba): what stalls admissions.
-        kv_cache_usage: &["sglang:token_usage"],
+        names: &engines::SGLANG,
         // With `--enable-metrics-for-all-schedulers` every tensor-parallel rank reports the
         // same queue; data-parallel ranks each have their own.
         ranks: Ranks::By(&["dp_rank"]),
@@ -71,31 +62,19 @@ pub const TABLE: &[Mapping] = &[
     },
     Mapping {
         kind: EngineKind::Llamacpp,
-        prefix: "llamacpp:",
-        // Tasks deferred for want of a free slot; only served with `--metrics`.
-        waiting: &["llamacpp:requests_deferred"],
-        running: &["llamacpp:requests_processing"],
-        // Removed from recent llama-server builds; read when an older one serves it.
-        kv_cache_usage: &["llamacpp:kv_cache_usage_ratio"],
+        names: &engines::LLAMACPP,
         ranks: Ranks::Sum,
         breakdowns: &[],
     },
     Mapping {
         kind: EngineKind::Tgi,
-        prefix: "tgi_",
-        waiting: &["tgi_queue_size"],
-        running: &["tgi_batch_current_size"],
-        // TGI exports no KV-cache use (only token budgets: tgi_batch_current_max_tokens).
-        kv_cache_usage: &[],
+        names: &engines::TGI,
         ranks: Ranks::Sum,
         breakdowns: &[],
     },
     Mapping {
         kind: EngineKind::Trtllm,
-        prefix: "trtllm_",
-        waiting: &["trtllm_num_requests_waiting"],
-        running: &["trtllm_num_requests_running"],
-        kv_cache_usage: &["trtllm_kv_cache_utilization"],
+        names: &engines::TRTLLM,
         ranks: Ranks::Sum,
         breakdowns: &[],
     },
@@ -115,9 +94,15 @@ pub struct Signals {
 }
 
 impl Signals {
-    /// Reads a page's families as `configured` says, else as the detected engine's.
-    pub fn read(families: &[Family], configured: Option<EngineKind>) -> Signals {
-        let Some(kind) = configured.or_else(|| detect(families)) else {
+    /// Reads a page's families as `configured` says, else as the engine they tell
+    /// ([`detect`]), else as the one the answer's `Server` header named (`server`, from
+    /// [`from_server`]).
+    pub fn read(
+        families: &[Family],
+        configured: Option<EngineKind>,
+        server: Option<EngineKind>,
+    ) -> Signals {
+        let Some(kind) = configured.or_else(|| detect(families)).or(server) else {
             return Signals::default();
         };
         let m = mapping(kind);
@@ -127,12 +112,13 @@ impl Signals {
                 .find_map(|n| families.iter().find(|f| f.name == *n))
         };
         let count = |names: &[&str]| family(names).map(|f| count(m, &f.samples));
+        let n = m.names;
         Signals {
             kind: Some(kind),
             load: EngineLoad {
-                waiting: count(m.waiting),
-                running: count(m.running),
-                kv_cache_usage: family(m.kv_cache_usage).and_then(|f| fullest(m, &f.samples)),
+                waiting: count(n.waiting),
+                running: count(n.running),
+                kv_cache_usage: family(n.kv_cache_usage).and_then(|f| fullest(m, &f.samples)),
             },
         }
     }
@@ -163,7 +149,7 @@ pub fn detect(families: &[Family]) -> Option<EngineKind> {
             .map(|(_, k)| k)
     };
     best(&|m| {
-        [m.waiting, m.running, m.kv_cache_usage]
+        [m.names.waiting, m.names.running, m.names.kv_cache_usage]
             .iter()
             .filter(|names| names.iter().any(has))
             .count()
@@ -172,10 +158,24 @@ pub fn detect(families: &[Family]) -> Option<EngineKind> {
         best(&|m| {
             families
                 .iter()
-                .filter(|f| f.name.starts_with(m.prefix))
+                .filter(|f| f.name.starts_with(m.names.prefix))
                 .count()
         })
     })
+}
+
+/// The engine whose own HTTP server sends this `Server` header value (case aside); `None` for a
+/// header no engine owns.
+pub fn from_server(value: &str) -> Option<EngineKind> {
+    let value = value.trim();
+    TABLE
+        .iter()
+        .find(|m| {
+            m.names
+                .server
+                .is_some_and(|s| s.eq_ignore_ascii_case(value))
+        })
+        .map(|m| m.kind)
 }
 
 fn label<'a>(s: &'a Sample, name: &str) -> Option<&'a str> {

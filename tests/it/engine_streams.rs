@@ -224,3 +224,130 @@ async fn sglangs_unasked_usage_is_learned_from_the_stream() {
         sim.shutdown().await;
     }
 }
+
+/// llama-server started without `--metrics`: its `/metrics` answers 501, so no page tells the
+/// engine, but every answer carries `Server: llama.cpp`. The replica is read as llama.cpp (its
+/// kind series, no queue series, scrapes counted as failed) and its streams are left as the
+/// client wrote them: no usage injected, the engine's bytes reach the client unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llamacpp_without_metrics_is_known_by_its_server_header() {
+    let sim = start_sim(SimConfig {
+        personality: Personality::Llamacpp,
+        metrics_off: true,
+        seed: 5,
+        ..SimConfig::with_timing(1.0, 0.5)
+    })
+    .await;
+    let url = sim.base_url();
+    let (mut config, sink) = meter_config_with_sink(&url, "llamacpp-no-metrics");
+    config.engine.scrape_interval_ms = 100;
+    let proxy = start_proxy(config).await;
+    detected(&proxy, &url, "llamacpp").await;
+    let m = metrics(&proxy).await;
+    let up = [("upstream", url.as_str())];
+    assert_eq!(metric(&m, "goodput_proxy_engine_up", &up), 0.0, "{m}");
+    assert!(metric(&m, "goodput_proxy_engine_scrape_errors_total", &up) >= 1.0);
+    assert_eq!(
+        try_metric(&m, "goodput_proxy_upstream_queue_depth", &up),
+        None,
+        "no page, no queue (never a 0 that means unknown)"
+    );
+    let c = client();
+    let body = chat_body(9, r#","seed":1"#);
+    let direct = observe(&c, post_json(&format!("{url}{CHAT}"), &body), true).await;
+    let via = observe(&c, post_json(&proxy.url(CHAT), &body), true).await;
+    assert_eq!(mask_timings(&via.body), mask_timings(&direct.body));
+    let records = sink_records(&sink, 1).await;
+    let r = &records[0];
+    assert_eq!(r["usage_injected"], false, "{r}");
+    assert_eq!(r["tokens_exact"], true, "{r}");
+    assert_eq!(r["completion_tokens"], 9, "{r}");
+    sim.shutdown().await;
+}
+
+/// `"time_ms":N` of every `prompt_progress` masked (the slot's clock, in whole milliseconds).
+fn mask_progress_time(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("\"time_ms\":") {
+        let digits = at + "\"time_ms\":".len();
+        let end = digits
+            + rest[digits..]
+                .find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(rest.len() - digits);
+        out.push_str(&rest[..digits]);
+        out.push('T');
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// llama.cpp's `prompt_progress` chunks (`"return_progress": true`): one when the slot takes
+/// the task, one per prompt batch of 2048 tokens, all before the first token; each carries a
+/// choices entry (a role delta, `content: null`) but no output. Through the proxy they reach
+/// the client unchanged; the first of them is the first chunk (TTFC), TTFT starts only at the
+/// first token, and none counts as output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llamacpp_progress_chunks_never_start_ttft() {
+    let sim = start_sim(SimConfig {
+        personality: Personality::Llamacpp,
+        max_model_len: 32_768,
+        // Every request decodes its whole prompt (the same chunks direct and through the proxy).
+        enable_prefix_caching: false,
+        seed: 5,
+        ..SimConfig::with_timing(400.0, 2.0)
+    })
+    .await;
+    let url = sim.base_url();
+    let (mut config, sink) = meter_config_with_sink(&url, "llamacpp-progress");
+    config.engine.kind = "llamacpp".into();
+    let proxy = start_proxy(config).await;
+    let c = client();
+    let prompt = "word ".repeat(5000);
+    let body = format!(
+        r#"{{"model":"tiny","messages":[{{"role":"user","content":"{prompt}"}}],"stream":true,"max_tokens":6,"seed":1,"return_progress":true}}"#
+    );
+    let direct = observe(&c, post_json(&format!("{url}{CHAT}"), &body), true).await;
+    let via = observe(&c, post_json(&proxy.url(CHAT), &body), true).await;
+    let text = String::from_utf8_lossy(&direct.body).into_owned();
+    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+    let progress: Vec<serde_json::Value> = events
+        .iter()
+        .filter(|e| e.contains("\"prompt_progress\""))
+        .map(|e| serde_json::from_str(e.trim_start_matches("data: ")).unwrap())
+        .collect();
+    let total = progress[0]["prompt_progress"]["total"].as_u64().unwrap();
+    assert!(total > 2 * 2048, "a prompt of three batches: {total}");
+    assert_eq!(progress.len() as u64, 1 + total.div_ceil(2048), "{text}");
+    for (i, p) in progress.iter().enumerate() {
+        let processed = p["prompt_progress"]["processed"].as_u64().unwrap();
+        assert_eq!(processed, (i as u64 * 2048).min(total), "{p}");
+        assert_eq!(p["choices"][0]["delta"]["content"], serde_json::Value::Null);
+        assert_eq!(p["choices"][0]["delta"]["role"], "assistant");
+    }
+    // All before the first token.
+    let first_output = events
+        .iter()
+        .position(|e| e.contains("\"content\":\"") && !e.contains("\"content\":\"\""))
+        .expect("output");
+    let last_progress = events
+        .iter()
+        .rposition(|e| e.contains("\"prompt_progress\""))
+        .unwrap();
+    assert!(last_progress < first_output, "{text}");
+    assert_eq!(
+        mask_progress_time(&mask_timings(&via.body)),
+        mask_progress_time(&mask_timings(&direct.body))
+    );
+    let records = sink_records(&sink, 1).await;
+    let r = &records[0];
+    let (ttft, ttfc) = (r["ttft_s"].as_f64().unwrap(), r["ttfc_s"].as_f64().unwrap());
+    // The prefill takes ~400 ms; the first progress chunk comes as the slot takes the task.
+    assert!(ttft >= 0.3, "TTFT at the first token: {r}");
+    assert!(ttfc < ttft - 0.2, "TTFC at the first progress chunk: {r}");
+    assert_eq!(r["completion_tokens"], 6, "{r}");
+    assert_eq!(r["tokens_exact"], true, "{r}");
+    assert_eq!(r["outcome"], "success", "{r}");
+    sim.shutdown().await;
+}

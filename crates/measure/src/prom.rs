@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 
+pub mod engines;
 pub mod hist;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,16 +7,17 @@ use std::error::Error as StdError;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, StatusCode};
+use http::{HeaderMap, Request, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Limited};
 use hyper_util::client::legacy::connect::Connect;
 use hyper_util::client::legacy::Client;
 
-/// The answer: its status and its whole body (any status: the caller decides what fails).
+/// The answer: its status, headers and whole body (any status: the caller decides what fails).
 #[derive(Debug, Clone)]
 pub struct Fetched {
     pub status: StatusCode,
+    pub headers: HeaderMap,
     pub body: Bytes,
 }
 
@@ -63,6 +64,7 @@ where
             .await
             .map_err(|e| FetchError::Request(error_chain(&e)))?;
         let status = resp.status();
+        let headers = resp.headers().clone();
         let body = Limited::new(resp.into_body(), max_bytes)
             .collect()
             .await
@@ -74,7 +76,11 @@ where
                 }
             })?
             .to_bytes();
-        Ok(Fetched { status, body })
+        Ok(Fetched {
+            status,
+            headers,
+            body,
+        })
     };
     tokio::time::timeout(timeout, exchange)
         .await
@@ -138,6 +144,7 @@ mod tests {
                         };
                         let resp = http::Response::builder()
                             .status(status)
+                            .header("server", "test")
                             .body(Full::new(body));
                         Ok::<_, Infallible>(resp.unwrap())
                     });
@@ -175,6 +182,7 @@ mod tests {
 
         let nope = fetch(&client, get(addr, "/x"), t, 1024).await.unwrap();
         assert_eq!(nope.status, 404);
+        assert_eq!(nope.headers["server"], "test", "headers of any status");
         assert_eq!(nope.text().unwrap(), "nope");
 
         let big = fetch(&client, get(addr, "/big"), t, 4096).await.unwrap();

@@ -83,6 +83,9 @@ pub struct SimArgs {
     /// SGLang's flag: every stream ends with a usage chunk, asked for or not.
     #[arg(long)]
     pub stream_response_default_include_usage: bool,
+    /// Serve no metrics (llama-server without `--metrics`: its /metrics answers 501).
+    #[arg(long)]
+    pub no_metrics: bool,
     /// Turn automatic prefix caching off (vLLM `--no-prefix-caching`).
     #[arg(long)]
     pub no_prefix_caching: bool,
@@ -170,6 +173,7 @@ impl SimArgs {
             cfg.personality = p;
         }
         cfg.stream_response_default_include_usage |= self.stream_response_default_include_usage;
+        cfg.metrics_off |= self.no_metrics;
         cfg.enable_prefix_caching &= !self.no_prefix_caching;
         cfg.enable_prompt_tokens_details |= self.enable_prompt_tokens_details;
         if !self.faults.is_empty() {

@@ -103,6 +103,9 @@ pub struct SimConfig {
     /// SGLang `--stream-response-default-include-usage`: every stream ends with a usage
     /// chunk, asked for or not (`stream_options.include_usage` or this).
     pub stream_response_default_include_usage: bool,
+    /// The engine runs without its metrics (llama-server without `--metrics`): the metrics
+    /// path answers as [`Personality::metrics_off`] says.
+    pub metrics_off: bool,
 }
 
 impl Default for SimConfig {
@@ -137,6 +140,7 @@ impl Default for SimConfig {
             enable_prompt_tokens_details: false,
             personality: Personality::Vllm,
             stream_response_default_include_usage: false,
+            metrics_off: false,
         }
     }
 }

@@ -7,7 +7,9 @@
 //! - where the Prometheus text is served ([`Personality::metrics_path`]: `trtllm-serve` serves
 //!   it on `/prometheus/metrics`);
 //! - the stream: SGLang's `--stream-response-default-include-usage` (usage the client did not
-//!   ask for) and llama.cpp's `timings` on the last chunk ([`timings`]).
+//!   ask for), llama.cpp's `timings` on the last chunk ([`timings`]) and its `prompt_progress`
+//!   chunks before the first token ([`progress`]);
+//! - the `Server` header (llama-server names itself), and llama-server without `--metrics`.
 //!
 //! Shaped from each engine's source; files and commits are cited in docs/engines.md.
 
@@ -70,6 +72,12 @@ impl Personality {
         self == Personality::Llamacpp
     }
 
+    /// The engine streams `prompt_progress` chunks when a request asks (`return_progress`,
+    /// [`progress`]).
+    pub fn streams_progress(self, body: &[u8]) -> bool {
+        self == Personality::Llamacpp && progress::asked(body)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Personality::Vllm => "vllm",
@@ -102,6 +110,43 @@ impl Personality {
             }
             // TensorRT-LLM adapted vLLM's collector, grids included; llama.cpp has none.
             Personality::Vllm | Personality::Llamacpp | Personality::Trtllm => VLLM_GRIDS,
+        }
+    }
+
+    /// The `Server` header on every answer (`None`: the engine's HTTP server sends none).
+    pub fn server_header(self) -> Option<&'static str> {
+        match self {
+            // uvicorn's default header: vLLM, SGLang and trtllm-serve serve through it.
+            Personality::Vllm | Personality::Sglang | Personality::Trtllm => Some("uvicorn"),
+            // `set_default_headers({{"Server", "llama.cpp"}})`, tools/server/server-http.cpp.
+            Personality::Llamacpp => Some("llama.cpp"),
+            // axum adds none.
+            Personality::Tgi => None,
+        }
+    }
+
+    /// Sets the engine's `Server` header on an answer (the routes write uvicorn's).
+    pub fn set_server_header(self, headers: &mut http::HeaderMap) {
+        match self.server_header() {
+            Some(v) => {
+                headers.insert(http::header::SERVER, http::HeaderValue::from_static(v));
+            }
+            None => {
+                headers.remove(http::header::SERVER);
+            }
+        }
+    }
+
+    /// The answer of the metrics path when the engine was started without its metrics
+    /// (`metrics_off`): llama-server without `--metrics` answers 501 with its error object
+    /// (`ERROR_TYPE_NOT_SUPPORTED`, tools/server/server-context.cpp); the others 404.
+    pub fn metrics_off(self) -> (u16, &'static str) {
+        match self {
+            Personality::Llamacpp => (
+                501,
+                r#"{"error":{"code":501,"message":"This server does not support metrics endpoint. Start it with `--metrics`","type":"not_supported_error"}}"#,
+            ),
+            _ => (404, r#"{"detail":"Not Found"}"#),
         }
     }
 
@@ -528,6 +573,7 @@ fn trtllm(o: &mut String, m: &EngineMetrics) {
     }
 }
 
+pub mod progress;
 pub mod timings;
 
 #[cfg(test)]

@@ -225,6 +225,17 @@ impl Templates {
         }
     }
 
+    /// The API the chunks are for.
+    pub fn api(&self) -> Api {
+        self.api
+    }
+
+    /// `data: {"id":..,"object":..,"created":..,"model":..,"choices":[`: how every chunk of
+    /// the stream begins.
+    pub fn head(&self) -> &[u8] {
+        &self.head
+    }
+
     /// The prompt's length in tokens.
     pub fn prompt_tokens(&self) -> u64 {
         self.prompt_tokens

@@ -130,17 +130,22 @@ pub async fn handle(
     req: Request<hyper::body::Incoming>,
 ) -> Result<Response<SimBody>, Infallible> {
     let arrival = Instant::now();
-    let resp = match (req.method(), req.uri().path()) {
+    let personality = eng.cfg.personality;
+    let mut resp = match (req.method(), req.uri().path()) {
         (&Method::POST, "/v1/chat/completions") => generate(eng, req, Api::Chat, arrival).await,
         (&Method::POST, "/v1/completions") => generate(eng, req, Api::Completions, arrival).await,
         (&Method::GET, "/v1/models") => json(200, models_json(&eng)),
         (&Method::GET, "/health") => full(200, None, Bytes::new()),
         (&Method::GET, "/version") => json(200, "{\"version\":\"0.32.0\"}"),
         (&Method::GET, "/load") => json(200, format!("{{\"server_load\":{}}}", eng.load())),
-        (&Method::GET, path) if path == eng.cfg.personality.metrics_path() => full(
+        (&Method::GET, path) if path == personality.metrics_path() && eng.cfg.metrics_off => {
+            let (status, body) = personality.metrics_off();
+            json(status, body)
+        }
+        (&Method::GET, path) if path == personality.metrics_path() => full(
             200,
             Some("text/plain; version=1.0.0; charset=utf-8"),
-            eng.cfg.personality.render_metrics(&eng.metrics),
+            personality.render_metrics(&eng.metrics),
         ),
         // trtllm-serve's /metrics: JSON iteration statistics (none kept here).
         (&Method::GET, "/metrics") => json(200, "[]"),
@@ -151,6 +156,9 @@ pub async fn handle(
             None => json(404, "{\"detail\":\"Not Found\"}"),
         },
     };
+    if personality != crate::Personality::Vllm {
+        personality.set_server_header(resp.headers_mut());
+    }
     Ok(resp)
 }
 
@@ -251,7 +259,8 @@ async fn generate(
             .stream_interval(cfg.stream_interval);
         let include_usage = tmpl.include_usage();
         let body = SseBody::new(run, tmpl, faults, api, include_usage, packing, agents)
-            .keep_alive(Duration::from_secs_f64(cfg.sse_keep_alive_interval));
+            .keep_alive(Duration::from_secs_f64(cfg.sse_keep_alive_interval))
+            .prompt_progress(cfg.personality.streams_progress(&body));
         return head(200, Some(EVENT_STREAM), None)
             .body(SimBody::Sse(Box::new(body)))
             .unwrap_or_else(|_| Response::new(SimBody::Full(None)));

@@ -4,7 +4,8 @@
 //! steps per frame; otherwise it sleeps on one re-armed timer per stream. Dropping the body
 //! (client disconnect) drops the [`Run`], which frees the decode slots at once. With vLLM's
 //! `--sse-keep-alive-interval` a `: keep-alive` comment goes out whenever the stream has been
-//! idle that long (queued, in prefill, or between tokens).
+//! idle that long (queued, in prefill, or between tokens). llama.cpp's `prompt_progress`
+//! chunks, when asked for, go out while the prompt is decoded (`personality::progress`).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -21,6 +22,7 @@ use super::engine::{Acquire, Run};
 use super::errors::stream_error_event;
 use super::faults::Faults;
 use super::per_request::PerRequestMetrics;
+use super::personality::progress::Progress;
 use super::render::{AgentDelta, Templates, DONE};
 use super::request::Api;
 
@@ -39,6 +41,8 @@ pub struct Truncated;
 
 enum State {
     Queued(Acquire),
+    /// Decoding the prompt batch by batch, a progress chunk after each.
+    Prefill,
     Sleeping,
     Step,
     Trailer,
@@ -69,6 +73,9 @@ pub struct SseBody {
     calls_done: Vec<u32>,
     /// `--sse-keep-alive-interval`, and the timer re-armed by every frame sent.
     keep_alive: Option<(Duration, Pin<Box<Sleep>>)>,
+    /// llama.cpp's `return_progress` was asked for; the prompt's progress once admitted.
+    wants_progress: bool,
+    progress: Option<Progress>,
 }
 
 impl SseBody {
@@ -105,7 +112,15 @@ impl SseBody {
             agents,
             calls_done: Vec::new(),
             keep_alive: None,
+            wants_progress: false,
+            progress: None,
         }
+    }
+
+    /// Sends llama.cpp's `prompt_progress` chunks before the first token.
+    pub fn prompt_progress(mut self, wanted: bool) -> Self {
+        self.wants_progress = wanted;
+        self
     }
 
     /// Sends `: keep-alive` after every `interval` without a frame (zero: never).
@@ -329,7 +344,19 @@ impl Body for SseBody {
                     Poll::Ready(Ok(permit)) => {
                         let stall = Duration::from_millis(this.faults.stall_first_ms.unwrap_or(0));
                         let prefill = this.run.admitted(permit, stall);
-                        if prefill.is_zero() {
+                        if this.wants_progress {
+                            let (total, cache) =
+                                (this.tmpl.prompt_tokens(), this.run.cached_tokens());
+                            let (p, next) =
+                                Progress::start(&this.tmpl, &mut this.buf, total, cache, prefill);
+                            this.progress = Some(p);
+                            if let Some(d) = next {
+                                this.wait(d, true);
+                                this.state = State::Prefill;
+                                return this.take_frame();
+                            }
+                            this.state = State::Step;
+                        } else if prefill.is_zero() {
                             this.state = State::Step;
                         } else {
                             this.wait(prefill, true);
@@ -338,6 +365,24 @@ impl Body for SseBody {
                     // The semaphore is never closed; end the body if it ever is.
                     Poll::Ready(Err(_)) => this.state = State::Done,
                 },
+                State::Prefill => {
+                    if this.sleep.as_mut().poll(cx).is_pending() {
+                        return this.idle(cx);
+                    }
+                    let next = match &mut this.progress {
+                        Some(p) => p.batch_done(&this.tmpl, &mut this.buf),
+                        None => None,
+                    };
+                    match next {
+                        Some(d) => {
+                            this.wait(d, false);
+                            this.state = State::Prefill;
+                            return this.take_frame();
+                        }
+                        // The last progress chunk goes out with the first token.
+                        None => this.state = State::Step,
+                    }
+                }
                 State::Sleeping => {
                     if this.sleep.as_mut().poll(cx).is_pending() {
                         return if this.buf.is_empty() {

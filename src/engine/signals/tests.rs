@@ -73,11 +73,14 @@ fn every_engine_page_maps_to_the_canonical_signals() {
     for (name, page, kind, want) in cases {
         let f = families(page);
         assert_eq!(detect(&f), Some(*kind), "{name}");
-        let s = Signals::read(&f, None);
+        let s = Signals::read(&f, None, None);
         assert_eq!(s.kind, Some(*kind), "{name}");
         assert_eq!(s.load, *want, "{name}");
         // Configured as what it is: the same reading.
-        assert_eq!(Signals::read(&f, Some(*kind)), s, "{name}");
+        assert_eq!(Signals::read(&f, Some(*kind), None), s, "{name}");
+        // What the families say beats a Server header naming another engine.
+        let other = EngineKind::ALL.into_iter().find(|k| k != kind);
+        assert_eq!(Signals::read(&f, None, other), s, "{name}");
     }
 }
 
@@ -190,7 +193,7 @@ fn pages_of_the_mapping_rules() {
         ),
     ];
     for (page, configured, want) in cases {
-        let s = Signals::read(&families(page), *configured);
+        let s = Signals::read(&families(page), *configured, None);
         assert_eq!(&s, want, "{page:?} {configured:?}");
     }
 }
@@ -231,6 +234,83 @@ fn detection() {
     }
 }
 
+/// The `Server` header as each engine's HTTP server sends it: only llama-server's names its
+/// engine (the real captures, `tests/engine_fixtures/llamacpp-0c1e570/*.txt`, carry
+/// `Server: llama.cpp` on streams, JSON answers and `/metrics`).
+#[test]
+fn the_server_header_names_llama_cpp_only() {
+    let cases: &[(&str, Option<EngineKind>)] = &[
+        ("llama.cpp", Some(EngineKind::Llamacpp)),
+        ("Llama.CPP ", Some(EngineKind::Llamacpp)),
+        ("uvicorn", None), // vLLM, SGLang, TensorRT-LLM
+        ("", None),
+        ("llama.cpp/b1", None),
+        ("nginx", None),
+    ];
+    for (value, want) in cases {
+        assert_eq!(from_server(value), *want, "{value:?}");
+    }
+    let capture = include_str!("../../../tests/engine_fixtures/llamacpp-0c1e570/metrics.txt");
+    let server = capture
+        .lines()
+        .find_map(|l| l.strip_prefix("Server: "))
+        .map(str::trim);
+    assert_eq!(server.and_then(from_server), Some(EngineKind::Llamacpp));
+}
+
+/// A page without any engine's families (llama-server's 501 for `/metrics` without
+/// `--metrics` has none at all) is read as the engine its `Server` header named: the kind is
+/// known, its load is not.
+#[test]
+fn the_server_header_tells_the_kind_when_the_families_do_not() {
+    let cases: &[(&str, Option<EngineKind>, Option<EngineKind>, Signals)] = &[
+        (
+            "",
+            None,
+            Some(EngineKind::Llamacpp),
+            Signals {
+                kind: Some(EngineKind::Llamacpp),
+                load: load(None, None, None),
+            },
+        ),
+        (
+            "process_cpu_seconds_total 1\n",
+            None,
+            Some(EngineKind::Llamacpp),
+            Signals {
+                kind: Some(EngineKind::Llamacpp),
+                load: load(None, None, None),
+            },
+        ),
+        // the configured kind first, the families next
+        (
+            "",
+            Some(EngineKind::Vllm),
+            Some(EngineKind::Llamacpp),
+            Signals {
+                kind: Some(EngineKind::Vllm),
+                load: load(None, None, None),
+            },
+        ),
+        (
+            "llamacpp:requests_deferred 3\n",
+            None,
+            None,
+            Signals {
+                kind: Some(EngineKind::Llamacpp),
+                load: load(Some(3.0), None, None),
+            },
+        ),
+    ];
+    for (page, configured, server, want) in cases {
+        assert_eq!(
+            Signals::read(&families(page), *configured, *server),
+            *want,
+            "{page:?} {configured:?} {server:?}"
+        );
+    }
+}
+
 #[test]
 fn every_kind_has_one_row_and_the_rows_own_their_prefix() {
     for kind in EngineKind::ALL {
@@ -238,10 +318,8 @@ fn every_kind_has_one_row_and_the_rows_own_their_prefix() {
         assert_eq!(rows.len(), 1, "{kind:?}");
         let m = rows[0];
         assert_eq!(mapping(kind).kind, kind);
-        for name in m.waiting.iter().chain(m.running).chain(m.kv_cache_usage) {
-            assert!(name.starts_with(m.prefix), "{name} in {kind:?}");
-        }
-        assert!(!m.waiting.is_empty() && !m.running.is_empty(), "{kind:?}");
+        // The engine's names are the table's row of the same engine.
+        assert_eq!(m.names.kind, kind.as_str());
     }
 }
 

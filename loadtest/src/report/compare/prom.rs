@@ -2,6 +2,7 @@
 //! buckets and counter sums, with the PromQL-style quantile over bucket deltas (shared with
 //! `goodput-proxy compare`). A page the reader refuses reads as absent.
 
+use goodput_measure::prom::engines::{self, Names};
 use goodput_measure::prom::{self, Family};
 
 // One histogram arithmetic for the proxy's `compare` and this comparison.
@@ -18,7 +19,8 @@ fn families(text: &str) -> Option<Vec<Family>> {
 }
 
 /// Histogram `family` buckets from exposition text, summed over its series (any one label of
-/// `model_keys` must equal `model` if given); `None` when no series matches.
+/// `model_keys` must equal `model` if given; a family whose series carry none of those labels,
+/// as TGI's, is one engine's one model and read whole); `None` when no series matches.
 pub fn histogram(
     text: &str,
     family: &str,
@@ -26,11 +28,31 @@ pub fn histogram(
     model: Option<&str>,
 ) -> Option<Buckets> {
     let families = families(text)?;
+    let bucket = format!("{family}_bucket");
+    let labelled = families
+        .iter()
+        .flat_map(|f| &f.samples)
+        .filter(|s| s.name == bucket)
+        .any(|s| model_keys.iter().any(|k| s.label(k).is_some()));
     let keep = |s: &prom::Sample| match model {
-        Some(m) => model_keys.iter().any(|k| s.has_labels(&[(k, m)])),
-        None => true,
+        Some(m) if labelled => model_keys.iter().any(|k| s.has_labels(&[(k, m)])),
+        _ => true,
     };
     prom::hist::buckets(&families, family, &keep).filter(|b| !b.is_empty())
+}
+
+/// The engine whose page this is (the name prefix most of its families carry), vLLM's names
+/// when it tells none.
+pub fn engine_of(text: &str) -> &'static Names {
+    families(text)
+        .and_then(|f| engines::by_prefix(f.iter().map(|f| f.name.as_str())))
+        .unwrap_or(&engines::VLLM)
+}
+
+/// [`series_sum`] of the first of `names` the page has a series of.
+pub fn first_sum(text: &str, names: &[&str]) -> Option<f64> {
+    let families = families(text)?;
+    names.iter().find_map(|n| prom::sum(&families, n, &[]).ok())
 }
 
 /// Sum of every series of a counter or gauge `name` (e.g. `vllm:generation_tokens_total`), or

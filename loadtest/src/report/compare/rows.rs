@@ -1,6 +1,8 @@
 //! The per-source percentile rows: client exact, proxy exact, proxy and engine histograms.
 
+use super::prom::engine_of;
 use super::*;
+use goodput_measure::prom::engines::{Names, VLLM};
 
 pub(super) const METRICS: [&str; 3] = ["ttft", "tpot", "e2e"];
 
@@ -11,14 +13,12 @@ pub(super) fn proxy_family(metric: &str) -> &'static str {
         _ => "goodput_proxy_e2e_request_latency_seconds",
     }
 }
-pub(super) fn engine_families(metric: &str) -> &'static [&'static str] {
+/// The engine's histogram families of `metric`, by its own names (empty: it has none).
+pub(super) fn engine_families(metric: &str, names: &'static Names) -> &'static [&'static str] {
     match metric {
-        "ttft" => &["vllm:time_to_first_token_seconds"],
-        "tpot" => &[
-            "vllm:request_time_per_output_token_seconds",
-            "vllm:time_per_output_token_seconds",
-        ],
-        _ => &["vllm:e2e_request_latency_seconds"],
+        "ttft" => names.ttft,
+        "tpot" => names.tpot,
+        _ => names.e2e,
     }
 }
 pub(super) fn client_value(r: &RequestRecord, metric: &str) -> Option<f64> {
@@ -169,7 +169,8 @@ pub(super) fn rows_for(
                 }
                 for (i, (url, end_text)) in s.end.engines.iter().enumerate() {
                     let start_text = s.start.engines.get(i).and_then(|e| e.1.as_deref());
-                    let found = engine_families(metric).iter().find_map(|fam| {
+                    let names = end_text.as_deref().map_or(&VLLM, engine_of);
+                    let found = engine_families(metric, names).iter().find_map(|fam| {
                         hist_q(
                             start_text,
                             end_text.as_deref(),

@@ -300,3 +300,89 @@ fn join_by_request_id() {
         .unwrap();
     assert_eq!(exact.count, Some(2.0));
 }
+
+/// Engines other than vLLM, each read by its own names (the engine told from its page):
+/// SGLang's and llama.cpp's token counters, queues and running batches; TGI's E2E histogram,
+/// whose series name no model (one engine, one model: read whole).
+#[test]
+fn other_engines_are_read_by_their_own_names() {
+    let sglang = |gen: u32, q: u32| {
+        format!(
+            "sglang:generation_tokens_total{{is_streaming=\"true\",model_name=\"m\"}} {gen}\n\
+             sglang:num_queue_reqs{{model_name=\"m\",tp_rank=\"0\"}} {q}\n\
+             sglang:num_running_reqs{{model_name=\"m\",tp_rank=\"0\"}} 1\n"
+        )
+    };
+    let llama = |gen: u32, q: u32| {
+        format!(
+            "llamacpp:tokens_predicted_total {gen}\nllamacpp:requests_deferred {q}\n\
+             llamacpp:requests_processing 1\n"
+        )
+    };
+    let tgi = |n: u32| {
+        format!(
+            "# TYPE tgi_request_duration histogram\n\
+             tgi_request_duration_bucket{{le=\"0.5\"}} 0\ntgi_request_duration_bucket{{le=\"1\"}} {n}\n\
+             tgi_request_duration_bucket{{le=\"+Inf\"}} {n}\n\
+             tgi_request_duration_sum {n}\ntgi_request_duration_count {n}\ntgi_queue_size 0\n"
+        )
+    };
+    let snap = |t: f64, g: u32, q: u32| Snapshot {
+        t_s: t,
+        engines: vec![
+            ("S".into(), Some(sglang(g, q))),
+            ("L".into(), Some(llama(2 * g, q))),
+            ("T".into(), Some(tgi(g))),
+        ],
+        ..Snapshot::default()
+    };
+    let win = PhaseWindow {
+        name: "a".into(),
+        arrivals: String::new(),
+        start_s: 0.0,
+        end_s: 1.0,
+        held_back: 0,
+        hold_max_seconds: 0.0,
+    };
+    let snaps = vec![PhaseSnapshots {
+        phase: "a".into(),
+        start: snap(0.0, 10, 0),
+        end: snap(1.0, 30, 3),
+        settled: None,
+    }];
+    let r = crate::record::sample("a", 0.1, 0.5, Some(0.1), "success");
+    let c = build(&[win], &[r], &snaps, None);
+    let at_end = |src: &str| {
+        c.counters
+            .iter()
+            .find(|x| x.at == "end" && x.source == src)
+            .unwrap()
+            .clone()
+    };
+    let (s, l) = (at_end("S"), at_end("L"));
+    assert_eq!(
+        (
+            s.generation_tokens_total,
+            s.num_requests_waiting,
+            s.num_requests_running
+        ),
+        (Some(30.0), Some(3.0), Some(1.0))
+    );
+    assert_eq!(
+        (
+            l.generation_tokens_total,
+            l.num_requests_waiting,
+            l.num_requests_running
+        ),
+        (Some(60.0), Some(3.0), Some(1.0))
+    );
+    assert_eq!(at_end("T").num_requests_waiting, Some(0.0));
+    let tokens = &c.tokens[0].engine_generation_tokens;
+    assert_eq!((tokens["S"], tokens["L"]), (Some(20.0), Some(40.0)));
+    let tgi_e2e = c
+        .rows
+        .iter()
+        .find(|r| r.metric == "e2e" && r.source == "engine histogram (T)")
+        .expect("TGI's E2E row");
+    assert_eq!(tgi_e2e.count, Some(20.0));
+}

@@ -4,11 +4,15 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::prom::{engine_of, first_sum};
 use super::*;
+use goodput_measure::prom::engines::{Names, VLLM};
 
 /// Token and running-request counters of one source at one snapshot. For an engine these are
-/// `vllm:generation_tokens_total`, `vllm:prompt_tokens_total`, `vllm:num_requests_running`,
-/// `vllm:num_requests_waiting`; for the proxy `goodput_proxy_generation_tokens_total`,
+/// its own generated- and prompt-token counters, running batch and waiting queue, by its own
+/// names (`goodput_measure::prom::engines`: `vllm:generation_tokens_total`,
+/// `sglang:num_queue_reqs`, `llamacpp:tokens_predicted_total`, ...; the engine told from the
+/// page); for the proxy `goodput_proxy_generation_tokens_total`,
 /// `goodput_proxy_prompt_tokens_total` and `goodput_proxy_requests_in_flight` (summed over
 /// series). 0 when the scrape worked but the family has no series yet (a labelled counter
 /// appears with its first request); `None` when the scrape failed.
@@ -43,7 +47,7 @@ pub struct TokenCheck {
     pub client_requests: u64,
     /// Increase of `goodput_proxy_generation_tokens_total`.
     pub proxy_generation_tokens: Option<f64>,
-    /// Engine metrics URL -> increase of `vllm:generation_tokens_total`.
+    /// Engine metrics URL -> increase of its generated-token counter.
     pub engine_generation_tokens: BTreeMap<String, Option<f64>>,
 }
 
@@ -70,17 +74,20 @@ pub(super) fn counters_of(
         });
     }
     for (url, text) in &snap.engines {
-        let g = |n: &str| text.as_deref().map(|t| series_sum(t, n).unwrap_or(0.0));
+        let g = |names: fn(&'static Names) -> &'static [&'static str]| {
+            text.as_deref()
+                .map(|t| first_sum(t, names(engine_of(t))).unwrap_or(0.0))
+        };
         out.push(CounterSnapshot {
             phase: phase.into(),
             at: at.into(),
             t_s: snap.t_s,
             after_all_requests: after_all,
             source: url.clone(),
-            generation_tokens_total: g("vllm:generation_tokens_total"),
-            prompt_tokens_total: g("vllm:prompt_tokens_total"),
-            num_requests_running: g("vllm:num_requests_running"),
-            num_requests_waiting: g("vllm:num_requests_waiting"),
+            generation_tokens_total: g(|n| n.generation_tokens),
+            prompt_tokens_total: g(|n| n.prompt_tokens),
+            num_requests_running: g(|n| n.running),
+            num_requests_waiting: g(|n| n.waiting),
         });
     }
 }
@@ -106,14 +113,13 @@ pub(super) fn token_check(
     if let (Some(s), Some(e)) = (start, end) {
         for (i, (url, end_text)) in e.engines.iter().enumerate() {
             let start_text = s.engines.get(i).and_then(|x| x.1.as_deref());
-            engines.insert(
-                url.clone(),
-                grow(
-                    start_text,
-                    end_text.as_deref(),
-                    "vllm:generation_tokens_total",
-                ),
-            );
+            let names = end_text.as_deref().map_or(&VLLM, engine_of);
+            let total = |t: &str| first_sum(t, names.generation_tokens).unwrap_or(0.0);
+            let grown = match (start_text, end_text.as_deref()) {
+                (Some(a), Some(b)) => Some(total(b) - total(a)),
+                _ => None,
+            };
+            engines.insert(url.clone(), grown);
         }
     }
     TokenCheck {
