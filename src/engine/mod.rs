@@ -468,6 +468,20 @@ mod tests {
         }
     }
 
+    /// Each series of family `name` as its label values, comma-separated.
+    fn label_sets(registry: &Registry, name: &str) -> Vec<String> {
+        registry
+            .gather()
+            .iter()
+            .filter(|f| f.name() == name)
+            .flat_map(|f| f.get_metric().iter())
+            .map(|m| {
+                let labels: Vec<&str> = m.get_label().iter().map(|l| l.value()).collect();
+                labels.join(",")
+            })
+            .collect()
+    }
+
     fn render(e: &Engines) -> String {
         let mut out = String::new();
         e.render_into(&mut out, &|n| n.starts_with("goodput_proxy_"));
@@ -595,18 +609,7 @@ mod tests {
         assert_eq!(r[0].engine_kind(), None);
         assert!(e.record_failure(&r[0], Some(EngineKind::Llamacpp)));
         e.refresh_gauges(Instant::now());
-        let series = |name: &str| -> Vec<String> {
-            registry
-                .gather()
-                .iter()
-                .filter(|f| f.name() == name)
-                .flat_map(|f| f.get_metric().iter())
-                .map(|m| {
-                    let labels: Vec<&str> = m.get_label().iter().map(|l| l.value()).collect();
-                    labels.join(",")
-                })
-                .collect()
-        };
+        let series = |name: &str| label_sets(&registry, name);
         assert_eq!(r[0].engine_kind(), Some(EngineKind::Llamacpp));
         assert_eq!(series("goodput_proxy_engine_kind"), ["llamacpp,http://a:1"]);
         assert!(series("goodput_proxy_upstream_queue_depth").is_empty());
@@ -646,15 +649,8 @@ mod tests {
         let r = up.replicas();
         e.record_success(&r[2], snap("vllm:num_requests_waiting 1\n"));
         e.refresh_gauges(Instant::now());
-        let series = |name: &str| -> Vec<String> {
-            registry
-                .gather()
-                .iter()
-                .filter(|f| f.name() == name)
-                .flat_map(|f| f.get_metric().iter())
-                .map(|m| m.get_label()[0].value().to_string())
-                .collect()
-        };
+        // One label (`upstream`) per series of these gauges.
+        let series = |name: &str| label_sets(&registry, name);
         assert_eq!(series("goodput_proxy_upstream_queue_depth"), ["2"]);
         // 10.0.0.2 leaves, 10.0.0.3 comes, 10.0.0.2 comes back later: same label as before.
         up.set_discovered(&["http://10.0.0.1:8000".into(), "http://10.0.0.3:8000".into()]);
