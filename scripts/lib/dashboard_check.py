@@ -168,8 +168,34 @@ def upstreams_by_name(page: str) -> dict[str, set[str]]:
     return out
 
 
+def operands(expr: str, op: str = " - ") -> list[str]:
+    """`expr` split at `op` outside parentheses and quotes: the operands of a top-level
+    arithmetic between two vectors."""
+    parts, depth, quoted, start, i = [], 0, False, 0, 0
+    while i < len(expr):
+        c = expr[i]
+        if c == '"':
+            quoted = not quoted
+        elif not quoted and c in "([{":
+            depth += 1
+        elif not quoted and c in ")]}":
+            depth -= 1
+        elif not quoted and depth == 0 and expr.startswith(op, i):
+            parts.append(expr[start:i])
+            start = i + len(op)
+            i = start
+            continue
+        i += 1
+    parts.append(expr[start:])
+    return parts
+
+
 def expected_upstreams(expr: str, served: dict[str, set[str]]) -> set[str]:
-    """The replicas whose page has a series of a metric the query reads."""
+    """The replicas whose page has a series of a metric the query reads; for a difference of
+    two vectors, the replicas both operands have (PromQL matches their series one to one)."""
+    sides = operands(expr)
+    if len(sides) > 1:
+        return set.intersection(*(expected_upstreams(e, served) for e in sides))
     out: set[str] = set()
     for n in metric_names(expr):
         out |= served.get(n, set())

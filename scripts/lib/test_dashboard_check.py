@@ -9,8 +9,8 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dashboard_check import (  # noqa: E402
-    MIXED_COVERAGE, expected_upstreams, judge, metric_names, panel_queries, substitute,
-    upstreams_by_name, variable_queries)
+    MIXED_COVERAGE, expected_upstreams, judge, metric_names, operands, panel_queries,
+    substitute, upstreams_by_name, variable_queries)
 
 DASHBOARD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "config",
                          "grafana", "goodput-proxy.json")
@@ -121,6 +121,15 @@ class MixedFleet(unittest.TestCase):
         self.assertEqual(expected_upstreams('rate({__name__=~"vllm:a_bucket|x"}[1m])', served),
                          {"u1"})
         self.assertEqual(expected_upstreams("goodput_proxy_x", served), {"u1", "u4"})
+
+    def test_a_difference_expects_the_replicas_of_both_sides(self):
+        e = ('histogram_quantile(0.95, sum by (upstream, le) (rate(p_bucket{a="x - y"}[4s]))) - '
+             'histogram_quantile(0.95, sum by (upstream, le) (rate(e_bucket[4s])))')
+        self.assertEqual(len(operands(e)), 2)
+        self.assertEqual(operands("a - b - c"), ["a", "b", "c"])
+        self.assertEqual(operands("f(a - b)"), ["f(a - b)"])
+        served = {"p_bucket": {"u1", "u2"}, "e_bucket": {"u2"}}
+        self.assertEqual(expected_upstreams(e, served), {"u2"})
 
     def test_covered_panels_exist(self):
         with open(DASHBOARD) as f:
