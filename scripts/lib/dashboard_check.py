@@ -4,8 +4,9 @@
 Starts two simulated engines (one with vLLM V1 metric names, one with v0 names), a goodput-proxy
 in front of both, and Debian's `prometheus` scraping the proxy's admin port (the one scrape
 target: it serves the engines' families relabelled `upstream`), with config/prometheus-rules.yml
-loaded. Sends a short streaming load (a third of it tool calls), then evaluates every panel
-query and every template variable query through `/api/v1/query` with `$__rate_interval` and
+loaded. Sends a short streaming load, light then past the simulators' slots (a third of it tool
+calls), then evaluates every panel query and every template variable query through
+`/api/v1/query` with `$__rate_interval` and
 the variables substituted (All = `.*`, as Grafana sends it). A query fails when Prometheus
 answers an error, returns no series, returns only NaN, or, when its legend is per upstream,
 leaves out one of the upstreams (so both the V1 and the v0 names of every engine panel are
@@ -318,6 +319,7 @@ def main() -> int:
     ap.add_argument("--prometheus", default=shutil.which("prometheus") or "prometheus")
     ap.add_argument("--dashboard", default=str(ROOT / "config/grafana/goodput-proxy.json"))
     ap.add_argument("--rules", default=str(ROOT / "config/prometheus-rules.yml"))
+    ap.add_argument("--light-seconds", type=float, default=3.0)
     ap.add_argument("--load-seconds", type=float, default=8.0)
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs) afterwards")
     ap.add_argument("--fleet", choices=["vllm", "mixed"], default="vllm",
@@ -373,6 +375,14 @@ models = ["{MODEL}"]
 # Tight on purpose: some requests miss, so the SLO-miss panel has data.
 ttft_ms = 30
 tpot_ms = 8
+[scale]
+# The light load meets about three quarters of these SLOs, the heavy one far fewer (requests
+# wait for the simulators' 4 slots): a target between the two lets the proxy see its limit in
+# seconds, so the headroom and desired-replicas panels have data.
+target = 0.5
+tick_ms = 100
+load_window_ms = 500
+min_requests = 10
 """)
         proxy = procs.start("proxy", [args.proxy, "serve", "--config", str(cfg)])
         wait_for(f"http://127.0.0.1:{admin}/readyz", 15, "proxy", proxy)
@@ -392,7 +402,10 @@ scrape_configs:
             "--log.level=warn"])
         prom_url = f"http://127.0.0.1:{prom_port}"
         wait_for(f"{prom_url}/-/ready", 20, "prometheus", prom)
-        sent = load(f"http://127.0.0.1:{listen}", args.load_seconds, 4)
+        # Light, then past the simulators' 4 slots: attainment against load on both sides of
+        # the limit.
+        sent = load(f"http://127.0.0.1:{listen}", args.light_seconds, 1)
+        sent += load(f"http://127.0.0.1:{listen}", args.load_seconds, 8)
         # Evaluate at an instant inside the load, one rate interval after its start at least,
         # once Prometheus has scraped past it.
         at = time.time() - 1.0

@@ -208,6 +208,37 @@ pub struct ByUpstream<'a> {
 }
 label_set!(ByUpstream<'static>, ["upstream"], |s| [s.upstream]);
 
+/// SLO attainment over one sliding window (`window`: `30s`, `5m`, the configured lengths) per
+/// model: `goodput_proxy_slo_attainment`.
+#[derive(Debug, Clone, Copy)]
+pub struct WindowModel<'a> {
+    pub window: &'a str,
+    pub model: &'a str,
+}
+label_set!(WindowModel<'static>, ["window", "model"], |s| [
+    s.window, s.model
+]);
+
+/// The same per tenant: `goodput_proxy_slo_attainment_by_tenant`.
+#[derive(Debug, Clone, Copy)]
+pub struct WindowTenant<'a> {
+    pub window: &'a str,
+    pub tenant: &'a str,
+}
+label_set!(WindowTenant<'static>, ["window", "tenant"], |s| [
+    s.window, s.tenant
+]);
+
+/// The same per replica: `goodput_proxy_slo_attainment_by_upstream`.
+#[derive(Debug, Clone, Copy)]
+pub struct WindowUpstream<'a> {
+    pub window: &'a str,
+    pub upstream: &'a str,
+}
+label_set!(WindowUpstream<'static>, ["window", "upstream"], |s| [
+    s.window, s.upstream
+]);
+
 /// The kind of work still to do at a replica: prompt tokens to prefill, output tokens to
 /// decode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

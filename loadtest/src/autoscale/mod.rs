@@ -52,7 +52,7 @@ pub struct AutoscaleArgs {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "queue,demand,tokens,desired"
+        default_value = "queue,demand,tokens,pending,desired"
     )]
     pub signals: Vec<Signal>,
     /// Time compression: one second of the run is this many seconds of the model.
@@ -89,6 +89,11 @@ pub struct AutoscaleArgs {
     pub queue_target: f64,
     #[arg(long, default_value_t = 6.0)]
     pub demand_target: f64,
+    /// The HPA's per-replica target on the desired-replicas hint (`AverageValue`): below 1
+    /// keeps spare replicas (the hint says what the load needs at `[scale] target`; 0.8 runs
+    /// a quarter more, room for a burst while new replicas start).
+    #[arg(long, default_value_t = 0.8)]
+    pub desired_target: f64,
     /// SLO attainment target (`[scale] target`).
     #[arg(long, default_value_t = 0.95)]
     pub target: f64,
@@ -113,6 +118,19 @@ fn replica() -> SimConfig {
         max_num_seqs: 8,
         ..SimConfig::default()
     }
+}
+
+/// The tokens one stream holds pending at a replica of shape `sim` running `max_num_seqs`
+/// streams and none waiting, averaged over the stream's life: its `prompt` tokens while
+/// in prefill, then its output still to come (half of it on average) while it decodes. The
+/// static target of the pending signal is this times the streams a replica should run, as an
+/// operator would set it from the engine's profile.
+fn pending_per_stream(sim: &SimConfig, prompt: f64) -> f64 {
+    let out = OUTPUT_TOKENS as f64;
+    let prefill_ms = sim.ttft_ms + sim.prefill_ms_per_token * prompt;
+    let step_ms = sim.tpot_ms + sim.tpot_ms_per_seq * sim.max_num_seqs as f64;
+    let decode_ms = out * step_ms;
+    (prompt * prefill_ms + out / 2.0 * decode_ms) / (prefill_ms + decode_ms)
 }
 
 /// The SLOs requests are judged by, on the proxy and here.
@@ -202,10 +220,14 @@ pub async fn run(args: AutoscaleArgs) -> anyhow::Result<()> {
             Signal::Queue => args.queue_target,
             Signal::Demand => args.demand_target,
             Signal::Tokens => args.demand_target * mean_tokens,
-            Signal::Desired => 1.0,
+            Signal::Pending => {
+                args.demand_target
+                    * pending_per_stream(&replica(), mean_tokens - OUTPUT_TOKENS as f64)
+            }
+            Signal::Desired => args.desired_target,
         };
         eprintln!(
-            "autoscale: signal {} ({}), target {target:.0} per replica, {} requests",
+            "autoscale: signal {} ({}), target {target:.1} per replica, {} requests",
             signal.as_str(),
             signal.metric(),
             planned.len()

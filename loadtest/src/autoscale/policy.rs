@@ -14,17 +14,22 @@ pub enum Signal {
     Queue,
     /// `goodput_proxy_demand` (in flight + queues), per replica.
     Demand,
-    /// `goodput_proxy_upstream_tokens_in_flight`, per replica.
+    /// `goodput_proxy_upstream_tokens_in_flight` (every token of the requests in flight), per
+    /// replica.
     Tokens,
+    /// `goodput_proxy_upstream_tokens_pending` (both phases: prompt tokens still to prefill,
+    /// output tokens still to come), per replica.
+    Pending,
     /// `goodput_proxy_desired_replicas{model}`, read as the replica count.
     Desired,
 }
 
 impl Signal {
-    pub const ALL: [Signal; 4] = [
+    pub const ALL: [Signal; 5] = [
         Signal::Queue,
         Signal::Demand,
         Signal::Tokens,
+        Signal::Pending,
         Signal::Desired,
     ];
 
@@ -33,6 +38,7 @@ impl Signal {
             Signal::Queue => "queue",
             Signal::Demand => "demand",
             Signal::Tokens => "tokens",
+            Signal::Pending => "pending",
             Signal::Desired => "desired",
         }
     }
@@ -43,6 +49,7 @@ impl Signal {
             Signal::Queue => "sum(goodput_proxy_upstream_queue_depth)",
             Signal::Demand => "goodput_proxy_demand",
             Signal::Tokens => "sum(goodput_proxy_upstream_tokens_in_flight)",
+            Signal::Pending => "sum(goodput_proxy_upstream_tokens_pending)",
             Signal::Desired => "goodput_proxy_desired_replicas",
         }
     }
@@ -54,6 +61,9 @@ impl Signal {
             Signal::Demand => prom::sum(families, "goodput_proxy_demand", &[]).ok(),
             Signal::Tokens => {
                 prom::sum(families, "goodput_proxy_upstream_tokens_in_flight", &[]).ok()
+            }
+            Signal::Pending => {
+                prom::sum(families, "goodput_proxy_upstream_tokens_pending", &[]).ok()
             }
             Signal::Desired => prom::sum(
                 families,
@@ -145,6 +155,8 @@ mod tests {
         let page = "goodput_proxy_upstream_queue_depth{upstream=\"a\"} 2\n\
                     goodput_proxy_upstream_queue_depth{upstream=\"b\"} 3\n\
                     goodput_proxy_demand 9\n\
+                    goodput_proxy_upstream_tokens_pending{upstream=\"a\",phase=\"prefill\"} 300\n\
+                    goodput_proxy_upstream_tokens_pending{upstream=\"a\",phase=\"decode\"} 40\n\
                     goodput_proxy_desired_replicas{model=\"m\"} 2.5\n";
         let f = prom::parse(page).unwrap();
         assert_eq!(Signal::Queue.read(&f, "m"), Some(5.0));
@@ -152,5 +164,6 @@ mod tests {
         assert_eq!(Signal::Desired.read(&f, "m"), Some(2.5));
         assert_eq!(Signal::Desired.read(&f, "x"), None);
         assert_eq!(Signal::Tokens.read(&f, "m"), None);
+        assert_eq!(Signal::Pending.read(&f, "m"), Some(340.0));
     }
 }
