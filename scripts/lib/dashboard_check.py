@@ -110,7 +110,13 @@ def substitute(expr: str, variables: dict[str, str]) -> str:
     return re.sub(r"\$\{(\w+)\}|\$(\w+)", one, expr)
 
 
-def judge(result: dict, want_upstreams: set[str] | None) -> str | None:
+# Families the proxy leaves absent until it has seen attainment fall below `[scale] target`
+# against load (docs/autoscaling.md: no data, never a made-up number). A short check on a
+# loaded machine does not always get there: a query on them must be valid, and may be empty.
+MAY_BE_ABSENT = re.compile(r"goodput_proxy_(headroom_|capacity_|desired_replicas)")
+
+
+def judge(result: dict, want_upstreams: set[str] | None, expr: str = "") -> str | None:
     """None when the `/api/v1/query` answer has data; else what is wrong with it."""
     if result.get("status") != "success":
         return f"error: {result.get('errorType')}: {result.get('error')}"
@@ -119,7 +125,7 @@ def judge(result: dict, want_upstreams: set[str] | None) -> str | None:
     if kind == "scalar":
         rows = [{"metric": {}, "value": rows}]
     if not rows:
-        return "no data"
+        return None if MAY_BE_ABSENT.search(expr) else "no data"
     values = [float(r["value"][1]) for r in rows]
     if all(math.isnan(v) for v in values):
         return "only NaN"
@@ -376,9 +382,10 @@ models = ["{MODEL}"]
 ttft_ms = 30
 tpot_ms = 8
 [scale]
-# The light load meets about three quarters of these SLOs, the heavy one far fewer (requests
-# wait for the simulators' 4 slots): a target between the two lets the proxy see its limit in
-# seconds, so the headroom and desired-replicas panels have data.
+# The light load meets about three quarters of these SLOs, the heavy one fewer (requests wait
+# for the simulators' 4 slots): with a target between the two the proxy usually sees its limit
+# within the load, and the headroom and desired-replicas panels have data (not always on a
+# loaded machine: MAY_BE_ABSENT).
 target = 0.5
 tick_ms = 100
 load_window_ms = 500
@@ -430,7 +437,7 @@ scrape_configs:
                 if missed:
                     failures.append(f"panel {q.panel!r} {q.ref}: reads no family of "
                                     f"{sorted(kinds[u] for u in missed)}\n    {expr}")
-            problem = judge(prom_query(prom_url, expr, at), want)
+            problem = judge(prom_query(prom_url, expr, at), want, expr)
             if problem:
                 failures.append(f"panel {q.panel!r} {q.ref}: {problem}\n    {expr}")
         elapsed = time.monotonic() - started

@@ -64,6 +64,13 @@ class Judging(unittest.TestCase):
         self.assertEqual(judge(ok([row("NaN")]), None), "only NaN")
         self.assertIsNone(judge(ok([row("NaN"), row(0)]), None))
         self.assertIsNone(judge(ok([1.0, "3"], kind="scalar"), None))
+        # The estimate's families are absent until the proxy has seen its limit: empty is
+        # fine for them, an error is not.
+        self.assertIsNone(judge(ok([]), None, "max(goodput_proxy_desired_replicas)"))
+        self.assertIsNone(judge(ok([]), None, "goodput_proxy_headroom_streams"))
+        self.assertEqual(judge(ok([]), None, "goodput_proxy_demand"), "no data")
+        self.assertIn("error", judge({"status": "error", "errorType": "bad_data", "error": "parse"},
+                                     None, "goodput_proxy_headroom_streams"))
 
     def test_per_upstream_queries_need_every_upstream(self):
         res = ok([row(1, upstream="a"), row("NaN", upstream="b")])
