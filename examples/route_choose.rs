@@ -59,7 +59,8 @@ fn main() {
             let t = Instant::now();
             let shape = Shape::of(&bodies[i % bodies.len()], cfg.prefix_block_bytes);
             let t1 = Instant::now();
-            let cands: Vec<Cand> = set.iter().map(|r| r.cand()).collect();
+            let now = Instant::now();
+            let cands: Vec<Cand> = set.iter().map(|r| r.cand(now)).collect();
             let c = b.choose(&cands, &shape, &[], &mut rng);
             let t2 = Instant::now();
             shape_ns += (t1 - t).as_nanos();

@@ -3,17 +3,23 @@
 # shared-prefix workload, strategy p2c then prefix: the engines' own prefix-cache hit rate and
 # the client TTFT (docs/routing.md). Loopback only; stops everything it starts.
 #
-#   scripts/route-real-vllm.sh [REQUESTS] [BLOCKS]     (defaults 120 requests, 24 blocks of 128)
+#   scripts/route-real-vllm.sh [REQUESTS] [BLOCKS] [PROMPTS]
+#       (defaults 120 requests, 24 blocks of 128 tokens per replica, 6 system prompts)
 #
 # Needs ../shared/real-vllm (serve.sh, stop.sh) and a built proxy (target/debug or
 # target/release goodput-proxy). Run it under /work/bin/quiet: the replicas take both cores.
+# Ports: PORT_BASE (default 8090) + 1, + 2 for the engines, + 0 and + 3 for the proxy.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N="${1:-120}"
 BLOCKS="${2:-24}"
+PROMPTS="${3:-6}"
 REAL="${REAL_VLLM:-../shared/real-vllm}"
 PROXY="${PROXY_BIN:-target/debug/goodput-proxy}"
-PORTS=(8091 8092)
+BASE="${PORT_BASE:-8090}"
+PORTS=($((BASE + 1)) $((BASE + 2)))
+LISTEN=$BASE
+ADMIN=$((BASE + 3))
 OUT="${OUT:-route-real-out}"
 mkdir -p "$OUT"
 cleanup() {
@@ -33,8 +39,8 @@ run() {
   local strategy="$1"
   cat > "$OUT/proxy-$strategy.toml" <<TOML
 [server]
-listen = "127.0.0.1:18090"
-admin_listen = "127.0.0.1:18091"
+listen = "127.0.0.1:$LISTEN"
+admin_listen = "127.0.0.1:$ADMIN"
 [upstream]
 urls = ["http://127.0.0.1:${PORTS[0]}", "http://127.0.0.1:${PORTS[1]}"]
 health_interval_ms = 500
@@ -45,10 +51,10 @@ strategy = "$strategy"
 TOML
   "$PROXY" serve --config "$OUT/proxy-$strategy.toml" > "$OUT/proxy-$strategy.log" 2>&1 &
   PPID_PROXY=$!
-  for _ in $(seq 1 50); do curl -sf http://127.0.0.1:18091/readyz >/dev/null && break; sleep 0.2; done
-  python3 - "$strategy" "$N" "${PORTS[@]}" <<'PY' | tee "$OUT/result-$strategy.txt"
+  for _ in $(seq 1 50); do curl -sf http://127.0.0.1:$ADMIN/readyz >/dev/null && break; sleep 0.2; done
+  python3 - "$strategy" "$N" "$LISTEN" "$PROMPTS" "${PORTS[@]}" <<'PY' | tee "$OUT/result-$strategy.txt"
 import json, random, sys, threading, time, urllib.request
-strategy, n, ports = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+strategy, n, listen, prompts, ports = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5:]
 def counters():
     q = h = 0.0
     for p in ports:
@@ -57,13 +63,13 @@ def counters():
             if line.startswith("vllm:prefix_cache_hits_total{"): h += float(line.split()[-1])
     return q, h
 rng = random.Random(22)
-systems = [f"Policy {k}: " + " ".join(f"clause{k}x{j} applies to the account" for j in range(120)) for k in range(6)]
+systems = [f"Policy {k}: " + " ".join(f"clause{k}x{j} applies to the account" for j in range(120)) for k in range(prompts)]
 q0, h0 = counters()
 ttfts, lock = [], threading.Lock()
 def one(i):
-    body = {"model": "tiny", "messages": [{"role": "system", "content": systems[rng.randrange(6)]},
+    body = {"model": "tiny", "messages": [{"role": "system", "content": systems[rng.randrange(prompts)]},
             {"role": "user", "content": f"question {i} about refunds"}], "stream": True, "max_tokens": 8, "ignore_eos": True}
-    req = urllib.request.Request("http://127.0.0.1:18090/v1/chat/completions", json.dumps(body).encode(),
+    req = urllib.request.Request(f"http://127.0.0.1:{listen}/v1/chat/completions", json.dumps(body).encode(),
                                  {"content-type": "application/json"})
     t0 = time.monotonic()
     with urllib.request.urlopen(req, timeout=60) as r:
@@ -82,7 +88,7 @@ pct = lambda x: ttfts[min(len(ttfts) - 1, int(x * (len(ttfts) - 1) + 0.5))] * 10
 print(f"{strategy}: requests {len(ttfts)}  engine prefix hit rate {100 * (h1 - h0) / max(q1 - q0, 1):.1f} %  "
       f"client TTFT p50 {pct(0.5):.0f} ms  p90 {pct(0.9):.0f} ms  p99 {pct(0.99):.0f} ms")
 PY
-  curl -s http://127.0.0.1:18091/metrics | grep '^goodput_proxy_route_decisions_total' > "$OUT/decisions-$strategy.txt" || true
+  curl -s http://127.0.0.1:$ADMIN/metrics | grep '^goodput_proxy_route_decisions_total' > "$OUT/decisions-$strategy.txt" || true
   kill "$PPID_PROXY"; wait "$PPID_PROXY" 2>/dev/null || true; PPID_PROXY=
 }
 run p2c

@@ -6,10 +6,15 @@
 //! Bounded: each run is `SECONDS` of open-loop arrivals then a drain; 127.0.0.1 only; every
 //! server it starts is stopped at the end.
 //!
-//!   cargo run --release -p goodput-loadtest --example route_bench -- [SECONDS] [OUT] [WORKLOAD...]
+//!   cargo run --release -p goodput-loadtest --example route_bench -- [SECONDS] [OUT] [WORKLOAD...] [seeds=N]
+//!
+//! `seeds=N` runs every row on N seeds (22, 23, ...: arrivals, bodies and the simulators'
+//! seeds), every strategy on the same arrivals per seed, and reports the spread (median, min,
+//! max) beside every run and, per seed, each strategy's figures against p2c's (the targets).
 //!
 //! Workloads: `shared` (8 long system prompts, short questions), `uniform` (short chat),
 //! `mixed` (one replica at half speed), `slow` (one replica drops to 0.3x a third of the way in),
+//! `slow-half` (one replica drops to 0.5x an eighth of the way in),
 //! `shared-learn` (`shared` on engines that report `cached_tokens`; not in the default set).
 //! `hold`: what holding the response head for admission retries costs the client: `shared`
 //! and `uniform` under `auto`, `balance.retry_rejections` on and off on the same seeded
@@ -50,6 +55,9 @@ enum Workload {
     /// `Shared` on engines that report `cached_tokens` (vLLM `--enable-prompt-tokens-details`),
     /// which the prefix index learns from (last: the others keep their seeds).
     SharedLearn,
+    /// One replica drops to half speed (just past the TPOT SLO: the slowdown that costs p2c
+    /// most, as in `Mixed`) an eighth of the way in.
+    SlowHalf,
 }
 
 impl Workload {
@@ -60,6 +68,7 @@ impl Workload {
             Workload::Uniform => "uniform short chat",
             Workload::Mixed => "mixed pool (one at 0.5x)",
             Workload::Slow => "sudden slow replica (0.3x at 1/3)",
+            Workload::SlowHalf => "sudden slow replica (0.5x at 1/8)",
         }
     }
     fn rate(self) -> f64 {
@@ -71,7 +80,7 @@ impl Workload {
 }
 
 /// An engine shaped like a small GPU replica: prefill 10k tokens/s, 10 ms decode steps.
-fn engine(speed: f64) -> SimConfig {
+fn engine(speed: f64, seed: u64) -> SimConfig {
     SimConfig {
         ttft_ms: 10.0,
         prefill_ms_per_token: 0.1,
@@ -82,7 +91,7 @@ fn engine(speed: f64) -> SimConfig {
         kv_cache_tokens: 6_000,
         max_num_batched_tokens: 2_048,
         speed,
-        seed: SEED,
+        seed,
         ..SimConfig::default()
     }
 }
@@ -179,6 +188,7 @@ async fn one(client: HttpClient, url: String, body: String) -> Sample {
 
 struct Row {
     workload: &'static str,
+    seed: u64,
     strategy: &'static str,
     retry: bool,
     head: [f64; 3],
@@ -191,7 +201,13 @@ struct Row {
     n: usize,
 }
 
-async fn run(w: Workload, strategy: Strategy, retry: bool, seconds: f64) -> anyhow::Result<Row> {
+async fn run(
+    w: Workload,
+    strategy: Strategy,
+    retry: bool,
+    seconds: f64,
+    seed: u64,
+) -> anyhow::Result<Row> {
     let speeds = match w {
         Workload::Mixed => [1.0, 1.0, 1.0, 0.5],
         _ => [1.0; 4],
@@ -200,7 +216,7 @@ async fn run(w: Workload, strategy: Strategy, retry: bool, seconds: f64) -> anyh
     for s in speeds {
         let cfg = SimConfig {
             enable_prompt_tokens_details: w == Workload::SharedLearn,
-            ..engine(s)
+            ..engine(s, seed)
         };
         sims.push(SimServer::bind(cfg, "127.0.0.1:0".parse()?).await?.spawn());
     }
@@ -232,7 +248,7 @@ async fn run(w: Workload, strategy: Strategy, retry: bool, seconds: f64) -> anyh
     } else {
         w
     };
-    let mut rng = SmallRng::seed_from_u64(SEED ^ seed_of as u64);
+    let mut rng = SmallRng::seed_from_u64(seed ^ seed_of as u64);
     let systems: Vec<String> = (0..8)
         .map(|k| format!("Policy {k}: ") + &format!("clause{k} applies ").repeat(700))
         .collect();
@@ -245,9 +261,16 @@ async fn run(w: Workload, strategy: Strategy, retry: bool, seconds: f64) -> anyh
         let gap = -(1.0 - rng.random::<f64>()).ln() / w.rate();
         at += gap;
         tokio::time::sleep_until(start + Duration::from_secs_f64(at)).await;
-        if w == Workload::Slow && !slowed && at >= seconds / 3.0 {
-            sims[3].engine().set_speed(0.3);
-            slowed = true;
+        let slowdown = match w {
+            Workload::Slow => Some((1.0 / 3.0, 0.3)),
+            Workload::SlowHalf => Some((1.0 / 8.0, 0.5)),
+            _ => None,
+        };
+        if let Some((when, speed)) = slowdown.filter(|_| !slowed) {
+            if at >= seconds * when {
+                sims[3].engine().set_speed(speed);
+                slowed = true;
+            }
         }
         let b = body(w, &mut rng, &systems, i);
         handles.push(tokio::spawn(one(client.clone(), url.clone(), b)));
@@ -295,6 +318,7 @@ async fn run(w: Workload, strategy: Strategy, retry: bool, seconds: f64) -> anyh
     };
     Ok(Row {
         workload: w.name(),
+        seed,
         strategy: strategy.as_str(),
         retry,
         head: [p(&heads, 0.5), p(&heads, 0.9), p(&heads, 0.99)],
@@ -309,12 +333,13 @@ async fn run(w: Workload, strategy: Strategy, retry: bool, seconds: f64) -> anyh
 }
 
 fn markdown(rows: &[Row]) -> String {
-    let mut s = String::from("| workload | strategy | requests | TTFT p50 / p90 / p99 (ms) | TPOT p50 / p99 (ms) | goodput ratio | throughput (tok/s) | engine prefix hit rate |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    let mut s = String::from("| workload | strategy | seed | requests | TTFT p50 / p90 / p99 (ms) | TPOT p50 / p99 (ms) | goodput ratio | throughput (tok/s) | engine prefix hit rate |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     for r in rows {
         s.push_str(&format!(
-            "| {} | {} | {} | {:.0} / {:.0} / {:.0} | {:.1} / {:.1} | {:.1} % | {:.0} | {:.1} % |\n",
+            "| {} | {} | {} | {} | {:.0} / {:.0} / {:.0} | {:.1} / {:.1} | {:.1} % | {:.0} | {:.1} % |\n",
             r.workload,
             r.strategy,
+            r.seed,
             r.n,
             r.ttft[0],
             r.ttft[1],
@@ -325,6 +350,68 @@ fn markdown(rows: &[Row]) -> String {
             r.throughput,
             r.hit_rate * 100.0
         ));
+    }
+    s
+}
+
+/// min / median / max of `f` over `rows`.
+fn spread(rows: &[&Row], f: impl Fn(&Row) -> f64) -> [f64; 3] {
+    let mut v: Vec<f64> = rows.iter().map(|r| f(r)).collect();
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return [f64::NAN; 3];
+    }
+    [v[0], v[v.len() / 2], v[v.len() - 1]]
+}
+
+/// One row per workload and strategy over the seeds: median (min - max).
+fn spread_markdown(rows: &[Row]) -> String {
+    let mut s = String::from("| workload | strategy | seeds | TTFT p50 (ms) | TTFT p90 (ms) | TTFT p99 (ms) | TPOT p99 (ms) | goodput ratio (%) | throughput (tok/s) | engine prefix hit rate (%) |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    let fmt = |v: [f64; 3], d: usize| format!("{:.d$} ({:.d$}-{:.d$})", v[1], v[0], v[2]);
+    let mut keys: Vec<(&str, &str)> = Vec::new();
+    for r in rows {
+        if !keys.contains(&(r.workload, r.strategy)) {
+            keys.push((r.workload, r.strategy));
+        }
+    }
+    for (w, st) in keys {
+        let g: Vec<&Row> = rows
+            .iter()
+            .filter(|r| r.workload == w && r.strategy == st)
+            .collect();
+        s.push_str(&format!(
+            "| {w} | {st} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            g.len(),
+            fmt(spread(&g, |r| r.ttft[0]), 0),
+            fmt(spread(&g, |r| r.ttft[1]), 0),
+            fmt(spread(&g, |r| r.ttft[2]), 0),
+            fmt(spread(&g, |r| r.tpot[1]), 1),
+            fmt(spread(&g, |r| r.goodput * 100.0), 1),
+            fmt(spread(&g, |r| r.throughput), 0),
+            fmt(spread(&g, |r| r.hit_rate * 100.0), 1),
+        ));
+    }
+    s
+}
+
+/// The targets, per seed, each strategy against p2c on the same arrivals.
+fn targets_markdown(rows: &[Row]) -> String {
+    let mut s = String::from("| workload | seed | strategy | TTFT p90 / p2c's | hit rate / p2c's | goodput ratio - p2c's (points) |\n| --- | --- | --- | --- | --- | --- |\n");
+    for p in rows.iter().filter(|r| r.strategy == "p2c") {
+        for r in rows
+            .iter()
+            .filter(|r| r.workload == p.workload && r.seed == p.seed && r.strategy != "p2c")
+        {
+            s.push_str(&format!(
+                "| {} | {} | {} | {:.2} | {:.2} | {:+.1} |\n",
+                r.workload,
+                r.seed,
+                r.strategy,
+                r.ttft[1] / p.ttft[1],
+                r.hit_rate / p.hit_rate,
+                (r.goodput - p.goodput) * 100.0
+            ));
+        }
     }
     s
 }
@@ -352,13 +439,27 @@ fn hold_markdown(rows: &[Row]) -> String {
 }
 
 fn html(rows: &[Row], seconds: f64) -> String {
-    let mut s = format!("<!doctype html><meta charset=utf-8><title>goodput-proxy routing benchmark</title><style>body{{font:14px sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}td:first-child,td:nth-child(2){{text-align:left}}</style><h1>Routing benchmark</h1><p>Four simulated replicas, {seconds} s of seeded Poisson arrivals per run, SLOs TTFT &le; {SLO_TTFT_MS} ms, TPOT &le; {SLO_TPOT_MS} ms.</p><table><tr><th>workload<th>strategy<th>requests<th>TTFT p50<th>p90<th>p99<th>TPOT p50<th>p99<th>goodput ratio<th>throughput tok/s<th>prefix hit rate");
-    for r in rows {
-        s.push_str(&format!(
-            "<tr><td>{}<td>{}<td>{}<td>{:.0}<td>{:.0}<td>{:.0}<td>{:.1}<td>{:.1}<td>{:.1} %<td>{:.0}<td>{:.1} %",
-            r.workload, r.strategy, r.n, r.ttft[0], r.ttft[1], r.ttft[2], r.tpot[0], r.tpot[1],
-            r.goodput * 100.0, r.throughput, r.hit_rate * 100.0
-        ));
+    let mut s = format!("<!doctype html><meta charset=utf-8><title>goodput-proxy routing benchmark</title><style>body{{font:14px sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}td:first-child,td:nth-child(2){{text-align:left}}</style><h1>Routing benchmark</h1><p>Four simulated replicas, {seconds} s of seeded Poisson arrivals per run, SLOs TTFT &le; {SLO_TTFT_MS} ms, TPOT &le; {SLO_TPOT_MS} ms. Every strategy runs on the same arrivals for each seed.</p><h2>Over the seeds: median (min-max)</h2>");
+    s.push_str(&md_to_html(&spread_markdown(rows)));
+    s.push_str("<h2>Targets per seed</h2>");
+    s.push_str(&md_to_html(&targets_markdown(rows)));
+    s.push_str("<h2>Every run</h2>");
+    s.push_str(&md_to_html(&markdown(rows)));
+    s
+}
+
+/// A Markdown table of this file's own making as an HTML table.
+fn md_to_html(md: &str) -> String {
+    let mut s = String::from("<table>");
+    for (i, line) in md.lines().enumerate() {
+        if i == 1 {
+            continue; // the separator
+        }
+        let tag = if i == 0 { "th" } else { "td" };
+        s.push_str("<tr>");
+        for cell in line.trim_matches('|').split('|') {
+            s.push_str(&format!("<{tag}>{}", cell.trim()));
+        }
     }
     s.push_str("</table>\n");
     s
@@ -373,6 +474,11 @@ async fn main() -> anyhow::Result<()> {
         .cloned()
         .unwrap_or_else(|| "route-bench-out".into());
     let hold = args.iter().skip(2).any(|a| a == "hold");
+    let seeds: u64 = args
+        .iter()
+        .skip(2)
+        .find_map(|a| a.strip_prefix("seeds=")?.parse().ok())
+        .unwrap_or(1);
     let mut workloads: Vec<Workload> = args
         .iter()
         .skip(2)
@@ -382,6 +488,7 @@ async fn main() -> anyhow::Result<()> {
             "uniform" => Some(Workload::Uniform),
             "mixed" => Some(Workload::Mixed),
             "slow" => Some(Workload::Slow),
+            "slow-half" => Some(Workload::SlowHalf),
             _ => None,
         })
         .collect();
@@ -389,7 +496,7 @@ async fn main() -> anyhow::Result<()> {
         let mut rows = Vec::new();
         for w in [Workload::Shared, Workload::Uniform] {
             for retry in [true, false] {
-                let row = run(w, Strategy::Auto, retry, seconds).await?;
+                let row = run(w, Strategy::Auto, retry, seconds, SEED).await?;
                 eprintln!("hold: {} / retry {retry}: {} requests", row.workload, row.n);
                 rows.push(row);
             }
@@ -408,17 +515,33 @@ async fn main() -> anyhow::Result<()> {
             Workload::Uniform,
             Workload::Mixed,
             Workload::Slow,
+            Workload::SlowHalf,
         ];
     }
     let mut rows = Vec::new();
     for w in workloads {
-        for s in STRATEGIES {
-            let row = run(w, s, true, seconds).await?;
-            eprintln!("{} / {}: {} requests", row.workload, row.strategy, row.n);
-            rows.push(row);
+        for seed in SEED..SEED + seeds {
+            for s in STRATEGIES {
+                let row = run(w, s, true, seconds, seed).await?;
+                eprintln!(
+                    "{} / seed {seed} / {}: {} requests, goodput {:.1} %, TTFT p90 {:.0} ms, hit rate {:.1} %",
+                    row.workload,
+                    row.strategy,
+                    row.n,
+                    row.goodput * 100.0,
+                    row.ttft[1],
+                    row.hit_rate * 100.0
+                );
+                rows.push(row);
+            }
         }
     }
-    let md = markdown(&rows);
+    let md = format!(
+        "{}\n{}\n{}",
+        spread_markdown(&rows),
+        targets_markdown(&rows),
+        markdown(&rows)
+    );
     print!("{md}");
     std::fs::create_dir_all(&out)?;
     std::fs::write(format!("{out}/routing.md"), &md)?;

@@ -55,10 +55,14 @@ pub struct BalanceConfig {
     /// Weight of each measured SLO attainment point (goodput, auto): a replica's load counts
     /// as load / attainment^weight, so one that misses its SLOs gets little traffic.
     pub attainment_weight: f64,
-    /// Hold a stream's response head until its first event, so that an engine's admission
-    /// rejection (503 status, or a 200 stream whose first event is a 503 error) is retried on
-    /// another replica before the client sees anything.
+    /// Retry an engine's admission rejection answered with a 503 status on another replica
+    /// (nothing reached the client: the status is in the head, nothing is delayed).
     pub retry_rejections: bool,
+    /// Also hold a 200 stream's response head until its first event, so that a rejection
+    /// sent as the stream's first event (vLLM 0.32 when requests race past its first check)
+    /// is retried unseen too (with `retry_rejections`). Off by default: the client's time to
+    /// the response head becomes its time to the first event (docs/routing.md measures it).
+    pub hold_first_event: bool,
 }
 
 impl Default for BalanceConfig {
@@ -74,6 +78,7 @@ impl Default for BalanceConfig {
             saturation_kv: 0.95,
             attainment_weight: 2.0,
             retry_rejections: true,
+            hold_first_event: false,
         }
     }
 }

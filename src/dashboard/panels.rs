@@ -322,7 +322,7 @@ fn routing(i: &Inputs) -> Value {
                 "reasons": per.get(&label).cloned().unwrap_or_default(),
                 "upstream": label,
                 "load_tokens": r.route.tokens(),
-                "attainment": (stats.observed() > 0).then(|| stats.attainment()),
+                "attainment": (stats.observed() > 0).then(|| stats.attainment(tokio::time::Instant::now())),
             })
         })
         .collect();

@@ -23,6 +23,7 @@ use tokio::time::Instant;
 use super::recording::{body_error_ending, Finish};
 use crate::body::{BoxError, ProxyBody};
 use crate::metrics::ItlBuffer;
+use crate::upstream::goodput::Judging;
 use crate::upstream::TokenProgress;
 use goodput_measure::meter::StreamMeter;
 use goodput_measure::outcome::Ending;
@@ -32,8 +33,22 @@ struct Active {
     meter: StreamMeter,
     itl: ItlBuffer,
     finish: Finish,
-    /// Its share of the replica's pending work, told what the client has been served.
-    progress: Option<Arc<TokenProgress>>,
+    /// Its share of the replica's pending work, told what the client has been served, and
+    /// the stream's early judgement for the replica's attainment.
+    progress: Option<(Arc<TokenProgress>, Judging)>,
+}
+
+impl Active {
+    /// The client has been served what the meter saw up to `t`.
+    fn served(&mut self, t: Instant) {
+        if let Some((p, judging)) = &mut self.progress {
+            let n = self.meter.output_so_far();
+            p.served(n);
+            if judging.served(t, n) {
+                p.judged_bad(t);
+            }
+        }
+    }
 }
 
 /// What a stripping body still has to hand the client after the upstream body's end.
@@ -68,7 +83,7 @@ impl MeteredBody {
         itl: ItlBuffer,
     ) -> Self {
         let stripping = meter.strips().then(Box::default);
-        let progress = finish.progress();
+        let progress = finish.progress().map(|p| (p, finish.judging()));
         Self {
             inner,
             active: Some(Active {
@@ -120,19 +135,13 @@ impl MeteredBody {
                 // Finished already (cannot happen before `done`): pass the rest through.
                 return Poll::Ready(polled);
             };
-            let Active {
-                meter,
-                itl,
-                progress,
-                ..
-            } = a;
             match polled {
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) => {
-                        meter.on_upstream_frame(t, data, &mut s.out, |g| itl.observe(g));
-                        if let Some(p) = progress {
-                            p.served(meter.output_so_far());
-                        }
+                        let itl = &mut a.itl;
+                        a.meter
+                            .on_upstream_frame(t, data, &mut s.out, |g| itl.observe(g));
+                        a.served(t);
                         continue;
                     }
                     // Trailers end the body: what the meter holds goes out first.
@@ -141,7 +150,7 @@ impl MeteredBody {
                 Some(Err(e)) => s.error = Some(e),
                 None => {}
             }
-            meter.end_of_upstream(t, &mut s.out);
+            a.meter.end_of_upstream(t, &mut s.out);
             s.done = true;
         }
     }
@@ -180,10 +189,9 @@ impl Body for MeteredBody {
             Some(Ok(frame)) => {
                 if let Some(data) = frame.data_ref() {
                     let itl = &mut a.itl;
-                    a.meter.on_frame(Instant::now(), data, |g| itl.observe(g));
-                    if let Some(p) = &a.progress {
-                        p.served(a.meter.output_so_far());
-                    }
+                    let t = Instant::now();
+                    a.meter.on_frame(t, data, |g| itl.observe(g));
+                    a.served(t);
                 }
             }
             Some(Err(e)) => this.finish(body_error_ending(e)),

@@ -15,6 +15,7 @@ use crate::error::ProxyError;
 use crate::metrics::RequestMetrics;
 use crate::upstream::deadline::DeadlineError;
 use crate::upstream::forward::{Routed, ServedBy};
+use crate::upstream::goodput::Judging;
 use crate::upstream::usage::LearnsUnasked;
 use crate::upstream::usage::Unasked;
 use goodput_measure::meter::{Measurement, StreamMeter};
@@ -59,6 +60,8 @@ pub struct Finish {
     routed: Option<Routed>,
     /// The stream was left alone to learn whether its engine adds usage unasked.
     learns_unasked: bool,
+    /// The request's start.
+    t0: Instant,
 }
 
 impl Recording {
@@ -147,6 +150,7 @@ impl Open {
             upstream: None,
             routed: None,
             learns_unasked: false,
+            t0: self.ctx.t0,
         }
     }
 
@@ -208,6 +212,11 @@ impl Finish {
         self.routed.as_ref().map(|r| r.progress.clone())
     }
 
+    /// The stream's early judgement against its SLOs, from the request's start.
+    pub(super) fn judging(&self) -> Judging {
+        Judging::new(self.t0, self.started.slo)
+    }
+
     /// The request's record: metrics, the tenant's token budget, sinks and the ring.
     pub fn record(self, m: Measurement) {
         let Started {
@@ -261,11 +270,11 @@ impl Finish {
                 // What this replica's clients got feeds the balancer's goodput view.
                 if !rec.rejected_by_client() {
                     let secs = |d: Option<std::time::Duration>| d.map(|d| d.as_secs_f64());
-                    r.replica.route.stats.observe(
-                        rec.slo.good,
-                        secs(rec.measured.ttft),
-                        secs(rec.measured.tpot),
-                    );
+                    let stats = &r.replica.route.stats;
+                    if !r.progress.judged_early() {
+                        stats.judge(rec.slo.good, Instant::now());
+                    }
+                    stats.observe(secs(rec.measured.ttft), secs(rec.measured.tpot));
                 }
                 if let (Some(cached), Some(prompt)) = (
                     rec.measured.engine_view().cached_prompt_tokens,

@@ -2,10 +2,11 @@
 //! pooled client and hands the response back with its body streaming, frame by frame.
 //!
 //! Retry rule: a connect failure (nothing was sent) is retried once on another replica when one
-//! exists; an engine's admission rejection (503 status, or a 200 stream whose first event is a
-//! 503 error: nothing was generated) is retried on another replica while the client has seen
-//! nothing (`balance.retry_rejections`, up to three replicas); anything else that fails after
-//! the request went out is never retried.
+//! exists; an engine's admission rejection is retried on another replica while the client has
+//! seen nothing (up to three replicas): a 503 status always (`balance.retry_rejections`), a
+//! 200 stream whose first event is a 503 error only when the head is held for it
+//! (`balance.hold_first_event`, off by default: it delays the client's response head);
+//! anything else that fails after the request went out is never retried.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -120,7 +121,8 @@ async fn forward(
     // One snapshot per request: discovery may change the set meanwhile.
     let replicas = up.replicas();
     loop {
-        let cands: Vec<Cand> = replicas.iter().map(|r| r.cand()).collect();
+        let now = tokio::time::Instant::now();
+        let cands: Vec<Cand> = replicas.iter().map(|r| r.cand(now)).collect();
         let Some((choice, belief)) = balancer.choose(&cands, &shape, &excluded, &mut rand::rng())
         else {
             return Err(ProxyError::UpstreamConnect {
@@ -197,7 +199,10 @@ async fn forward(
             tracing::debug!(upstream = %replica.url, "admission rejection (503); trying another replica");
             excluded.push(idx);
             continue;
-        } else if rparts.status == StatusCode::OK && is_event_stream(&rparts.headers) {
+        } else if balancer.cfg.hold_first_event
+            && rparts.status == StatusCode::OK
+            && is_event_stream(&rparts.headers)
+        {
             let mut body = body;
             let held = hold::first_event(&mut body).await.map_err(held_error)?;
             if held.is_rejection() {

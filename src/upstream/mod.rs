@@ -292,11 +292,12 @@ impl Replica {
             output,
             prefill_left: AtomicU64::new(prompt),
             decode_left: AtomicU64::new(output),
+            judged: AtomicBool::new(false),
         }))
     }
 
-    /// The replica as the balancer sees it now.
-    pub fn cand(&self) -> strategy::Cand {
+    /// The replica as the balancer sees it at `now`.
+    pub fn cand(&self, now: tokio::time::Instant) -> strategy::Cand {
         let engine = self.engine_load();
         strategy::Cand {
             id: self.route.id,
@@ -305,7 +306,7 @@ impl Replica {
             tokens: self.route.tokens(),
             waiting: engine.waiting,
             kv: engine.kv_cache_usage,
-            attainment: self.route.stats.attainment(),
+            attainment: self.route.stats.attainment(now),
         }
     }
 }
@@ -351,9 +352,24 @@ pub struct TokenProgress {
     output: u64,
     prefill_left: AtomicU64,
     decode_left: AtomicU64,
+    /// Its verdict reached the replica's attainment before its end ([`goodput::Judging`]).
+    judged: AtomicBool,
 }
 
 impl TokenProgress {
+    /// What the client got of this stream so far already says it is not good: the replica's
+    /// attainment hears it now, and not again at the end.
+    pub fn judged_bad(&self, now: tokio::time::Instant) {
+        if !self.judged.swap(true, Ordering::Relaxed) {
+            self.replica.route.stats.judge(false, now);
+        }
+    }
+
+    /// Whether its verdict was told early.
+    pub fn judged_early(&self) -> bool {
+        self.judged.load(Ordering::Relaxed)
+    }
+
     /// The client has been served `output` tokens so far (`None`: no output yet).
     pub fn served(&self, output: Option<u64>) {
         let Some(n) = output else {

@@ -5,8 +5,9 @@
 //!   waiting in the engine queue counts twice on purpose: at equal in-flight the replica whose
 //!   engine already queues loses, and traffic it gets from elsewhere shows up at all.
 //! - `prefix`: the replicas that recently served the request's longest prefix (at least
-//!   `prefix_min_blocks` blocks) are tried first, least loaded of them, unless all are
-//!   saturated ("sticky until saturated"); otherwise power of two choices on load in tokens.
+//!   `prefix_min_blocks` blocks) are tried first, the most recent first, unless all are
+//!   saturated ("sticky until saturated"); otherwise power of two choices on load in tokens
+//!   (and the replica chosen becomes the prefix's most recent holder: it moves there).
 //! - `goodput`: power of two choices on load in tokens divided by the replica's recent SLO
 //!   attainment (to the power `attainment_weight`), plus an `exploration` share sent to a
 //!   random replica (not saturated) while attainments differ, so that a replica that
@@ -67,6 +68,9 @@ pub struct Belief {
     /// When it last served them (the index's clock).
     pub stamp: u32,
 }
+
+/// How far below the best attainment a replica may be and still keep `auto`'s prefix affinity.
+const AUTO_ATTAINMENT_GAP: f64 = 0.2;
 
 /// The candidates `excluded` leaves, healthy ones only when there are any.
 fn eligible(cands: &[Cand], excluded: &[usize], out: &mut Vec<usize>) {
@@ -170,7 +174,13 @@ pub fn decide<R: Rng + ?Sized>(
         return pick(two_choices(elig, rng, score), Reason::P2c);
     }
     let explores = matches!(strategy, Strategy::Goodput | Strategy::Auto);
-    if explores && cfg.exploration > 0.0 && rng.random::<f64>() < cfg.exploration {
+    let prefix = matches!(strategy, Strategy::Prefix | Strategy::Auto);
+    let held = || matched.iter().copied().filter(|i| elig.contains(i));
+    let affine = prefix && match_blocks >= cfg.prefix_min_blocks && held().next().is_some();
+    // A request whose prefix is cached somewhere is not explored with: elsewhere it would pay
+    // a cold prefill, measure the explored replica by a cache miss, and teach the prefix
+    // index a holder that its prefix's order may then prefer.
+    if explores && !affine && cfg.exploration > 0.0 && rng.random::<f64>() < cfg.exploration {
         if let Some(i) = explore(cfg, cands, elig, rng) {
             return pick(i, Reason::Explore);
         }
@@ -190,42 +200,43 @@ pub fn decide<R: Rng + ?Sized>(
     } else {
         Reason::LeastLoad
     };
-    let prefix = matches!(strategy, Strategy::Prefix | Strategy::Auto);
-    if prefix && match_blocks >= cfg.prefix_min_blocks && !matched.is_empty() {
+    if affine {
         let best_att = elig
             .iter()
             .map(|&i| cands[i].attainment)
             .fold(0.0, f64::max);
         let mean = elig.iter().map(|&i| load(&cands[i], shape)).sum::<f64>() / elig.len() as f64;
         let limit = cfg.saturation_ratio * mean + shape.tokens() as f64;
-        let saturated = |c: &Cand| {
-            load(c, shape) > limit
-                || c.waiting
+        // Open to the prefix: not saturated and, for auto, meeting its SLOs about as well as
+        // the best.
+        let open = |i: usize| {
+            let c = &cands[i];
+            load(c, shape) <= limit
+                && !c
+                    .waiting
                     .is_some_and(|w| w >= cfg.saturation_queue.max(1.0))
-                || c.kv.is_some_and(|k| k >= cfg.saturation_kv)
+                && !c.kv.is_some_and(|k| k >= cfg.saturation_kv)
+                && (strategy == Strategy::Prefix || c.attainment >= best_att - AUTO_ATTAINMENT_GAP)
         };
-        let usable = matched.iter().copied().filter(|i| {
-            elig.contains(i)
-                && (strategy == Strategy::Prefix || cands[*i].attainment >= best_att - 0.2)
-        });
-        let mut any = false;
-        let mut best: Option<(usize, f64)> = None;
-        for i in usable {
-            any = true;
-            if saturated(&cands[i]) {
-                continue;
-            }
-            let s = score(i);
-            if best.is_none_or(|(_, b)| s < b) {
-                best = Some((i, s));
-            }
-        }
-        if let Some((i, _)) = best {
+        // The most recent holder that is open: the one whose cache most likely still holds
+        // the prefix (engines evict the least recently used), and the one the prefix's traffic
+        // stays on. Not the least loaded holder: that shared a prefix's traffic between all
+        // its holders, so every spill added a replica that kept it cached for good, until
+        // every prefix was on every replica and the small caches evicted each other's. Here
+        // a spill moves the prefix (the new replica is its most recent holder), and the
+        // replicas it left let it age out.
+        if let Some(i) = held().find(|&i| open(i)) {
             return pick(i, Reason::PrefixHit);
         }
-        if any {
-            return pick(two_choices(elig, rng, score), Reason::PrefixSaturated);
-        }
+        // Spilled: by load, among the open replicas when there are any (rare: one small
+        // allocation).
+        let open_ones: Vec<usize> = elig.iter().copied().filter(|&i| open(i)).collect();
+        let i = match open_ones.len() {
+            0 => two_choices(elig, rng, score),
+            1 => open_ones[0],
+            _ => two_choices(&open_ones, rng, score),
+        };
+        return pick(i, Reason::PrefixSaturated);
     }
     pick(two_choices(elig, rng, score), fallback)
 }
@@ -497,9 +508,121 @@ mod tests {
             run(&c, &cands, &[], 0, &[]).unwrap().reason,
             Reason::LeastLoad
         );
-        // Of several holders, the least loaded.
-        let cands = [cand(0, 0), cand(1, 700), cand(2, 300)];
-        assert_eq!(run(&c, &cands, &[1, 2], 3, &[]).unwrap().idx, 2);
+    }
+
+    #[test]
+    fn a_prefix_stays_on_its_most_recent_open_holder() {
+        let c = cfg(Strategy::Prefix);
+        let idle: Vec<Cand> = (0..5).map(|id| cand(id, 0)).collect();
+        let with = |f: &dyn Fn(&mut Vec<Cand>)| {
+            let mut v = idle.clone();
+            f(&mut v);
+            v
+        };
+        // (what, candidates, holders most recent first, want idx or None: not a holder)
+        let cases: Vec<(&str, Vec<Cand>, Vec<usize>, Option<usize>, Reason)> = vec![
+            (
+                "of several holders the most recent, not the least loaded",
+                with(&|v| v[3].tokens = 400),
+                vec![3, 1],
+                Some(3),
+                Reason::PrefixHit,
+            ),
+            (
+                "it saturated: the next most recent",
+                with(&|v| v[3].tokens = 50_000),
+                vec![3, 1],
+                Some(1),
+                Reason::PrefixHit,
+            ),
+            (
+                "its engine queues: the next most recent",
+                with(&|v| v[3].waiting = Some(9.0)),
+                vec![3, 1, 4],
+                Some(1),
+                Reason::PrefixHit,
+            ),
+            (
+                "every holder saturated: elsewhere, by load",
+                with(&|v| {
+                    v[3].tokens = 50_000;
+                    v[1].kv = Some(0.99);
+                }),
+                vec![3, 1],
+                None,
+                Reason::PrefixSaturated,
+            ),
+            (
+                "an unhealthy holder is passed over",
+                with(&|v| v[3].healthy = false),
+                vec![3, 1],
+                Some(1),
+                Reason::PrefixHit,
+            ),
+        ];
+        let mut rng = SmallRng::seed_from_u64(11);
+        for (what, cands, held, idx, reason) in cases {
+            for _ in 0..20 {
+                let got = decide(
+                    &c,
+                    &cands,
+                    &shape(3),
+                    &held,
+                    3,
+                    &[],
+                    &mut rng,
+                    &mut Vec::new(),
+                )
+                .unwrap();
+                assert_eq!(got.reason, reason, "{what}");
+                match idx {
+                    Some(i) => assert_eq!(got.idx, i, "{what}"),
+                    None => assert!(!held.contains(&got.idx), "{what}: {got:?}"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_spilled_prefix_moves_and_does_not_spread() {
+        // The index and the choice together: a prefix whose replica saturates moves to one
+        // other replica and stays there, busier than its former holders as it may be; its
+        // traffic is never shared out among every replica that once served it.
+        let b = balancer(cfg(Strategy::Prefix));
+        let idle: Vec<Cand> = (0..4).map(|id| cand(id, 0)).collect();
+        let s = shape(6);
+        let mut rng = SmallRng::seed_from_u64(2);
+        let mut home = b.choose(&idle, &s, &[], &mut rng).unwrap().0.idx;
+        let mut homes = std::collections::BTreeSet::from([home]);
+        for round in 0..200 {
+            let saturated = round % 10 == 9;
+            let mut cands = idle.clone();
+            // Serving the prefix keeps its replica busier than the others.
+            cands[home].tokens = if saturated { 50_000 } else { 400 };
+            let ch = b.choose(&cands, &s, &[], &mut rng).unwrap().0;
+            if saturated {
+                // To a former holder when one is open (likely still cached), else by load.
+                let want = if homes.len() == 1 {
+                    Reason::PrefixSaturated
+                } else {
+                    Reason::PrefixHit
+                };
+                assert_eq!(ch.reason, want, "round {round}");
+                assert_ne!(ch.idx, home, "round {round}");
+                home = ch.idx;
+                homes.insert(home);
+            } else {
+                assert_eq!(
+                    ch,
+                    Choice {
+                        idx: home,
+                        reason: Reason::PrefixHit
+                    },
+                    "round {round}"
+                );
+            }
+        }
+        assert!(homes.len() > 1, "it moved: {homes:?}");
     }
 
     #[test]
@@ -571,6 +694,34 @@ mod tests {
         assert!(to_bad.clone().all(|ch| ch.reason == Reason::Explore));
         let to_bad = to_bad.count();
         assert!((250..420).contains(&to_bad), "{to_bad}");
+        // A request whose prefix is cached is not explored with.
+        for _ in 0..2_000 {
+            let ch = decide(
+                &c,
+                &[cand(0, 0), cand(1, 0), bad],
+                &shape(3),
+                &[1],
+                3,
+                &[],
+                &mut rng,
+                &mut Vec::new(),
+            )
+            .unwrap();
+            assert_eq!(
+                ch,
+                Choice {
+                    idx: 1,
+                    reason: Reason::PrefixHit
+                }
+            );
+        }
+        let mut decide_n = |cands: &[Cand], n: usize| {
+            (0..n)
+                .map(|_| {
+                    decide(&c, cands, &shape(0), &[], 0, &[], &mut rng, &mut Vec::new()).unwrap()
+                })
+                .collect::<Vec<_>>()
+        };
         // Replicas alike: nothing to re-measure, no request sent past a shorter queue.
         let queued = Cand {
             waiting: Some(3.0),
@@ -624,8 +775,16 @@ mod tests {
             ..cand(2, 0)
         };
         let ch = run(&c, &[cand(0, 0), cand(1, 0), failing], &[2], 3, &[]).unwrap();
-        assert_eq!(ch.reason, Reason::Goodput);
+        // Its prefix moves on, as from a saturated replica.
+        assert_eq!(ch.reason, Reason::PrefixSaturated);
         assert_ne!(ch.idx, 2);
+        // Within AUTO_ATTAINMENT_GAP of the best, it keeps it.
+        let fair = Cand {
+            attainment: 0.85,
+            ..cand(2, 0)
+        };
+        let ch = run(&c, &[cand(0, 0), cand(1, 0), fair], &[2], 3, &[]).unwrap();
+        assert_eq!(ch.idx, 2);
         let ch = run(&c, &[cand(0, 0), cand(1, 0), cand(2, 0)], &[2], 3, &[]).unwrap();
         assert_eq!(
             ch,

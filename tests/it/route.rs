@@ -74,7 +74,9 @@ async fn rejected_then_served(inband: bool) {
     let b = start(SimConfig::fast()).await;
     let (ua, ub) = (a.base_url(), b.base_url());
     let sink = sink_path(if inband { "inband" } else { "status" });
-    let proxy = start_proxy(config(&[ua.clone(), ub.clone()], Strategy::P2c, &sink)).await;
+    let mut c = config(&[ua.clone(), ub.clone()], Strategy::P2c, &sink);
+    c.balance.hold_first_event = inband;
+    let proxy = start_proxy(c).await;
     settle(&proxy, 2).await;
     let client = client();
     for i in 0..12 {
@@ -132,22 +134,31 @@ async fn a_503_admission_rejection_is_retried_on_another_replica() {
 }
 
 #[tokio::test]
-async fn without_retries_the_client_gets_the_rejection() {
+async fn without_retries_or_a_held_head_the_client_gets_an_in_band_rejection() {
     let a = start(SimConfig {
         max_num_queued_reqs: Some(0),
         admission_inband_prob: 1.0,
         ..SimConfig::fast()
     })
     .await;
-    let sink = sink_path("off");
-    let mut c = config(&[a.base_url(), a.base_url()], Strategy::P2c, &sink);
-    c.balance.retry_rejections = false;
-    let proxy = start_proxy(c).await;
-    settle(&proxy, 2).await;
-    let (parts, body) = send(&client(), post_json(&proxy.url(CHAT), &stream_body("s", 0))).await;
-    assert_eq!(parts.status, 200);
-    assert!(String::from_utf8_lossy(&body).contains("\"code\": 503"));
-    drop(proxy);
+    // (retry_rejections, hold_first_event): retries off; or on, with the head not held (the
+    // default: a 200 head goes to the client at once, so its first event cannot be retried).
+    for (retry, hold) in [(false, true), (true, false)] {
+        let sink = sink_path(&format!("off-{retry}-{hold}"));
+        let mut c = config(&[a.base_url(), a.base_url()], Strategy::P2c, &sink);
+        c.balance.retry_rejections = retry;
+        c.balance.hold_first_event = hold;
+        let proxy = start_proxy(c).await;
+        settle(&proxy, 2).await;
+        let (parts, body) =
+            send(&client(), post_json(&proxy.url(CHAT), &stream_body("s", 0))).await;
+        assert_eq!(parts.status, 200);
+        assert!(
+            String::from_utf8_lossy(&body).contains("\"code\": 503"),
+            "{retry} {hold}"
+        );
+        drop(proxy);
+    }
     a.shutdown().await;
 }
 
