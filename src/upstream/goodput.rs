@@ -286,7 +286,8 @@ mod tests {
         };
         let t0 = Instant::now();
         // (events: ms since t0 and tokens served by then; the event at which it is judged bad)
-        let cases: &[(&str, &[(u64, u64)], Option<usize>)] = &[
+        type Case<'a> = (&'a str, &'a [(u64, u64)], Option<usize>);
+        let cases: &[Case] = &[
             (
                 "fast replica: no early verdict",
                 &[

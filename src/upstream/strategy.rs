@@ -520,7 +520,8 @@ mod tests {
             v
         };
         // (what, candidates, holders most recent first, want idx or None: not a holder)
-        let cases: Vec<(&str, Vec<Cand>, Vec<usize>, Option<usize>, Reason)> = vec![
+        type Case = (&'static str, Vec<Cand>, Vec<usize>, Option<usize>, Reason);
+        let cases: Vec<Case> = vec![
             (
                 "of several holders the most recent, not the least loaded",
                 with(&|v| v[3].tokens = 400),
