@@ -10,6 +10,9 @@ use goodput_measure::inspect::{
     ChunkKind, LoggedCall, Phases, ResponseInfo, Span, TokenLog, Usage, MAX_CHOICES_PER_CHUNK,
 };
 use goodput_measure::{FinishReason, StreamMeter};
+// The oracle names the engine view's types as `crate::engine` / `crate::engine_timings`, as it
+// does inside goodput-measure: here they are brought to this crate's root.
+use goodput_measure::{engine, engine_timings};
 use libfuzzer_sys::fuzz_target;
 
 #[path = "../../crates/measure/src/inspect/oracle.rs"]
