@@ -209,7 +209,11 @@ check() {
     podman run -d --name "$tag-demo" "${ULIMITS[@]}" \
         -p "127.0.0.1:$p1:8080" -p "127.0.0.1:$p2:9090" "$IMAGE" >/dev/null 2>>"$OUT/run.log"
     check_proxy "demo mode" "http://127.0.0.1:$p1" "http://127.0.0.1:$p2" "$tag-demo"
-    podman logs "$tag-demo" 2>&1 | grep -q 'demo mode' || fail "demo mode: no demo-mode line in the log"
+    # The log is read whole first: with pipefail, `podman logs | grep -q` fails whenever grep
+    # exits at its match before podman has written the rest (podman then dies of SIGPIPE).
+    local logs
+    logs="$(podman logs "$tag-demo" 2>&1)"
+    grep -q 'demo mode' <<<"$logs" || fail "demo mode: no demo-mode line in the log"
 
     # 2. In front of a simulator container: the proxy joins the simulator's network namespace
     #    (a pod: the engine on 127.0.0.1:8000), whose container publishes the proxy's ports.
@@ -220,7 +224,8 @@ check() {
     podman run -d --name "$tag-proxy" "${ULIMITS[@]}" --network "container:$tag-sim" \
         -e GOODPUT_PROXY_UPSTREAM_URLS=http://127.0.0.1:8000 "$IMAGE" >/dev/null 2>>"$OUT/run.log"
     check_proxy "proxy + simulator container" "http://127.0.0.1:$p3" "http://127.0.0.1:$p4" "$tag-proxy"
-    if podman logs "$tag-proxy" 2>&1 | grep -q 'demo mode'; then
+    logs="$(podman logs "$tag-proxy" 2>&1)"
+    if grep -q 'demo mode' <<<"$logs"; then
         fail "proxy + simulator container: started in demo mode"
     fi
 
