@@ -203,6 +203,28 @@ struct ChoiceTimeline {
 }
 
 impl ChoiceTimeline {
+    /// Takes in an output event of this choice at `t`; returns the gap since the choice's
+    /// previous output event. That is `stream_gap` when the previous one was the stream's last
+    /// output event (`last_token`): one subtraction serves every gap of a one-choice stream.
+    #[inline]
+    fn on_output(
+        &mut self,
+        t: Instant,
+        last_token: Option<Instant>,
+        stream_gap: Option<Duration>,
+    ) -> Option<Duration> {
+        self.events += 1;
+        let gap = match self.last {
+            Some(last) if Some(last) == last_token => stream_gap,
+            last => last.map(|last| t.saturating_duration_since(last)),
+        };
+        if self.first.is_none() {
+            self.first = Some(t);
+        }
+        self.last = Some(t);
+        gap
+    }
+
     /// `(last - first) / (tokens - 1)`; undefined below 2 tokens or when all the output came
     /// in one event (a packed event tells nothing about the time per token).
     fn tpot(&self, tokens: u64) -> Option<Duration> {
@@ -408,16 +430,7 @@ impl Timeline {
         let ch = self.choice(c.index);
         ch.seen = true;
         ch.tokens += tokens;
-        ch.events += 1;
-        let gap = match ch.last {
-            Some(last) if Some(last) == last_token => stream_gap,
-            last => last.map(|last| t.saturating_duration_since(last)),
-        };
-        if ch.first.is_none() {
-            ch.first = Some(t);
-        }
-        ch.last = Some(t);
-        if let Some(gap) = gap {
+        if let Some(gap) = ch.on_output(t, last_token, stream_gap) {
             self.on_itl(gap, on_gap);
         }
         self.counted_tokens += tokens;
@@ -532,16 +545,7 @@ impl Timeline {
             if !c.output {
                 continue;
             }
-            ch.events += 1;
-            let gap = match ch.last {
-                Some(last) if Some(last) == last_token => stream_gap,
-                last => last.map(|last| t.saturating_duration_since(last)),
-            };
-            if ch.first.is_none() {
-                ch.first = Some(t);
-            }
-            ch.last = Some(t);
-            if let Some(gap) = gap {
+            if let Some(gap) = ch.on_output(t, last_token, stream_gap) {
                 self.on_itl(gap, on_gap);
             }
         }
