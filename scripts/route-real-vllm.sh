@@ -3,8 +3,10 @@
 # shared-prefix workload, strategy p2c then prefix: the engines' own prefix-cache hit rate and
 # the client TTFT (docs/routing.md). Loopback only; stops everything it starts.
 #
-#   scripts/route-real-vllm.sh [REQUESTS] [BLOCKS] [PROMPTS]
-#       (defaults 120 requests, 24 blocks of 128 tokens per replica, 6 system prompts)
+#   scripts/route-real-vllm.sh [REQUESTS] [BLOCKS] [PROMPTS] [CLAUSES]
+#       (defaults 120 requests, 24 blocks of 128 tokens per replica, 6 system prompts of
+#       120 clauses, about 1,000 tokens each; 220 clauses are about 1,850 tokens, the most
+#       the engines' --max-model-len 2048 leaves room for)
 #
 # Needs ../shared/real-vllm (serve.sh, stop.sh) and a built proxy (target/debug or
 # target/release goodput-proxy). Run it under /work/bin/quiet: the replicas take both cores.
@@ -14,6 +16,7 @@ cd "$(dirname "$0")/.."
 N="${1:-120}"
 BLOCKS="${2:-24}"
 PROMPTS="${3:-6}"
+CLAUSES="${4:-120}"
 REAL="${REAL_VLLM:-../shared/real-vllm}"
 PROXY="${PROXY_BIN:-target/debug/goodput-proxy}"
 BASE="${PORT_BASE:-8090}"
@@ -52,19 +55,20 @@ TOML
   "$PROXY" serve --config "$OUT/proxy-$strategy.toml" > "$OUT/proxy-$strategy.log" 2>&1 &
   PPID_PROXY=$!
   for _ in $(seq 1 50); do curl -sf http://127.0.0.1:$ADMIN/readyz >/dev/null && break; sleep 0.2; done
-  python3 - "$strategy" "$N" "$LISTEN" "$PROMPTS" "${PORTS[@]}" <<'PY' | tee "$OUT/result-$strategy.txt"
+  python3 - "$strategy" "$N" "$LISTEN" "$PROMPTS" "$CLAUSES" "${PORTS[@]}" <<'PY' | tee "$OUT/result-$strategy.txt"
 import json, random, sys, threading, time, urllib.request
-strategy, n, listen, prompts, ports = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5:]
+strategy, n, listen, prompts, clauses, ports = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6:]
 def counters():
-    q = h = 0.0
+    q = h = t = 0.0
     for p in ports:
         for line in urllib.request.urlopen(f"http://127.0.0.1:{p}/metrics").read().decode().splitlines():
             if line.startswith("vllm:prefix_cache_queries_total{"): q += float(line.split()[-1])
             if line.startswith("vllm:prefix_cache_hits_total{"): h += float(line.split()[-1])
-    return q, h
+            if line.startswith("vllm:prompt_tokens_total{"): t += float(line.split()[-1])
+    return q, h, t
 rng = random.Random(22)
-systems = [f"Policy {k}: " + " ".join(f"clause{k}x{j} applies to the account" for j in range(120)) for k in range(prompts)]
-q0, h0 = counters()
+systems = [f"Policy {k}: " + " ".join(f"clause{k}x{j} applies to the account" for j in range(clauses)) for k in range(prompts)]
+q0, h0, pt0 = counters()
 ttfts, lock = [], threading.Lock()
 def one(i):
     body = {"model": "tiny", "messages": [{"role": "system", "content": systems[rng.randrange(prompts)]},
@@ -82,11 +86,12 @@ conc = 2
 for start in range(0, n, conc):
     ts = [threading.Thread(target=one, args=(i,)) for i in range(start, min(n, start + conc))]
     [t.start() for t in ts]; [t.join() for t in ts]
-q1, h1 = counters()
+q1, h1, pt1 = counters()
 ttfts.sort()
 pct = lambda x: ttfts[min(len(ttfts) - 1, int(x * (len(ttfts) - 1) + 0.5))] * 1000
 print(f"{strategy}: requests {len(ttfts)}  engine prefix hit rate {100 * (h1 - h0) / max(q1 - q0, 1):.1f} %  "
-      f"client TTFT p50 {pct(0.5):.0f} ms  p90 {pct(0.9):.0f} ms  p99 {pct(0.99):.0f} ms")
+      f"client TTFT p50 {pct(0.5):.0f} ms  p90 {pct(0.9):.0f} ms  p99 {pct(0.99):.0f} ms  "
+      f"prompt tokens per request {(pt1 - pt0) / max(len(ttfts), 1):.0f}")
 PY
   curl -s http://127.0.0.1:$ADMIN/metrics | grep '^goodput_proxy_route_decisions_total' > "$OUT/decisions-$strategy.txt" || true
   kill "$PPID_PROXY"; wait "$PPID_PROXY" 2>/dev/null || true; PPID_PROXY=

@@ -199,6 +199,33 @@ struct Row {
     throughput: f64,
     hit_rate: f64,
     n: usize,
+    /// The balancer's decisions by reason (`goodput_proxy_route_decisions_total`), non-zero
+    /// ones only: how often a prefix was moved (`prefix_saturated`), explored, ...
+    decisions: Vec<(String, u64)>,
+}
+
+/// The non-zero `goodput_proxy_route_decisions_total` series of the proxy's admin `/metrics`.
+async fn decisions(client: &HttpClient, admin: std::net::SocketAddr) -> Vec<(String, u64)> {
+    let Ok(req) =
+        http::Request::get(format!("http://{admin}/metrics")).body(Full::new(Bytes::new()))
+    else {
+        return Vec::new();
+    };
+    let Ok(resp) = client.request(req).await else {
+        return Vec::new();
+    };
+    let Ok(body) = resp.into_body().collect().await else {
+        return Vec::new();
+    };
+    let text = String::from_utf8_lossy(&body.to_bytes()).into_owned();
+    text.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("goodput_proxy_route_decisions_total{reason=\"")?;
+            let (reason, n) = rest.split_once("\"} ")?;
+            let n: u64 = n.trim().parse().ok()?;
+            (n > 0).then(|| (reason.to_string(), n))
+        })
+        .collect()
 }
 
 async fn run(
@@ -233,6 +260,7 @@ async fn run(
     c.balance.retry_rejections = retry;
     let app = App::bind(c.check().map_err(|e| anyhow::anyhow!("{e:?}"))?).await?;
     let addr = app.local_addr();
+    let admin = app.admin_addr();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(app.run(async move {
         let _ = stop_rx.await;
@@ -283,6 +311,7 @@ async fn run(
         }
     }
     let elapsed = start.elapsed().as_secs_f64();
+    let decisions = decisions(&client, admin).await;
     let (mut q, mut hits) = (0u64, 0u64);
     for s in &sims {
         let m = &s.engine().metrics.models[0];
@@ -329,14 +358,25 @@ async fn run(
         throughput: samples.iter().map(|s| s.tokens).sum::<u64>() as f64 / elapsed,
         hit_rate: if q == 0 { 0.0 } else { hits as f64 / q as f64 },
         n: samples.len(),
+        decisions,
     })
 }
 
+/// `reason n, ...` of a row's decisions.
+fn decisions_text(r: &Row) -> String {
+    let v: Vec<String> = r
+        .decisions
+        .iter()
+        .map(|(k, n)| format!("{k} {n}"))
+        .collect();
+    v.join(", ")
+}
+
 fn markdown(rows: &[Row]) -> String {
-    let mut s = String::from("| workload | strategy | seed | requests | TTFT p50 / p90 / p99 (ms) | TPOT p50 / p99 (ms) | goodput ratio | throughput (tok/s) | engine prefix hit rate |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    let mut s = String::from("| workload | strategy | seed | requests | TTFT p50 / p90 / p99 (ms) | TPOT p50 / p99 (ms) | goodput ratio | throughput (tok/s) | engine prefix hit rate | decisions |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     for r in rows {
         s.push_str(&format!(
-            "| {} | {} | {} | {} | {:.0} / {:.0} / {:.0} | {:.1} / {:.1} | {:.1} % | {:.0} | {:.1} % |\n",
+            "| {} | {} | {} | {} | {:.0} / {:.0} / {:.0} | {:.1} / {:.1} | {:.1} % | {:.0} | {:.1} % | {} |\n",
             r.workload,
             r.strategy,
             r.seed,
@@ -348,7 +388,8 @@ fn markdown(rows: &[Row]) -> String {
             r.tpot[1],
             r.goodput * 100.0,
             r.throughput,
-            r.hit_rate * 100.0
+            r.hit_rate * 100.0,
+            decisions_text(r)
         ));
     }
     s
@@ -524,13 +565,14 @@ async fn main() -> anyhow::Result<()> {
             for s in STRATEGIES {
                 let row = run(w, s, true, seconds, seed).await?;
                 eprintln!(
-                    "{} / seed {seed} / {}: {} requests, goodput {:.1} %, TTFT p90 {:.0} ms, hit rate {:.1} %",
+                    "{} / seed {seed} / {}: {} requests, goodput {:.1} %, TTFT p90 {:.0} ms, hit rate {:.1} %, decisions {}",
                     row.workload,
                     row.strategy,
                     row.n,
                     row.goodput * 100.0,
                     row.ttft[1],
-                    row.hit_rate * 100.0
+                    row.hit_rate * 100.0,
+                    decisions_text(&row)
                 );
                 rows.push(row);
             }

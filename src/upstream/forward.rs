@@ -133,7 +133,10 @@ async fn forward(
         let idx = choice.idx;
         let replica = &replicas[idx];
         attempts.push(replica.url.clone());
-        let guard = replica.start_tokens(shape.prompt_tokens, shape.output_tokens);
+        // Where the prefix index expects the prompt's prefix cached, the request counts at
+        // what that engine lacks of it.
+        let cached = shape.cached_tokens(belief.blocks, balancer.cfg.prefix_block_bytes);
+        let guard = replica.start_cached(shape.prompt_tokens, shape.output_tokens, cached);
         let progress = guard.progress();
         let uri = replica
             .uri_for(path_and_query)

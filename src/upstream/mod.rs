@@ -280,10 +280,20 @@ impl Replica {
     /// As [`start`](Self::start), also counting the request's estimated `prompt` tokens and
     /// the `output` tokens it may ask for.
     pub fn start_tokens(self: &Arc<Self>, prompt: u64, output: u64) -> InFlightGuard {
-        let tokens = prompt + output;
+        self.start_cached(prompt, output, 0)
+    }
+
+    /// As [`start_tokens`](Self::start_tokens), for a request whose first `cached` prompt
+    /// tokens the engine is expected to hold: the balancer's load counts only the rest (what
+    /// the engine must compute and store for it); the pending work and the tokens sent, read
+    /// for autoscaling, count the whole prompt.
+    pub fn start_cached(self: &Arc<Self>, prompt: u64, output: u64, cached: u64) -> InFlightGuard {
+        let tokens = prompt.saturating_sub(cached) + output;
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         self.route.tokens.fetch_add(tokens, Ordering::Relaxed);
-        self.route.sent.fetch_add(tokens, Ordering::Relaxed);
+        self.route
+            .sent
+            .fetch_add(prompt + output, Ordering::Relaxed);
         self.route.prefill.fetch_add(prompt, Ordering::Relaxed);
         self.route.decode.fetch_add(output, Ordering::Relaxed);
         InFlightGuard(Arc::new(TokenProgress {
@@ -640,5 +650,25 @@ mod tests {
         drop(c);
         assert_eq!(r.route.tokens_pending(), pending(0, 0));
         assert_eq!(r.route.tokens_sent(), 212);
+    }
+
+    #[test]
+    fn a_cached_prefix_counts_in_the_balancers_load_at_what_it_lacks_only() {
+        let r = Arc::new(Replica::new("http://e:1").unwrap());
+        // (prompt, output, cached, balancer's load)
+        let cases: &[(u64, u64, u64, u64)] = &[
+            (1_000, 30, 0, 1_030),
+            (1_000, 30, 900, 130),
+            (1_000, 30, 5_000, 30),
+        ];
+        for &(prompt, output, cached, want) in cases {
+            let g = r.start_cached(prompt, output, cached);
+            assert_eq!(r.route.tokens(), want, "{prompt} {cached}");
+            // The work pending and the tokens sent (autoscaling) count the whole prompt.
+            assert_eq!(r.route.tokens_pending().prefill, prompt);
+            drop(g);
+            assert_eq!(r.route.tokens(), 0);
+        }
+        assert_eq!(r.route.tokens_sent(), 3 * 1_030);
     }
 }

@@ -67,6 +67,19 @@ impl Shape {
     pub fn tokens(&self) -> u64 {
         self.prompt_tokens + self.output_tokens
     }
+
+    /// Estimated prompt tokens in its first `blocks` prefix blocks of `block_bytes` each.
+    pub fn cached_tokens(&self, blocks: usize, block_bytes: usize) -> u64 {
+        let bytes = (blocks as u64).saturating_mul(block_bytes as u64);
+        (bytes / BYTES_PER_TOKEN).min(self.prompt_tokens)
+    }
+
+    /// Tokens it brings to a replica whose engine holds those blocks: the cached prompt costs
+    /// that engine no prefill (and its KV blocks are shared, not taken again), so only the
+    /// rest of the prompt and the output count.
+    pub fn uncached_tokens(&self, blocks: usize, block_bytes: usize) -> u64 {
+        self.tokens() - self.cached_tokens(blocks, block_bytes)
+    }
 }
 
 /// `max_tokens` or `max_completion_tokens` as a plain integer (anything else: unknown).
@@ -175,5 +188,26 @@ mod tests {
         }
         let huge = chat(&"x".repeat(100_000), "q", "");
         assert_eq!(Shape::of(&huge, 64).blocks.len(), MAX_BLOCKS);
+    }
+
+    #[test]
+    fn a_cached_prefix_leaves_the_rest_of_the_prompt_and_the_output() {
+        let s = Shape {
+            blocks: vec![1, 2, 3],
+            prompt_tokens: 200,
+            output_tokens: 30,
+        };
+        // (cached blocks, block bytes, tokens it brings)
+        let cases: &[(usize, usize, u64)] = &[
+            (0, 256, 230),
+            (1, 256, 166),
+            (3, 256, 38),
+            // never below the output, however much is said to be cached
+            (4, 256, 30),
+            (usize::MAX, 65_536, 30),
+        ];
+        for &(blocks, bytes, want) in cases {
+            assert_eq!(s.uncached_tokens(blocks, bytes), want, "{blocks} x {bytes}");
+        }
     }
 }

@@ -22,6 +22,7 @@
 //! [`decide`] is the pure core (candidates and the prefix lookup in, a choice out), table-tested
 //! below; [`Balancer`] adds the prefix index around it.
 
+use std::cell::OnceCell;
 use std::sync::Mutex;
 
 use prometheus::IntCounter;
@@ -81,10 +82,16 @@ fn eligible(cands: &[Cand], excluded: &[usize], out: &mut Vec<usize>) {
     }
 }
 
-/// Load in tokens of candidate `c` if it took `shape`.
+/// Load in tokens on candidate `c` before it takes a request of `req` tokens: this proxy's
+/// requests in flight there plus the engine's waiting queue counted in requests like it.
+fn base_load(c: &Cand, req: f64) -> f64 {
+    c.tokens as f64 + c.waiting.unwrap_or(0.0).max(0.0) * req
+}
+
+/// Load in tokens of candidate `c` if it took `shape` cold (nothing of it cached there).
 fn load(c: &Cand, shape: &Shape) -> f64 {
     let req = shape.tokens().max(1) as f64;
-    c.tokens as f64 + c.waiting.unwrap_or(0.0).max(0.0) * req + req
+    base_load(c, req) + req
 }
 
 /// Two distinct random candidates of `elig`, the lower `score` wins.
@@ -144,8 +151,69 @@ fn explore<R: Rng + ?Sized>(
         .nth(rng.random_range(0..n))
 }
 
+/// Whether `c`'s engine says it is saturated: a queue of `saturation_queue` requests, or a
+/// KV cache fuller than `saturation_kv`.
+fn engine_saturated(cfg: &BalanceConfig, c: &Cand) -> bool {
+    c.waiting
+        .is_some_and(|w| w >= cfg.saturation_queue.max(1.0))
+        || c.kv.is_some_and(|k| k >= cfg.saturation_kv)
+}
+
+/// What a request of `shape` brings to a replica holding its first `match_blocks` blocks, and
+/// to any other (cold), in tokens.
+fn warm_and_full(cfg: &BalanceConfig, shape: &Shape, match_blocks: usize) -> (f64, f64) {
+    let full = shape.tokens().max(1) as f64;
+    let warm = shape
+        .uncached_tokens(match_blocks, cfg.prefix_block_bytes)
+        .max(1) as f64;
+    (warm, full)
+}
+
+/// Whether holder `c` is open to the prefix by its own figures alone, whatever the other
+/// candidates: its engine not saturated, its load with the request (`warm`) within
+/// `saturation_ratio` + 1 cold requests (`full`: the mean load with the request is at least
+/// one, so the bound is at least that), and, for auto, an attainment within the gap of 1 (so
+/// of the best). `false` says only that the others must be looked at.
+fn surely_open(cfg: &BalanceConfig, c: &Cand, warm: f64, full: f64) -> bool {
+    !engine_saturated(cfg, c)
+        && base_load(c, full) + warm <= (cfg.saturation_ratio + 1.0) * full
+        && (cfg.strategy == Strategy::Prefix || c.attainment >= 1.0 - AUTO_ATTAINMENT_GAP)
+}
+
+/// The common prefix hit, found without a pass over every candidate: the most recent eligible
+/// holder, open by its own figures, while another candidate is eligible (else the choice is
+/// `Only`). `decide` would choose the same; `None` leaves it to `decide`'s full path. A healthy
+/// holder is eligible whatever the others; an unhealthy one only when none is healthy, which
+/// the full path sorts out.
+fn quick_hit(
+    cfg: &BalanceConfig,
+    cands: &[Cand],
+    shape: &Shape,
+    matched: &[usize],
+    match_blocks: usize,
+    excluded: &[usize],
+) -> Option<Choice> {
+    let &h = matched
+        .iter()
+        .find(|&&i| cands[i].healthy && !excluded.contains(&i))?;
+    let (warm, full) = warm_and_full(cfg, shape, match_blocks);
+    if !surely_open(cfg, &cands[h], warm, full) {
+        return None;
+    }
+    let another = cands
+        .iter()
+        .enumerate()
+        .any(|(i, c)| i != h && c.healthy && !excluded.contains(&i));
+    another.then_some(Choice {
+        idx: h,
+        reason: Reason::PrefixHit,
+    })
+}
+
 /// The choice. `matched`: candidates holding the request's longest recorded prefix (most
-/// recent first), `match_blocks` its length; `scratch` is reused between calls.
+/// recent first), `match_blocks` its length; `scratch` is reused between calls. The common
+/// prefix hit is found without a pass over the candidates ([`quick_hit`]), the rest by the
+/// full path.
 #[allow(clippy::too_many_arguments)]
 pub fn decide<R: Rng + ?Sized>(
     cfg: &BalanceConfig,
@@ -157,6 +225,38 @@ pub fn decide<R: Rng + ?Sized>(
     rng: &mut R,
     scratch: &mut Vec<usize>,
 ) -> Option<Choice> {
+    let prefix = matches!(cfg.strategy, Strategy::Prefix | Strategy::Auto);
+    if prefix && match_blocks >= cfg.prefix_min_blocks {
+        if let Some(hit) = quick_hit(cfg, cands, shape, matched, match_blocks, excluded) {
+            return Some(hit);
+        }
+    }
+    decide_full(
+        cfg,
+        cands,
+        shape,
+        matched,
+        match_blocks,
+        excluded,
+        rng,
+        scratch,
+    )
+}
+
+/// [`decide`] without its quick path.
+#[allow(clippy::too_many_arguments)]
+fn decide_full<R: Rng + ?Sized>(
+    cfg: &BalanceConfig,
+    cands: &[Cand],
+    shape: &Shape,
+    matched: &[usize],
+    match_blocks: usize,
+    excluded: &[usize],
+    rng: &mut R,
+    scratch: &mut Vec<usize>,
+) -> Option<Choice> {
+    let strategy = cfg.strategy;
+    let prefix = matches!(strategy, Strategy::Prefix | Strategy::Auto);
     eligible(cands, excluded, scratch);
     let elig = &scratch[..];
     let pick = |idx, reason| Some(Choice { idx, reason });
@@ -165,7 +265,6 @@ pub fn decide<R: Rng + ?Sized>(
         1 => return pick(elig[0], Reason::Only),
         _ => {}
     }
-    let strategy = cfg.strategy;
     if strategy == Strategy::P2c {
         let score = |i: usize| {
             let c = &cands[i];
@@ -174,8 +273,15 @@ pub fn decide<R: Rng + ?Sized>(
         return pick(two_choices(elig, rng, score), Reason::P2c);
     }
     let explores = matches!(strategy, Strategy::Goodput | Strategy::Auto);
-    let prefix = matches!(strategy, Strategy::Prefix | Strategy::Auto);
-    let held = || matched.iter().copied().filter(|i| elig.contains(i));
+    // Eligible, as `eligible` chose (no scan of `elig`): not excluded, and healthy unless none
+    // is.
+    let any_healthy = cands[elig[0]].healthy;
+    let held = || {
+        matched
+            .iter()
+            .copied()
+            .filter(move |i| !excluded.contains(i) && (cands[*i].healthy || !any_healthy))
+    };
     let affine = prefix && match_blocks >= cfg.prefix_min_blocks && held().next().is_some();
     // A request whose prefix is cached somewhere is not explored with: elsewhere it would pay
     // a cold prefill, measure the explored replica by a cache miss, and teach the prefix
@@ -201,22 +307,42 @@ pub fn decide<R: Rng + ?Sized>(
         Reason::LeastLoad
     };
     if affine {
-        let best_att = elig
-            .iter()
-            .map(|&i| cands[i].attainment)
-            .fold(0.0, f64::max);
-        let mean = elig.iter().map(|&i| load(&cands[i], shape)).sum::<f64>() / elig.len() as f64;
-        let limit = cfg.saturation_ratio * mean + shape.tokens() as f64;
+        // Sticky until saturated, on what the request really costs: on a holder it brings
+        // only the tokens its cache lacks (the rest of the prompt and the output), elsewhere
+        // its whole prompt again; the requests in flight are counted the same way
+        // (`Replica::start_cached`). A holder keeps the prefix while its load with the
+        // request at that cost stays within `saturation_ratio` x the mean load with the
+        // request (cold) plus one cold request; past that, or when its engine's own signals
+        // (queue, KV cache) say so, it is saturated. Counted at whole prompts, a few cheap
+        // cached requests in flight at low concurrency read as saturation, and every move
+        // was a cold prefill (docs/routing.md).
+        let (warm, full) = warm_and_full(cfg, shape, match_blocks);
+        // The mean load and the best attainment take a pass over every candidate each, made
+        // only when the holder's own figures do not settle it (`surely_open`).
+        let limit = OnceCell::new();
+        let limit = || {
+            *limit.get_or_init(|| {
+                let sum: f64 = elig.iter().map(|&i| base_load(&cands[i], full)).sum();
+                cfg.saturation_ratio * (sum / elig.len() as f64 + full) + full
+            })
+        };
+        let best_att = OnceCell::new();
+        let best_att = || {
+            *best_att.get_or_init(|| {
+                elig.iter()
+                    .map(|&i| cands[i].attainment)
+                    .fold(0.0, f64::max)
+            })
+        };
         // Open to the prefix: not saturated and, for auto, meeting its SLOs about as well as
         // the best.
         let open = |i: usize| {
             let c = &cands[i];
-            load(c, shape) <= limit
-                && !c
-                    .waiting
-                    .is_some_and(|w| w >= cfg.saturation_queue.max(1.0))
-                && !c.kv.is_some_and(|k| k >= cfg.saturation_kv)
-                && (strategy == Strategy::Prefix || c.attainment >= best_att - AUTO_ATTAINMENT_GAP)
+            surely_open(cfg, c, warm, full)
+                || (!engine_saturated(cfg, c)
+                    && base_load(c, full) + warm <= limit()
+                    && (strategy == Strategy::Prefix
+                        || c.attainment >= best_att() - AUTO_ATTAINMENT_GAP))
         };
         // The most recent holder that is open: the one whose cache most likely still holds
         // the prefix (engines evict the least recently used), and the one the prefix's traffic
@@ -284,7 +410,8 @@ impl Balancer {
         excluded: &[usize],
         rng: &mut R,
     ) -> Option<(Choice, Belief)> {
-        let mut scratch = Vec::with_capacity(cands.len());
+        // Allocated only if the full path runs (a prefix hit needs none).
+        let mut scratch = Vec::new();
         if !self.uses_prefix() || shape.blocks.len() < self.cfg.prefix_min_blocks {
             let choice = decide(&self.cfg, cands, shape, &[], 0, excluded, rng, &mut scratch)?;
             return Some((choice, Belief::default()));
@@ -508,6 +635,156 @@ mod tests {
             run(&c, &cands, &[], 0, &[]).unwrap().reason,
             Reason::LeastLoad
         );
+    }
+
+    #[test]
+    fn a_holder_is_saturated_by_what_its_requests_cost_it() {
+        // A long shared prompt (3,100 estimated tokens, 48 blocks of 64 tokens cached) with a
+        // short question and 30 output tokens: 58 tokens on its holder, 3,130 elsewhere. The
+        // balancer counts requests in flight the same way (`Replica::start_cached`).
+        let c = cfg(Strategy::Prefix);
+        let s = Shape {
+            blocks: (0..48).collect(),
+            prompt_tokens: 3_100,
+            output_tokens: 30,
+        };
+        let (warm, cold) = (58u64, 3_130u64);
+        let at = |tokens: u64, waiting: Option<f64>, kv: Option<f64>| Cand {
+            tokens,
+            waiting,
+            kv,
+            ..cand(0, 0)
+        };
+        let idle = at(0, Some(0.0), Some(0.1));
+        // (what, the holder, the other two's tokens in flight, released)
+        type Case = (&'static str, Cand, [u64; 2], bool);
+        let cases: Vec<Case> = vec![
+            ("idle cluster", idle, [0, 0], false),
+            (
+                "a burst of 8 cached requests at low concurrency: cheap for the holder",
+                at(8 * warm, Some(0.0), Some(0.5)),
+                [cold, 0],
+                false,
+            ),
+            (
+                "400 cached requests: past the bound",
+                at(400 * warm, Some(0.0), Some(0.5)),
+                [cold, 0],
+                true,
+            ),
+            (
+                "8 cold requests against 1 elsewhere: saturated",
+                at(8 * cold, Some(0.0), Some(0.5)),
+                [cold, 0],
+                true,
+            ),
+            (
+                "within 1.5x the mean with the request, plus one cold request",
+                at(12_000, None, None),
+                [0, 0],
+                false,
+            ),
+            (
+                "beyond it, the engine's signals unknown",
+                at(20_000, None, None),
+                [0, 0],
+                true,
+            ),
+            (
+                "its engine queues",
+                at(warm, Some(c.saturation_queue), Some(0.5)),
+                [0, 0],
+                true,
+            ),
+            (
+                "its KV cache is full",
+                at(warm, Some(0.0), Some(0.96)),
+                [0, 0],
+                true,
+            ),
+        ];
+        let mut rng = SmallRng::seed_from_u64(4);
+        for (what, holder, others, released) in cases {
+            let cands = [
+                Cand {
+                    id: 0,
+                    tokens: others[0],
+                    ..idle
+                },
+                Cand {
+                    id: 1,
+                    tokens: others[1],
+                    ..idle
+                },
+                Cand { id: 2, ..holder },
+            ];
+            let got = decide(&c, &cands, &s, &[2], 48, &[], &mut rng, &mut Vec::new()).unwrap();
+            if released {
+                assert_eq!(got.reason, Reason::PrefixSaturated, "{what}");
+                assert_ne!(got.idx, 2, "{what}");
+            } else {
+                assert_eq!(
+                    got,
+                    Choice {
+                        idx: 2,
+                        reason: Reason::PrefixHit
+                    },
+                    "{what}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_quick_prefix_hit_is_the_full_paths_choice() {
+        // Random fleets: whenever the quick path answers, the full path answers the same.
+        let mut rng = SmallRng::seed_from_u64(8);
+        let mut quick = 0;
+        for round in 0..20_000 {
+            let strategy = if round % 2 == 0 {
+                Strategy::Prefix
+            } else {
+                Strategy::Auto
+            };
+            let c = cfg(strategy);
+            let n = rng.random_range(1..6);
+            let cands: Vec<Cand> = (0..n)
+                .map(|id| Cand {
+                    id,
+                    healthy: rng.random_bool(0.8),
+                    in_flight: 0,
+                    tokens: rng.random_range(0..2_000),
+                    waiting: [None, Some(0.0), Some(5.0)][rng.random_range(0..3)],
+                    kv: [None, Some(0.2), Some(0.99)][rng.random_range(0..3)],
+                    attainment: [1.0, 0.9, 0.5][rng.random_range(0..3)],
+                })
+                .collect();
+            let matched: Vec<usize> = (0..n as usize).filter(|_| rng.random_bool(0.4)).collect();
+            let excluded: Vec<usize> = (0..n as usize).filter(|_| rng.random_bool(0.2)).collect();
+            let s = Shape {
+                prompt_tokens: rng.random_range(50..600),
+                ..shape(rng.random_range(0..8))
+            };
+            let blocks = s.blocks.len();
+            if blocks < c.prefix_min_blocks {
+                continue;
+            }
+            if let Some(hit) = quick_hit(&c, &cands, &s, &matched, blocks, &excluded) {
+                quick += 1;
+                let full = decide_full(
+                    &c,
+                    &cands,
+                    &s,
+                    &matched,
+                    blocks,
+                    &excluded,
+                    &mut rng,
+                    &mut Vec::new(),
+                );
+                assert_eq!(Some(hit), full, "{cands:?} {matched:?} {excluded:?} {s:?}");
+            }
+        }
+        assert!(quick > 500, "{quick}");
     }
 
     #[test]
