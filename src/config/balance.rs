@@ -46,8 +46,9 @@ pub struct BalanceConfig {
     pub prefix_min_blocks: usize,
     /// Prefix blocks the index remembers, at most (its memory bound: about 64 bytes each).
     pub prefix_index_blocks: usize,
-    /// A replica is saturated, and loses its affinity, when its load in tokens exceeds this
-    /// multiple of the healthy replicas' mean plus one mean request, or its engine queues
+    /// A replica is saturated, and loses its affinity, when its load in tokens with the
+    /// request (at what its cache lacks of it) exceeds this multiple of the healthy replicas'
+    /// mean load with the request plus one request (cold), or its engine queues
     /// `saturation_queue` requests, or its KV cache is fuller than `saturation_kv`.
     pub saturation_ratio: f64,
     pub saturation_queue: f64,
