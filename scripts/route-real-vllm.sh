@@ -5,8 +5,9 @@
 #
 #   scripts/route-real-vllm.sh [REQUESTS] [BLOCKS] [PROMPTS] [CLAUSES]
 #       (defaults 120 requests, 24 blocks of 128 tokens per replica, 6 system prompts of
-#       120 clauses, about 1,000 tokens each; 220 clauses are about 1,850 tokens, the most
-#       the engines' --max-model-len 2048 leaves room for)
+#       120 clauses: about 1,480 prompt tokens with the question, 11 full blocks shared;
+#       156 clauses: 1,948 tokens, 15 full blocks, about the most the engines'
+#       --max-model-len 2048 leaves room for)
 #
 # Needs ../shared/real-vllm (serve.sh, stop.sh) and a built proxy (target/debug or
 # target/release goodput-proxy). Run it under /work/bin/quiet: the replicas take both cores.
