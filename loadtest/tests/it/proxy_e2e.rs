@@ -64,6 +64,10 @@ drain = true
 [phases.mix]
 hangup_share = 0.3
 hangup_after_events = { fixed = 4 }
+# Long streams here (about 0.8 s after the hang-up): with 16 tokens the stream's last 60 ms
+# could be written out before the client's hang-up reached the simulator on a loaded machine,
+# which then counted a finished request, not an abort.
+max_tokens = { fixed = 160 }
 "#;
 
 async fn start_sim() -> SimHandle {
