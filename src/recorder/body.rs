@@ -68,41 +68,52 @@ struct Stripping {
 /// See the module docs.
 pub struct MeteredBody {
     inner: ProxyBody,
-    active: Option<Active>,
+    /// Boxed: the meter is about a kilobyte, set up where it lives and never moved again.
+    active: Option<Box<Active>>,
     /// `Some` in the stripping configuration.
     stripping: Option<Box<Stripping>>,
 }
 
 impl MeteredBody {
-    /// Wrap `inner`. `meter` already carries `t0` and the response head (`on_head`); when it
-    /// strips usage ([`StreamMeter::strips`]) the body is the stripping configuration.
+    /// Wrap `inner`. `meter` carries `t0`; `setup` sets it up in place and gives it the
+    /// response head (`on_head`). When it then strips usage ([`StreamMeter::strips`]) the
+    /// body is the stripping configuration.
     pub(super) fn new(
         inner: ProxyBody,
         meter: StreamMeter,
         finish: Finish,
         itl: ItlBuffer,
+        setup: impl FnOnce(&mut StreamMeter),
     ) -> Self {
-        let stripping = meter.strips().then(Box::default);
         let progress = finish.progress().map(|p| (p, finish.judging()));
+        let mut active = Box::new(Active {
+            meter,
+            itl,
+            finish,
+            progress,
+        });
+        setup(&mut active.meter);
+        let stripping = active.meter.strips().then(Box::default);
         Self {
             inner,
-            active: Some(Active {
-                meter,
-                itl,
-                finish,
-                progress,
-            }),
+            active: Some(active),
             stripping,
         }
     }
 
     fn finish(&mut self, ending: Ending) {
-        let Some(mut a) = self.active.take() else {
+        let Some(a) = self.active.take() else {
             return;
         };
-        let m = a.meter.finish(Instant::now(), ending);
-        drop(a.itl); // its buffered gaps reach the histogram before the record
-        a.finish.record(m);
+        let Active {
+            mut meter,
+            itl,
+            finish,
+            ..
+        } = *a;
+        let m = meter.finish(Instant::now(), ending);
+        drop(itl); // its buffered gaps reach the histogram before the record
+        finish.record(m);
     }
 
     /// The stripping configuration's poll: pieces the meter let out first, then what waits
@@ -139,9 +150,12 @@ impl MeteredBody {
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) => {
                         let itl = &mut a.itl;
-                        a.meter
-                            .on_upstream_frame(t, data, &mut s.out, |g| itl.observe(g));
+                        let whole = a.meter.strip_frame(t, data, &mut s.out, |g| itl.observe(g));
                         a.served(t);
+                        // `out` was empty: a frame that passes whole goes out at once.
+                        if let Some(frame) = whole {
+                            return Poll::Ready(Some(Ok(Frame::data(frame))));
+                        }
                         continue;
                     }
                     // Trailers end the body: what the meter holds goes out first.

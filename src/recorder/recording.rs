@@ -18,7 +18,7 @@ use crate::upstream::forward::{Routed, ServedBy};
 use crate::upstream::goodput::Judging;
 use crate::upstream::usage::LearnsUnasked;
 use crate::upstream::usage::Unasked;
-use goodput_measure::meter::{Measurement, StreamMeter};
+use goodput_measure::meter::{Measurement, MeterSetup, StreamMeter};
 use goodput_measure::outcome::{rejected_by_client, Ending, Outcome};
 use goodput_measure::record::RequestRecord;
 use goodput_measure::slo::{judge, Slo};
@@ -179,24 +179,26 @@ impl Open {
         if let Some(d) = proxy_time {
             recorder.metrics.observe_overhead(d);
         }
-        let mut sm = StreamMeter::new(ctx.t0, stream)
-            .keep_gaps(GAPS_KEPT_PER_REQUEST)
-            .with_tools(tools)
-            .proxy_time(proxy_time)
-            .stall_threshold(recorder.stall);
-        // Only streams have events to trace (a JSON body is one moment).
-        if stream && recorder.traced(trace_asked) {
-            sm = sm.trace(recorder.trace_bounds);
-        }
-        sm.on_head(Instant::now(), parts.status.as_u16());
+        let setup = MeterSetup {
+            keep_gaps: GAPS_KEPT_PER_REQUEST,
+            tools,
+            proxy_time,
+            stall: recorder.stall,
+            // Only streams have events to trace (a JSON body is one moment).
+            trace: (stream && recorder.traced(trace_asked)).then_some(recorder.trace_bounds),
+            strip_usage: parts.extensions.get::<UsageInjected>().is_some(),
+        };
+        let (t_head, status) = (Instant::now(), parts.status.as_u16());
         if let Some(u) = &finish.upstream {
             finish.started.rm.set_upstream(u);
         }
-        if parts.extensions.get::<UsageInjected>().is_some() {
-            sm = sm.strip_usage();
-        }
         let itl = finish.started.rm.itl_buffer();
-        let body = MeteredBody::new(body, sm, finish, itl).boxed_unsync();
+        let meter = StreamMeter::new(ctx.t0, stream);
+        let body = MeteredBody::new(body, meter, finish, itl, |sm| {
+            sm.setup(setup);
+            sm.on_head(t_head, status);
+        })
+        .boxed_unsync();
         Response::from_parts(parts, body)
     }
 }

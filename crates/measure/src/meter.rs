@@ -327,11 +327,17 @@ impl Timeline {
         }
     }
 
+    #[inline]
     fn choice(&mut self, index: u32) -> &mut ChoiceTimeline {
-        let i = index.min(MAX_CHOICE_INDEX) as usize;
-        if i == 0 {
+        if index == 0 {
             return &mut self.choice0;
         }
+        self.more_choice(index)
+    }
+
+    #[inline(never)]
+    fn more_choice(&mut self, index: u32) -> &mut ChoiceTimeline {
+        let i = index.clamp(1, MAX_CHOICE_INDEX) as usize;
         if self.more.len() < i {
             self.more.resize(i, ChoiceTimeline::default());
         }
@@ -648,6 +654,32 @@ impl Timeline {
     }
 }
 
+/// What [`StreamMeter::setup`] sets, each field as its builder does: [`StreamMeter::keep_gaps`],
+/// [`StreamMeter::with_tools`], [`StreamMeter::proxy_time`], [`StreamMeter::stall_threshold`],
+/// [`StreamMeter::trace`] (when `Some`) and [`StreamMeter::strip_usage`] (when `true`).
+#[derive(Debug, Clone)]
+pub struct MeterSetup {
+    pub keep_gaps: usize,
+    pub tools: Option<Arc<ToolSet>>,
+    pub proxy_time: Option<Duration>,
+    pub stall: Duration,
+    pub trace: Option<TraceBounds>,
+    pub strip_usage: bool,
+}
+
+impl Default for MeterSetup {
+    fn default() -> Self {
+        Self {
+            keep_gaps: 0,
+            tools: None,
+            proxy_time: None,
+            stall: DEFAULT_STALL,
+            trace: None,
+            strip_usage: false,
+        }
+    }
+}
+
 /// Drives one request's measurement. Call [`StreamMeter::finish`] exactly once.
 #[derive(Debug)]
 pub struct StreamMeter {
@@ -697,6 +729,29 @@ impl StreamMeter {
         }
     }
 
+    /// Everything of `setup` at once, on the meter where it lives (the builders below take
+    /// and return the meter, about a kilobyte, by value: a copy a step unless inlined away).
+    pub fn setup(&mut self, setup: MeterSetup) {
+        let MeterSetup {
+            keep_gaps,
+            tools,
+            proxy_time,
+            stall,
+            trace,
+            strip_usage,
+        } = setup;
+        self.set_keep_gaps(keep_gaps);
+        self.tools = tools;
+        self.proxy_time = proxy_time;
+        self.tl.stall = stall;
+        if let Some(bounds) = trace {
+            self.set_trace(bounds);
+        }
+        if strip_usage {
+            self.set_strip_usage();
+        }
+    }
+
     /// The proxy's own time before it handed the request to the upstream connection (the
     /// first part of [`Measurement::ttft_split`]).
     #[inline]
@@ -732,17 +787,25 @@ impl StreamMeter {
     /// allocations per long request, none per event once warm).
     #[inline]
     pub fn keep_gaps(mut self, cap: usize) -> Self {
+        self.set_keep_gaps(cap);
+        self
+    }
+
+    fn set_keep_gaps(&mut self, cap: usize) {
         self.tl.gap_cap = cap;
         self.tl.gaps = Vec::with_capacity(cap.min(64));
-        self
     }
 
     /// Keep a token-level trace of this stream within `bounds` ([`Measurement::trace`]).
     #[inline]
     pub fn trace(mut self, bounds: TraceBounds) -> Self {
+        self.set_trace(bounds);
+        self
+    }
+
+    fn set_trace(&mut self, bounds: TraceBounds) {
         self.tl.trace = Some(TraceBuilder::new(bounds));
         self.tl.log.detail = true;
-        self
     }
 
     /// The response head arrived at `t` with `status`.

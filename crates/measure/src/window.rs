@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use foldhash::fast::FixedState;
 use tokio::time::Instant;
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -60,7 +61,9 @@ pub struct RatioWindow {
     origin: Instant,
     slots: usize,
     all: Slots,
-    by_key: HashMap<Arc<str>, Slots>,
+    /// Keys are label values from bounded sets (models, tenants, replicas): a fixed-seed fast
+    /// hash is enough (SipHash was most of a finished request's cost here).
+    by_key: HashMap<Arc<str>, Slots, FixedState>,
 }
 
 impl RatioWindow {
@@ -71,7 +74,7 @@ impl RatioWindow {
             origin,
             slots,
             all: Slots::new(slots),
-            by_key: HashMap::new(),
+            by_key: HashMap::default(),
         }
     }
 

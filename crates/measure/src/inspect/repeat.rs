@@ -253,7 +253,8 @@ impl RepeatCache {
     /// (`\n\n` or `\r\n\r\n`) whose payload repeats the template. Returns the event's length,
     /// and the payload's range in `buf`; the template's answer for the payload (what
     /// [`RepeatCache::repeats`] says of it) is [`RepeatCache::info`].
-    #[inline]
+    // Always inlined: it runs for nearly every event, and the call was a tenth of its cost.
+    #[inline(always)]
     pub fn repeats_event(&self, buf: &[u8]) -> Option<(usize, std::ops::Range<usize>)> {
         const DATA: &[u8] = LEAD;
         if !self.template.is_one_line() {
@@ -313,7 +314,7 @@ impl RepeatCache {
 /// How many bytes at the start of `s` are JSON string text: plain bytes (no quote, backslash
 /// or control character: `scan::plain_run`, eight at a time) and escapes as the scanner takes them (`scan::Cursor::escape`). It stops at the first byte that is neither (a
 /// closing quote where `s` is a string's text) or at a backslash that opens no escape.
-#[inline]
+#[inline(always)]
 fn text_len(s: &[u8]) -> usize {
     let mut i = 0;
     loop {

@@ -130,14 +130,15 @@ impl Out {
         }
     }
 
-    fn into_pieces(self, frame: Bytes, out: &mut VecDeque<Bytes>) {
+    /// The pieces appended to `out`, or the frame itself when it passes whole (returned).
+    fn into_pieces(self, frame: Bytes, out: &mut VecDeque<Bytes>) -> Option<Bytes> {
         match self {
             Out::Empty => {}
-            // The whole frame passes (most frames: one ordinary event): it goes out itself.
-            Out::Range(0, b) if b == frame.len() => out.push_back(frame),
+            Out::Range(0, b) if b == frame.len() => return Some(frame),
             Out::Range(a, b) => out.push_back(frame.slice(a..b)),
             Out::Pieces(v) => out.extend(v),
         }
+        None
     }
 }
 
@@ -236,10 +237,14 @@ impl StreamMeter {
     /// [`StreamMeter::on_upstream_frame`], not [`StreamMeter::on_frame`].
     #[inline]
     pub fn strip_usage(mut self) -> Self {
+        self.set_strip_usage();
+        self
+    }
+
+    pub(super) fn set_strip_usage(&mut self) {
         if self.streaming {
             self.strip = Some(Box::default());
         }
-        self
     }
 
     /// The meter strips injected usage (and so changes the bytes the client gets).
@@ -255,23 +260,41 @@ impl StreamMeter {
         t: Instant,
         frame: Bytes,
         out: &mut VecDeque<Bytes>,
-        mut on_gap: impl FnMut(Duration),
+        on_gap: impl FnMut(Duration),
     ) {
+        if let Some(whole) = self.strip_frame(t, frame, out, on_gap) {
+            out.push_back(whole);
+        }
+    }
+
+    /// [`StreamMeter::on_upstream_frame`], except that a frame that passes whole is returned
+    /// rather than appended to `out` (and then nothing was appended): most frames, which the
+    /// body hands on as they are.
+    pub fn strip_frame(
+        &mut self,
+        t: Instant,
+        frame: Bytes,
+        out: &mut VecDeque<Bytes>,
+        mut on_gap: impl FnMut(Duration),
+    ) -> Option<Bytes> {
         let stripping = self.status_ok() && self.strip.as_ref().is_some_and(|s| !s.gave_up);
         if !stripping {
             self.on_frame(t, &frame, on_gap);
-            if !frame.is_empty() {
-                out.push_back(frame);
-            }
-            return;
+            return (!frame.is_empty()).then_some(frame);
         }
         if frame.is_empty() {
-            return; // keeps a pending `\r`: the `\n` of its line end may open the next frame
+            return None; // keeps a pending `\r`: the `\n` of its line end may open the next frame
         }
         self.last_frame = Some(t);
         let on_gap = &mut on_gap;
+        // The frame-level look: the events at the frame's start that repeat the template,
+        // while nothing is held or pending, pass as they are (most frames: all of it).
+        let mut start = self.pass_repeats(t, &frame, on_gap);
+        if start == frame.len() {
+            return Some(frame);
+        }
         let mut acc = Out::Empty;
-        let mut start = 0;
+        acc.range(&frame, 0, start);
         if let Some(strip) = self.strip.as_deref_mut() {
             if let Some(fate) = strip.trailing_cr.take() {
                 if frame.first() == Some(&b'\n') {
@@ -290,7 +313,7 @@ impl StreamMeter {
             start = self.strip_next(t, &frame, start, &mut acc, on_gap);
         }
         let Some(strip) = self.strip.as_deref_mut() else {
-            return;
+            return acc.into_pieces(frame, out);
         };
         let held = strip.held.as_ref().map_or(0, Bytes::len) + strip.held_comments.len();
         if strip.partial.len() + held > MAX_LINE_BYTES {
@@ -301,7 +324,37 @@ impl StreamMeter {
             let partial = std::mem::take(&mut strip.partial);
             acc.piece(&frame, partial.freeze());
         }
-        acc.into_pieces(frame, out);
+        acc.into_pieces(frame, out)
+    }
+
+    /// The events at the start of `frame` that repeat the template, framed, judged (ordinary
+    /// output events: they pass) and metered in one look each, as [`StreamMeter::strip_next`]
+    /// takes them, when nothing is held, partial or pending (no `\r` of a line end): returns
+    /// where the rest of the frame begins.
+    #[inline]
+    fn pass_repeats(
+        &mut self,
+        t: Instant,
+        frame: &[u8],
+        on_gap: &mut impl FnMut(Duration),
+    ) -> usize {
+        let Some(strip) = self.strip.as_deref() else {
+            return 0;
+        };
+        let quiet = strip.trailing_cr.is_none()
+            && strip.partial.is_empty()
+            && strip.held.is_none()
+            && strip.held_comments.is_empty();
+        if !(quiet && self.tl.cacheable() && self.parser.at_event_start()) {
+            return 0;
+        }
+        let mut at = 0;
+        while let Some((len, data)) = self.repeat.repeats_event(&frame[at..]) {
+            let data = &frame[at + data.start..at + data.end];
+            self.tl.on_repeat(t, &self.repeat, data, on_gap);
+            at += len;
+        }
+        at
     }
 
     /// The next event of `frame` from `start`: framed, metered and judged; returns where the
