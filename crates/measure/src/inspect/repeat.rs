@@ -133,7 +133,7 @@ impl Template {
     /// (one more), or the rest and `\r\n\r\n`. Exactly what the general path
     /// ([`Template::match_prefix`] on the payload after `data: `, then the blank line) finds for
     /// one span; the caller checked [`Template::is_one_line`].
-    #[inline]
+    #[inline(always)]
     fn match_event_one_span(&self, buf: &[u8]) -> Option<(usize, std::ops::Range<usize>)> {
         let w = self.bytes.as_slice();
         let (a, b) = self.spans[0];

@@ -287,14 +287,8 @@ impl StreamMeter {
         }
         self.last_frame = Some(t);
         let on_gap = &mut on_gap;
-        // The frame-level look: the events at the frame's start that repeat the template,
-        // while nothing is held or pending, pass as they are (most frames: all of it).
-        let mut start = self.pass_repeats(t, &frame, on_gap);
-        if start == frame.len() {
-            return Some(frame);
-        }
         let mut acc = Out::Empty;
-        acc.range(&frame, 0, start);
+        let mut start = 0;
         if let Some(strip) = self.strip.as_deref_mut() {
             if let Some(fate) = strip.trailing_cr.take() {
                 if frame.first() == Some(&b'\n') {
@@ -310,6 +304,15 @@ impl StreamMeter {
             }
         }
         while start < frame.len() {
+            // The frame-level look: a run of events that repeat the template, while nothing
+            // is held or partial, passes as one range (a frame of only such events: the frame
+            // itself, handed on whole).
+            let run = self.pass_repeats(t, &frame[start..], on_gap);
+            if run > 0 {
+                acc.range(&frame, start, start + run);
+                start += run;
+                continue;
+            }
             start = self.strip_next(t, &frame, start, &mut acc, on_gap);
         }
         let Some(strip) = self.strip.as_deref_mut() else {
@@ -327,15 +330,15 @@ impl StreamMeter {
         acc.into_pieces(frame, out)
     }
 
-    /// The events at the start of `frame` that repeat the template, framed, judged (ordinary
-    /// output events: they pass) and metered in one look each, as [`StreamMeter::strip_next`]
-    /// takes them, when nothing is held, partial or pending (no `\r` of a line end): returns
-    /// where the rest of the frame begins.
+    /// The events at the start of `rest` (a frame from an event's start) that repeat the
+    /// template, framed, judged (ordinary output events: they pass) and metered in one look
+    /// each, as [`StreamMeter::strip_next`] takes them, when nothing is held, partial or
+    /// pending (no `\r` of a line end): returns how many bytes they span.
     #[inline]
     fn pass_repeats(
         &mut self,
         t: Instant,
-        frame: &[u8],
+        rest: &[u8],
         on_gap: &mut impl FnMut(Duration),
     ) -> usize {
         let Some(strip) = self.strip.as_deref() else {
@@ -349,8 +352,8 @@ impl StreamMeter {
             return 0;
         }
         let mut at = 0;
-        while let Some((len, data)) = self.repeat.repeats_event(&frame[at..]) {
-            let data = &frame[at + data.start..at + data.end];
+        while let Some((len, data)) = self.repeat.repeats_event(&rest[at..]) {
+            let data = &rest[at + data.start..at + data.end];
             self.tl.on_repeat(t, &self.repeat, data, on_gap);
             at += len;
         }
