@@ -1644,6 +1644,34 @@ mod tests {
     }
 
     #[test]
+    fn setup_sets_what_the_builders_set() {
+        let t0 = Instant::now();
+        let bounds = TraceBounds { max_tokens: 7 };
+        let built = StreamMeter::new(t0, true)
+            .keep_gaps(5)
+            .proxy_time(Some(ms(3)))
+            .stall_threshold(ms(9))
+            .trace(bounds)
+            .strip_usage();
+        let mut set = StreamMeter::new(t0, true);
+        set.setup(MeterSetup {
+            keep_gaps: 5,
+            tools: None,
+            proxy_time: Some(ms(3)),
+            stall: ms(9),
+            trace: Some(bounds),
+            strip_usage: true,
+        });
+        assert_eq!(format!("{set:?}"), format!("{built:?}"));
+        let mut default = StreamMeter::new(t0, true);
+        default.setup(MeterSetup::default());
+        assert_eq!(
+            format!("{default:?}"),
+            format!("{:?}", StreamMeter::new(t0, true))
+        );
+    }
+
+    #[test]
     fn without_body() {
         let m = Measurement::without_body(Outcome::Rejected, Some(429), ms(2));
         assert_eq!(

@@ -507,3 +507,41 @@ proptest! {
         prop_assert_eq!(strip_all(&refs), whole);
     }
 }
+
+/// A frame of events that repeat the template, with nothing held, is handed back whole (the
+/// body passes it on without the queue) and metered; a frame that is not is queued in pieces.
+#[test]
+fn a_frame_of_template_repeats_is_handed_back_whole() {
+    let event = |text: &str| {
+        format!("data: {{\"id\":\"c\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{text}\"}},\"finish_reason\":null}}]}}\n\n")
+    };
+    let t0 = Instant::now();
+    let mut m = StreamMeter::new(t0, true).strip_usage();
+    m.on_head(t0, 200);
+    let mut out = VecDeque::new();
+    let first = Bytes::from(event("a"));
+    let whole = m.strip_frame(t0, first.clone(), &mut out, |_| {});
+    assert_eq!(
+        whole.as_deref(),
+        Some(&first[..]),
+        "the first event is scanned, and passes"
+    );
+    let run = Bytes::from(event("b") + &event("cd") + &event("e"));
+    let mut gaps = Vec::new();
+    let t1 = t0 + Duration::from_millis(5);
+    let whole = m.strip_frame(t1, run.clone(), &mut out, |g| gaps.push(g));
+    let whole = whole.expect("three repeats: the frame itself");
+    assert_eq!(whole.as_ptr(), run.as_ptr(), "not a copy");
+    assert!(out.is_empty());
+    assert_eq!(
+        gaps,
+        [Duration::from_millis(5), Duration::ZERO, Duration::ZERO]
+    );
+    // A finish chunk after a repeat: the repeat passes, the finish chunk is held.
+    let fin = "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"f\"},\"finish_reason\":\"stop\"}]}\n\n";
+    let mixed = Bytes::from(event("g") + fin);
+    assert!(m.strip_frame(t1, mixed, &mut out, |_| {}).is_none());
+    assert_eq!(out.iter().map(Bytes::len).sum::<usize>(), event("g").len());
+    let m = m.finish(t1, Ending::Complete);
+    assert_eq!((m.output_events, m.itl_count), (5, 4));
+}
