@@ -35,7 +35,7 @@ use crate::client::{self, http_client, Outgoing};
 use crate::soak::proxy::{default_bin, ProxyProcess};
 use fleet::Fleet;
 use policy::{Hpa, Signal};
-use profile::Done;
+use profile::{Done, Miss};
 
 /// The model every request names.
 const MODEL: &str = "sim";
@@ -94,6 +94,12 @@ pub struct AutoscaleArgs {
     /// a quarter more, room for a burst while new replicas start).
     #[arg(long, default_value_t = 0.8)]
     pub desired_target: f64,
+    /// Each replica's cap on unfinished requests, running and waiting (vLLM's
+    /// `--max-num-queued-reqs` as the simulator models it): a request over it is rejected at
+    /// admission (503), and the proxy retries it on another replica while the client has seen
+    /// nothing. No cap when absent.
+    #[arg(long)]
+    pub max_queued: Option<u64>,
     /// SLO attainment target (`[scale] target`).
     #[arg(long, default_value_t = 0.95)]
     pub target: f64,
@@ -107,8 +113,9 @@ pub struct AutoscaleArgs {
 }
 
 /// The engine replica: 8 decode slots, 20 ms per token plus 2 ms per sequence in the batch,
-/// prefill at 0.1 ms per prompt token. A request waits for a slot once 8 run.
-fn replica() -> SimConfig {
+/// prefill at 0.1 ms per prompt token. A request waits for a slot once 8 run; with
+/// `max_queued`, one that finds that many unfinished is rejected.
+fn replica(max_queued: Option<u64>) -> SimConfig {
     SimConfig {
         models: vec![MODEL.to_string()],
         ttft_ms: 30.0,
@@ -116,6 +123,7 @@ fn replica() -> SimConfig {
         tpot_ms: 20.0,
         tpot_ms_per_seq: 2.0,
         max_num_seqs: 8,
+        max_num_queued_reqs: max_queued,
         ..SimConfig::default()
     }
 }
@@ -222,7 +230,10 @@ pub async fn run(args: AutoscaleArgs) -> anyhow::Result<()> {
             Signal::Tokens => args.demand_target * mean_tokens,
             Signal::Pending => {
                 args.demand_target
-                    * pending_per_stream(&replica(), mean_tokens - OUTPUT_TOKENS as f64)
+                    * pending_per_stream(
+                        &replica(args.max_queued),
+                        mean_tokens - OUTPUT_TOKENS as f64,
+                    )
             }
             Signal::Desired => args.desired_target,
         };
@@ -313,7 +324,7 @@ async fn run_one(
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let hosts = std::fs::canonicalize(&dir)?.join("fleet.hosts");
     let mut fleet = Fleet::start(
-        replica(),
+        replica(args.max_queued),
         real(args.start_delay_s),
         real(30.0),
         hosts.clone(),
@@ -365,12 +376,30 @@ async fn run_one(
                     )
                     .await;
                     let m = &sent.measurement;
-                    let good =
-                        m.outcome == goodput_measure::Outcome::Success && judge(m, &slo).good;
+                    let v = judge(m, &slo);
+                    let good = m.outcome == goodput_measure::Outcome::Success && v.good;
+                    let miss = if good {
+                        None
+                    } else if m.outcome != goodput_measure::Outcome::Success {
+                        Some(Miss::Failed)
+                    } else if v.ttft_ok == Some(false) {
+                        Some(Miss::Ttft)
+                    } else if v.tpot_ok == Some(false) {
+                        Some(Miss::Tpot)
+                    } else {
+                        Some(Miss::E2e)
+                    };
+                    let ttft_ms = m.ttft.map(|t| t.as_secs_f64() * 1e3);
                     let start = sent.t0.saturating_duration_since(t0).as_secs_f64() * k;
                     let end = start + m.e2e.as_secs_f64() * k;
                     if let Ok(mut d) = done.lock() {
-                        d.push(Done { start, end, good });
+                        d.push(Done {
+                            start,
+                            end,
+                            good,
+                            miss,
+                            ttft_ms,
+                        });
                     }
                 }));
             }

@@ -84,13 +84,29 @@ pub fn arrivals(phases: &[Phase], seed: u64) -> Vec<f64> {
     out
 }
 
-/// One request as the client saw it: when it arrived and finished (model seconds), and
-/// whether it met every SLO.
+/// One request as the client saw it: when it arrived and finished (model seconds), whether
+/// it met every SLO, and if not, the first thing that failed.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Done {
     pub start: f64,
     pub end: f64,
     pub good: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub miss: Option<Miss>,
+    /// Time to first token in the run's (real) milliseconds, when a token came.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttft_ms: Option<f64>,
+}
+
+/// Why a request was not good: the first of these that holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Miss {
+    /// Not a success (an engine's or the proxy's rejection, an error, a timeout).
+    Failed,
+    Ttft,
+    Tpot,
+    E2e,
 }
 
 /// Share of requests finished in `(t - window, t]` that were good; `None` when none finished.
@@ -166,7 +182,13 @@ mod tests {
     use super::*;
 
     fn d(start: f64, end: f64, good: bool) -> Done {
-        Done { start, end, good }
+        Done {
+            start,
+            end,
+            good,
+            miss: (!good).then_some(Miss::Ttft),
+            ttft_ms: None,
+        }
     }
 
     #[test]
