@@ -376,19 +376,9 @@ async fn run_one(
                     )
                     .await;
                     let m = &sent.measurement;
-                    let v = judge(m, &slo);
-                    let good = m.outcome == goodput_measure::Outcome::Success && v.good;
-                    let miss = if good {
-                        None
-                    } else if m.outcome != goodput_measure::Outcome::Success {
-                        Some(Miss::Failed)
-                    } else if v.ttft_ok == Some(false) {
-                        Some(Miss::Ttft)
-                    } else if v.tpot_ok == Some(false) {
-                        Some(Miss::Tpot)
-                    } else {
-                        Some(Miss::E2e)
-                    };
+                    let success = m.outcome == goodput_measure::Outcome::Success;
+                    let miss = Miss::of(success, &judge(m, &slo));
+                    let good = miss.is_none();
                     let ttft_ms = m.ttft.map(|t| t.as_secs_f64() * 1e3);
                     let start = sent.t0.saturating_duration_since(t0).as_secs_f64() * k;
                     let end = start + m.e2e.as_secs_f64() * k;

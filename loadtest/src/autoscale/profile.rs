@@ -1,6 +1,7 @@
 //! The load of the autoscaling proof and what is read from a run: pure (seconds in, figures
 //! out). Times are in the model's seconds (see `mod.rs` on time compression).
 
+use goodput_measure::slo::SloVerdict;
 use serde::Serialize;
 
 use crate::schedule::{open_offsets, phase_seed, Arrivals};
@@ -107,6 +108,30 @@ pub enum Miss {
     Ttft,
     Tpot,
     E2e,
+    /// Another SLO (stalls, tool calls).
+    Other,
+}
+
+impl Miss {
+    /// Why a request that did (`success`) or did not succeed, judged `v`, was not good;
+    /// `None` when it was.
+    pub fn of(success: bool, v: &SloVerdict) -> Option<Miss> {
+        if success && v.good {
+            return None;
+        }
+        let failed = |ok: Option<bool>| ok == Some(false);
+        Some(if !success {
+            Miss::Failed
+        } else if failed(v.ttft_ok) {
+            Miss::Ttft
+        } else if failed(v.tpot_ok) {
+            Miss::Tpot
+        } else if failed(v.e2e_ok) {
+            Miss::E2e
+        } else {
+            Miss::Other
+        })
+    }
 }
 
 /// Share of requests finished in `(t - window, t]` that were good; `None` when none finished.
@@ -217,6 +242,38 @@ mod tests {
             a.len()
         );
         assert!(a.windows(2).all(|w| w[0] <= w[1]));
+    }
+
+    #[test]
+    fn why_a_request_missed() {
+        let ok = SloVerdict {
+            ttft_ok: Some(true),
+            tpot_ok: Some(true),
+            e2e_ok: Some(true),
+            good: true,
+            ..SloVerdict::default()
+        };
+        let late = SloVerdict {
+            ttft_ok: Some(false),
+            e2e_ok: Some(false),
+            good: false,
+            ..ok
+        };
+        let slow = SloVerdict {
+            tpot_ok: Some(false),
+            good: false,
+            ..ok
+        };
+        let stalled = SloVerdict {
+            stall_ok: Some(false),
+            good: false,
+            ..ok
+        };
+        assert_eq!(Miss::of(true, &ok), None);
+        assert_eq!(Miss::of(false, &ok), Some(Miss::Failed));
+        assert_eq!(Miss::of(true, &late), Some(Miss::Ttft));
+        assert_eq!(Miss::of(true, &slow), Some(Miss::Tpot));
+        assert_eq!(Miss::of(true, &stalled), Some(Miss::Other));
     }
 
     #[test]
