@@ -376,7 +376,7 @@ fn markdown(rows: &[Row]) -> String {
     let mut s = String::from("| workload | strategy | seed | requests | TTFT p50 / p90 / p99 (ms) | TPOT p50 / p99 (ms) | goodput ratio | throughput (tok/s) | engine prefix hit rate | decisions |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     for r in rows {
         s.push_str(&format!(
-            "| {} | {} | {} | {} | {:.0} / {:.0} / {:.0} | {:.1} / {:.1} | {:.1} % | {:.0} | {:.1} % | {} |\n",
+            "| {} | {} | {} | {} | {:.1} / {:.1} / {:.1} | {:.1} / {:.1} | {:.1} % | {:.0} | {:.1} % | {} |\n",
             r.workload,
             r.strategy,
             r.seed,
@@ -435,22 +435,52 @@ fn spread_markdown(rows: &[Row]) -> String {
     s
 }
 
+/// Of every reported figure, the one on which `r` is furthest worse than `p` (relative: a
+/// latency above, goodput, throughput or hit rate below), as "figure +x.x %"; "none" when
+/// it is worse on none.
+fn worst_against(r: &Row, p: &Row) -> String {
+    // (figure, strategy's, p2c's, higher is worse)
+    let figures = [
+        ("TTFT p50", r.ttft[0], p.ttft[0], true),
+        ("TTFT p90", r.ttft[1], p.ttft[1], true),
+        ("TTFT p99", r.ttft[2], p.ttft[2], true),
+        ("TPOT p50", r.tpot[0], p.tpot[0], true),
+        ("TPOT p99", r.tpot[1], p.tpot[1], true),
+        ("goodput", r.goodput, p.goodput, false),
+        ("throughput", r.throughput, p.throughput, false),
+        ("hit rate", r.hit_rate, p.hit_rate, false),
+    ];
+    figures
+        .iter()
+        .map(|&(name, v, base, up)| {
+            let worse = if up { v / base - 1.0 } else { 1.0 - v / base };
+            (name, worse)
+        })
+        .filter(|(_, w)| w.is_finite() && *w > 0.0)
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .map_or_else(
+            || "none".into(),
+            |(n, w)| format!("{n} {:+.1} %", w * 100.0),
+        )
+}
+
 /// The targets, per seed, each strategy against p2c on the same arrivals.
 fn targets_markdown(rows: &[Row]) -> String {
-    let mut s = String::from("| workload | seed | strategy | TTFT p90 / p2c's | hit rate / p2c's | goodput ratio - p2c's (points) |\n| --- | --- | --- | --- | --- | --- |\n");
+    let mut s = String::from("| workload | seed | strategy | TTFT p90 / p2c's | hit rate / p2c's | goodput ratio - p2c's (points) | worst figure against p2c's |\n| --- | --- | --- | --- | --- | --- | --- |\n");
     for p in rows.iter().filter(|r| r.strategy == "p2c") {
         for r in rows
             .iter()
             .filter(|r| r.workload == p.workload && r.seed == p.seed && r.strategy != "p2c")
         {
             s.push_str(&format!(
-                "| {} | {} | {} | {:.2} | {:.2} | {:+.1} |\n",
+                "| {} | {} | {} | {:.2} | {:.2} | {:+.1} | {} |\n",
                 r.workload,
                 r.seed,
                 r.strategy,
                 r.ttft[1] / p.ttft[1],
                 r.hit_rate / p.hit_rate,
-                (r.goodput - p.goodput) * 100.0
+                (r.goodput - p.goodput) * 100.0,
+                worst_against(r, p)
             ));
         }
     }
