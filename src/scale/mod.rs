@@ -137,8 +137,9 @@ struct Model {
 
 #[derive(Default)]
 struct State {
-    /// Finished since the last tick, per (model, upstream).
-    pending: HashMap<(Arc<str>, Arc<str>), Vec<Finished>>,
+    /// Finished since the last tick, per (model, upstream). Touched once per finished request:
+    /// keys are bounded label values, so a fast fixed-seed hash (no SipHash) serves.
+    pending: HashMap<(Arc<str>, Arc<str>), Vec<Finished>, foldhash::fast::FixedState>,
     /// Each replica's raw load at its recent ticks, oldest first.
     history: HashMap<Arc<str>, std::collections::VecDeque<(Instant, Load)>>,
     /// Each replica's `tokens_sent` at the last tick.

@@ -185,14 +185,13 @@ fn surely_open(cfg: &BalanceConfig, c: &Cand, warm: f64, full: f64) -> bool {
 /// `Only`). `decide` would choose the same; `None` leaves it to `decide`'s full path. A healthy
 /// holder is eligible whatever the others; an unhealthy one only when none is healthy, which
 /// the full path sorts out.
-fn quick_hit(
-    cfg: &BalanceConfig,
-    cands: &[Cand],
-    shape: &Shape,
-    matched: &[usize],
-    match_blocks: usize,
-    excluded: &[usize],
-) -> Option<Choice> {
+fn quick_hit(cfg: &BalanceConfig, cands: &[Cand], ask: &Ask) -> Option<Choice> {
+    let Ask {
+        shape,
+        matched,
+        match_blocks,
+        excluded,
+    } = *ask;
     let &h = matched
         .iter()
         .find(|&&i| cands[i].healthy && !excluded.contains(&i))?;
@@ -210,51 +209,61 @@ fn quick_hit(
     })
 }
 
-/// The choice. `matched`: candidates holding the request's longest recorded prefix (most
-/// recent first), `match_blocks` its length; `scratch` is reused between calls. The common
-/// prefix hit is found without a pass over the candidates ([`quick_hit`]), the rest by the
-/// full path.
-#[allow(clippy::too_many_arguments)]
+/// What one request asks of the choice: its shape, the candidates holding its longest recorded
+/// prefix (`matched`, most recent first) and that prefix's length in blocks, and the
+/// candidates it must not go to (replicas already tried).
+#[derive(Debug, Clone, Copy)]
+pub struct Ask<'a> {
+    pub shape: &'a Shape,
+    pub matched: &'a [usize],
+    pub match_blocks: usize,
+    pub excluded: &'a [usize],
+}
+
+impl<'a> Ask<'a> {
+    /// A request with no recorded prefix and no replica excluded.
+    pub fn cold(shape: &'a Shape) -> Self {
+        Ask {
+            shape,
+            matched: &[],
+            match_blocks: 0,
+            excluded: &[],
+        }
+    }
+}
+
+/// The choice for `ask`; `scratch` is reused between calls. The common prefix hit is found
+/// without a pass over the candidates ([`quick_hit`]), the rest by the full path.
 pub fn decide<R: Rng + ?Sized>(
     cfg: &BalanceConfig,
     cands: &[Cand],
-    shape: &Shape,
-    matched: &[usize],
-    match_blocks: usize,
-    excluded: &[usize],
+    ask: &Ask,
     rng: &mut R,
     scratch: &mut Vec<usize>,
 ) -> Option<Choice> {
     let prefix = matches!(cfg.strategy, Strategy::Prefix | Strategy::Auto);
-    if prefix && match_blocks >= cfg.prefix_min_blocks {
-        if let Some(hit) = quick_hit(cfg, cands, shape, matched, match_blocks, excluded) {
+    if prefix && ask.match_blocks >= cfg.prefix_min_blocks {
+        if let Some(hit) = quick_hit(cfg, cands, ask) {
             return Some(hit);
         }
     }
-    decide_full(
-        cfg,
-        cands,
+    decide_full(cfg, cands, ask, rng, scratch)
+}
+
+/// [`decide`] without its quick path.
+fn decide_full<R: Rng + ?Sized>(
+    cfg: &BalanceConfig,
+    cands: &[Cand],
+    ask: &Ask,
+    rng: &mut R,
+    scratch: &mut Vec<usize>,
+) -> Option<Choice> {
+    let Ask {
         shape,
         matched,
         match_blocks,
         excluded,
-        rng,
-        scratch,
-    )
-}
-
-/// [`decide`] without its quick path.
-#[allow(clippy::too_many_arguments)]
-fn decide_full<R: Rng + ?Sized>(
-    cfg: &BalanceConfig,
-    cands: &[Cand],
-    shape: &Shape,
-    matched: &[usize],
-    match_blocks: usize,
-    excluded: &[usize],
-    rng: &mut R,
-    scratch: &mut Vec<usize>,
-) -> Option<Choice> {
+    } = *ask;
     let strategy = cfg.strategy;
     let prefix = matches!(strategy, Strategy::Prefix | Strategy::Auto);
     eligible(cands, excluded, scratch);
@@ -413,7 +422,16 @@ impl Balancer {
         // Allocated only if the full path runs (a prefix hit needs none).
         let mut scratch = Vec::new();
         if !self.uses_prefix() || shape.blocks.len() < self.cfg.prefix_min_blocks {
-            let choice = decide(&self.cfg, cands, shape, &[], 0, excluded, rng, &mut scratch)?;
+            let choice = decide(
+                &self.cfg,
+                cands,
+                &Ask {
+                    excluded,
+                    ..Ask::cold(shape)
+                },
+                rng,
+                &mut scratch,
+            )?;
             return Some((choice, Belief::default()));
         }
         let mut index = self.index.lock().unwrap_or_else(|e| e.into_inner());
@@ -429,10 +447,12 @@ impl Balancer {
         let choice = decide(
             &self.cfg,
             cands,
-            shape,
-            &matched[..n],
-            blocks,
-            excluded,
+            &Ask {
+                shape,
+                matched: &matched[..n],
+                match_blocks: blocks,
+                excluded,
+            },
             rng,
             &mut scratch,
         )?;
@@ -535,10 +555,12 @@ mod tests {
         decide(
             cfg,
             cands,
-            &shape(blocks),
-            matched,
-            blocks,
-            excluded,
+            &Ask {
+                shape: &shape(blocks),
+                matched,
+                match_blocks: blocks,
+                excluded,
+            },
             &mut rng,
             &mut Vec::new(),
         )
@@ -718,7 +740,19 @@ mod tests {
                 },
                 Cand { id: 2, ..holder },
             ];
-            let got = decide(&c, &cands, &s, &[2], 48, &[], &mut rng, &mut Vec::new()).unwrap();
+            let got = decide(
+                &c,
+                &cands,
+                &Ask {
+                    shape: &s,
+                    matched: &[2],
+                    match_blocks: 48,
+                    excluded: &[],
+                },
+                &mut rng,
+                &mut Vec::new(),
+            )
+            .unwrap();
             if released {
                 assert_eq!(got.reason, Reason::PrefixSaturated, "{what}");
                 assert_ne!(got.idx, 2, "{what}");
@@ -769,18 +803,15 @@ mod tests {
             if blocks < c.prefix_min_blocks {
                 continue;
             }
-            if let Some(hit) = quick_hit(&c, &cands, &s, &matched, blocks, &excluded) {
+            let ask = Ask {
+                shape: &s,
+                matched: &matched,
+                match_blocks: blocks,
+                excluded: &excluded,
+            };
+            if let Some(hit) = quick_hit(&c, &cands, &ask) {
                 quick += 1;
-                let full = decide_full(
-                    &c,
-                    &cands,
-                    &s,
-                    &matched,
-                    blocks,
-                    &excluded,
-                    &mut rng,
-                    &mut Vec::new(),
-                );
+                let full = decide_full(&c, &cands, &ask, &mut rng, &mut Vec::new());
                 assert_eq!(Some(hit), full, "{cands:?} {matched:?} {excluded:?} {s:?}");
             }
         }
@@ -844,10 +875,12 @@ mod tests {
                 let got = decide(
                     &c,
                     &cands,
-                    &shape(3),
-                    &held,
-                    3,
-                    &[],
+                    &Ask {
+                        shape: &shape(3),
+                        matched: &held,
+                        match_blocks: 3,
+                        excluded: &[],
+                    },
                     &mut rng,
                     &mut Vec::new(),
                 )
@@ -916,10 +949,7 @@ mod tests {
             let ch = decide(
                 &c,
                 &[cand(0, 3_000), slow],
-                &shape(0),
-                &[],
-                0,
-                &[],
+                &Ask::cold(&shape(0)),
                 &mut rng,
                 &mut Vec::new(),
             )
@@ -956,7 +986,7 @@ mod tests {
         let mut decide_n = |cands: &[Cand], n: usize| {
             (0..n)
                 .map(|_| {
-                    decide(&c, cands, &shape(0), &[], 0, &[], &mut rng, &mut Vec::new()).unwrap()
+                    decide(&c, cands, &Ask::cold(&shape(0)), &mut rng, &mut Vec::new()).unwrap()
                 })
                 .collect::<Vec<_>>()
         };
@@ -977,10 +1007,12 @@ mod tests {
             let ch = decide(
                 &c,
                 &[cand(0, 0), cand(1, 0), bad],
-                &shape(3),
-                &[1],
-                3,
-                &[],
+                &Ask {
+                    shape: &shape(3),
+                    matched: &[1],
+                    match_blocks: 3,
+                    excluded: &[],
+                },
                 &mut rng,
                 &mut Vec::new(),
             )
@@ -996,7 +1028,7 @@ mod tests {
         let mut decide_n = |cands: &[Cand], n: usize| {
             (0..n)
                 .map(|_| {
-                    decide(&c, cands, &shape(0), &[], 0, &[], &mut rng, &mut Vec::new()).unwrap()
+                    decide(&c, cands, &Ask::cold(&shape(0)), &mut rng, &mut Vec::new()).unwrap()
                 })
                 .collect::<Vec<_>>()
         };
@@ -1033,10 +1065,7 @@ mod tests {
                 let ch = decide(
                     &c,
                     &[cand(0, 0), cand(1, 0), bad],
-                    &shape(0),
-                    &[],
-                    0,
-                    &[],
+                    &Ask::cold(&shape(0)),
                     &mut rng,
                     &mut Vec::new(),
                 );
@@ -1135,16 +1164,7 @@ mod tests {
         let mut rng = SmallRng::seed_from_u64(3);
         for (cands, want) in cases {
             for _ in 0..20 {
-                let ch = decide(
-                    &c,
-                    &cands,
-                    &shape(0),
-                    &[],
-                    0,
-                    &[],
-                    &mut rng,
-                    &mut Vec::new(),
-                );
+                let ch = decide(&c, &cands, &Ask::cold(&shape(0)), &mut rng, &mut Vec::new());
                 assert_eq!(
                     ch,
                     Some(Choice {
@@ -1158,7 +1178,7 @@ mod tests {
         // Of many, never the most loaded.
         let many: Vec<Cand> = (0..5).map(|i| q(i, 0.0)).collect();
         for _ in 0..200 {
-            let ch = decide(&c, &many, &shape(0), &[], 0, &[], &mut rng, &mut Vec::new());
+            let ch = decide(&c, &many, &Ask::cold(&shape(0)), &mut rng, &mut Vec::new());
             assert_ne!(ch.unwrap().idx, 4);
         }
     }

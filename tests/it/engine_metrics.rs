@@ -389,14 +389,6 @@ async fn a_queued_engine_shows_in_queue_depth_and_gets_no_new_requests() {
     free.shutdown().await;
 }
 
-/// A bound-then-closed loopback port: connections to it are refused.
-async fn dead_url() -> String {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", l.local_addr().unwrap());
-    drop(l);
-    url
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_scrapes_are_counted_and_their_families_left_out() {
     let live = start_sim(SimConfig::fast()).await;
@@ -405,8 +397,8 @@ async fn failed_scrapes_are_counted_and_their_families_left_out() {
         ..SimConfig::fast()
     })
     .await;
-    let dead = dead_url().await;
-    let mut config = engine_config(&[live.base_url(), dead, dying.base_url()]);
+    let dead = crate::support::dead_url();
+    let mut config = engine_config(&[live.base_url(), dead.url.clone(), dying.base_url()]);
     // Index labels: "0" live, "1" dead from the start, "2" dies during the test.
     config.engine.upstream_label = UpstreamLabel::Index;
     let proxy = start_proxy(config).await;

@@ -4,22 +4,16 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use crate::support::dead_url;
 use crate::support::proxy::*;
 use http_body_util::BodyExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// A loopback URL nothing listens on.
-async fn dead_url() -> String {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    drop(l);
-    format!("http://{addr}")
-}
-
 #[tokio::test]
 async fn unreachable_upstream_is_502() {
-    let proxy = start_proxy(test_config(&[dead_url().await])).await;
+    let dead = dead_url();
+    let proxy = start_proxy(test_config(std::slice::from_ref(&dead.url))).await;
     let (parts, body) = send(
         &client(),
         post_json(&proxy.url("/v1/chat/completions"), "{}"),
@@ -34,7 +28,8 @@ async fn unreachable_upstream_is_502() {
 #[tokio::test]
 async fn connect_failure_is_retried_on_another_replica() {
     let fake = start_fake().await;
-    let mut config = test_config(&[dead_url().await, fake.url()]);
+    let dead = dead_url();
+    let mut config = test_config(&[dead.url.clone(), fake.url()]);
     // Both replicas look unhealthy, so the balancer picks the dead one about half the time.
     config.upstream.health_path = "/unhealthy".into();
     let proxy = start_proxy(config).await;

@@ -38,3 +38,22 @@ pub fn temp_dir(tag: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+/// A loopback URL whose connections are refused, for as long as this lives. Its socket is bound
+/// but never listens: the kernel refuses every connection to the port and hands the port to no
+/// other socket meanwhile. (A listener bound and dropped frees its port at once, and a server
+/// of another test running alongside could be given it: the "dead" replica then answered.)
+pub struct DeadUrl {
+    pub url: String,
+    _socket: tokio::net::TcpSocket,
+}
+
+pub fn dead_url() -> DeadUrl {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let url = format!("http://{}", socket.local_addr().unwrap());
+    DeadUrl {
+        url,
+        _socket: socket,
+    }
+}
