@@ -186,16 +186,12 @@ fn surely_open(cfg: &BalanceConfig, c: &Cand, warm: f64, full: f64) -> bool {
 /// holder is eligible whatever the others; an unhealthy one only when none is healthy, which
 /// the full path sorts out.
 fn quick_hit(cfg: &BalanceConfig, cands: &[Cand], ask: &Ask) -> Option<Choice> {
-    let Ask {
-        shape,
-        matched,
-        match_blocks,
-        excluded,
-    } = *ask;
-    let &h = matched
+    let excluded = ask.excluded;
+    let &h = ask
+        .matched
         .iter()
         .find(|&&i| cands[i].healthy && !excluded.contains(&i))?;
-    let (warm, full) = warm_and_full(cfg, shape, match_blocks);
+    let (warm, full) = warm_and_full(cfg, ask.shape, ask.match_blocks);
     if !surely_open(cfg, &cands[h], warm, full) {
         return None;
     }
