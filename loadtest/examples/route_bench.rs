@@ -11,6 +11,10 @@
 //! `seeds=N` runs every row on N seeds (22, 23, ...: arrivals, bodies and the simulators'
 //! seeds), every strategy on the same arrivals per seed, and reports the spread (median, min,
 //! max) beside every run and, per seed, each strategy's figures against p2c's (the targets).
+//! `seeds=22,24` runs those seeds only. `strategies=p2c,prefix,auto` runs those strategies only
+//! (keep p2c: the targets are against it). Each run also reports why prefixes were released
+//! (`goodput_proxy_route_releases_total{cause}`); `RUST_LOG=goodput_proxy::upstream::strategy=debug`
+//! logs every release with its holder's figures.
 //!
 //! Workloads: `shared` (8 long system prompts, short questions), `uniform` (short chat),
 //! `mixed` (one replica at half speed), `slow` (one replica drops to 0.3x a third of the way in),
@@ -202,28 +206,35 @@ struct Row {
     /// The balancer's decisions by reason (`goodput_proxy_route_decisions_total`), non-zero
     /// ones only: how often a prefix was moved (`prefix_saturated`), explored, ...
     decisions: Vec<(String, u64)>,
+    /// Why prefixes left their holders (`goodput_proxy_route_releases_total`), non-zero ones.
+    releases: Vec<(String, u64)>,
 }
 
-/// The non-zero `goodput_proxy_route_decisions_total` series of the proxy's admin `/metrics`.
-async fn decisions(client: &HttpClient, admin: std::net::SocketAddr) -> Vec<(String, u64)> {
+/// The proxy's admin `/metrics` page ("" when it cannot be read).
+async fn metrics(client: &HttpClient, admin: std::net::SocketAddr) -> String {
     let Ok(req) =
         http::Request::get(format!("http://{admin}/metrics")).body(Full::new(Bytes::new()))
     else {
-        return Vec::new();
+        return String::new();
     };
     let Ok(resp) = client.request(req).await else {
-        return Vec::new();
+        return String::new();
     };
     let Ok(body) = resp.into_body().collect().await else {
-        return Vec::new();
+        return String::new();
     };
-    let text = String::from_utf8_lossy(&body.to_bytes()).into_owned();
+    String::from_utf8_lossy(&body.to_bytes()).into_owned()
+}
+
+/// The non-zero series of a family with one label (`family{label="value"} n`), as (value, n).
+fn nonzero(text: &str, family: &str, label: &str) -> Vec<(String, u64)> {
+    let head = format!("{family}{{{label}=\"");
     text.lines()
         .filter_map(|l| {
-            let rest = l.strip_prefix("goodput_proxy_route_decisions_total{reason=\"")?;
-            let (reason, n) = rest.split_once("\"} ")?;
+            let rest = l.strip_prefix(&head)?;
+            let (value, n) = rest.split_once("\"} ")?;
             let n: u64 = n.trim().parse().ok()?;
-            (n > 0).then(|| (reason.to_string(), n))
+            (n > 0).then(|| (value.to_string(), n))
         })
         .collect()
 }
@@ -311,7 +322,9 @@ async fn run(
         }
     }
     let elapsed = start.elapsed().as_secs_f64();
-    let decisions = decisions(&client, admin).await;
+    let page = metrics(&client, admin).await;
+    let decisions = nonzero(&page, "goodput_proxy_route_decisions_total", "reason");
+    let releases = nonzero(&page, "goodput_proxy_route_releases_total", "cause");
     let (mut q, mut hits) = (0u64, 0u64);
     for s in &sims {
         let m = &s.engine().metrics.models[0];
@@ -359,17 +372,23 @@ async fn run(
         hit_rate: if q == 0 { 0.0 } else { hits as f64 / q as f64 },
         n: samples.len(),
         decisions,
+        releases,
     })
 }
 
-/// `reason n, ...` of a row's decisions.
+/// `reason n, ...` of a row's decisions, then `(released: cause n, ...)` when any prefix was.
 fn decisions_text(r: &Row) -> String {
-    let v: Vec<String> = r
-        .decisions
-        .iter()
-        .map(|(k, n)| format!("{k} {n}"))
-        .collect();
-    v.join(", ")
+    let list = |v: &[(String, u64)]| {
+        v.iter()
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if r.releases.is_empty() {
+        list(&r.decisions)
+    } else {
+        format!("{} (released: {})", list(&r.decisions), list(&r.releases))
+    }
 }
 
 fn markdown(rows: &[Row]) -> String {
@@ -538,6 +557,12 @@ fn md_to_html(md: &str) -> String {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let seconds: f64 = args.first().and_then(|a| a.parse().ok()).unwrap_or(10.0);
     let out = args
@@ -545,11 +570,25 @@ async fn main() -> anyhow::Result<()> {
         .cloned()
         .unwrap_or_else(|| "route-bench-out".into());
     let hold = args.iter().skip(2).any(|a| a == "hold");
-    let seeds: u64 = args
+    // `seeds=N`: N seeds from SEED; `seeds=22,24`: those.
+    let seeds: Vec<u64> = match args.iter().skip(2).find_map(|a| a.strip_prefix("seeds=")) {
+        Some(list) if list.contains(',') => {
+            list.split(',').filter_map(|v| v.parse().ok()).collect()
+        }
+        Some(n) => (SEED..SEED + n.parse::<u64>().unwrap_or(1)).collect(),
+        None => vec![SEED],
+    };
+    let strategies: Vec<Strategy> = match args
         .iter()
         .skip(2)
-        .find_map(|a| a.strip_prefix("seeds=")?.parse().ok())
-        .unwrap_or(1);
+        .find_map(|a| a.strip_prefix("strategies="))
+    {
+        Some(list) => STRATEGIES
+            .into_iter()
+            .filter(|s| list.split(',').any(|v| v == s.as_str()))
+            .collect(),
+        None => STRATEGIES.to_vec(),
+    };
     let mut workloads: Vec<Workload> = args
         .iter()
         .skip(2)
@@ -591,8 +630,9 @@ async fn main() -> anyhow::Result<()> {
     }
     let mut rows = Vec::new();
     for w in workloads {
-        for seed in SEED..SEED + seeds {
-            for s in STRATEGIES {
+        for &seed in &seeds {
+            for &s in &strategies {
+                eprintln!("run: {} / seed {seed} / {}", w.name(), s.as_str());
                 let row = run(w, s, true, seconds, seed).await?;
                 eprintln!(
                     "{} / seed {seed} / {}: {} requests, goodput {:.1} %, TTFT p90 {:.0} ms, hit rate {:.1} %, decisions {}",

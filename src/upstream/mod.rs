@@ -7,6 +7,7 @@ pub mod headers;
 pub mod health;
 pub mod hold;
 pub mod prefix;
+pub mod release;
 pub mod shape;
 pub mod strategy;
 pub mod tls;

@@ -29,6 +29,7 @@ use prometheus::IntCounter;
 use rand::Rng;
 
 use super::prefix::{PrefixIndex, ReplicaId};
+use super::release::Release;
 use super::shape::Shape;
 use crate::config::{BalanceConfig, Strategy};
 use crate::metrics::{Counters, Registrar};
@@ -372,6 +373,56 @@ fn decide_full<R: Rng + ?Sized>(
     pick(two_choices(elig, rng, score), fallback)
 }
 
+/// Why a request whose prefix is held by `ask.matched` went elsewhere: the first of the
+/// saturation tests [`decide`] applies that its most recent eligible holder failed, or why no
+/// holder was eligible. `None` when that holder was open after all (the choice did not leave
+/// it for any reason this knows).
+pub fn release_cause(cfg: &BalanceConfig, cands: &[Cand], ask: &Ask) -> Option<Release> {
+    let excluded = ask.excluded;
+    let any_healthy = cands
+        .iter()
+        .enumerate()
+        .any(|(i, c)| c.healthy && !excluded.contains(&i));
+    let Some(&h) = ask
+        .matched
+        .iter()
+        .find(|&&i| !excluded.contains(&i) && (cands[i].healthy || !any_healthy))
+    else {
+        let tried = ask.matched.iter().all(|i| excluded.contains(i));
+        return Some(if tried {
+            Release::Excluded
+        } else {
+            Release::Unhealthy
+        });
+    };
+    let c = &cands[h];
+    if c.waiting
+        .is_some_and(|w| w >= cfg.saturation_queue.max(1.0))
+    {
+        return Some(Release::Queue);
+    }
+    if c.kv.is_some_and(|k| k >= cfg.saturation_kv) {
+        return Some(Release::Kv);
+    }
+    let (warm, full) = warm_and_full(cfg, ask.shape, ask.match_blocks);
+    let mut scratch = Vec::new();
+    eligible(cands, excluded, &mut scratch);
+    let n = scratch.len().max(1) as f64;
+    let sum: f64 = scratch.iter().map(|&i| base_load(&cands[i], full)).sum();
+    let limit = cfg.saturation_ratio * (sum / n + full) + full;
+    if base_load(c, full) + warm > limit {
+        return Some(Release::Load);
+    }
+    let best = scratch
+        .iter()
+        .map(|&i| cands[i].attainment)
+        .fold(0.0, f64::max);
+    if cfg.strategy == Strategy::Auto && c.attainment < best - AUTO_ATTAINMENT_GAP {
+        return Some(Release::Attainment);
+    }
+    None
+}
+
 /// The configured strategy with its prefix index and decision counter.
 #[derive(Debug)]
 pub struct Balancer {
@@ -380,6 +431,8 @@ pub struct Balancer {
     /// `goodput_proxy_route_decisions_total`, one series per reason resolved once (every
     /// reason exists from the start, at 0): counting a decision is one atomic add.
     decisions: [IntCounter; Reason::ALL.len()],
+    /// `goodput_proxy_route_releases_total`, one series per cause, resolved once.
+    releases: [IntCounter; Release::ALL.len()],
 }
 
 impl Balancer {
@@ -389,10 +442,15 @@ impl Balancer {
             "goodput_proxy_route_decisions_total",
             "Replica choices by the balancer, by why the replica was chosen (each attempt of a retried request counts).",
         )?;
+        let releases: Counters<Release> = r.counters(
+            "goodput_proxy_route_releases_total",
+            "Requests sent away from every replica holding their prompt's prefix (the prefix moves), by why its most recent holder was passed over.",
+        )?;
         Ok(Balancer {
             index: Mutex::new(PrefixIndex::new(cfg.prefix_index_blocks)),
             cfg,
             decisions: Reason::ALL.map(|reason| family.get(&reason)),
+            releases: Release::ALL.map(|cause| releases.get(&cause)),
         })
     }
 
@@ -440,18 +498,16 @@ impl Balancer {
                 n += 1;
             }
         }
-        let choice = decide(
-            &self.cfg,
-            cands,
-            &Ask {
-                shape,
-                matched: &matched[..n],
-                match_blocks: blocks,
-                excluded,
-            },
-            rng,
-            &mut scratch,
-        )?;
+        let ask = Ask {
+            shape,
+            matched: &matched[..n],
+            match_blocks: blocks,
+            excluded,
+        };
+        let choice = decide(&self.cfg, cands, &ask, rng, &mut scratch)?;
+        if n > 0 && blocks >= self.cfg.prefix_min_blocks && !ask.matched.contains(&choice.idx) {
+            self.released(cands, &ask, choice);
+        }
         let id = cands[choice.idx].id;
         let belief = match ids.stamp_of(id) {
             Some(stamp) => Belief { id, blocks, stamp },
@@ -459,6 +515,32 @@ impl Balancer {
         };
         index.record(&shape.blocks, id);
         Some((choice, belief))
+    }
+
+    /// Counts (and logs at debug) a request sent away from its prefix's holders, by cause.
+    #[cold]
+    fn released(&self, cands: &[Cand], ask: &Ask, choice: Choice) {
+        let cause = release_cause(&self.cfg, cands, ask);
+        if let Some(cause) = cause {
+            self.releases[cause as usize].inc();
+        }
+        let Some(h) = ask.matched.first().map(|&i| &cands[i]) else {
+            return;
+        };
+        tracing::debug!(
+            cause = cause.map_or("none", Release::as_str),
+            holder = h.id,
+            to = cands[choice.idx].id,
+            reason = choice.reason.as_str(),
+            blocks = ask.match_blocks,
+            holder_tokens = h.tokens,
+            holder_in_flight = h.in_flight,
+            holder_waiting = h.waiting.unwrap_or(-1.0),
+            holder_kv = h.kv.unwrap_or(-1.0),
+            holder_attainment = h.attainment,
+            holder_healthy = h.healthy,
+            "prefix released"
+        );
     }
 
     /// The engine of the replica chosen with `belief` served `prompt_tokens` prompt tokens,
@@ -812,6 +894,166 @@ mod tests {
             }
         }
         assert!(quick > 500, "{quick}");
+    }
+
+    #[test]
+    fn a_release_names_the_first_saturation_test_its_holder_failed() {
+        let with = |f: &dyn Fn(&mut Cand)| {
+            let mut v = vec![cand(0, 200), cand(1, 200), cand(2, 0)];
+            f(&mut v[2]);
+            v
+        };
+        // (what, strategy, candidates (holder: 2), excluded, cause)
+        type Case = (
+            &'static str,
+            Strategy,
+            Vec<Cand>,
+            Vec<usize>,
+            Option<Release>,
+        );
+        let cases: Vec<Case> = vec![
+            ("open", Strategy::Prefix, with(&|_| ()), vec![], None),
+            (
+                "engine queue",
+                Strategy::Prefix,
+                with(&|c| c.waiting = Some(4.0)),
+                vec![],
+                Some(Release::Queue),
+            ),
+            (
+                "KV cache",
+                Strategy::Prefix,
+                with(&|c| c.kv = Some(0.97)),
+                vec![],
+                Some(Release::Kv),
+            ),
+            (
+                "queue and KV: the queue is tested first",
+                Strategy::Auto,
+                with(&|c| {
+                    c.waiting = Some(9.0);
+                    c.kv = Some(1.0);
+                }),
+                vec![],
+                Some(Release::Queue),
+            ),
+            (
+                "load far above the mean",
+                Strategy::Prefix,
+                with(&|c| c.tokens = 5_000),
+                vec![],
+                Some(Release::Load),
+            ),
+            (
+                "load and attainment: load first",
+                Strategy::Auto,
+                with(&|c| {
+                    c.tokens = 5_000;
+                    c.attainment = 0.1;
+                }),
+                vec![],
+                Some(Release::Load),
+            ),
+            (
+                "auto: attainment far below the best",
+                Strategy::Auto,
+                with(&|c| c.attainment = 0.5),
+                vec![],
+                Some(Release::Attainment),
+            ),
+            (
+                "prefix ignores attainment",
+                Strategy::Prefix,
+                with(&|c| c.attainment = 0.5),
+                vec![],
+                None,
+            ),
+            (
+                "unhealthy",
+                Strategy::Prefix,
+                with(&|c| c.healthy = false),
+                vec![],
+                Some(Release::Unhealthy),
+            ),
+            (
+                "already tried",
+                Strategy::Auto,
+                with(&|_| ()),
+                vec![2],
+                Some(Release::Excluded),
+            ),
+        ];
+        for (what, strategy, cands, excluded, want) in cases {
+            let c = cfg(strategy);
+            let ask = Ask {
+                shape: &shape(3),
+                matched: &[2],
+                match_blocks: 3,
+                excluded: &excluded,
+            };
+            assert_eq!(release_cause(&c, &cands, &ask), want, "{what}");
+            // The choice agrees: it leaves the holder exactly when a cause is named.
+            let ch = decide(
+                &c,
+                &cands,
+                &ask,
+                &mut SmallRng::seed_from_u64(1),
+                &mut Vec::new(),
+            );
+            assert_eq!(ch.unwrap().idx != 2, want.is_some(), "{what}");
+        }
+    }
+
+    #[test]
+    fn a_prefix_leaves_its_holders_only_with_a_cause() {
+        // Random fleets: a choice that leaves every holder has a cause; one whose most recent
+        // eligible holder has none stays on it.
+        let mut rng = SmallRng::seed_from_u64(12);
+        let mut left = 0;
+        for round in 0..20_000 {
+            let strategy = [Strategy::Prefix, Strategy::Auto][round % 2];
+            let c = cfg(strategy);
+            let n = rng.random_range(2..6);
+            let cands: Vec<Cand> = (0..n)
+                .map(|id| Cand {
+                    id,
+                    healthy: rng.random_bool(0.8),
+                    in_flight: 0,
+                    tokens: rng.random_range(0..2_000),
+                    waiting: [None, Some(0.0), Some(5.0)][rng.random_range(0..3)],
+                    kv: [None, Some(0.2), Some(0.99)][rng.random_range(0..3)],
+                    attainment: [1.0, 0.9, 0.5][rng.random_range(0..3)],
+                })
+                .collect();
+            let matched: Vec<usize> = (0..n as usize).filter(|_| rng.random_bool(0.4)).collect();
+            let excluded: Vec<usize> = (0..n as usize).filter(|_| rng.random_bool(0.2)).collect();
+            if matched.is_empty() || excluded.len() == n as usize {
+                continue;
+            }
+            let s = Shape {
+                prompt_tokens: rng.random_range(50..600),
+                ..shape(4)
+            };
+            let ask = Ask {
+                shape: &s,
+                matched: &matched,
+                match_blocks: 4,
+                excluded: &excluded,
+            };
+            let cause = release_cause(&c, &cands, &ask);
+            let ch = decide(&c, &cands, &ask, &mut rng, &mut Vec::new()).unwrap();
+            if !matched.contains(&ch.idx) {
+                left += 1;
+                assert!(cause.is_some(), "{cands:?} {matched:?} {excluded:?} {ch:?}");
+            }
+            if cause.is_none() {
+                assert!(
+                    matched.contains(&ch.idx),
+                    "{cands:?} {matched:?} {excluded:?} {ch:?}"
+                );
+            }
+        }
+        assert!(left > 1_000, "{left}");
     }
 
     #[test]
@@ -1264,11 +1506,19 @@ mod tests {
     }
 
     #[test]
-    fn every_decision_reason_is_a_series_from_the_start() {
+    fn every_decision_reason_and_release_cause_is_a_series_from_the_start() {
         let registry = prometheus::Registry::new();
         let b = Balancer::new(cfg(Strategy::Auto), &Registrar::new(&registry)).unwrap();
         b.count(Reason::PrefixHit);
         b.count(Reason::PrefixHit);
+        // A prefix placed, then sent away from its holder's full KV cache: one release.
+        let idle: Vec<Cand> = (0..3).map(|id| cand(id, 0)).collect();
+        let mut rng = SmallRng::seed_from_u64(6);
+        let home = b.choose(&idle, &shape(6), &[], &mut rng).unwrap().0.idx;
+        let mut full = idle.clone();
+        full[home].kv = Some(1.0);
+        let moved = b.choose(&full, &shape(6), &[], &mut rng).unwrap().0;
+        assert_eq!(moved.reason, Reason::PrefixSaturated);
         let mut text = Vec::new();
         prometheus::Encoder::encode(
             &prometheus::TextEncoder::new(),
@@ -1281,6 +1531,14 @@ mod tests {
             let n = if r == Reason::PrefixHit { 2 } else { 0 };
             let line = format!(
                 "goodput_proxy_route_decisions_total{{reason=\"{}\"}} {n}\n",
+                r.as_str()
+            );
+            assert!(text.contains(&line), "{line} in {text}");
+        }
+        for r in Release::ALL {
+            let n = if r == Release::Kv { 1 } else { 0 };
+            let line = format!(
+                "goodput_proxy_route_releases_total{{cause=\"{}\"}} {n}\n",
                 r.as_str()
             );
             assert!(text.contains(&line), "{line} in {text}");

@@ -162,9 +162,56 @@ async fn without_retries_or_a_held_head_the_client_gets_an_in_band_rejection() {
     a.shutdown().await;
 }
 
+/// What one run of [`shared_prefixes`] shows: the engines' prefix-cache hit rate, the proxy's
+/// `/metrics` page and the records in request order.
+struct SharedRun {
+    rate: f64,
+    metrics: String,
+    records: Vec<serde_json::Value>,
+}
+
+impl SharedRun {
+    fn decisions(&self, reason: &str) -> f64 {
+        sample(
+            &self.metrics,
+            &format!("goodput_proxy_route_decisions_total{{reason=\"{reason}\"}}"),
+        )
+    }
+
+    /// Everything that shows why a choice went where it did, for a failure message: the
+    /// decisions by reason, why prefixes were released, each replica's health now, and per
+    /// request the prompt, the replica, the reason and whether it was retried.
+    fn why(&self) -> String {
+        let nonzero = |family: &str| {
+            series(&self.metrics, family)
+                .filter(|(_, v)| *v > 0.0)
+                .map(|(l, v)| format!("{l:?} {v}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let mut out = format!(
+            "hit rate {:.3}\ndecisions: {}\nreleases: {}\nhealthy: {}\nrequests:\n",
+            self.rate,
+            nonzero("goodput_proxy_route_decisions_total"),
+            nonzero("goodput_proxy_route_releases_total"),
+            series(&self.metrics, "goodput_proxy_upstream_healthy")
+                .map(|(l, v)| format!("{l:?} {v}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        );
+        for r in &self.records {
+            out += &format!(
+                "  {} -> {} {} retried_from {} ttft {}\n",
+                r["id"], r["upstream"], r["route_reason"], r["retried_from"], r["ttft_s"]
+            );
+        }
+        out
+    }
+}
+
 /// Sends 24 requests over 3 long system prompts (4 blocks of 128 tokens each on the engine)
-/// through `strategy`; returns the engines' prefix-cache hit rate and the route decisions.
-async fn shared_prefixes(strategy: Strategy) -> (f64, String) {
+/// through `strategy`, one at a time.
+async fn shared_prefixes(strategy: Strategy) -> SharedRun {
     // Small caches: each engine holds about two of the three prompts.
     let engine = || SimConfig {
         block_size: 16,
@@ -202,34 +249,32 @@ async fn shared_prefixes(strategy: Strategy) -> (f64, String) {
         );
     }
     let (_, metrics) = send(&client, get(&proxy.admin_url("/metrics"))).await;
+    // The records, for a failure message (best effort: the sink may lag a little).
+    let _ = eventually(Duration::from_secs(2), || records(&sink).len() >= 24).await;
     drop(proxy);
     for s in sims {
         s.shutdown().await;
     }
-    (h / q, String::from_utf8(metrics.to_vec()).unwrap())
+    SharedRun {
+        rate: h / q,
+        metrics: String::from_utf8(metrics.to_vec()).unwrap(),
+        records: records(&sink),
+    }
 }
 
 #[tokio::test]
 async fn prefix_affinity_shows_in_the_engines_caches_and_the_decisions() {
-    let (p2c_rate, p2c_m) = shared_prefixes(Strategy::P2c).await;
-    let (prefix_rate, prefix_m) = shared_prefixes(Strategy::Prefix).await;
-    let decisions = |m: &str, reason: &str| {
-        sample(
-            m,
-            &format!("goodput_proxy_route_decisions_total{{reason=\"{reason}\"}}"),
-        )
-    };
+    let p2c = shared_prefixes(Strategy::P2c).await;
+    let prefix = shared_prefixes(Strategy::Prefix).await;
+    let why = || format!("prefix run:\n{}\np2c run:\n{}", prefix.why(), p2c.why());
     // Each prompt goes to one engine after its first request: 21 of 24 are hits.
-    assert_eq!(decisions(&prefix_m, "prefix_hit"), 21.0);
-    assert_eq!(decisions(&prefix_m, "least_load"), 3.0);
-    assert_eq!(decisions(&p2c_m, "p2c"), 24.0);
-    assert_eq!(decisions(&p2c_m, "prefix_hit"), 0.0);
+    assert_eq!(prefix.decisions("prefix_hit"), 21.0, "{}", why());
+    assert_eq!(prefix.decisions("least_load"), 3.0, "{}", why());
+    assert_eq!(p2c.decisions("p2c"), 24.0, "{}", why());
+    assert_eq!(p2c.decisions("prefix_hit"), 0.0, "{}", why());
     // 21 of 24 prompts find their ~1,000 prefix tokens cached (the question differs).
-    assert!(prefix_rate > 0.8, "prefix {prefix_rate}");
-    assert!(
-        prefix_rate > p2c_rate + 0.2,
-        "prefix {prefix_rate} p2c {p2c_rate}"
-    );
+    assert!(prefix.rate > 0.8, "{}", why());
+    assert!(prefix.rate > p2c.rate + 0.2, "{}", why());
 }
 
 /// The proxy's index learns from the engine's `cached_tokens`: a prompt the index believed a
