@@ -11,6 +11,11 @@
 //! requests) crosses the target, interpolated between the bins on either side. Until some bin
 //! with enough requests is below the target there is no capacity: the limit has not been seen,
 //! and the estimator says nothing rather than guess.
+//!
+//! Each bin also keeps how long its requests took, so the limit comes with the request time
+//! there: by Little's law (held = throughput x time) the load a fleet holds converts into the
+//! throughput it serves, and the replicas a load needs are its throughput over one replica's
+//! throughput at the limit ([`desired_replicas`]).
 
 /// Attainment against load for one model, over replicas (all replicas are taken to be alike).
 #[derive(Debug, Clone)]
@@ -25,6 +30,26 @@ pub struct Curve {
 struct Bin {
     good: f64,
     total: f64,
+    /// Seconds the requests took, summed.
+    seconds: f64,
+}
+
+/// Where attainment falls to the target: the load one replica carries there, and the mean
+/// time its requests took at that load (0 when the requests were not timed).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limit {
+    pub load: f64,
+    pub seconds: f64,
+}
+
+/// One group of neighbouring bins: its load (the middle of its bins, weighted by requests),
+/// attainment, requests and mean request time.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Group {
+    load: f64,
+    attainment: f64,
+    requests: f64,
+    seconds: f64,
 }
 
 /// Each bin is this much wider than the one before (4 bins per doubling).
@@ -71,11 +96,16 @@ impl Curve {
     }
 
     /// One replica over one tick: it carried `load` and finished `total` requests, `good` of
-    /// which met every SLO.
-    pub fn observe(&mut self, load: f64, good: u64, total: u64) {
+    /// which met every SLO, taking `seconds` together (start to end, summed).
+    pub fn observe(&mut self, load: f64, good: u64, total: u64, seconds: f64) {
         if total == 0 || !load.is_finite() || load < 0.0 {
             return;
         }
+        let seconds = if seconds.is_finite() {
+            seconds.max(0.0)
+        } else {
+            0.0
+        };
         let k = self.bin_of(load);
         let memory = self.memory;
         let b = &mut self.bins[k];
@@ -88,38 +118,59 @@ impl Curve {
         };
         b.good = b.good * keep + g;
         b.total = b.total * keep + t;
+        b.seconds = b.seconds * keep + seconds;
     }
 
     /// The load per replica at which attainment falls to `target`, from groups of bins holding
-    /// at least `min_requests` each ([`Curve::groups`]): where the fit crosses it, between a load that met the target and
-    /// one that did not. `None` until both have been seen: while no load missed, the limit is
-    /// unknown; while every load seen missed, load is not what made them miss (fewer requests
-    /// per replica are not known to help), and a limit put at the lightest load seen would
-    /// ask for replicas without end.
+    /// at least `min_requests` each ([`Curve::groups`]): where the fit crosses it, between a
+    /// load that met the target and one that did not. `None` until both have been seen: while
+    /// no load missed, the limit is unknown; while every load seen missed, load is not what
+    /// made them miss (fewer requests per replica are not known to help), and a limit put at
+    /// the lightest load seen would ask for replicas without end.
     pub fn capacity(&self, target: f64, min_requests: f64) -> Option<f64> {
-        let groups = self.groups(min_requests.max(1.0));
-        let fit = non_increasing(&groups.iter().map(|g| (g.1, g.2)).collect::<Vec<_>>());
-        let j = fit.iter().position(|&a| a < target).filter(|&j| j > 0)?;
-        let (x0, x1) = (groups[j - 1].0, groups[j].0);
-        let (a0, a1) = (fit[j - 1], fit[j]);
-        Some(x0 + (a0 - target) / (a0 - a1) * (x1 - x0))
+        self.limit(target, min_requests).map(|l| l.load)
     }
 
-    /// The bins as (load, attainment, requests), lightest first, neighbours joined until each
-    /// group holds at least `min_requests` (its load: the middle of its bins, weighted by
-    /// requests). Sparse bins are evidence where they lie, not noise to drop: a light load
+    /// The capacity ([`Curve::capacity`]) with the mean request time there, interpolated
+    /// between the same two groups.
+    pub fn limit(&self, target: f64, min_requests: f64) -> Option<Limit> {
+        let groups = self.groups(min_requests.max(1.0));
+        let fit = non_increasing(
+            &groups
+                .iter()
+                .map(|g| (g.attainment, g.requests))
+                .collect::<Vec<_>>(),
+        );
+        let j = fit.iter().position(|&a| a < target).filter(|&j| j > 0)?;
+        let (g0, g1) = (groups[j - 1], groups[j]);
+        let f = (fit[j - 1] - target) / (fit[j - 1] - fit[j]);
+        Some(Limit {
+            load: g0.load + f * (g1.load - g0.load),
+            seconds: g0.seconds + f * (g1.seconds - g0.seconds),
+        })
+    }
+
+    /// The bins as groups, lightest first, neighbours joined until each group holds at least
+    /// `min_requests`. Sparse bins are evidence where they lie, not noise to drop: a light load
     /// that met its SLOs over a few bins still counts once together it holds enough requests.
     /// A sparse rest above the last full group is left out.
-    fn groups(&self, min_requests: f64) -> Vec<(f64, f64, f64)> {
+    fn groups(&self, min_requests: f64) -> Vec<Group> {
         let mut out = Vec::new();
-        let (mut at, mut good, mut total) = (0.0, 0.0, 0.0);
+        let mut sum = Bin::default();
+        let mut at = 0.0;
         for (k, b) in self.bins.iter().enumerate().filter(|(_, b)| b.total > 0.0) {
             at += self.middle(k) * b.total;
-            good += b.good;
-            total += b.total;
-            if total >= min_requests {
-                out.push((at / total, good / total, total));
-                (at, good, total) = (0.0, 0.0, 0.0);
+            sum.good += b.good;
+            sum.total += b.total;
+            sum.seconds += b.seconds;
+            if sum.total >= min_requests {
+                out.push(Group {
+                    load: at / sum.total,
+                    attainment: sum.good / sum.total,
+                    requests: sum.total,
+                    seconds: sum.seconds / sum.total,
+                });
+                (at, sum) = (0.0, Bin::default());
             }
         }
         out
@@ -154,10 +205,26 @@ pub fn headroom(capacity: Option<f64>, replicas: usize, load: f64) -> Option<f64
     capacity.map(|c| (c * replicas as f64 - load).max(0.0))
 }
 
-/// The replicas the load needs to stay at the target: replicas x load / load at target, i.e.
-/// load / capacity per replica (a fraction: the autoscaler rounds up).
-pub fn desired_replicas(capacity: Option<f64>, load: f64) -> Option<f64> {
-    capacity.filter(|&c| c > 0.0).map(|c| load / c)
+/// The replicas the load needs to stay at the target: its throughput over what one replica
+/// serves at the limit. By Little's law a load held (`load`, e.g. streams in flight) is the
+/// throughput times the time requests take (`seconds`, recent ones), and one replica at the
+/// limit serves `limit.load / limit.seconds`; so the hint is `load / limit.load x
+/// limit.seconds / seconds` (a fraction: the autoscaler rounds up).
+///
+/// Why not load / capacity alone: below the limit requests take less time than at it (a
+/// batch that is not full runs faster), so the load held reads low, and lower the more
+/// replicas share it: a fleet that adds replicas sees its hint fall and gives them back.
+/// The throughput does not depend on how many replicas share it. Past the limit requests
+/// take longer than there (they wait), and the load held, which keeps growing with the queue
+/// while the throughput stays flat, is the reading (the factor is never below 1). Without a
+/// recent request time, or untimed requests at the limit, it is load / capacity.
+pub fn desired_replicas(limit: Option<Limit>, load: f64, seconds: Option<f64>) -> Option<f64> {
+    let limit = limit.filter(|l| l.load > 0.0)?;
+    let slower_at_limit = match seconds {
+        Some(t) if t > 0.0 && limit.seconds > t => limit.seconds / t,
+        _ => 1.0,
+    };
+    Some(load / limit.load * slower_at_limit)
 }
 
 #[cfg(test)]
@@ -174,6 +241,12 @@ mod tests {
         }
     }
 
+    /// Seconds a request takes at `load` streams on a replica of capacity `cap`: a batch runs
+    /// slower the fuller it is (the time doubles from an empty replica to one at capacity).
+    fn request_time(load: f64, cap: f64) -> f64 {
+        0.5 * (1.0 + load / cap)
+    }
+
     /// Ticks of a load rising from `from` to `to` in `steps` steps, `per_tick` requests each,
     /// against a replica of capacity `cap` (the target crossing sits just past `cap`).
     fn ramp(c: &mut Curve, cap: f64, from: f64, to: f64, steps: usize) {
@@ -181,7 +254,7 @@ mod tests {
             let load = from + (to - from) * i as f64 / steps as f64;
             let total = 40u64;
             let good = (attainment(load, cap) * total as f64).round() as u64;
-            c.observe(load, good, total);
+            c.observe(load, good, total, total as f64 * request_time(load, cap));
         }
     }
 
@@ -197,10 +270,13 @@ mod tests {
         let c = curve();
         assert_eq!(c.capacity(TARGET, MIN), None);
         assert_eq!(headroom(c.capacity(TARGET, MIN), 3, 10.0), None);
-        assert_eq!(desired_replicas(c.capacity(TARGET, MIN), 10.0), None);
+        assert_eq!(
+            desired_replicas(c.limit(TARGET, MIN), 10.0, Some(1.0)),
+            None
+        );
         // Too few requests in any bin: still nothing.
         let mut c = curve();
-        c.observe(10.0, 0, 5);
+        c.observe(10.0, 0, 5, 0.0);
         assert_eq!(c.capacity(TARGET, MIN), None);
     }
 
@@ -245,10 +321,11 @@ mod tests {
             let mut big = curve();
             ramp(&mut small, 8.0, 1.0, 20.0, 400);
             ramp(&mut big, 16.0, 2.0, 40.0, 400);
-            let (a, b) = (small.capacity(TARGET, MIN), big.capacity(TARGET, MIN));
-            let (Some(a), Some(b)) = (a, b) else {
-                panic!("capacity unknown: {a:?} {b:?}")
+            let (la, lb) = (small.limit(TARGET, MIN), big.limit(TARGET, MIN));
+            let (Some(la), Some(lb)) = (la, lb) else {
+                panic!("capacity unknown: {la:?} {lb:?}")
             };
+            let (a, b) = (la.load, lb.load);
             // Bins are geometric: doubling moves every sample exactly 4 bins up.
             assert!((b / a - 2.0).abs() < 1e-9, "{a} {b}");
             let load = 0.25 * replicas as f64 * a;
@@ -262,26 +339,100 @@ mod tests {
             assert!((hb / ha - 2.0).abs() < 1e-9, "{ha} {hb}");
             // Same load share, same replicas wanted.
             let (da, db) = (
-                desired_replicas(Some(a), load),
-                desired_replicas(Some(b), 2.0 * load),
+                desired_replicas(Some(la), load, Some(0.6)),
+                desired_replicas(Some(lb), 2.0 * load, Some(0.6)),
             );
             assert_eq!(da.map(|d| (d * 1e9).round()), db.map(|d| (d * 1e9).round()));
         }
     }
 
     #[test]
-    fn desired_replicas_is_load_over_capacity() {
-        let cases: &[(Option<f64>, f64, Option<f64>)] = &[
-            (Some(10.0), 35.0, Some(3.5)),
-            (Some(10.0), 0.0, Some(0.0)),
-            (Some(0.0), 5.0, None),
-            (None, 5.0, None),
+    fn desired_replicas_is_the_throughput_over_a_replicas_at_the_limit() {
+        let limit = |load, seconds| Some(Limit { load, seconds });
+        // (limit, load held now, recent request time, replicas wanted)
+        type Case = (Option<Limit>, f64, Option<f64>, Option<f64>);
+        let cases: &[Case] = &[
+            // At the limit's pace: load / capacity.
+            (limit(10.0, 1.0), 35.0, Some(1.0), Some(3.5)),
+            (limit(10.0, 1.0), 0.0, Some(1.0), Some(0.0)),
+            // Requests twice as fast as at the limit: 15 held is 30 a second, and one
+            // replica serves 10 a second at the limit.
+            (limit(10.0, 1.0), 15.0, Some(0.5), Some(3.0)),
+            // Slower than at the limit (a queue): the load held, which grows with it.
+            (limit(10.0, 1.0), 60.0, Some(2.0), Some(6.0)),
+            // No recent request, or requests not timed at the limit: load / capacity.
+            (limit(10.0, 1.0), 15.0, None, Some(1.5)),
+            (limit(10.0, 1.0), 15.0, Some(0.0), Some(1.5)),
+            (limit(10.0, 0.0), 15.0, Some(0.5), Some(1.5)),
+            (limit(0.0, 1.0), 5.0, Some(1.0), None),
+            (None, 5.0, Some(1.0), None),
         ];
-        for &(cap, load, want) in cases {
-            assert_eq!(desired_replicas(cap, load), want, "{cap:?} {load}");
+        for &(lim, load, seconds, want) in cases {
+            assert_eq!(
+                desired_replicas(lim, load, seconds),
+                want,
+                "{lim:?} {load} {seconds:?}"
+            );
         }
         assert_eq!(headroom(Some(10.0), 3, 35.0), Some(0.0));
         assert_eq!(headroom(Some(10.0), 3, 25.0), Some(5.0));
+    }
+
+    #[test]
+    fn the_limit_comes_with_the_request_time_there() {
+        for cap in [4.0, 8.0, 16.0] {
+            let mut c = curve();
+            ramp(&mut c, cap, cap / 8.0, cap * 2.0, 400);
+            let Some(l) = c.limit(TARGET, MIN) else {
+                panic!("cap {cap}: no limit")
+            };
+            // Within a bin (19%) of the time requests took at that load.
+            let want = request_time(l.load, cap);
+            assert!(
+                (l.seconds / want - 1.0).abs() < 0.19,
+                "cap {cap}: {l:?} vs {want}"
+            );
+        }
+    }
+
+    /// The same throughput spread over more replicas: each holds fewer streams, which run
+    /// faster, so the fleet holds fewer streams in all. The hint must not follow (a fleet that
+    /// scaled up would read less load and scale back down: the count would swing on a steady
+    /// load); load / capacity alone does.
+    #[test]
+    fn the_hint_does_not_fall_when_replicas_are_added_to_a_steady_load() {
+        let cap = 8.0;
+        let mut c = curve();
+        ramp(&mut c, cap, 0.5, 2.0 * cap, 400);
+        let limit = c.limit(TARGET, MIN);
+        let Some(l) = limit else { panic!("no limit") };
+        // Requests per second the fleet serves: 2.5 replicas' worth at the limit (one serves
+        // l.load / l.seconds there).
+        let want = 2.5;
+        let rate = want * l.load / l.seconds;
+        // Per replica, the streams held at `rate / n` a second: s = rate / n x time(s), solved
+        // by fixed point (time grows with s).
+        let held = |n: f64| {
+            let mut s: f64 = 0.0;
+            for _ in 0..200 {
+                s = rate / n * request_time(s, cap);
+            }
+            s
+        };
+        // Replicas serving: the hint is the same within 2%.
+        for n in [3.0, 4.0, 6.0, 10.0] {
+            let s = held(n);
+            let load = n * s;
+            let seconds = request_time(s, cap);
+            let got = desired_replicas(limit, load, Some(seconds)).unwrap_or(0.0);
+            assert!(
+                (got / want - 1.0).abs() < 0.02,
+                "{n} replicas: {got} vs {want}"
+            );
+            // What replicas hold alone reads lower the more replicas share the load.
+            let held_only = desired_replicas(limit, load, None).unwrap_or(0.0);
+            assert!(held_only < got * 0.95, "{n} replicas: {held_only} vs {got}");
+        }
     }
 
     #[test]
@@ -299,15 +450,15 @@ mod tests {
         for points in cases {
             let mut c = curve();
             for &(load, good) in *points {
-                c.observe(load, good, 40);
+                c.observe(load, good, 40, 0.0);
             }
             assert_eq!(c.capacity(TARGET, MIN), None, "{points:?}");
         }
         // Once a load is seen to meet the target, the crossing is above it.
         let mut c = curve();
-        c.observe(0.05, 0, 20);
-        c.observe(1.0, 400, 400);
-        c.observe(8.0, 0, 40);
+        c.observe(0.05, 0, 20, 0.0);
+        c.observe(1.0, 400, 400, 0.0);
+        c.observe(8.0, 0, 40, 0.0);
         let cap = c.capacity(TARGET, MIN).unwrap_or(0.0);
         assert!(cap > 1.0 && cap < 8.0, "{cap}");
     }
@@ -319,15 +470,15 @@ mod tests {
         // the limit lies between them and the overload.
         let mut c = curve();
         for load in [1.0, 1.3, 1.6, 2.0, 2.5, 3.0] {
-            c.observe(load, 5, 5);
+            c.observe(load, 5, 5, 0.0);
         }
-        c.observe(20.0, 0, 60);
+        c.observe(20.0, 0, 60, 0.0);
         let cap = c.capacity(TARGET, MIN).unwrap_or(0.0);
         assert!(cap > 2.0 && cap < 20.0, "{cap}");
         // Without the overload there is no limit to speak of.
         let mut c = curve();
         for load in [1.0, 1.3, 1.6, 2.0, 2.5, 3.0] {
-            c.observe(load, 5, 5);
+            c.observe(load, 5, 5, 0.0);
         }
         assert_eq!(c.capacity(TARGET, MIN), None);
     }
@@ -339,7 +490,7 @@ mod tests {
         let mut c = curve();
         ramp(&mut c, 16.0, 1.0, 30.0, 400);
         let clean = c.capacity(TARGET, MIN);
-        c.observe(2.0, 34, 40);
+        c.observe(2.0, 34, 40, 0.0);
         let noisy = c.capacity(TARGET, MIN);
         assert!(clean.is_some() && noisy.is_some());
         assert!(noisy.unwrap_or(0.0) > 8.0, "{noisy:?}");
@@ -348,8 +499,8 @@ mod tests {
     #[test]
     fn bins_remember_their_last_requests() {
         let mut c = Curve::new(0.5, 16, 100.0);
-        c.observe(2.0, 100, 100);
-        c.observe(4.0, 0, 100);
+        c.observe(2.0, 100, 100, 0.0);
+        c.observe(4.0, 0, 100, 0.0);
         let cap = c.capacity(TARGET, MIN).unwrap_or(0.0);
         assert!(
             cap > c.middle(c.bin_of(2.0)) && cap < c.middle(c.bin_of(4.0)),
@@ -358,7 +509,7 @@ mod tests {
         // The same load now meets its SLOs: `memory` new requests replace the old ones, and
         // the limit is no longer seen there.
         for _ in 0..6 {
-            c.observe(4.0, 100, 100);
+            c.observe(4.0, 100, 100, 0.0);
         }
         assert_eq!(c.capacity(TARGET, MIN), None);
     }

@@ -133,6 +133,18 @@ impl Unit {
 struct Model {
     /// Attainment against load, one curve per unit.
     curves: [Curve; UNITS],
+    /// Seconds taken and requests finished recently, each smoothed over `load_window_ms` like
+    /// the load: their ratio is the recent mean request time (Little's law turns the load
+    /// held into a throughput with it: [`estimate::desired_replicas`]).
+    seconds: f64,
+    finished: f64,
+}
+
+impl Model {
+    /// The mean time of the requests finished recently; `None` when none did.
+    fn request_time(&self) -> Option<f64> {
+        (self.finished > 1e-9).then(|| self.seconds / self.finished)
+    }
 }
 
 #[derive(Default)]
@@ -269,22 +281,37 @@ impl Scale {
             .map(|r| (r.upstream.clone(), r.tokens_sent))
             .collect();
         let memory = self.config.memory as f64;
+        // Every model's recent request time decays; what finished this tick adds to it.
+        let mut recent: HashMap<Arc<str>, (f64, f64)> = HashMap::new();
         for ((model, upstream), done) in pending {
+            let r = recent.entry(model.clone()).or_default();
+            for f in &done {
+                r.0 += f.end.saturating_duration_since(f.start).as_secs_f64();
+                r.1 += 1.0;
+            }
             let Some(h) = st.history.get(&upstream) else {
                 continue;
             };
             let m = st.models.entry(model).or_insert_with(|| Model {
                 curves: [Unit::Streams, Unit::TokensPerS, Unit::Prefill, Unit::Decode]
                     .map(|u| Curve::new(u.lo(), BINS, memory)),
+                seconds: 0.0,
+                finished: 0.0,
             });
             for f in done {
                 if let Some(load) = lived_through(h, f.start, f.end) {
                     let good = u64::from(f.good);
+                    let took = f.end.saturating_duration_since(f.start).as_secs_f64();
                     for (c, l) in m.curves.iter_mut().zip(load) {
-                        c.observe(l, good, 1);
+                        c.observe(l, good, 1, took);
                     }
                 }
             }
+        }
+        for (model, m) in st.models.iter_mut() {
+            let (seconds, finished) = recent.get(model).copied().unwrap_or_default();
+            m.seconds += alpha * (seconds - m.seconds);
+            m.finished += alpha * (finished - m.finished);
         }
         let healthy = replicas.iter().filter(|r| r.healthy).count();
         let load: Load = st.replicas.values().fold([0.0; UNITS], |mut sum, r| {
@@ -298,12 +325,16 @@ impl Scale {
             .models
             .iter()
             .map(|(model, m)| {
-                let cap: [Option<f64>; UNITS] =
-                    std::array::from_fn(|i| m.curves[i].capacity(target, min));
+                let limit: [Option<estimate::Limit>; UNITS] =
+                    std::array::from_fn(|i| m.curves[i].limit(target, min));
+                let cap = limit.map(|l| l.map(|l| l.load));
+                let took = m.request_time();
                 // The replicas the load needs in whichever held unit binds first.
                 let desired = HELD
                     .iter()
-                    .filter_map(|&u| estimate::desired_replicas(cap[u as usize], load[u as usize]))
+                    .filter_map(|&u| {
+                        estimate::desired_replicas(limit[u as usize], load[u as usize], took)
+                    })
                     .reduce(f64::max);
                 let (s, t) = (Unit::Streams as usize, Unit::TokensPerS as usize);
                 let e = Estimate {
@@ -319,6 +350,8 @@ impl Scale {
                     healthy,
                     load = ?load,
                     capacity = ?cap,
+                    seconds_at_limit = ?limit.map(|l| l.map(|l| l.seconds)),
+                    request_seconds = ?took,
                     desired,
                     "scale estimate (streams, tokens/s offered, prefill tokens, decode tokens)"
                 );
