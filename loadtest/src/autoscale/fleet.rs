@@ -34,14 +34,16 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    /// The first replica starts at once; its port is every replica's.
+    /// The first replica starts at once on `port` (0: any free one); its port is every
+    /// replica's.
     pub async fn start(
         sim: SimConfig,
         start_delay: Duration,
         drain: Duration,
         hosts: PathBuf,
+        port: u16,
     ) -> anyhow::Result<Self> {
-        let first = bind(sim.clone(), 2, 0).await?;
+        let first = bind(sim.clone(), 2, port).await?;
         let port = first.local_addr().port();
         let fleet = Fleet {
             sim,

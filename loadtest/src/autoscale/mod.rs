@@ -100,6 +100,10 @@ pub struct AutoscaleArgs {
     /// nothing. No cap when absent.
     #[arg(long)]
     pub max_queued: Option<u64>,
+    /// Loopback ports: every replica listens on this one (each at its own 127.0.0.x), the
+    /// proxy on the next two (traffic, admin). 0: any free ports.
+    #[arg(long, default_value_t = 0)]
+    pub port: u16,
     /// SLO attainment target (`[scale] target`).
     #[arg(long, default_value_t = 0.95)]
     pub target: f64,
@@ -259,10 +263,14 @@ fn proxy_config(args: &AutoscaleArgs, port: u16, hosts: &std::path::Path) -> Str
         |d: Option<Duration>| d.map_or("\"none\"".to_string(), |d| d.as_millis().to_string());
     let short = ((30.0 / k).ceil() as u64).max(1);
     let long = ((300.0 / k).ceil() as u64).max(short + 1);
+    let (listen, admin) = match args.port {
+        0 => (0, 0),
+        p => (p.saturating_add(1), p.saturating_add(2)),
+    };
     format!(
         r#"[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
+listen = "127.0.0.1:{listen}"
+admin_listen = "127.0.0.1:{admin}"
 drain_delay_ms = 0
 grace_period_ms = 2000
 
@@ -328,6 +336,7 @@ async fn run_one(
         real(args.start_delay_s),
         real(30.0),
         hosts.clone(),
+        args.port,
     )
     .await?;
     fleet.scale_to(args.min_replicas.max(1))?;

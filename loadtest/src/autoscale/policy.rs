@@ -1,7 +1,8 @@
 //! The scaler loop's decision, pure: the replica count a Kubernetes HPA would set from one
 //! signal read off the proxy's `/metrics`, with the HPA's rules (ratio to a per-replica target,
-//! 10% tolerance, scale up at once, scale down only to the highest count wanted over the
-//! stabilization window, min/max).
+//! 10% tolerance, scale up at once but by at most 4 replicas or 100% a period, whichever is
+//! more: the default scale-up policies of `autoscaling/v2`; scale down only to the highest
+//! count wanted over the stabilization window; min/max).
 
 use goodput_measure::prom::{self, Family};
 use serde::Serialize;
@@ -117,16 +118,25 @@ impl Hpa {
             (value / self.target).ceil() as usize
         }
         .clamp(self.min, self.max);
+        // The HPA remembers what the metric asked for; the rate limit applies to what it sets.
         self.wishes.push((now, wanted));
         let since = now - self.stabilization_down;
         self.wishes.retain(|w| w.0 >= since);
         let highest = self.wishes.iter().map(|w| w.1).max().unwrap_or(wanted);
         if wanted >= current {
-            wanted
+            wanted.min(scale_up_limit(current))
         } else {
             highest.min(current)
         }
     }
+}
+
+/// The most replicas an HPA sets one period after running `current`: its default scale-up
+/// policies (`autoscaling/v2`, also when `behavior.scaleUp` sets only the stabilization
+/// window) allow 4 more or twice as many, whichever is more. The scaler decides once a
+/// period, so each decision starts a period.
+fn scale_up_limit(current: usize) -> usize {
+    (current + 4).max(current * 2)
 }
 
 #[cfg(test)]
@@ -143,7 +153,11 @@ mod tests {
             (2.0, Some(20.0), 2, 5), // up at once
             (3.0, Some(4.0), 5, 5),  // down held by the window (5 wanted at 2 s)
             (103.0, Some(4.0), 5, 1),
-            (104.0, Some(1000.0), 1, 10), // max
+            (104.0, Some(1000.0), 6, 10), // max
+            // Up by at most 4 or 100% a period, whichever is more.
+            (105.0, Some(1000.0), 1, 5),
+            (106.0, Some(1000.0), 5, 10),
+            (107.0, Some(8.0 * 4.0), 3, 7),
         ];
         for &(now, v, cur, want) in steps {
             assert_eq!(h.decide(now, v, cur), want, "at {now}");
