@@ -67,7 +67,7 @@ impl Gauges {
             )?,
             desired_replicas: r.gauges(
                 "goodput_proxy_desired_replicas",
-                "Replicas the current load needs to meet scale.target for the model: load / capacity per replica, the largest over what replicas hold (streams, prompt tokens to prefill, output tokens to decode) (a fraction: round up); absent until a capacity is known.",
+                "Replicas the current load needs to meet scale.target for the model: its throughput over one replica's at the limit (Little's law: load held / capacity per replica x request time at the capacity / recent request time, never below load / capacity), the largest over what replicas hold (streams, prompt tokens to prefill, output tokens to decode) (a fraction: round up); absent until a capacity is known.",
             )?,
             tokens_in_flight: r.gauges(
                 "goodput_proxy_upstream_tokens_in_flight",
