@@ -12,7 +12,7 @@
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 
-use http::header::HeaderName;
+use http::header::{HeaderName, HeaderValue};
 use http::Extensions;
 use tokio::time::Instant;
 
@@ -26,10 +26,25 @@ pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 pub const X_GOODPUT_TRACE: HeaderName = HeaderName::from_static("x-goodput-trace");
 
 /// The client connection a request came on (the listener inserts it as an extension).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ConnInfo {
     pub remote: SocketAddr,
     pub tls: bool,
+    /// The peer's IP as this hop's `X-Forwarded-For` entry: formatted once a connection, not
+    /// once a request (a request's clone is a reference count).
+    pub peer_ip: HeaderValue,
+}
+
+impl ConnInfo {
+    pub fn new(remote: SocketAddr, tls: bool) -> Self {
+        let ip = remote.ip().to_string();
+        Self {
+            remote,
+            tls,
+            peer_ip: HeaderValue::from_maybe_shared(bytes::Bytes::from(ip))
+                .unwrap_or(HeaderValue::from_static("unknown")),
+        }
+    }
 }
 
 /// What collect reads from the request body (see `measure::request`).

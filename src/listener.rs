@@ -206,14 +206,14 @@ async fn connection(
     }
     match &options.tls {
         None => {
-            let info = ConnInfo { remote, tls: false };
+            let info = ConnInfo::new(remote, false);
             serve_io(stream, info, &builder, service, close_rx).await;
         }
         Some(tls) => {
             let deadline = options.limits.tls_handshake_timeout;
             match tokio::time::timeout(deadline, tls.acceptor().accept(stream)).await {
                 Ok(Ok(tls)) => {
-                    let info = ConnInfo { remote, tls: true };
+                    let info = ConnInfo::new(remote, true);
                     serve_io(tls, info, &builder, service, close_rx).await;
                 }
                 Ok(Err(e)) => tracing::debug!(%remote, error = %e, "TLS handshake failed"),
@@ -232,18 +232,19 @@ async fn serve_io<I>(
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let remote = info.remote;
     let service = service.map_request(move |mut req: Request<Incoming>| {
-        req.extensions_mut().insert(info);
+        req.extensions_mut().insert(info.clone());
         req
     });
     let conn = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(service));
     tokio::pin!(conn);
     tokio::select! {
-        res = conn.as_mut() => log_conn_end(info, res),
+        res = conn.as_mut() => log_conn_end(remote, res),
         _ = closing(&mut close_rx) => {
             // Finish the requests in flight, then close (h1: no keep-alive; h2: GOAWAY).
             conn.as_mut().graceful_shutdown();
-            log_conn_end(info, conn.await);
+            log_conn_end(remote, conn.await);
         }
     }
 }
@@ -253,8 +254,8 @@ async fn closing(rx: &mut watch::Receiver<bool>) {
     let _ = rx.wait_for(|closing| *closing).await;
 }
 
-fn log_conn_end(info: ConnInfo, res: Result<(), Box<dyn std::error::Error + Send + Sync>>) {
+fn log_conn_end(remote: SocketAddr, res: Result<(), Box<dyn std::error::Error + Send + Sync>>) {
     if let Err(e) = res {
-        tracing::debug!(remote = %info.remote, error = %e, "connection ended with an error");
+        tracing::debug!(%remote, error = %e, "connection ended with an error");
     }
 }

@@ -72,7 +72,7 @@ where
             Some(s) => Arc::from(s),
             None => generate_id(),
         };
-        let peer = req.extensions().get::<ConnInfo>().copied();
+        let peer = req.extensions().get::<ConnInfo>().cloned();
         // A client id passed `client_id`, a generated one is hex: both are valid header values.
         let header = HeaderValue::from_str(&id).ok();
         let ctx = Arc::new(RequestContext::new(id, t0, peer));

@@ -282,22 +282,24 @@ fn upstream_headers(parts: &http::request::Parts, forwarded: Forwarded) -> http:
             h.append(name.clone(), value.clone());
         }
     }
-    let host = parts
-        .headers
-        .get(header::HOST)
-        .and_then(|v| v.to_str().ok().map(str::to_string))
-        .or_else(|| parts.uri.authority().map(|a| a.to_string()));
+    // The client's Host as it came (a value copy is a reference count), when it is text.
+    let host = match parts.headers.get(header::HOST) {
+        Some(v) if v.to_str().is_ok() => Some(v.clone()),
+        _ => parts
+            .uri
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok()),
+    };
     let conn = parts.extensions.get::<ConnInfo>();
-    let ip = conn.map(|c| c.remote.ip().to_string());
     let proto = if conn.is_some_and(|c| c.tls) {
         "https"
     } else {
         "http"
     };
     let hop = Hop {
-        peer: ip.as_deref(),
+        peer: conn.map(|c| &c.peer_ip),
         proto,
-        host: host.as_deref(),
+        host,
     };
     forwarded.apply(&mut h, hop);
     if let Some(ctx) = RequestContext::of(&parts.extensions) {

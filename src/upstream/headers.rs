@@ -65,14 +65,14 @@ pub struct Forwarded {
 }
 
 /// This hop, as the proxy saw it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Hop<'a> {
-    /// The connection's peer address.
-    pub peer: Option<&'a str>,
+    /// The connection's peer address (its IP as an `X-Forwarded-For` entry).
+    pub peer: Option<&'a HeaderValue>,
     /// `http` or `https`: how the client reached the proxy.
-    pub proto: &'a str,
+    pub proto: &'static str,
     /// The `Host` (or `:authority`) the client asked for.
-    pub host: Option<&'a str>,
+    pub host: Option<HeaderValue>,
 }
 
 impl Forwarded {
@@ -80,6 +80,24 @@ impl Forwarded {
     /// `X-Forwarded-Proto` / `-Host` to this hop's (a trusted proxy's, when there is one and it
     /// sent them).
     pub fn apply(&self, headers: &mut HeaderMap, hop: Hop<'_>) {
+        if self.trusted_proxies == 0 || !headers.contains_key(&X_FORWARDED_FOR) {
+            // Nothing of the incoming chain is kept: the chain is the peer alone, as it is
+            // (no parsing, joining or copying of the value, which is a reference count).
+            headers.remove(&X_FORWARDED_FOR);
+            if let Some(peer) = hop.peer {
+                headers.insert(X_FORWARDED_FOR, peer.clone());
+            }
+        } else {
+            self.extend_chain(headers, hop.peer);
+        }
+        let trusted = self.trusted_proxies > 0;
+        let proto = HeaderValue::from_static(hop.proto);
+        set_unless_trusted(headers, X_FORWARDED_PROTO, Some(proto), trusted);
+        set_unless_trusted(headers, X_FORWARDED_HOST, hop.host, trusted);
+    }
+
+    /// The trusted end of the incoming chain, then the peer.
+    fn extend_chain(&self, headers: &mut HeaderMap, peer: Option<&HeaderValue>) {
         let mut chain: Vec<String> = headers
             .get_all(&X_FORWARDED_FOR)
             .iter()
@@ -90,16 +108,13 @@ impl Forwarded {
             .map(String::from)
             .collect();
         chain.drain(..chain.len().saturating_sub(self.trusted_proxies));
-        chain.extend(hop.peer.map(String::from));
+        chain.extend(peer.and_then(|p| p.to_str().ok()).map(String::from));
         headers.remove(&X_FORWARDED_FOR);
         if let Ok(v) = HeaderValue::from_str(&chain.join(", ")) {
             if !chain.is_empty() {
                 headers.insert(X_FORWARDED_FOR, v);
             }
         }
-        let trusted = self.trusted_proxies > 0;
-        set_unless_trusted(headers, X_FORWARDED_PROTO, Some(hop.proto), trusted);
-        set_unless_trusted(headers, X_FORWARDED_HOST, hop.host, trusted);
     }
 }
 
@@ -107,14 +122,14 @@ impl Forwarded {
 fn set_unless_trusted(
     headers: &mut HeaderMap,
     name: HeaderName,
-    ours: Option<&str>,
+    ours: Option<HeaderValue>,
     trusted: bool,
 ) {
     if trusted && headers.get_all(&name).iter().count() == 1 {
         return;
     }
     headers.remove(&name);
-    if let Some(v) = ours.and_then(|v| HeaderValue::from_str(v).ok()) {
+    if let Some(v) = ours {
         headers.insert(name, v);
     }
 }
@@ -156,12 +171,16 @@ mod tests {
         assert_eq!(left, vec!["authorization", "content-type"]);
     }
 
-    fn hop<'a>(peer: &'a str, proto: &'a str, host: Option<&'a str>) -> Hop<'a> {
+    fn hop<'a>(peer: &'a HeaderValue, proto: &'static str, host: Option<&str>) -> Hop<'a> {
         Hop {
             peer: Some(peer),
             proto,
-            host,
+            host: host.map(|h| HeaderValue::from_str(h).unwrap()),
         }
+    }
+
+    fn ip(text: &'static str) -> HeaderValue {
+        HeaderValue::from_static(text)
     }
 
     #[test]
@@ -171,12 +190,12 @@ mod tests {
             ("x-forwarded-proto", "https"),
             ("x-forwarded-host", "spoofed.example"),
         ]);
-        Forwarded::default().apply(&mut h, hop("127.0.0.1", "http", Some("example.com")));
+        Forwarded::default().apply(&mut h, hop(&ip("127.0.0.1"), "http", Some("example.com")));
         assert_eq!(h["x-forwarded-for"], "127.0.0.1");
         assert_eq!(h["x-forwarded-proto"], "http");
         assert_eq!(h["x-forwarded-host"], "example.com");
         let mut h = map(&[("x-forwarded-host", "spoofed.example")]);
-        Forwarded::default().apply(&mut h, hop("::1", "https", None));
+        Forwarded::default().apply(&mut h, hop(&ip("::1"), "https", None));
         assert_eq!(h["x-forwarded-for"], "::1");
         assert!(h.get("x-forwarded-host").is_none());
     }
@@ -190,7 +209,7 @@ mod tests {
             ("x-forwarded-for", "10.0.0.1"),
             ("x-forwarded-proto", "https"),
         ]);
-        two.apply(&mut h, hop("10.0.0.2", "http", Some("example.com")));
+        two.apply(&mut h, hop(&ip("10.0.0.2"), "http", Some("example.com")));
         assert_eq!(h["x-forwarded-for"], "1.1.1.1, 10.0.0.1, 10.0.0.2");
         assert_eq!(
             h["x-forwarded-proto"], "https",
@@ -199,11 +218,11 @@ mod tests {
         assert_eq!(h["x-forwarded-host"], "example.com");
         // Fewer entries than trusted proxies: all kept.
         let mut h = map(&[("x-forwarded-for", "1.1.1.1")]);
-        two.apply(&mut h, hop("10.0.0.2", "http", None));
+        two.apply(&mut h, hop(&ip("10.0.0.2"), "http", None));
         assert_eq!(h["x-forwarded-for"], "1.1.1.1, 10.0.0.2");
         // No header at all: the peer.
         let mut h = HeaderMap::new();
-        Forwarded { trusted_proxies: 1 }.apply(&mut h, hop("10.0.0.2", "http", None));
+        Forwarded { trusted_proxies: 1 }.apply(&mut h, hop(&ip("10.0.0.2"), "http", None));
         assert_eq!(h["x-forwarded-for"], "10.0.0.2");
     }
 }
