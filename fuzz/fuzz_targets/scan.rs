@@ -36,7 +36,7 @@ fuzz_target!(|data: &[u8]| {
     m.on_head(t0, 200);
     let mut pieces = std::collections::VecDeque::new();
     m.on_upstream_frame(t0, Bytes::from(event.clone()), &mut pieces, |_| {});
-    m.end_of_upstream(t0, &mut pieces);
+    m.end_of_upstream(t0, &mut pieces, |_| {});
     let out: Vec<u8> = pieces.iter().flat_map(|b| b.iter().copied()).collect();
     let usage_chunk = {
         let info = scan_event(data).info;

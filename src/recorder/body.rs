@@ -164,7 +164,8 @@ impl MeteredBody {
                 Some(Err(e)) => s.error = Some(e),
                 None => {}
             }
-            a.meter.end_of_upstream(t, &mut s.out);
+            let itl = &mut a.itl;
+            a.meter.end_of_upstream(t, &mut s.out, |g| itl.observe(g));
             s.done = true;
         }
     }

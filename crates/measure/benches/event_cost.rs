@@ -99,7 +99,7 @@ fn run(mode: &str, frames: &[Bytes]) -> u64 {
                 });
                 bytes += out.drain(..).map(|b| b.len() as u64).sum::<u64>();
             }
-            m.end_of_upstream(t0, &mut out);
+            m.end_of_upstream(t0, &mut out, |_| {});
             black_box(m.finish(t0, Ending::Complete));
             bytes + out.drain(..).map(|b| b.len() as u64).sum::<u64>()
         }

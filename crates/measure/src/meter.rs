@@ -280,7 +280,7 @@ struct Timeline {
     /// more when a held chunk is released): the reference the differential tests hold the
     /// fast paths to.
     repeat_on: bool,
-    /// Events framed and judged by the template in one look (`Timeline::on_repeat_at`).
+    /// Events framed and judged by the template in one look (`Timeline::on_repeats_at`).
     one_look: u64,
 }
 
@@ -386,19 +386,48 @@ impl Timeline {
         (scan.info, moved)
     }
 
-    /// An event at `buf`'s start that repeats the template, framed and checked in one look
-    /// (`RepeatCache::repeats_event`; the parser is at an event's start): measured as
-    /// [`Timeline::on_event`] measures it. Returns its length.
-    fn on_repeat_at(
+    /// The events at `buf`'s start that repeat the template, each framed and checked in one
+    /// look (`RepeatCache::repeats_event`; the parser is at an event's start) and measured as
+    /// [`Timeline::on_event`] measures it. Returns how many bytes they span (0: `buf` does not
+    /// open with a repeat).
+    ///
+    /// A run of them in one frame shares the frame's instant: after the first, a repeat of a
+    /// one-choice output template adds one zero gap and nothing else that depends on the
+    /// event, so the run is counted first and taken in at once
+    /// ([`Timeline::on_single_output_again`]). An engine packs events into one read whenever
+    /// it writes faster than the proxy reads (under load, or a fast decoder).
+    fn on_repeats_at(
         &mut self,
         repeat: &RepeatCache,
         t: Instant,
         buf: &[u8],
         on_gap: &mut impl FnMut(Duration),
-    ) -> Option<usize> {
-        let (len, data) = repeat.repeats_event(buf)?;
+    ) -> usize {
+        let Some((mut at, data)) = repeat.repeats_event(buf) else {
+            return 0;
+        };
         self.on_repeat(t, repeat, &buf[data], on_gap);
-        Some(len)
+        match repeat.single() {
+            Some(c) if c.output && self.log.is_empty() => {
+                let mut again = 0;
+                while let Some((len, _)) = repeat.repeats_event(&buf[at..]) {
+                    again += 1;
+                    at += len;
+                }
+                if again > 0 {
+                    self.one_look += again;
+                    self.on_single_output_again(t, c, again, on_gap);
+                }
+            }
+            _ => {
+                while let Some((len, data)) = repeat.repeats_event(&buf[at..]) {
+                    let data = &buf[at + data.start..at + data.end];
+                    self.on_repeat(t, repeat, data, on_gap);
+                    at += len;
+                }
+            }
+        }
+        at
     }
 
     /// An event (payload `data`) that repeats `repeat`'s template, framed by it: what the
@@ -449,6 +478,36 @@ impl Timeline {
         }
         self.t_last_token = Some(t);
         self.agent.on_phases(t, c.phases);
+    }
+
+    /// `n` more events like the one [`Timeline::on_single_output`] just took in at `t` (the
+    /// same choice `c`, at the same instant), as `n` more calls of it would take them: each
+    /// closes a zero gap of its choice and of the stream (so no stall, and the largest gap
+    /// stays), counts as an output event with `c`'s tokens, and shows the agent meter its
+    /// phases. `meter/repeat_differential.rs` and `meter/strip_tests.rs` hold it to the
+    /// parser's path, gap by gap.
+    #[inline(never)]
+    fn on_single_output_again(
+        &mut self,
+        t: Instant,
+        c: &ChoiceInfo,
+        n: u64,
+        on_gap: &mut impl FnMut(Duration),
+    ) {
+        let tokens = u64::from(c.tokens) * n;
+        let ch = self.choice(c.index);
+        ch.tokens += tokens;
+        ch.events += n;
+        self.counted_tokens += tokens;
+        self.output_events += n;
+        self.itl_count += n;
+        self.itl_max = Some(self.itl_max.unwrap_or(Duration::ZERO));
+        let kept = self.gap_cap.saturating_sub(self.gaps.len()).min(n as usize);
+        self.gaps.resize(self.gaps.len() + kept, 0.0);
+        for _ in 0..n {
+            on_gap(Duration::ZERO);
+            self.agent.on_phases(t, c.phases);
+        }
     }
 
     /// One gap between two output events of a choice.
@@ -836,7 +895,7 @@ impl StreamMeter {
     }
 
     /// The parser's events into the timeline. Where an event starts, one that repeats the
-    /// template is framed by the template itself (`Timeline::on_repeat_at`): the bytes it
+    /// template is framed by the template itself (`Timeline::on_repeats_at`): the bytes it
     /// spans are what the parser would cut there, and its payload what the parser would hand
     /// over, so the parser is not needed for it (`meter/repeat_differential.rs` splits streams
     /// anywhere and holds this against the parser alone).
@@ -849,7 +908,8 @@ impl StreamMeter {
         }
         while !bytes.is_empty() {
             if self.parser.at_event_start() {
-                if let Some(len) = tl.on_repeat_at(repeat, t, bytes, on_gap) {
+                let len = tl.on_repeats_at(repeat, t, bytes, on_gap);
+                if len > 0 {
                     bytes = &bytes[len..];
                     continue;
                 }

@@ -232,7 +232,7 @@ fn stripped(body: &[u8], frame: usize) -> (String, Measurement) {
         m.on_upstream_frame(t, bytes::Bytes::copy_from_slice(f), &mut out, |_| {});
     }
     let end = t0 + ms(1000);
-    m.end_of_upstream(end, &mut out);
+    m.end_of_upstream(end, &mut out, |_| {});
     let bytes: Vec<u8> = out.iter().flat_map(|b| b.iter().copied()).collect();
     (
         String::from_utf8(bytes).unwrap(),

@@ -33,7 +33,7 @@ fn run(stream: bool, strip: bool, frames: &[(u64, &[u8])]) -> (Vec<u8>, Measurem
         t += ms(*delay);
         m.on_upstream_frame(t, Bytes::copy_from_slice(f), &mut out, |_| {});
     }
-    m.end_of_upstream(t, &mut out);
+    m.end_of_upstream(t, &mut out, |_| {});
     let bytes = out.iter().flat_map(|b| b.iter().copied()).collect();
     (bytes, m.finish(t, Ending::Complete))
 }

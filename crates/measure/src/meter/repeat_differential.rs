@@ -16,6 +16,7 @@ use crate::fixtures::{capture, CAPTURES};
 use crate::outcome::Ending;
 
 /// One request measured from `frames`, served 1 ms apart; `cached`: with the repeat cache.
+/// The gaps handed to the histogram are the measurement's, one by one.
 fn measure(frames: &[&[u8]], cached: bool) -> Measurement {
     let t0 = Instant::now();
     let mut m = StreamMeter::new(t0, true).keep_gaps(1 << 14);
@@ -23,12 +24,15 @@ fn measure(frames: &[&[u8]], cached: bool) -> Measurement {
         m = m.without_repeat_cache();
     }
     m.on_head(t0, 200);
+    let mut observed = Vec::new();
     let mut t = t0;
     for f in frames {
         t += Duration::from_millis(1);
-        m.on_frame(t, f, |_| {});
+        m.on_frame(t, f, |g| observed.push(g.as_secs_f32()));
     }
-    m.finish(t + Duration::from_millis(1), Ending::Complete)
+    let measured = m.finish(t + Duration::from_millis(1), Ending::Complete);
+    assert_eq!(observed, measured.itl_gaps, "the histogram's gaps");
+    measured
 }
 
 fn events(body: &[u8]) -> Vec<&[u8]> {

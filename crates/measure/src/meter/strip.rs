@@ -351,13 +351,7 @@ impl StreamMeter {
         if !(quiet && self.tl.cacheable() && self.parser.at_event_start()) {
             return 0;
         }
-        let mut at = 0;
-        while let Some((len, data)) = self.repeat.repeats_event(&rest[at..]) {
-            let data = &rest[at + data.start..at + data.end];
-            self.tl.on_repeat(t, &self.repeat, data, on_gap);
-            at += len;
-        }
-        at
+        self.tl.on_repeats_at(&self.repeat, t, rest, on_gap)
     }
 
     /// The next event of `frame` from `start`: framed, metered and judged; returns where the
@@ -464,13 +458,18 @@ impl StreamMeter {
     }
 
     /// The upstream body ended (or broke, or sent trailers) at `t`: what the strip still
-    /// holds goes out unchanged, and a held chunk is metered as the client gets it now.
-    pub fn end_of_upstream(&mut self, t: Instant, out: &mut VecDeque<Bytes>) {
+    /// holds goes out unchanged, and a held chunk is metered as the client gets it now (the
+    /// ITL gap it closes passed to `on_gap`, as every other).
+    pub fn end_of_upstream(
+        &mut self,
+        t: Instant,
+        out: &mut VecDeque<Bytes>,
+        mut on_gap: impl FnMut(Duration),
+    ) {
         let Some(strip) = self.strip.as_deref_mut() else {
             return;
         };
-        let mut noop = |_| {};
-        meter_held(&mut self.tl, &mut self.repeat, strip, t, &mut noop);
+        meter_held(&mut self.tl, &mut self.repeat, strip, t, &mut on_gap);
         if let Some(h) = strip.held.take() {
             out.push_back(h);
         }

@@ -14,23 +14,28 @@ use crate::fixtures::capture;
 use crate::outcome::{Ending, Outcome};
 use crate::sse::MAX_LINE_BYTES;
 
-/// What the client got from `frames`, and the measurement; `fast`: with the repeat cache.
+/// What the client got from `frames`, and the measurement (every ITL gap kept); `fast`: with
+/// the repeat cache. The gaps handed to the histogram are the measurement's, one by one.
 fn strip_by(frames: &[&[u8]], fast: bool) -> (Vec<u8>, Measurement) {
     let t0 = Instant::now();
-    let mut m = StreamMeter::new(t0, true).strip_usage();
+    let mut m = StreamMeter::new(t0, true).strip_usage().keep_gaps(1 << 14);
     if !fast {
         m = m.without_repeat_cache();
     }
     m.on_head(t0, 200);
     let mut out = VecDeque::new();
+    let mut observed = Vec::new();
     let mut t = t0;
     for f in frames {
         t += Duration::from_millis(1);
-        m.on_upstream_frame(t, Bytes::copy_from_slice(f), &mut out, |_| {});
+        let on_gap = |g: Duration| observed.push(g.as_secs_f32());
+        m.on_upstream_frame(t, Bytes::copy_from_slice(f), &mut out, on_gap);
     }
-    m.end_of_upstream(t, &mut out);
+    m.end_of_upstream(t, &mut out, |g| observed.push(g.as_secs_f32()));
     let bytes = out.iter().flat_map(|b| b.iter().copied()).collect();
-    (bytes, m.finish(t, Ending::Complete))
+    let measured = m.finish(t, Ending::Complete);
+    assert_eq!(observed, measured.itl_gaps, "the histogram's gaps");
+    (bytes, measured)
 }
 
 /// The usage capture with the plain capture's id, so the two differ only by injection.
@@ -187,7 +192,7 @@ fn most_events_of_a_capture_pass_by_the_one_look_path() {
         for f in &frames {
             m.on_upstream_frame(t0, Bytes::copy_from_slice(f), &mut out, |_| {});
         }
-        m.end_of_upstream(t0, &mut out);
+        m.end_of_upstream(t0, &mut out, |_| {});
         let got: Vec<u8> = out.iter().flat_map(|b| b.iter().copied()).collect();
         assert_eq!(got, plain);
         let events = events(&usage).len() as u64;
@@ -276,7 +281,7 @@ fn held_bytes_are_bounded_by_the_line_limit() {
     let tail = Bytes::copy_from_slice(&usage);
     m.on_upstream_frame(t0, tail.clone(), &mut out, |_| {});
     sent.extend_from_slice(&tail);
-    m.end_of_upstream(t0, &mut out);
+    m.end_of_upstream(t0, &mut out, |_| {});
     let got: Vec<u8> = out.iter().flat_map(|b| b.iter().copied()).collect();
     assert_eq!(got, sent, "nothing lost, nothing reordered");
     let measured = m.finish(t0, Ending::Complete);
@@ -423,7 +428,7 @@ fn an_error_body_is_not_stripped() {
     let body = Bytes::from_static(b"{\"error\":{\"message\":\"x\"}}");
     let mut out = VecDeque::new();
     m.on_upstream_frame(t0, body.clone(), &mut out, |_| {});
-    m.end_of_upstream(t0, &mut out);
+    m.end_of_upstream(t0, &mut out, |_| {});
     assert_eq!(out, [body]);
     assert_eq!(
         m.finish(t0, Ending::Complete).outcome,
