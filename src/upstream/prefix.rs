@@ -11,6 +11,12 @@
 //! keeps one horizon stamp per such replica: its ways stamped at or before it are dead. One
 //! comparison per way on lookup, no scan of the map.
 //!
+//! Cache room: per replica, the blocks it is the most recent recorder of ([`PrefixIndex::owned`]),
+//! kept as blocks are recorded and dropped: what the prefixes the balancer sends there take of
+//! its engine's cache, by which a new prefix is placed where it crowds the fewest others. It
+//! ignores eviction horizons (an engine that evicted has room again; the index learns that only
+//! from `cached_tokens`, and the next placement there re-records).
+//!
 //! Bound: two generations of at most `capacity / 2` blocks each. When the current one is
 //! full it becomes the old one and the previous old one is dropped; a block found only in the
 //! old generation is moved back. So the index holds at most `capacity` blocks (about 64 bytes
@@ -50,6 +56,14 @@ impl Slot {
             .unwrap_or_else(|| (0..WAYS).min_by_key(|&w| self.stamps[w]).unwrap_or(0));
         self.ids[way] = id;
         self.stamps[way] = stamp;
+    }
+
+    /// The replica that recorded it last, if any.
+    fn owner(&self) -> Option<ReplicaId> {
+        (0..WAYS)
+            .filter(|&w| self.stamps[w] != 0)
+            .max_by_key(|&w| self.stamps[w])
+            .map(|w| self.ids[w])
     }
 
     fn is_live(&self, horizons: &Horizons) -> bool {
@@ -123,6 +137,26 @@ impl Horizons {
 
 type Map = HashMap<u64, Slot, FixedState>;
 
+/// Per replica, the blocks it recorded last (see the module doc): a map, so that a choice
+/// looking at every candidate pays one hash lookup each.
+#[derive(Debug, Default)]
+struct Owned(HashMap<ReplicaId, u64, FixedState>);
+
+impl Owned {
+    fn add(&mut self, id: ReplicaId) {
+        *self.0.entry(id).or_insert(0) += 1;
+    }
+
+    fn sub(&mut self, id: ReplicaId) {
+        if let Some(n) = self.0.get_mut(&id) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.0.remove(&id);
+            }
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct PrefixIndex {
     cur: Map,
@@ -130,6 +164,7 @@ pub struct PrefixIndex {
     half: usize,
     clock: u32,
     horizons: Horizons,
+    owned: Owned,
 }
 
 impl PrefixIndex {
@@ -142,7 +177,14 @@ impl PrefixIndex {
             half,
             clock: 0,
             horizons: Horizons::default(),
+            owned: Owned::default(),
         }
+    }
+
+    /// Blocks `id` is the most recent recorder of: the room the prefixes the index expects
+    /// there take in its engine's cache, in blocks.
+    pub fn owned(&self, id: ReplicaId) -> u64 {
+        self.owned.0.get(&id).copied().unwrap_or(0)
     }
 
     /// Blocks held now (at most the capacity).
@@ -193,6 +235,7 @@ impl PrefixIndex {
             self.cur.clear();
             self.old.clear();
             self.horizons = Horizons::default();
+            self.owned = Owned::default();
             self.clock = 1;
         }
         for &h in blocks {
@@ -203,9 +246,23 @@ impl PrefixIndex {
                     self.cur.entry(h).or_insert(moved)
                 }
             };
+            let was = slot.owner();
             slot.put(id, self.clock);
+            if was != Some(id) {
+                if let Some(was) = was {
+                    self.owned.sub(was);
+                }
+                self.owned.add(id);
+            }
         }
         if self.cur.len() >= self.half {
+            // The old generation is dropped: its blocks leave their owners' room (one pass
+            // per `half` blocks recorded).
+            for slot in self.old.values() {
+                if let Some(was) = slot.owner() {
+                    self.owned.sub(was);
+                }
+            }
             self.old = std::mem::replace(
                 &mut self.cur,
                 Map::with_capacity_and_hasher(self.half, FixedState::default()),
@@ -298,6 +355,39 @@ mod tests {
         assert_eq!(ix.longest(&a).1.as_slice(), &[6, 5, 4, 3]);
         ix.record(&a, 4);
         assert_eq!(ix.longest(&a).1.as_slice(), &[4, 6, 5, 3]);
+    }
+
+    #[test]
+    fn each_replica_owns_the_blocks_it_recorded_last() {
+        let mut ix = PrefixIndex::new(1024);
+        let (a, b) = (blocks(1, 6), blocks(2, 4));
+        // (what, record, under, owned by 7, 8, 9 after it)
+        let steps: &[(&str, &[u64], ReplicaId, [u64; 3])] = &[
+            ("a placed on 7", &a, 7, [6, 0, 0]),
+            ("again: nothing new", &a, 7, [6, 0, 0]),
+            ("b on 8", &b, 8, [6, 4, 0]),
+            ("a's first half moves to 9", &a[..3], 9, [3, 4, 3]),
+            ("all of a to 8", &a, 8, [0, 10, 0]),
+            ("b back to 7", &b, 7, [4, 6, 0]),
+        ];
+        for (what, rec, id, want) in steps {
+            ix.record(rec, *id);
+            assert_eq!([ix.owned(7), ix.owned(8), ix.owned(9)], *want, "{what}");
+        }
+        // Owned blocks add up to the blocks held; an evicted horizon does not change them.
+        ix.evicted_up_to(8, ix.clock());
+        assert_eq!(ix.owned(7) + ix.owned(8), ix.len() as u64);
+    }
+
+    #[test]
+    fn owned_blocks_leave_with_the_generation_that_held_them() {
+        let mut ix = PrefixIndex::new(64);
+        for seed in 1..200 {
+            ix.record(&blocks(seed, 8), (seed % 3) as ReplicaId);
+            let total: u64 = (0..3).map(|id| ix.owned(id)).sum();
+            assert_eq!(total, ix.len() as u64, "seed {seed}");
+        }
+        assert!(ix.len() <= 64);
     }
 
     #[test]

@@ -207,14 +207,16 @@ fn quick_hit(cfg: &BalanceConfig, cands: &[Cand], ask: &Ask) -> Option<Choice> {
 }
 
 /// What one request asks of the choice: its shape, the candidates holding its longest recorded
-/// prefix (`matched`, most recent first) and that prefix's length in blocks, and the
-/// candidates it must not go to (replicas already tried).
+/// prefix (`matched`, most recent first) and that prefix's length in blocks, the candidates it
+/// must not go to (replicas already tried), and per candidate the cache room the prefixes the
+/// index places there take, in blocks (`room`, as `cands`; empty: unknown, all alike).
 #[derive(Debug, Clone, Copy)]
 pub struct Ask<'a> {
     pub shape: &'a Shape,
     pub matched: &'a [usize],
     pub match_blocks: usize,
     pub excluded: &'a [usize],
+    pub room: &'a [u64],
 }
 
 impl<'a> Ask<'a> {
@@ -225,6 +227,7 @@ impl<'a> Ask<'a> {
             matched: &[],
             match_blocks: 0,
             excluded: &[],
+            room: &[],
         }
     }
 }
@@ -260,6 +263,7 @@ fn decide_full<R: Rng + ?Sized>(
         matched,
         match_blocks,
         excluded,
+        room,
     } = *ask;
     let strategy = cfg.strategy;
     let prefix = matches!(strategy, Strategy::Prefix | Strategy::Auto);
@@ -312,6 +316,50 @@ fn decide_full<R: Rng + ?Sized>(
     } else {
         Reason::LeastLoad
     };
+    let full = shape.tokens().max(1) as f64;
+    // The mean load and the best attainment take a pass over every candidate each, made only
+    // when a holder's own figures do not settle the choice (`surely_open`), or to place a
+    // prefix.
+    let limit = OnceCell::new();
+    let limit = || {
+        *limit.get_or_init(|| {
+            let sum: f64 = elig.iter().map(|&i| base_load(&cands[i], full)).sum();
+            cfg.saturation_ratio * (sum / elig.len() as f64 + full) + full
+        })
+    };
+    let best_att = OnceCell::new();
+    let best_att = || {
+        *best_att.get_or_init(|| {
+            elig.iter()
+                .map(|&i| cands[i].attainment)
+                .fold(0.0, f64::max)
+        })
+    };
+    // Where a prefix cached nowhere, or moved off its saturated holders, goes: of the replicas
+    // open to it cold (engine not saturated, load with the request within the bound, for auto
+    // an attainment within the gap of the best), the one whose cache the prefixes already
+    // placed there take least (`room`), the lower load on a tie. Spread by room, the hot
+    // prefixes share the caches out evenly and no replica is given more than its cache holds
+    // beside its running requests (placed by two random choices on load, one replica could get
+    // three or four of eight long prompts, fill its KV cache and release them again). Not
+    // herding: the room a placement takes counts at once (the index records it with the
+    // choice), so the next new prefix goes elsewhere. `None`: none is open.
+    let room_of = |i: usize| room.get(i).copied().unwrap_or(0);
+    let place = |among: &mut dyn Iterator<Item = usize>| {
+        among
+            .filter(|&i| {
+                let c = &cands[i];
+                !engine_saturated(cfg, c)
+                    && base_load(c, full) + full <= limit()
+                    && (strategy == Strategy::Prefix
+                        || c.attainment >= best_att() - AUTO_ATTAINMENT_GAP)
+            })
+            .min_by(|&a, &b| {
+                room_of(a)
+                    .cmp(&room_of(b))
+                    .then(score(a).total_cmp(&score(b)))
+            })
+    };
     if affine {
         // Sticky until saturated, on what the request really costs: on a holder it brings
         // only the tokens its cache lacks (the rest of the prompt and the output), elsewhere
@@ -322,24 +370,7 @@ fn decide_full<R: Rng + ?Sized>(
         // (queue, KV cache) say so, it is saturated. Counted at whole prompts, a few cheap
         // cached requests in flight at low concurrency read as saturation, and every move
         // was a cold prefill (docs/routing.md).
-        let (warm, full) = warm_and_full(cfg, shape, match_blocks);
-        // The mean load and the best attainment take a pass over every candidate each, made
-        // only when the holder's own figures do not settle it (`surely_open`).
-        let limit = OnceCell::new();
-        let limit = || {
-            *limit.get_or_init(|| {
-                let sum: f64 = elig.iter().map(|&i| base_load(&cands[i], full)).sum();
-                cfg.saturation_ratio * (sum / elig.len() as f64 + full) + full
-            })
-        };
-        let best_att = OnceCell::new();
-        let best_att = || {
-            *best_att.get_or_init(|| {
-                elig.iter()
-                    .map(|&i| cands[i].attainment)
-                    .fold(0.0, f64::max)
-            })
-        };
+        let (warm, _) = warm_and_full(cfg, shape, match_blocks);
         // Open to the prefix: not saturated and, for auto, meeting its SLOs about as well as
         // the best.
         let open = |i: usize| {
@@ -360,15 +391,15 @@ fn decide_full<R: Rng + ?Sized>(
         if let Some(i) = held().find(|&i| open(i)) {
             return pick(i, Reason::PrefixHit);
         }
-        // Spilled: by load, among the open replicas when there are any (rare: one small
-        // allocation).
-        let open_ones: Vec<usize> = elig.iter().copied().filter(|&i| open(i)).collect();
-        let i = match open_ones.len() {
-            0 => two_choices(elig, rng, score),
-            1 => open_ones[0],
-            _ => two_choices(&open_ones, rng, score),
-        };
+        // Spilled: placed anew, else (every replica saturated) by load.
+        let i = place(&mut elig.iter().copied()).unwrap_or_else(|| two_choices(elig, rng, score));
         return pick(i, Reason::PrefixSaturated);
+    }
+    if prefix && shape.blocks.len() >= cfg.prefix_min_blocks {
+        // A long prompt cached nowhere: its prefix is placed.
+        if let Some(i) = place(&mut elig.iter().copied()) {
+            return pick(i, fallback);
+        }
     }
     pick(two_choices(elig, rng, score), fallback)
 }
@@ -498,13 +529,27 @@ impl Balancer {
                 n += 1;
             }
         }
-        let ask = Ask {
+        // The room each candidate's placed prefixes take, looked up only when the quick path
+        // does not settle the choice (a prefix hit needs none).
+        let room: Vec<u64>;
+        let mut ask = Ask {
             shape,
             matched: &matched[..n],
             match_blocks: blocks,
             excluded,
+            room: &[],
         };
-        let choice = decide(&self.cfg, cands, &ask, rng, &mut scratch)?;
+        let quick = (blocks >= self.cfg.prefix_min_blocks)
+            .then(|| quick_hit(&self.cfg, cands, &ask))
+            .flatten();
+        let choice = match quick {
+            Some(hit) => hit,
+            None => {
+                room = cands.iter().map(|c| index.owned(c.id)).collect();
+                ask.room = &room;
+                decide_full(&self.cfg, cands, &ask, rng, &mut scratch)?
+            }
+        };
         if n > 0 && blocks >= self.cfg.prefix_min_blocks && !ask.matched.contains(&choice.idx) {
             self.released(cands, &ask, choice);
         }
@@ -638,6 +683,7 @@ mod tests {
                 matched,
                 match_blocks: blocks,
                 excluded,
+                room: &[],
             },
             &mut rng,
             &mut Vec::new(),
@@ -826,6 +872,7 @@ mod tests {
                     matched: &[2],
                     match_blocks: 48,
                     excluded: &[],
+                    room: &[],
                 },
                 &mut rng,
                 &mut Vec::new(),
@@ -886,6 +933,7 @@ mod tests {
                 matched: &matched,
                 match_blocks: blocks,
                 excluded: &excluded,
+                room: &[],
             };
             if let Some(hit) = quick_hit(&c, &cands, &ask) {
                 quick += 1;
@@ -894,6 +942,183 @@ mod tests {
             }
         }
         assert!(quick > 500, "{quick}");
+    }
+
+    #[test]
+    fn a_new_prefix_goes_where_placed_prefixes_take_the_least_room() {
+        let idle = || (0..4).map(|id| cand(id, 0)).collect::<Vec<Cand>>();
+        let with = |i: usize, f: &dyn Fn(&mut Cand)| {
+            let mut v = idle();
+            f(&mut v[i]);
+            v
+        };
+        // (what, strategy, candidates, room per candidate, holders, prompt blocks, want idx
+        // (None: any), reason)
+        type Case = (
+            &'static str,
+            Strategy,
+            Vec<Cand>,
+            [u64; 4],
+            Vec<usize>,
+            usize,
+            Option<usize>,
+            Reason,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "the least room wins; a tie goes to the first",
+                Strategy::Prefix,
+                idle(),
+                [300, 100, 200, 100],
+                vec![],
+                4,
+                Some(1),
+                Reason::LeastLoad,
+            ),
+            (
+                "a tie goes to the lower load",
+                Strategy::Prefix,
+                with(1, &|c| c.tokens = 150),
+                [300, 100, 200, 100],
+                vec![],
+                4,
+                Some(3),
+                Reason::LeastLoad,
+            ),
+            (
+                "room before load, within the load bound",
+                Strategy::Prefix,
+                with(1, &|c| c.tokens = 300),
+                [300, 100, 200, 150],
+                vec![],
+                4,
+                Some(1),
+                Reason::LeastLoad,
+            ),
+            (
+                "past the load bound: not open",
+                Strategy::Prefix,
+                with(1, &|c| c.tokens = 5_000),
+                [300, 100, 200, 150],
+                vec![],
+                4,
+                Some(3),
+                Reason::LeastLoad,
+            ),
+            (
+                "a full KV cache: not open",
+                Strategy::Prefix,
+                with(1, &|c| c.kv = Some(0.99)),
+                [300, 100, 200, 150],
+                vec![],
+                4,
+                Some(3),
+                Reason::LeastLoad,
+            ),
+            (
+                "auto: an attainment below the gap is not open",
+                Strategy::Auto,
+                with(1, &|c| c.attainment = 0.5),
+                [300, 100, 200, 150],
+                vec![],
+                4,
+                Some(3),
+                Reason::Goodput,
+            ),
+            (
+                "a short prompt is no prefix to place: load decides",
+                Strategy::Prefix,
+                with(1, &|c| c.tokens = 300),
+                [0, 0, 0, 0],
+                vec![],
+                1,
+                None,
+                Reason::LeastLoad,
+            ),
+            (
+                "moved off a saturated holder: placed the same way",
+                Strategy::Prefix,
+                with(2, &|c| c.kv = Some(0.99)),
+                [300, 200, 100, 150],
+                vec![2],
+                4,
+                Some(3),
+                Reason::PrefixSaturated,
+            ),
+        ];
+        for (what, strategy, cands, room, held, blocks, want, reason) in cases {
+            let c = cfg(strategy);
+            let got = decide(
+                &c,
+                &cands,
+                &Ask {
+                    shape: &shape(blocks),
+                    matched: &held,
+                    match_blocks: if held.is_empty() { 0 } else { blocks },
+                    excluded: &[],
+                    room: &room,
+                },
+                &mut SmallRng::seed_from_u64(2),
+                &mut Vec::new(),
+            )
+            .unwrap();
+            assert_eq!(got.reason, reason, "{what}");
+            if let Some(want) = want {
+                assert_eq!(got.idx, want, "{what}");
+            }
+        }
+        // Every replica past the bound: load decides among all.
+        let busy: Vec<Cand> = (0..4).map(|id| cand(id, 9_000 + 100 * id as u64)).collect();
+        let mut rng = SmallRng::seed_from_u64(3);
+        let long = shape(4);
+        let mut ask = Ask::cold(&long);
+        ask.room = &[0, 0, 0, 0];
+        let kv_full: Vec<Cand> = busy
+            .iter()
+            .map(|c| Cand {
+                kv: Some(1.0),
+                ..*c
+            })
+            .collect();
+        for _ in 0..50 {
+            let ch = decide(
+                &cfg(Strategy::Prefix),
+                &kv_full,
+                &ask,
+                &mut rng,
+                &mut Vec::new(),
+            );
+            assert_ne!(
+                ch.unwrap().idx,
+                3,
+                "two random choices never take the busiest"
+            );
+        }
+    }
+
+    #[test]
+    fn eight_long_prompts_spread_two_to_each_of_four_replicas() {
+        // The first request of each prompt arrives while the others' are in flight at
+        // different loads; placed by room, each replica gets two, whatever the loads.
+        for strategy in [Strategy::Prefix, Strategy::Auto] {
+            let b = balancer(cfg(strategy));
+            let mut cands: Vec<Cand> = (0..4).map(|id| cand(id, 0)).collect();
+            let mut rng = SmallRng::seed_from_u64(7);
+            let mut placed = [0; 4];
+            for k in 0..8u64 {
+                let s = Shape {
+                    blocks: (0..20).map(|j| k << 32 | j).collect(),
+                    prompt_tokens: 1_400,
+                    output_tokens: 32,
+                };
+                let (ch, _) = b.choose(&cands, &s, &[], &mut rng).unwrap();
+                placed[ch.idx] += 1;
+                // Its cold prefill is in flight there.
+                cands[ch.idx].tokens += 1_432;
+                cands[ch.idx].in_flight += 1;
+            }
+            assert_eq!(placed, [2, 2, 2, 2], "{strategy:?}");
+        }
     }
 
     #[test]
@@ -990,6 +1215,7 @@ mod tests {
                 matched: &[2],
                 match_blocks: 3,
                 excluded: &excluded,
+                room: &[],
             };
             assert_eq!(release_cause(&c, &cands, &ask), want, "{what}");
             // The choice agrees: it leaves the holder exactly when a cause is named.
@@ -1039,6 +1265,7 @@ mod tests {
                 matched: &matched,
                 match_blocks: 4,
                 excluded: &excluded,
+                room: &[],
             };
             let cause = release_cause(&c, &cands, &ask);
             let ch = decide(&c, &cands, &ask, &mut rng, &mut Vec::new()).unwrap();
@@ -1118,6 +1345,7 @@ mod tests {
                         matched: &held,
                         match_blocks: 3,
                         excluded: &[],
+                        room: &[],
                     },
                     &mut rng,
                     &mut Vec::new(),
@@ -1250,6 +1478,7 @@ mod tests {
                     matched: &[1],
                     match_blocks: 3,
                     excluded: &[],
+                    room: &[],
                 },
                 &mut rng,
                 &mut Vec::new(),
