@@ -49,7 +49,8 @@ pub struct BalanceConfig {
     /// A replica is saturated, and loses its affinity, when its load in tokens with the
     /// request (at what its cache lacks of it) exceeds this multiple of the healthy replicas'
     /// mean load with the request plus one request (cold), or its engine queues
-    /// `saturation_queue` requests, or its KV cache is fuller than `saturation_kv`.
+    /// `saturation_queue` requests, or its KV cache is fuller than `saturation_kv` while at
+    /// least one request waits (a full cache that still admits every request costs nothing).
     pub saturation_ratio: f64,
     pub saturation_queue: f64,
     pub saturation_kv: f64,

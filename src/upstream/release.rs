@@ -15,7 +15,7 @@ pub enum Release {
     Excluded,
     /// The holder's engine queue reached `saturation_queue`.
     Queue,
-    /// The holder's KV-cache use reached `saturation_kv`.
+    /// The holder's KV-cache use reached `saturation_kv` while requests waited there.
     Kv,
     /// The holder's load in tokens with the request went past `saturation_ratio` x the mean
     /// plus one cold request.

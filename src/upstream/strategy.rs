@@ -136,12 +136,7 @@ fn explore<R: Rng + ?Sized>(
     if elig.iter().all(|&i| cands[i].attainment >= best) {
         return None;
     }
-    let open = |i: &usize| {
-        let c = &cands[*i];
-        !c.waiting
-            .is_some_and(|w| w >= cfg.saturation_queue.max(1.0))
-            && !c.kv.is_some_and(|k| k >= cfg.saturation_kv)
-    };
+    let open = |i: &usize| !engine_saturated(cfg, &cands[*i]);
     let n = elig.iter().filter(|i| open(i)).count();
     if n == 0 {
         return None;
@@ -152,12 +147,27 @@ fn explore<R: Rng + ?Sized>(
         .nth(rng.random_range(0..n))
 }
 
-/// Whether `c`'s engine says it is saturated: a queue of `saturation_queue` requests, or a
-/// KV cache fuller than `saturation_kv`.
+/// Whether `c`'s engine says it is saturated: a queue of `saturation_queue` requests
+/// ([`queue_full`]), or a KV cache fuller than `saturation_kv` while requests wait
+/// ([`kv_full`]).
 fn engine_saturated(cfg: &BalanceConfig, c: &Cand) -> bool {
+    queue_full(cfg, c) || kv_full(cfg, c)
+}
+
+fn queue_full(cfg: &BalanceConfig, c: &Cand) -> bool {
     c.waiting
         .is_some_and(|w| w >= cfg.saturation_queue.max(1.0))
-        || c.kv.is_some_and(|k| k >= cfg.saturation_kv)
+}
+
+/// A KV cache fuller than `saturation_kv` with at least one request waiting (or the queue
+/// unknown). A full cache alone is no saturation: the engine's KV use counts the blocks its
+/// running requests hold, and while it still admits every request (nothing waits) a full
+/// cache costs no client anything; it does when requests wait for blocks (vLLM keeps them
+/// queued, or preempts a running one back into the queue). Read alone, from a scrape up to an
+/// interval old, a full cache released every prefix its replica held within one reading, each
+/// move a cold prefill that filled another cache in turn (docs/routing.md).
+fn kv_full(cfg: &BalanceConfig, c: &Cand) -> bool {
+    c.kv.is_some_and(|k| k >= cfg.saturation_kv) && c.waiting.is_none_or(|w| w >= 1.0)
 }
 
 /// What a request of `shape` brings to a replica holding its first `match_blocks` blocks, and
@@ -427,12 +437,10 @@ pub fn release_cause(cfg: &BalanceConfig, cands: &[Cand], ask: &Ask) -> Option<R
         });
     };
     let c = &cands[h];
-    if c.waiting
-        .is_some_and(|w| w >= cfg.saturation_queue.max(1.0))
-    {
+    if queue_full(cfg, c) {
         return Some(Release::Queue);
     }
-    if c.kv.is_some_and(|k| k >= cfg.saturation_kv) {
+    if kv_full(cfg, c) {
         return Some(Release::Kv);
     }
     let (warm, full) = warm_and_full(cfg, ask.shape, ask.match_blocks);
@@ -732,12 +740,41 @@ mod tests {
                 }),
             ),
             (
-                "its KV cache is full: released",
+                "its KV cache is full and a request waits: released",
                 vec![
                     cand(0, 0),
                     cand(1, 0),
                     Cand {
                         kv: Some(0.97),
+                        waiting: Some(1.0),
+                        ..cand(2, 0)
+                    },
+                ],
+                Some(Choice {
+                    idx: 0,
+                    reason: Reason::PrefixSaturated,
+                }),
+            ),
+            (
+                "its KV cache is full, nothing waits: it still admits, kept",
+                vec![
+                    cand(0, 0),
+                    cand(1, 0),
+                    Cand {
+                        kv: Some(0.97),
+                        ..cand(2, 0)
+                    },
+                ],
+                hit,
+            ),
+            (
+                "its KV cache is full, its queue unknown: released",
+                vec![
+                    cand(0, 0),
+                    cand(1, 0),
+                    Cand {
+                        kv: Some(0.97),
+                        waiting: None,
                         ..cand(2, 0)
                     },
                 ],
@@ -843,10 +880,16 @@ mod tests {
                 true,
             ),
             (
-                "its KV cache is full",
-                at(warm, Some(0.0), Some(0.96)),
+                "its KV cache is full while a request waits",
+                at(warm, Some(1.0), Some(0.96)),
                 [0, 0],
                 true,
+            ),
+            (
+                "its KV cache is full, nothing waits",
+                at(warm, Some(0.0), Some(0.96)),
+                [0, 0],
+                false,
             ),
         ];
         let mut rng = SmallRng::seed_from_u64(4);
@@ -1008,7 +1051,10 @@ mod tests {
             (
                 "a full KV cache: not open",
                 Strategy::Prefix,
-                with(1, &|c| c.kv = Some(0.99)),
+                with(1, &|c| {
+                    c.kv = Some(0.99);
+                    c.waiting = Some(1.0);
+                }),
                 [300, 100, 200, 150],
                 vec![],
                 4,
@@ -1038,7 +1084,10 @@ mod tests {
             (
                 "moved off a saturated holder: placed the same way",
                 Strategy::Prefix,
-                with(2, &|c| c.kv = Some(0.99)),
+                with(2, &|c| {
+                    c.kv = Some(0.99);
+                    c.waiting = Some(2.0);
+                }),
                 [300, 200, 100, 150],
                 vec![2],
                 4,
@@ -1067,7 +1116,7 @@ mod tests {
                 assert_eq!(got.idx, want, "{what}");
             }
         }
-        // Every replica past the bound: load decides among all.
+        // Every replica saturated: load decides among all.
         let busy: Vec<Cand> = (0..4).map(|id| cand(id, 9_000 + 100 * id as u64)).collect();
         let mut rng = SmallRng::seed_from_u64(3);
         let long = shape(4);
@@ -1077,6 +1126,7 @@ mod tests {
             .iter()
             .map(|c| Cand {
                 kv: Some(1.0),
+                waiting: Some(1.0),
                 ..*c
             })
             .collect();
@@ -1146,11 +1196,21 @@ mod tests {
                 Some(Release::Queue),
             ),
             (
-                "KV cache",
+                "KV cache, a request waiting",
+                Strategy::Prefix,
+                with(&|c| {
+                    c.kv = Some(0.97);
+                    c.waiting = Some(1.0);
+                }),
+                vec![],
+                Some(Release::Kv),
+            ),
+            (
+                "KV cache full, nothing waiting",
                 Strategy::Prefix,
                 with(&|c| c.kv = Some(0.97)),
                 vec![],
-                Some(Release::Kv),
+                None,
             ),
             (
                 "queue and KV: the queue is tested first",
@@ -1321,6 +1381,7 @@ mod tests {
                 with(&|v| {
                     v[3].tokens = 50_000;
                     v[1].kv = Some(0.99);
+                    v[1].waiting = Some(1.0);
                 }),
                 vec![3, 1],
                 None,
@@ -1516,6 +1577,7 @@ mod tests {
             },
             Cand {
                 kv: Some(c.saturation_kv),
+                waiting: Some(1.0),
                 ..bad
             },
         ] {
@@ -1746,6 +1808,7 @@ mod tests {
         let home = b.choose(&idle, &shape(6), &[], &mut rng).unwrap().0.idx;
         let mut full = idle.clone();
         full[home].kv = Some(1.0);
+        full[home].waiting = Some(1.0);
         let moved = b.choose(&full, &shape(6), &[], &mut rng).unwrap().0;
         assert_eq!(moved.reason, Reason::PrefixSaturated);
         let mut text = Vec::new();
