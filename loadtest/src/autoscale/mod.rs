@@ -100,6 +100,11 @@ pub struct AutoscaleArgs {
     /// nothing. No cap when absent.
     #[arg(long)]
     pub max_queued: Option<u64>,
+    /// The signals whose fleet gets `--max-queued` (default: all). A queue-length signal
+    /// cannot see past the cap (the engines never hold more than it), so a side by side with
+    /// bounded queues for the proxy's signals runs `queue` unbounded, its best case.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub capped: Option<Vec<Signal>>,
     /// Loopback ports: every replica listens on this one (each at its own 127.0.0.x), the
     /// proxy on the next two (traffic, admin). 0: any free ports.
     #[arg(long, default_value_t = 0)]
@@ -114,6 +119,14 @@ pub struct AutoscaleArgs {
     /// `goodput_proxy::scale=debug` adds the desired-replicas hint's inputs at every tick.
     #[arg(long, default_value = "warn,goodput_proxy=info")]
     pub proxy_log: String,
+}
+
+impl AutoscaleArgs {
+    /// The engine cap of `signal`'s fleet (`--max-queued`, `--capped`).
+    fn cap_for(&self, signal: Signal) -> Option<u64> {
+        let capped = self.capped.as_ref().is_none_or(|c| c.contains(&signal));
+        self.max_queued.filter(|_| capped)
+    }
 }
 
 /// The engine replica: 8 decode slots, 20 ms per token plus 2 ms per sequence in the batch,
@@ -218,6 +231,8 @@ pub struct SignalRun {
     pub ready: Vec<(f64, usize)>,
     /// (time, signal value) at every scaler decision.
     pub values: Vec<(f64, Option<f64>)>,
+    /// Each replica's cap on unfinished requests (`None`: unbounded).
+    pub engine_cap: Option<u64>,
 }
 
 pub async fn run(args: AutoscaleArgs) -> anyhow::Result<()> {
@@ -332,7 +347,7 @@ async fn run_one(
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let hosts = std::fs::canonicalize(&dir)?.join("fleet.hosts");
     let mut fleet = Fleet::start(
-        replica(args.max_queued),
+        replica(args.cap_for(signal)),
         real(args.start_delay_s),
         real(30.0),
         hosts.clone(),
@@ -462,5 +477,46 @@ async fn run_one(
         replicas,
         ready,
         values,
+        engine_cap: args.cap_for(signal),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: AutoscaleArgs,
+    }
+
+    #[test]
+    fn the_engine_cap_goes_to_the_signals_named() {
+        // (arguments, signal, cap)
+        let cases: &[(&[&str], Signal, Option<u64>)] = &[
+            (&[], Signal::Desired, None),
+            (&["--max-queued", "10"], Signal::Queue, Some(10)),
+            (&["--max-queued", "10"], Signal::Desired, Some(10)),
+            (
+                &["--max-queued", "10", "--capped", "desired"],
+                Signal::Desired,
+                Some(10),
+            ),
+            (
+                &["--max-queued", "10", "--capped", "desired"],
+                Signal::Queue,
+                None,
+            ),
+            (&["--capped", "desired"], Signal::Desired, None),
+        ];
+        for &(argv, signal, want) in cases {
+            let cli = Cli::try_parse_from(std::iter::once("x").chain(argv.iter().copied()));
+            let Ok(cli) = cli else {
+                panic!("{argv:?}: does not parse")
+            };
+            assert_eq!(cli.args.cap_for(signal), want, "{argv:?} {signal:?}");
+        }
+    }
 }

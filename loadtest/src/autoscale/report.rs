@@ -21,6 +21,8 @@ pub struct Row {
     pub signal: &'static str,
     pub metric: &'static str,
     pub target: f64,
+    /// Each replica's cap on unfinished requests (`None`: unbounded).
+    pub engine_cap: Option<u64>,
     pub requests: usize,
     pub goodput_ratio: Option<f64>,
     /// Good share of the requests that arrived during the ramp; lowest 30-s attainment there.
@@ -55,6 +57,7 @@ pub fn row(r: &SignalRun, phases: &[Phase], target: f64) -> Row {
         signal: r.signal.as_str(),
         metric: r.metric,
         target: r.target,
+        engine_cap: r.engine_cap,
         requests: r.done.len(),
         goodput_ratio: good_share(&r.done, 0.0, f64::INFINITY),
         ramp_good: good_share(&r.done, ramp.0, ramp.1),
@@ -77,8 +80,8 @@ fn pct(v: Option<f64>) -> String {
 
 pub fn table(rows: &[Row]) -> String {
     let mut t = String::from(
-        "| signal (per-replica target) | goodput ratio | ramp: good / lowest 30 s | spike misses | back at target after spike | replica-seconds | peak | changes on plateau |\n\
-         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+        "| signal (per-replica target) | engine cap | goodput ratio | ramp: good / lowest 30 s | spike misses | back at target after spike | replica-seconds | peak | changes on plateau |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
     );
     for r in rows {
         let back = r
@@ -86,10 +89,11 @@ pub fn table(rows: &[Row]) -> String {
             .map_or("not within the plateau".into(), |s| format!("{s:.0} s"));
         let _ = writeln!(
             t,
-            "| {} `{}` ({}) | {} | {} / {} | {} | {} | {:.0} | {} | {} |",
+            "| {} `{}` ({}) | {} | {} | {} / {} | {} | {} | {:.0} | {} | {} |",
             r.signal,
             r.metric,
             fmt_target(r.target),
+            r.engine_cap.map_or("none".into(), |c| c.to_string()),
             pct(r.goodput_ratio),
             pct(r.ramp_good),
             pct(r.ramp_lowest),
