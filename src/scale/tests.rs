@@ -206,3 +206,47 @@ fn window_labels() {
         assert_eq!(window_label(Duration::from_secs(secs)), want);
     }
 }
+
+/// The hint reads the throughput (Little's law), not the streams held: the same requests a
+/// second spread over 2 or over 6 replicas are fewer streams in all on 6 (each batch runs
+/// faster), and the hint stays where it was. Request times reach the estimate from what
+/// finished (start to end).
+#[test]
+fn the_hint_follows_the_throughput_not_the_replicas_sharing_it() {
+    let (sc, _r) = scale();
+    let m = s("m");
+    let mut now = Instant::now() + Duration::from_secs(10);
+    // Seconds a request takes while its replica holds `n` streams.
+    let took = |n: usize| Duration::from_secs_f64(0.5 * (1.0 + n as f64 / 8.0));
+    // One second: each of `replicas` holds `n` streams and finishes `per` requests, which
+    // meet their SLOs up to 8 streams and half of them beyond. Returns the hint.
+    let second = |now: &mut Instant, replicas: usize, n: usize, per: u32| {
+        *now += Duration::from_secs(1);
+        let names: Vec<String> = (0..replicas).map(|i| format!("u{i}")).collect();
+        for u in &names {
+            for i in 0..per {
+                let good = n <= 8 || i % 2 == 0;
+                sc.finished(&m, None, &s(u), true, good, *now - took(n), *now);
+            }
+        }
+        let loads: Vec<ReplicaLoad> = names.iter().map(|u| load(u, n, 0)).collect();
+        sc.tick(*now, &loads);
+        sc.estimates()[0].1.desired_replicas
+    };
+    // Learn the limit: 2 replicas from 1 to 12 streams each.
+    for n in 1..=12 {
+        second(&mut now, 2, n, 30);
+    }
+    // Requests a second the fleet serves when each of `replicas` holds `n`: n / took(n) each.
+    let rate = |replicas: usize, n: usize| replicas as f64 * n as f64 / took(n).as_secs_f64();
+    // (replicas, streams each): the same 10.7 requests a second, 8 streams in all on 2
+    // replicas, 6 on 6.
+    let fleets = [(2, 4), (6, 1)];
+    assert!((rate(2, 4) - rate(6, 1)).abs() < 1e-9);
+    let hints: Vec<f64> = fleets
+        .iter()
+        .map(|&(r, n)| second(&mut now, r, n, 10).unwrap_or(0.0))
+        .collect();
+    assert!(hints[0] > 0.0, "{hints:?}");
+    assert!((hints[1] / hints[0] - 1.0).abs() < 0.02, "{hints:?}");
+}
