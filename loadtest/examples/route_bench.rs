@@ -19,7 +19,9 @@
 //! Workloads: `shared` (8 long system prompts, short questions), `uniform` (short chat),
 //! `mixed` (one replica at half speed), `slow` (one replica drops to 0.3x a third of the way in),
 //! `slow-half` (one replica drops to 0.5x an eighth of the way in),
-//! `shared-learn` (`shared` on engines that report `cached_tokens`; not in the default set).
+//! `shared-learn` (`shared` on engines that report `cached_tokens`; not in the default set),
+//! `shared-slow` (`shared` where one replica drops to 0.5x an eighth of the way in; not in the
+//! default set).
 //! `hold`: what holding the response head for admission retries costs the client: `shared`
 //! and `uniform` under `auto`, `balance.retry_rejections` on and off on the same seeded
 //! arrivals, time to the response head beside time to the first event (a second table).
@@ -62,6 +64,9 @@ enum Workload {
     /// One replica drops to half speed (just past the TPOT SLO: the slowdown that costs p2c
     /// most, as in `Mixed`) an eighth of the way in.
     SlowHalf,
+    /// `Shared` where one replica, holding its share of the prefixes, drops to half speed an
+    /// eighth of the way in: how soon `auto` takes its prefixes away (not in the default set).
+    SharedSlow,
 }
 
 impl Workload {
@@ -73,11 +78,12 @@ impl Workload {
             Workload::Mixed => "mixed pool (one at 0.5x)",
             Workload::Slow => "sudden slow replica (0.3x at 1/3)",
             Workload::SlowHalf => "sudden slow replica (0.5x at 1/8)",
+            Workload::SharedSlow => "shared prefixes, one replica to 0.5x at 1/8",
         }
     }
     fn rate(self) -> f64 {
         match self {
-            Workload::Shared | Workload::SharedLearn => 24.0,
+            Workload::Shared | Workload::SharedLearn | Workload::SharedSlow => 24.0,
             _ => 48.0,
         }
     }
@@ -112,7 +118,7 @@ struct Sample {
 
 fn body(w: Workload, rng: &mut SmallRng, systems: &[String], i: usize) -> String {
     let (system, max_tokens) = match w {
-        Workload::Shared | Workload::SharedLearn => {
+        Workload::Shared | Workload::SharedLearn | Workload::SharedSlow => {
             (systems[rng.random_range(0..systems.len())].clone(), 32)
         }
         _ => (String::from("You are helpful."), 48),
@@ -282,7 +288,7 @@ async fn run(
     let url = format!("http://{addr}/v1/chat/completions");
     // The same seeded arrivals and bodies for every strategy, and for both shared-prefix
     // workloads.
-    let seed_of = if w == Workload::SharedLearn {
+    let seed_of = if matches!(w, Workload::SharedLearn | Workload::SharedSlow) {
         Workload::Shared
     } else {
         w
@@ -302,7 +308,7 @@ async fn run(
         tokio::time::sleep_until(start + Duration::from_secs_f64(at)).await;
         let slowdown = match w {
             Workload::Slow => Some((1.0 / 3.0, 0.3)),
-            Workload::SlowHalf => Some((1.0 / 8.0, 0.5)),
+            Workload::SlowHalf | Workload::SharedSlow => Some((1.0 / 8.0, 0.5)),
             _ => None,
         };
         if let Some((when, speed)) = slowdown.filter(|_| !slowed) {
@@ -599,6 +605,7 @@ async fn main() -> anyhow::Result<()> {
             "mixed" => Some(Workload::Mixed),
             "slow" => Some(Workload::Slow),
             "slow-half" => Some(Workload::SlowHalf),
+            "shared-slow" => Some(Workload::SharedSlow),
             _ => None,
         })
         .collect();
