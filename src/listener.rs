@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use http::Request;
 use hyper::body::Incoming;
+use hyper::server::conn::http1;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::service::TowerToHyperService;
@@ -117,14 +118,21 @@ struct PerListener {
     /// HTTP/1 at once, for a connection already known to be HTTP/1 (its first bytes cannot
     /// open the preface, or TLS chose `http/1.1`). The sniffed bytes handed back first made
     /// hyper's read buffer grow to twice its first size for the rest of the head (16 KiB a
-    /// connection instead of 8: a third of a held stream's memory) and cost a read.
-    http1: Builder<TokioExecutor>,
+    /// connection instead of 8: a sixth of a held stream's memory) and cost a read.
+    http1: http1::Builder,
+}
+
+/// How one connection is served.
+#[derive(Clone, Copy)]
+enum Serving<'a> {
+    Sniffing(&'a Builder<TokioExecutor>),
+    Http1(&'a http1::Builder),
 }
 
 impl PerListener {
     fn new(options: ServeOptions) -> Self {
         let sniffing = http_builder(&options);
-        let http1 = http_builder(&options).http1_only();
+        let http1 = http1_builder(&options);
         Self {
             options,
             sniffing,
@@ -134,17 +142,32 @@ impl PerListener {
 
     /// The builder for a connection that opened with `first` (bytes peeked, not read) or
     /// whose TLS handshake chose `alpn`.
-    fn builder(&self, first: &[u8], alpn: Option<&[u8]>) -> &Builder<TokioExecutor> {
+    fn builder(&self, first: &[u8], alpn: Option<&[u8]>) -> Serving<'_> {
         let http1 = match alpn {
             Some(protocol) => protocol == b"http/1.1",
             None => !H2_PREFACE.starts_with(first),
         };
         if http1 {
-            &self.http1
+            Serving::Http1(&self.http1)
         } else {
-            &self.sniffing
+            Serving::Sniffing(&self.sniffing)
         }
     }
+}
+
+/// HTTP/1 as [`http_builder`] serves it, with the head limit checked exactly (hyper's
+/// `max_header_size`; `max_buf_size` alone is checked only when a read leaves the head
+/// incomplete, and one read may take the buffer past it).
+fn http1_builder(options: &ServeOptions) -> http1::Builder {
+    let l = &options.limits;
+    let head = l.max_head_bytes.max(crate::limits::MIN_HEAD_BYTES);
+    let mut b = http1::Builder::new();
+    b.timer(TokioTimer::new())
+        .header_read_timeout(options.header_read_timeout)
+        .max_buf_size(head)
+        .max_header_size(head)
+        .max_headers(l.max_headers);
+    b
 }
 
 fn http_builder(options: &ServeOptions) -> Builder<TokioExecutor> {
@@ -264,7 +287,7 @@ async fn connection(
                     // No ALPN: the client may still speak HTTP/2 by prior knowledge.
                     let builder = match tls.get_ref().1.alpn_protocol() {
                         Some(alpn) => shared.builder(&[], Some(alpn)),
-                        None => &shared.sniffing,
+                        None => Serving::Sniffing(&shared.sniffing),
                     };
                     serve_io(tls, info, builder, service, close_rx).await;
                 }
@@ -278,7 +301,7 @@ async fn connection(
 async fn serve_io<I>(
     io: I,
     info: ConnInfo,
-    builder: &Builder<TokioExecutor>,
+    serving: Serving<'_>,
     service: ProxyService,
     mut close_rx: watch::Receiver<bool>,
 ) where
@@ -289,14 +312,30 @@ async fn serve_io<I>(
         req.extensions_mut().insert(info.clone());
         req
     });
-    let conn = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(service));
-    tokio::pin!(conn);
-    tokio::select! {
-        res = conn.as_mut() => log_conn_end(remote, res),
-        _ = closing(&mut close_rx) => {
-            // Finish the requests in flight, then close (h1: no keep-alive; h2: GOAWAY).
-            conn.as_mut().graceful_shutdown();
-            log_conn_end(remote, conn.await);
+    let (io, service) = (TokioIo::new(io), TowerToHyperService::new(service));
+    // Finish the requests in flight on shutdown, then close (h1: no keep-alive; h2: GOAWAY).
+    match serving {
+        Serving::Sniffing(builder) => {
+            let conn = builder.serve_connection(io, service);
+            tokio::pin!(conn);
+            tokio::select! {
+                res = conn.as_mut() => log_conn_end(remote, res),
+                _ = closing(&mut close_rx) => {
+                    conn.as_mut().graceful_shutdown();
+                    log_conn_end(remote, conn.await);
+                }
+            }
+        }
+        Serving::Http1(builder) => {
+            let conn = builder.serve_connection(io, service);
+            tokio::pin!(conn);
+            tokio::select! {
+                res = conn.as_mut() => log_conn_end(remote, res.map_err(Into::into)),
+                _ = closing(&mut close_rx) => {
+                    conn.as_mut().graceful_shutdown();
+                    log_conn_end(remote, conn.await.map_err(Into::into));
+                }
+            }
         }
     }
 }
@@ -326,7 +365,7 @@ mod tests {
             tls: None,
         });
         let http1 = |first: &[u8], alpn: Option<&[u8]>| {
-            std::ptr::eq(shared.builder(first, alpn), &shared.http1)
+            matches!(shared.builder(first, alpn), Serving::Http1(_))
         };
         for (first, alpn, want) in [
             (&b"POST"[..], None, true),
