@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Two real vLLM 0.32 replicas (CPU, tiny model, a small KV cache each) behind the proxy, a
-# shared-prefix workload, strategy p2c then prefix: the engines' own prefix-cache hit rate and
+# shared-prefix workload, each strategy in turn on the same engines and the same seeded
+# requests (STRATEGIES, default "p2c prefix auto"): the engines' own prefix-cache hit rate and
 # the client TTFT (docs/routing.md). Loopback only; stops everything it starts.
 #
 #   scripts/route-real-vllm.sh [REQUESTS] [BLOCKS] [PROMPTS] [CLAUSES]
@@ -25,6 +26,7 @@ PORTS=($((BASE + 1)) $((BASE + 2)))
 LISTEN=$BASE
 ADMIN=$((BASE + 3))
 OUT="${OUT:-route-real-out}"
+read -r -a STRATS <<< "${STRATEGIES:-p2c prefix auto}"
 mkdir -p "$OUT"
 cleanup() {
   [[ -n "${PPID_PROXY:-}" ]] && kill "$PPID_PROXY" 2>/dev/null || true
@@ -94,8 +96,7 @@ print(f"{strategy}: requests {len(ttfts)}  engine prefix hit rate {100 * (h1 - h
       f"client TTFT p50 {pct(0.5):.0f} ms  p90 {pct(0.9):.0f} ms  p99 {pct(0.99):.0f} ms  "
       f"prompt tokens per request {(pt1 - pt0) / max(len(ttfts), 1):.0f}")
 PY
-  curl -s http://127.0.0.1:$ADMIN/metrics | grep '^goodput_proxy_route_decisions_total' > "$OUT/decisions-$strategy.txt" || true
+  curl -s http://127.0.0.1:$ADMIN/metrics | grep -E '^goodput_proxy_route_(decisions|releases)_total' > "$OUT/decisions-$strategy.txt" || true
   kill "$PPID_PROXY"; wait "$PPID_PROXY" 2>/dev/null || true; PPID_PROXY=
 }
-run p2c
-run prefix
+for s in "${STRATS[@]}"; do run "$s"; done
