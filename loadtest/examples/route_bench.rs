@@ -12,7 +12,10 @@
 //! seeds), every strategy on the same arrivals per seed, and reports the spread (median, min,
 //! max) beside every run and, per seed, each strategy's figures against p2c's (the targets).
 //! `seeds=22,24` runs those seeds only. `strategies=p2c,prefix,auto` runs those strategies only
-//! (keep p2c: the targets are against it). Each run also reports why prefixes were released
+//! (keep p2c: the targets are against it). `repeat=N` runs every strategy N times per seed
+//! (interleaved) and judges each later run against p2c's first like any other strategy: what
+//! p2c's second run differs from its first by is the noise floor of every figure (the
+//! balancer's random choices are unseeded, and the engines run on wall-clock time). Each run also reports why prefixes were released
 //! (`goodput_proxy_route_releases_total{cause}`); `RUST_LOG=goodput_proxy::upstream::strategy=debug`
 //! logs every release with its holder's figures.
 //!
@@ -200,6 +203,8 @@ struct Row {
     workload: &'static str,
     seed: u64,
     strategy: &'static str,
+    /// Which repetition of this strategy on this seed (0 = the first; `repeat=N`).
+    rep: usize,
     retry: bool,
     head: [f64; 3],
     first_event: [f64; 3],
@@ -368,6 +373,7 @@ async fn run(
         workload: w.name(),
         seed,
         strategy: strategy.as_str(),
+        rep: 0,
         retry,
         head: [p(&heads, 0.5), p(&heads, 0.9), p(&heads, 0.99)],
         first_event: [p(&firsts, 0.5), p(&firsts, 0.9), p(&firsts, 0.99)],
@@ -380,6 +386,21 @@ async fn run(
         decisions,
         releases,
     })
+}
+
+impl Row {
+    /// The strategy, and which repetition when it is not the first (`p2c #2`).
+    fn label(&self) -> String {
+        if self.rep == 0 {
+            self.strategy.to_string()
+        } else {
+            format!("{} #{}", self.strategy, self.rep + 1)
+        }
+    }
+    /// The run every other run of its workload and seed is judged against: p2c's first.
+    fn is_baseline(&self) -> bool {
+        self.strategy == "p2c" && self.rep == 0
+    }
 }
 
 /// `reason n, ...` of a row's decisions, then `(released: cause n, ...)` when any prefix was.
@@ -403,7 +424,7 @@ fn markdown(rows: &[Row]) -> String {
         s.push_str(&format!(
             "| {} | {} | {} | {} | {:.1} / {:.1} / {:.1} | {:.1} / {:.1} | {:.1} % | {:.0} | {:.1} % | {} |\n",
             r.workload,
-            r.strategy,
+            r.label(),
             r.seed,
             r.n,
             r.ttft[0],
@@ -434,16 +455,17 @@ fn spread(rows: &[&Row], f: impl Fn(&Row) -> f64) -> [f64; 3] {
 fn spread_markdown(rows: &[Row]) -> String {
     let mut s = String::from("| workload | strategy | seeds | TTFT p50 (ms) | TTFT p90 (ms) | TTFT p99 (ms) | TPOT p99 (ms) | goodput ratio (%) | throughput (tok/s) | engine prefix hit rate (%) |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     let fmt = |v: [f64; 3], d: usize| format!("{:.d$} ({:.d$}-{:.d$})", v[1], v[0], v[2]);
-    let mut keys: Vec<(&str, &str)> = Vec::new();
+    let mut keys: Vec<(&str, String)> = Vec::new();
     for r in rows {
-        if !keys.contains(&(r.workload, r.strategy)) {
-            keys.push((r.workload, r.strategy));
+        let key = (r.workload, r.label());
+        if !keys.contains(&key) {
+            keys.push(key);
         }
     }
     for (w, st) in keys {
         let g: Vec<&Row> = rows
             .iter()
-            .filter(|r| r.workload == w && r.strategy == st)
+            .filter(|r| r.workload == w && r.label() == st)
             .collect();
         s.push_str(&format!(
             "| {w} | {st} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
@@ -492,16 +514,16 @@ fn worst_against(r: &Row, p: &Row) -> String {
 /// The targets, per seed, each strategy against p2c on the same arrivals.
 fn targets_markdown(rows: &[Row]) -> String {
     let mut s = String::from("| workload | seed | strategy | TTFT p90 / p2c's | hit rate / p2c's | goodput ratio - p2c's (points) | worst figure against p2c's |\n| --- | --- | --- | --- | --- | --- | --- |\n");
-    for p in rows.iter().filter(|r| r.strategy == "p2c") {
+    for p in rows.iter().filter(|r| r.is_baseline()) {
         for r in rows
             .iter()
-            .filter(|r| r.workload == p.workload && r.seed == p.seed && r.strategy != "p2c")
+            .filter(|r| r.workload == p.workload && r.seed == p.seed && !r.is_baseline())
         {
             s.push_str(&format!(
                 "| {} | {} | {} | {:.2} | {:.2} | {:+.1} | {} |\n",
                 r.workload,
                 r.seed,
-                r.strategy,
+                r.label(),
                 r.ttft[1] / p.ttft[1],
                 r.hit_rate / p.hit_rate,
                 (r.goodput - p.goodput) * 100.0,
@@ -595,6 +617,14 @@ async fn main() -> anyhow::Result<()> {
             .collect(),
         None => STRATEGIES.to_vec(),
     };
+    // `repeat=N`: every strategy N times per seed (the repetitions interleaved), each later
+    // one judged against p2c's first like any strategy: p2c against p2c is the noise floor.
+    let repeat: usize = args
+        .iter()
+        .skip(2)
+        .find_map(|a| a.strip_prefix("repeat=")?.parse().ok())
+        .unwrap_or(1)
+        .max(1);
     let mut workloads: Vec<Workload> = args
         .iter()
         .skip(2)
@@ -638,13 +668,21 @@ async fn main() -> anyhow::Result<()> {
     let mut rows = Vec::new();
     for w in workloads {
         for &seed in &seeds {
-            for &s in &strategies {
-                eprintln!("run: {} / seed {seed} / {}", w.name(), s.as_str());
-                let row = run(w, s, true, seconds, seed).await?;
+            for (rep, &s) in (0..repeat).flat_map(|k| strategies.iter().map(move |s| (k, s))) {
+                eprintln!(
+                    "run: {} / seed {seed} / {} / {}",
+                    w.name(),
+                    s.as_str(),
+                    rep + 1
+                );
+                let row = Row {
+                    rep,
+                    ..run(w, s, true, seconds, seed).await?
+                };
                 eprintln!(
                     "{} / seed {seed} / {}: {} requests, goodput {:.1} %, TTFT p90 {:.0} ms, hit rate {:.1} %, decisions {}",
                     row.workload,
-                    row.strategy,
+                    row.label(),
                     row.n,
                     row.goodput * 100.0,
                     row.ttft[1],
