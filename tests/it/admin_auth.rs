@@ -194,7 +194,7 @@ async fn dashboard_in_headless_chromium_signs_in_with_the_admin_token() {
     // (`/stats` needs the token here: the record is in the ring once the body has ended.)
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let dir = crate::support::temp_dir("admin-chromium");
-    let profile = dir.join("profile");
+    let profile = dir.path().join("profile");
     // What a browser sends after its sign-in prompt: the credentials of the URL, as Basic.
     let url = format!("http://admin:{TOKEN}@{}/", proxy.admin);
     let args = vec![
@@ -213,5 +213,4 @@ async fn dashboard_in_headless_chromium_signs_in_with_the_admin_token() {
     let dom = String::from_utf8_lossy(&dom.stdout).into_owned();
     let s = crate::dashboard::section(&dom, "goodput");
     assert!(s.contains("data-ok=\"1\"") && s.contains(">tiny<"), "{s}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

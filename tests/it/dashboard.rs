@@ -338,7 +338,7 @@ async fn dashboard_in_headless_chromium_shows_every_panel() {
     let _serial = crate::support::serial().await;
     let (proxy, _sims) = proxy_with_traffic().await;
     let dir = crate::support::temp_dir("dashboard-chromium");
-    let profile = dir.join("profile");
+    let profile = dir.path().join("profile");
     let url = proxy.admin_url("/");
     // Virtual time runs the page's timers (a refresh every 2 s) without waiting for them, and
     // stands still while a fetch is out: 5 s of it is the first load and two refreshes.
@@ -376,7 +376,7 @@ async fn dashboard_in_headless_chromium_shows_every_panel() {
     );
 
     // And it paints: a 1400x1700 screenshot of the page with data is far from blank.
-    let png = dir.join("dashboard.png");
+    let png = dir.path().join("dashboard.png");
     let args = vec![
         "--virtual-time-budget=5000".to_string(),
         "--hide-scrollbars".to_string(),
@@ -402,5 +402,4 @@ async fn dashboard_in_headless_chromium_shows_every_panel() {
     if let Ok(keep) = std::env::var("DASHBOARD_SCREENSHOT") {
         std::fs::copy(&png, keep).unwrap();
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }

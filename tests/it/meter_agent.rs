@@ -122,7 +122,6 @@ async fn tool_calls_and_reasoning_are_judged_and_timed() {
         .as_f64()
         .unwrap();
     assert!(tr > 0.0 && ta >= tr, "{s}");
-    let _ = std::fs::remove_dir_all(path.parent().unwrap());
     sim.shutdown().await;
 }
 
@@ -207,6 +206,5 @@ async fn non_streaming_tool_calls_are_judged() {
     for (k, n) in [("valid", 2), ("invalid_json", 1), ("schema_violation", 1)] {
         assert_eq!(s["tool_calls"][k], n, "{k}: {s}");
     }
-    let _ = std::fs::remove_dir_all(path.parent().unwrap());
     sim.shutdown().await;
 }

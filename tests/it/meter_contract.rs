@@ -4,7 +4,6 @@
 //! reasons the engine gives up with, per-choice TPOT for `n > 1`, packed events, JSON bodies,
 //! and `/stats` agreeing with `/metrics` after rejections.
 
-use std::path::PathBuf;
 
 use crate::support::meter::*;
 use crate::support::prom::*;
@@ -18,7 +17,7 @@ const SIM_TPOT_MS: f64 = 20.0;
 struct Rig {
     sim: goodput_sim::SimHandle,
     proxy: Proxy,
-    dir: PathBuf,
+    sink: crate::support::TempSink,
     sent: u64,
 }
 
@@ -26,12 +25,11 @@ impl Rig {
     async fn start() -> Rig {
         let sim = start_sim(SimConfig::with_timing(20.0, SIM_TPOT_MS)).await;
         let (config, sink) = meter_config_with_sink(&sim.base_url(), "meter-contract");
-        let dir = sink.parent().unwrap().to_path_buf();
         let proxy = start_proxy(config).await;
         Rig {
             sim,
             proxy,
-            dir,
+            sink,
             sent: 0,
         }
     }
@@ -53,9 +51,8 @@ impl Rig {
     }
 
     async fn record(&self, id: &str) -> Value {
-        let path = self.dir.join("records.jsonl");
         let find = || {
-            std::fs::read_to_string(&path)
+            std::fs::read_to_string(&*self.sink)
                 .unwrap_or_default()
                 .lines()
                 // The sink may be writing the last line: a partial line is no record yet.
@@ -67,7 +64,6 @@ impl Rig {
     }
 
     async fn stop(self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
         self.sim.shutdown().await;
     }
 }
@@ -453,7 +449,6 @@ async fn the_stall_slo_is_part_of_goodput_only_when_set() {
         ),
         1.0
     );
-    let _ = std::fs::remove_dir_all(sink.parent().unwrap());
     sim.shutdown().await;
 }
 

@@ -37,7 +37,6 @@ async fn records_reach_the_jsonl_sink_with_id_and_upstream() {
     }
     assert_eq!(lines[3]["outcome"], "rejected");
     assert_eq!(lines[3]["status"], 404);
-    let _ = std::fs::remove_dir_all(path.parent().unwrap());
     sim.shutdown().await;
 }
 
@@ -137,6 +136,5 @@ async fn the_ttft_split_starts_with_the_proxys_own_time_and_adds_up() {
         m.contains("goodput_proxy_overhead_seconds_count 3"),
         "one observation a request"
     );
-    let _ = std::fs::remove_dir_all(path.parent().unwrap());
     sim.shutdown().await;
 }

@@ -47,7 +47,7 @@ fn check_config_errors_name_field_and_file() {
         ),
     ];
     for (name, text, field) in cases {
-        let path = dir.join(name);
+        let path = dir.path().join(name);
         std::fs::write(&path, text).unwrap();
         let out = bin().arg("check-config").arg(&path).output().unwrap();
         assert!(!out.status.success(), "{name} accepted");
@@ -65,13 +65,12 @@ fn check_config_errors_name_field_and_file() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("GOODPUT_PROXY_SERVER_MAX_IN_FLIGHT"));
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn check_config_lists_every_problem_each_with_its_field_and_source() {
     let dir = crate::support::temp_dir("proxy-cli3");
-    let path = dir.join("three.toml");
+    let path = dir.path().join("three.toml");
     // Three mistakes in the file (an unknown key, a wrong type, a value out of range) and one
     // in the environment.
     let text = "[server]\nlisten_adress = \"127.0.0.1:1\"\nmax_in_flight = 0\n\
@@ -115,5 +114,4 @@ fn check_config_lists_every_problem_each_with_its_field_and_source() {
         ),
         "{err}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -34,11 +34,8 @@ fn records(path: &std::path::Path) -> Vec<serde_json::Value> {
         .collect()
 }
 
-fn sink_path(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("route-it-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join("records.jsonl")
+fn sink_path(name: &str) -> crate::support::TempSink {
+    crate::support::TempSink::new(&format!("route-{name}"))
 }
 
 /// Waits until the proxy's health probes marked all `n` replicas healthy (polled: the first
@@ -317,7 +314,7 @@ async fn the_prefix_index_learns_what_the_engine_evicted() {
     // Sends one request for prompt `k`; returns its record (the index has learned from it).
     let mut ask = |k: usize, i: usize| {
         let client = client.clone();
-        let (proxy_url, sink) = (proxy.url(CHAT), sink.clone());
+        let (proxy_url, sink) = (proxy.url(CHAT), sink.to_path_buf());
         seen += 1;
         let want = seen;
         async move {

@@ -157,9 +157,6 @@ async fn a_traced_logprobs_stream_has_every_token_with_offset_and_logprob() {
     let t = line.measured.trace.expect("the trace in the sink");
     assert_eq!(t.tokens().count(), want.len());
     assert_eq!(line.measured.logprobs.map(|s| s.min), Some(min));
-    if let Some(dir) = path.parent() {
-        std::fs::remove_dir_all(dir).unwrap();
-    }
 }
 
 #[tokio::test]

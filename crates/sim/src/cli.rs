@@ -238,9 +238,8 @@ mod tests {
 
     #[test]
     fn flags_override_file_and_defaults() {
-        let dir = std::env::temp_dir().join(format!("sim-cli-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("c.toml");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
         std::fs::write(
             &path,
             "[sim]\nttft_ms = 7\ntpot_ms = 3\nmodels = [\"f\"]\n[other]\nx = 1\n",

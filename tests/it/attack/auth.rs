@@ -11,7 +11,6 @@
 //! - tenant limits: 429 with `Retry-After` in OpenAI's rate-limit shape, recorded `rejected`
 //!   under the tenant; another tenant is not affected.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
@@ -38,17 +37,6 @@ fn tenant(key: &str) -> RawTenant {
         keys: vec![digest(key)],
         ..RawTenant::default()
     }
-}
-
-/// A fresh temporary directory for one test.
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "goodput-auth-{name}-{}-{:x}",
-        std::process::id(),
-        rand::random::<u32>()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 /// Tenants `team-a` and `team-b`, one key each, records to `records`.
@@ -103,8 +91,8 @@ fn assert_401(status: http::StatusCode, body: &[u8]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_without_a_valid_key_get_401_and_never_reach_the_engine() {
     let sim = start_sim(SimConfig::with_timing(5.0, 1.0)).await;
-    let dir = temp_dir("401");
-    let path = dir.join("records.jsonl");
+    let dir = crate::support::temp_dir("auth-401");
+    let path = dir.path().join("records.jsonl");
     let proxy = start_proxy(auth_config(&sim.base_url(), &path)).await;
     let c = client();
     let chat = || post_json(&proxy.url(CHAT), &chat_body(4, ""));
@@ -208,15 +196,14 @@ async fn requests_without_a_valid_key_get_401_and_never_reach_the_engine() {
         n as f64,
         "nothing more under no tenant"
     );
-    let _ = std::fs::remove_dir_all(&dir);
     sim.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_401_arrives_while_the_client_is_still_uploading() {
     let sim = start_sim(SimConfig::with_timing(5.0, 1.0)).await;
-    let dir = temp_dir("upload");
-    let proxy = start_proxy(auth_config(&sim.base_url(), &dir.join("r.jsonl"))).await;
+    let dir = crate::support::temp_dir("auth-upload");
+    let proxy = start_proxy(auth_config(&sim.base_url(), &dir.path().join("r.jsonl"))).await;
     // 16 MiB announced (under the 32 MiB body limit), 64 KiB sent, then nothing: a proxy that
     // read the body first would wait for the rest (and the 408 idle timeout) instead.
     let announced = 16 << 20;
@@ -238,14 +225,13 @@ async fn the_401_arrives_while_the_client_is_still_uploading() {
     let text = String::from_utf8_lossy(&raw);
     assert!(text.contains("invalid_api_key"), "{text}");
     assert_eq!(sim.requests_started(), 0);
-    let _ = std::fs::remove_dir_all(&dir);
     sim.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_clients_key_is_not_forwarded_and_the_upstream_key_replaces_it() {
     let fake = start_fake().await;
-    let dir = temp_dir("fwd");
+    let dir = crate::support::temp_dir("auth-fwd");
     let echo = |proxy: &Proxy| {
         let req = post_json(&proxy.url("/v1/models"), "{}");
         let req = with_header(req, "authorization", &format!("Bearer {KEY_A}"));
@@ -264,7 +250,7 @@ async fn the_clients_key_is_not_forwarded_and_the_upstream_key_replaces_it() {
     };
     let c = client();
     // Without an upstream key: the client's credentials are removed, nothing replaces them.
-    let proxy = start_proxy(auth_config(&fake.url(), &dir.join("a.jsonl"))).await;
+    let proxy = start_proxy(auth_config(&fake.url(), &dir.path().join("a.jsonl"))).await;
     let (parts, body) = send(&c, echo(&proxy)).await;
     assert_eq!(parts.status, 200);
     assert!(
@@ -274,7 +260,7 @@ async fn the_clients_key_is_not_forwarded_and_the_upstream_key_replaces_it() {
     );
     assert!(forwarded(&body, "x-api-key").is_empty());
     // With one: it is the only Authorization the upstream sees.
-    let mut config = auth_config(&fake.url(), &dir.join("b.jsonl"));
+    let mut config = auth_config(&fake.url(), &dir.path().join("b.jsonl"));
     config.upstream.api_key = Some("upstream-secret".into());
     let proxy = start_proxy(config).await;
     let (parts, body) = send(&c, echo(&proxy)).await;
@@ -285,7 +271,6 @@ async fn the_clients_key_is_not_forwarded_and_the_upstream_key_replaces_it() {
     );
     assert!(forwarded(&body, "x-api-key").is_empty());
     assert!(!String::from_utf8_lossy(&body).contains(KEY_A));
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Waits for a stderr line of the binary containing `what`; every line read is kept in `seen`.
@@ -306,8 +291,8 @@ fn wait_line(bin: &binary::Binary, what: &str, seen: &mut Vec<String>) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_reloads_the_keys_file_and_a_query_key_is_never_logged() {
     let fake = start_fake().await;
-    let dir = temp_dir("hup");
-    let file = dir.join("keys.toml");
+    let dir = crate::support::temp_dir("auth-hup");
+    let file = dir.path().join("keys.toml");
     let write = |keys: &[&str]| {
         let list: Vec<String> = keys.iter().map(|k| format!("\"{}\"", digest(k))).collect();
         std::fs::write(
@@ -385,7 +370,6 @@ async fn sighup_reloads_the_keys_file_and_a_query_key_is_never_logged() {
     );
     assert!(seen.iter().all(|l| !l.contains(secret)), "logged: {seen:?}");
     drop(bin);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn assert_429(parts: &http::response::Parts, body: &[u8], kind: &str) -> u64 {
@@ -411,8 +395,8 @@ fn assert_429(parts: &http::response::Parts, body: &[u8], kind: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenant_limits_answer_429_with_retry_after_and_spare_other_tenants() {
     let fake = start_fake().await;
-    let dir = temp_dir("limits");
-    let path = dir.join("records.jsonl");
+    let dir = crate::support::temp_dir("auth-limits");
+    let path = dir.path().join("records.jsonl");
     let mut config = auth_config(&fake.url(), &path);
     let tenants = &mut config.auth.tenants;
     tenants.get_mut("team-a").unwrap().max_in_flight = Some(1);
@@ -514,5 +498,4 @@ async fn tenant_limits_answer_429_with_retry_after_and_spare_other_tenants() {
     let mut want = vec!["team-a"; a_refused];
     want.push("team-b");
     assert_eq!(limited, want);
-    let _ = std::fs::remove_dir_all(&dir);
 }

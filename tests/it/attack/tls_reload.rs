@@ -63,7 +63,7 @@ fn wait_line(bin: &binary::Binary, what: &str) -> bool {
 async fn sighup_reloads_the_certificate_without_dropping_live_streams() {
     let fake = start_fake().await;
     let dir = crate::support::temp_dir("tls-reload");
-    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
     std::fs::copy(fixture("cert.pem"), &cert).unwrap();
     std::fs::copy(fixture("key.pem"), &key).unwrap();
     let bin = binary::spawn(
@@ -122,5 +122,4 @@ async fn sighup_reloads_the_certificate_without_dropping_live_streams() {
         .unwrap()
         .expect("stream completes without error");
     assert!(body.ends_with(b"data: [DONE]\n\n"));
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -3,7 +3,7 @@
 //! own timeline with the same definitions (`StreamMeter`) the proxy uses.
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -36,11 +36,11 @@ pub fn meter_config(upstream: &str) -> RawConfig {
 
 /// `meter_config` whose records also go to the JSONL sink, a `records.jsonl` in a fresh
 /// temporary directory (returned).
-pub fn meter_config_with_sink(upstream: &str, tag: &str) -> (RawConfig, PathBuf) {
-    let path = super::temp_dir(tag).join("records.jsonl");
+pub fn meter_config_with_sink(upstream: &str, tag: &str) -> (RawConfig, super::TempSink) {
+    let sink = super::TempSink::new(tag);
     let mut c = meter_config(upstream);
-    c.measure.sink_path = Some(path.clone());
-    (c, path)
+    c.measure.sink_path = Some(sink.to_path_buf());
+    (c, sink)
 }
 
 pub fn chat_body(max_tokens: u32, extra: &str) -> String {

@@ -27,16 +27,44 @@ pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
     SERIAL.lock().await
 }
 
-/// A fresh, empty directory under the system's temporary directory, unique to this process and
-/// call (`tag` names the test in the path, for whoever finds it left over).
-pub fn temp_dir(tag: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "goodput-{tag}-{}-{:x}",
-        std::process::id(),
-        rand::random::<u32>()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A fresh, empty directory under the system's temporary directory, unique to this call, and
+/// removed with everything in it when the returned guard drops (a failed test's unwinding
+/// drops it too: repeated runs leave nothing behind). `tag` names the test in the path.
+pub fn temp_dir(tag: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("goodput-{tag}-"))
+        .tempdir()
+        .unwrap()
+}
+
+/// A record sink's file (`records.jsonl`) in its own [`temp_dir`], removed when this drops.
+/// Dereferences to the file's path.
+pub struct TempSink {
+    path: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl TempSink {
+    pub fn new(tag: &str) -> Self {
+        let dir = temp_dir(tag);
+        TempSink {
+            path: dir.path().join("records.jsonl"),
+            _dir: dir,
+        }
+    }
+}
+
+impl AsRef<std::path::Path> for TempSink {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
+impl std::ops::Deref for TempSink {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.path
+    }
 }
 
 /// A loopback URL whose connections are refused, for as long as this lives. Its socket is bound
