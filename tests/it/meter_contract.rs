@@ -4,7 +4,6 @@
 //! reasons the engine gives up with, per-choice TPOT for `n > 1`, packed events, JSON bodies,
 //! and `/stats` agreeing with `/metrics` after rejections.
 
-
 use crate::support::meter::*;
 use crate::support::prom::*;
 use crate::support::proxy::*;
