@@ -155,6 +155,62 @@ pub struct EventScan {
     /// The raw JSON value of a top-level `timings` that is not `null`, likewise: llama.cpp
     /// puts it on its usage chunk when usage was asked for, else on the finish chunk.
     pub timings: Option<Range<usize>>,
+    /// How many bytes at the payload's start hold nothing the scan reads: its `{` and the
+    /// top-level members before the first that says something (vLLM's `id`, `object`,
+    /// `created`, `model`), up to that member's key; 0 when there are none (or the payload is
+    /// no JSON object). A payload that opens with the same bytes reads the same up to there:
+    /// [`RepeatCache::scan_logged`] scans it from there.
+    pub plain_prefix: usize,
+    /// The text of each non-empty output string the scan read as "empty or not" only
+    /// (`delta.content`, `delta.reasoning_content`, `delta.reasoning`, a choice's `text`),
+    /// the first [`OutputSpans::MAX`]: where a repeat of this payload may differ
+    /// ([`RepeatCache::learn_scanned`]).
+    pub output_spans: OutputSpans,
+}
+
+impl EventScan {
+    /// `info` and nothing else: no range to move, no plain prefix, no output span (the
+    /// template's answer for a repeat, which finishes nothing and carries no usage).
+    pub fn of_info(info: ChunkInfo) -> Self {
+        Self {
+            info,
+            fingerprint: None,
+            timings: None,
+            plain_prefix: 0,
+            output_spans: OutputSpans::default(),
+        }
+    }
+}
+
+/// Ranges of a payload (see [`EventScan::output_spans`]), in order.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OutputSpans {
+    spans: [(usize, usize); OutputSpans::MAX],
+    n: usize,
+}
+
+impl OutputSpans {
+    /// Spans kept (a chunk has one per choice; vLLM streams one choice).
+    pub const MAX: usize = 4;
+
+    /// The spans, `(start, end)` of each text (between its quotes).
+    pub fn as_slice(&self) -> &[(usize, usize)] {
+        &self.spans[..self.n]
+    }
+
+    fn note(&mut self, r: Range<usize>) {
+        if let Some(slot) = self.spans.get_mut(self.n) {
+            *slot = (r.start, r.end);
+            self.n += 1;
+        }
+    }
+
+    fn shift(mut self, by: usize) -> Self {
+        for s in &mut self.spans[..self.n] {
+            *s = (s.0 + by, s.1 + by);
+        }
+        self
+    }
 }
 
 /// Inspect one SSE data payload (the joined `data:` lines, or `[DONE]`).
@@ -181,7 +237,17 @@ pub fn scan_event_logged(data: &[u8], log: &mut TokenLog) -> EventScan {
     scan_event_into(data, Some(log))
 }
 
-fn scan_event_into(data: &[u8], mut log: Option<&mut TokenLog>) -> EventScan {
+fn scan_event_into(data: &[u8], log: Option<&mut TokenLog>) -> EventScan {
+    scan_event_from(data, 0, log)
+}
+
+/// [`scan_event_into`] from `from` (a payload offset): `data[..from]` must be a prefix that a
+/// scan found plain ([`EventScan::plain_prefix`]), or `from` 0.
+pub(crate) fn scan_event_from(
+    data: &[u8],
+    from: usize,
+    mut log: Option<&mut TokenLog>,
+) -> EventScan {
     let lead = data.len() - data.trim_ascii_start().len();
     if let Some(l) = log.as_deref_mut() {
         l.lead = lead;
@@ -192,12 +258,16 @@ fn scan_event_into(data: &[u8], mut log: Option<&mut TokenLog>) -> EventScan {
         info: ChunkInfo::of_kind(ChunkKind::Unknown),
         fingerprint: None,
         timings: None,
+        plain_prefix: 0,
+        output_spans: OutputSpans::default(),
     };
     if data == b"[DONE]" {
         scan.info.kind = ChunkKind::Done;
         return scan;
     }
-    match read_body(data, &mut scan.info, log) {
+    let from = from.saturating_sub(lead);
+    let mut spans = OutputSpans::default();
+    match read_body(data, from, &mut scan.info, log, &mut spans) {
         Ok(body) => {
             scan.info.kind = if body.is_error() {
                 ChunkKind::Error
@@ -211,6 +281,8 @@ fn scan_event_into(data: &[u8], mut log: Option<&mut TokenLog>) -> EventScan {
             }
             scan.fingerprint = body.fingerprint.map(|r| r.start + lead..r.end + lead);
             scan.timings = body.timings.map(|r| r.start + lead..r.end + lead);
+            scan.plain_prefix = body.plain_end.map_or(0, |end| end + lead);
+            scan.output_spans = spans.shift(lead);
         }
         Err(Malformed) => scan.info = ChunkInfo::of_kind(ChunkKind::Unknown),
     }
@@ -243,7 +315,8 @@ fn inspect_response_into(body: &[u8], mut log: Option<&mut TokenLog>) -> Respons
         timings: None,
     };
     let mut chunk = ChunkInfo::of_kind(ChunkKind::Unknown);
-    let Ok(raw) = read_body(body.trim_ascii(), &mut chunk, log) else {
+    let mut spans = OutputSpans::default();
+    let Ok(raw) = read_body(body.trim_ascii(), 0, &mut chunk, log, &mut spans) else {
         return info;
     };
     info.parsed = true;
@@ -276,6 +349,9 @@ struct Body {
     object_error: bool,
     fingerprint: Option<Range<usize>>,
     timings: Option<Range<usize>>,
+    /// Where the key of the first member that is not plain starts, when members before it
+    /// are all plain (they leave everything here as it was: see [`EventScan::plain_prefix`]).
+    plain_end: Option<usize>,
 }
 
 impl Body {
@@ -312,14 +388,31 @@ const BODY_KEYS: &[&[u8]] = &[
 ];
 
 /// Reads the top level; the choices and usage go straight into `out` (no copy of the choice
-/// array per event), the rest is returned.
-fn read_body(data: &[u8], out: &mut ChunkInfo, mut log: Option<&mut TokenLog>) -> Scan<Body> {
-    let mut c = Cursor::new(data);
+/// array per event), the rest is returned. From `from` (an offset of `data`) when that is
+/// not 0: `data[..from]` was found plain by an earlier read (see [`EventScan::plain_prefix`]).
+fn read_body<'a>(
+    data: &'a [u8],
+    from: usize,
+    out: &mut ChunkInfo,
+    mut log: Option<&mut TokenLog>,
+    spans: &mut OutputSpans,
+) -> Scan<Body> {
     let mut body = Body::default();
     let (mut choices, mut usage) = (Ok(()), Ok(None));
     let mut metrics = EngineView::default();
-    c.object(|c, key| {
-        match key.one_of(BODY_KEYS) {
+    // Every member so far was plain, and how many were read (the ones before `from` count).
+    let (mut plain, mut read) = (true, usize::from(from > 0));
+    let member = |c: &mut Cursor<'a>, key: Str<'a>| {
+        let key_at = c.span(key).start.saturating_sub(1);
+        if plain && read > 0 {
+            body.plain_end = Some(key_at);
+        }
+        read += 1;
+        let k = key.one_of(BODY_KEYS);
+        // Members that leave everything as it was: unknown keys, and `object` when not
+        // `"error"` (checked after it is read).
+        plain &= matches!(k, None | Some(3));
+        match k {
             Some(0) => {
                 clear_choices(out, &mut body);
                 if let Some(l) = log.as_deref_mut() {
@@ -327,7 +420,7 @@ fn read_body(data: &[u8], out: &mut ChunkInfo, mut log: Option<&mut TokenLog>) -
                 }
                 body.choices = !c.null();
                 choices = if body.choices {
-                    c.read_or_skip(|c| read_choices(c, out, &mut body.failed, &mut log))?
+                    c.read_or_skip(|c| read_choices(c, out, &mut body.failed, &mut log, spans))?
                 } else {
                     Ok(())
                 };
@@ -368,9 +461,16 @@ fn read_body(data: &[u8], out: &mut ChunkInfo, mut log: Option<&mut TokenLog>) -
             }
             _ => c.skip()?,
         }
+        plain &= !body.object_error;
         Ok(())
-    })?;
-    c.end()?;
+    };
+    if from == 0 {
+        let mut c = Cursor::new(data);
+        c.object(member)?;
+        c.end()?;
+    } else {
+        Cursor::resume_object(data, from, member)?;
+    }
     choices?;
     out.usage = usage?.map(|mut u: Usage| {
         let cached = u.engine.cached_prompt_tokens;
@@ -480,9 +580,10 @@ fn read_choices(
     out: &mut ChunkInfo,
     failed: &mut u32,
     log: &mut Option<&mut TokenLog>,
+    spans: &mut OutputSpans,
 ) -> Scan<()> {
     c.array(|c| {
-        let s = read_choice(c, log)?;
+        let s = read_choice(c, log, spans)?;
         out.choice_count = out.choice_count.saturating_add(1);
         out.finished_count += u32::from(s.finish.is_some());
         *failed += u32::from(s.finish.is_some_and(FinishReason::engine_gave_up));
@@ -513,7 +614,11 @@ fn read_finish(c: &mut Cursor<'_>) -> Scan<FinishReason> {
     c.string().map(finish_reason)
 }
 
-fn read_choice(c: &mut Cursor<'_>, log: &mut Option<&mut TokenLog>) -> Scan<ChoiceInfo> {
+fn read_choice(
+    c: &mut Cursor<'_>,
+    log: &mut Option<&mut TokenLog>,
+    spans: &mut OutputSpans,
+) -> Scan<ChoiceInfo> {
     let (mut index, mut delta, mut finish, mut logprobs) = (Ok(0), Ok(None), Ok(None), Ok(None));
     let mut text = (false, 0);
     let mark = log.as_deref().map(TokenLog::mark);
@@ -528,7 +633,7 @@ fn read_choice(c: &mut Cursor<'_>, log: &mut Option<&mut TokenLog>) -> Scan<Choi
                         l.calls.truncate(m.calls);
                     }
                 }
-                delta = nullable(c, |c| read_delta(c, log.as_deref_mut()))?;
+                delta = nullable(c, |c| read_delta(c, log.as_deref_mut(), spans))?;
             }
             Some(5) => match (log.as_deref_mut(), mark) {
                 (Some(l), Some(m)) if l.body => {
@@ -538,7 +643,7 @@ fn read_choice(c: &mut Cursor<'_>, log: &mut Option<&mut TokenLog>) -> Scan<Choi
                 _ => c.skip()?,
             },
             Some(2) if detail => text = tokens::text_field(c)?,
-            Some(2) => text = (c.non_empty()?, 0),
+            Some(2) => text = (non_empty_noted(c, spans)?, 0),
             Some(3) => finish = nullable(c, read_finish)?,
             Some(4) => {
                 logprobs = match (log.as_deref_mut(), mark) {
@@ -585,7 +690,11 @@ const DELTA_KEYS: &[&[u8]] = &[
 /// Which kinds of output a `delta` carries; with a log, its tool calls (see [`calls`]); traced
 /// (`detail`): and the decoded length of its texts (tool calls: their names and argument
 /// fragments).
-fn read_delta(c: &mut Cursor<'_>, mut log: Option<&mut TokenLog>) -> Scan<(Phases, u32)> {
+fn read_delta(
+    c: &mut Cursor<'_>,
+    mut log: Option<&mut TokenLog>,
+    spans: &mut OutputSpans,
+) -> Scan<(Phases, u32)> {
     let detail = log.as_deref().is_some_and(|l| l.detail);
     let lead = log.as_deref().map_or(0, |l| l.lead);
     let first_call = log.as_deref().map_or(0, |l| l.calls.len());
@@ -601,7 +710,7 @@ fn read_delta(c: &mut Cursor<'_>, mut log: Option<&mut TokenLog>) -> Scan<(Phase
                 fields[3] = (any, if detail { len } else { 0 });
             }
             Some(k) if detail => fields[k] = tokens::text_field(c)?,
-            Some(k) => fields[k] = (c.non_empty()?, 0),
+            Some(k) => fields[k] = (non_empty_noted(c, spans)?, 0),
             None => c.skip()?,
         }
         Ok(())
@@ -612,6 +721,21 @@ fn read_delta(c: &mut Cursor<'_>, mut log: Option<&mut TokenLog>) -> Scan<(Phase
         .with(Phases::TOOL_CALL, fields[3].0);
     let len = fields.iter().fold(0u32, |n, f| n.saturating_add(f.1));
     Ok((phases, len))
+}
+
+/// [`Cursor::non_empty`], noting the text of a non-empty string in `spans` (its only reader
+/// asks whether it is empty: any other non-empty text reads the same).
+#[inline]
+fn non_empty_noted(c: &mut Cursor<'_>, spans: &mut OutputSpans) -> Scan<bool> {
+    if c.peek() != Some(b'"') {
+        return c.non_empty();
+    }
+    let s = c.string()?;
+    if s.is_empty() {
+        return Ok(false);
+    }
+    spans.note(c.span(s));
+    Ok(true)
 }
 
 /// A non-streaming body's `message` (not yet consumed): the calls of its `tool_calls` into

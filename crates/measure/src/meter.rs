@@ -12,8 +12,8 @@ use crate::agent::{response_agent, AgentMeter, AgentSummary, ToolSet};
 use crate::engine::{EngineReport, EngineView, TtftSplit};
 use crate::engine_timings::TimingsReport;
 use crate::inspect::{
-    inspect_response_logged, scan_event_logged, ChoiceInfo, ChunkInfo, ChunkKind, RepeatCache,
-    Seen, TokenLog, Usage, TEMPLATE_ROOM,
+    inspect_response_logged, scan_event_logged, ChoiceInfo, ChunkInfo, ChunkKind, EventScan,
+    RepeatCache, Seen, TokenLog, Usage, TEMPLATE_ROOM,
 };
 use crate::outcome::{Ending, FinishReason, Outcome};
 use crate::sse::{SseEvent, SseParser};
@@ -284,14 +284,6 @@ struct Timeline {
     one_look: u64,
 }
 
-/// Where an event's `system_fingerprint` and `timings` values are (ranges of its payload):
-/// what the usage strip moves from the injected usage chunk back to the finish chunk.
-#[derive(Debug, Default)]
-struct Moved {
-    fingerprint: Option<std::ops::Range<usize>>,
-    timings: Option<std::ops::Range<usize>>,
-}
-
 impl Timeline {
     fn new(t0: Instant) -> Self {
         Self {
@@ -361,29 +353,32 @@ impl Timeline {
             self.inband_error = true;
             return;
         }
-        let (info, _) = self.look(repeat, ev.data);
-        self.on_info(t, &info, ev.data, on_gap);
+        let scan = self.look(repeat, ev.data);
+        self.on_info(t, &scan.info, ev.data, on_gap);
     }
 
     /// What an event's payload says: the template's answer when it repeats it, else a scan's
     /// (which notes the event's tokens in `self.log` and may become the template), with the
-    /// ranges of its `system_fingerprint` and `timings` values (scans only; a repeat finishes
-    /// nothing and carries no usage, so the usage strip never needs them).
-    fn look(&mut self, repeat: &mut RepeatCache, data: &[u8]) -> (ChunkInfo, Moved) {
+    /// ranges of its `system_fingerprint` and `timings` values, what the usage strip moves
+    /// from the injected usage chunk back to the finish chunk (scans only; a repeat finishes
+    /// nothing and carries no usage, so the usage strip never needs them). The scan is
+    /// returned as it is: its answer is about half a kilobyte, not copied again.
+    fn look(&mut self, repeat: &mut RepeatCache, data: &[u8]) -> EventScan {
         if let Some((info, _)) = self.repeated(repeat, data) {
-            return (info, Moved::default());
+            return EventScan::of_info(info);
         }
-        let scan = scan_event_logged(data, &mut self.log);
+        // The fast paths read past a plain prefix seen before; the reference reads it all.
+        let scan = if self.cacheable() {
+            repeat.scan_logged(data, &mut self.log)
+        } else {
+            scan_event_logged(data, &mut self.log)
+        };
         // A template must log nothing (no logprobs, no tool calls): its repeats skip the
         // log, so they must have nothing to log.
         if self.log.is_empty() && self.cacheable() {
-            repeat.learn(data, &scan.info);
+            repeat.learn_scanned(data, &scan);
         }
-        let moved = Moved {
-            fingerprint: scan.fingerprint,
-            timings: scan.timings,
-        };
-        (scan.info, moved)
+        scan
     }
 
     /// The events at `buf`'s start that repeat the template, each framed and checked in one

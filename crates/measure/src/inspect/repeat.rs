@@ -14,13 +14,13 @@
 //! the template's answer. Anything else (other text, a new key, a `finish_reason`, a bad
 //! escape) is a miss: a full scan, which becomes the new template when it is a valid chunk
 //! with output text to vary (else the old template stays). `tests` below and the differential test hold the cache equal to
-//! [`inspect_chunk`] on every event.
+//! [`inspect_chunk`](super::inspect_chunk) on every event.
 
-use super::{inspect_chunk, ChoiceInfo, ChunkInfo, ChunkKind};
+use super::{scan_event_from, ChoiceInfo, ChunkInfo, ChunkKind, EventScan, OutputSpans, TokenLog};
 use crate::scan::plain_run;
 
 /// Output spans kept per template (a chunk has one per choice; vLLM streams one choice).
-const MAX_SPANS: usize = 4;
+const MAX_SPANS: usize = OutputSpans::MAX;
 /// Longest event kept as a template: events past it (large logprobs) rarely repeat.
 const MAX_TEMPLATE: usize = 4096;
 
@@ -70,6 +70,26 @@ impl Template {
         }
         let mut spans = [(0, 0); MAX_SPANS];
         let n = output_spans(bytes, &mut spans);
+        self.keep(bytes, spans, n)
+    }
+
+    /// [`Template::learn`] with the spans a scan of `bytes` noted (what it read only as empty
+    /// or not: [`EventScan::output_spans`]), without a pass of its own to find them. Any
+    /// other non-empty text in one of them reads the same, so a repeat is as exact; an output
+    /// key the scan does not read (in an unknown object) has no span here, so such an event
+    /// may hit less often than with [`Template::learn`]'s. On every real capture both find the
+    /// same spans (`tests` below).
+    pub fn learn_spans(&mut self, bytes: &[u8], spans: &OutputSpans) -> bool {
+        if bytes.len() > MAX_TEMPLATE {
+            return false;
+        }
+        let noted = spans.as_slice();
+        let mut kept = [(0, 0); MAX_SPANS];
+        kept[..noted.len()].copy_from_slice(noted);
+        self.keep(bytes, kept, noted.len())
+    }
+
+    fn keep(&mut self, bytes: &[u8], spans: [(usize, usize); MAX_SPANS], n: usize) -> bool {
         if n > 0 {
             self.spans = spans;
             self.n_spans = n;
@@ -203,6 +223,10 @@ pub struct RepeatCache {
     info: ChunkInfo,
     /// The template's one choice, when it has exactly one ([`RepeatCache::single`]).
     single: Option<ChoiceInfo>,
+    /// The plain prefix ([`EventScan::plain_prefix`]) of the first scanned event that had
+    /// one: the events the template does not answer (the role, finish and usage chunks)
+    /// open with it too, and their scans start after it ([`RepeatCache::scan_logged`]).
+    prefix: Vec<u8>,
 }
 
 impl Default for RepeatCache {
@@ -221,6 +245,7 @@ impl RepeatCache {
             template: Template::default(),
             info: ChunkInfo::of_kind(ChunkKind::Unknown),
             single: None,
+            prefix: Vec::new(),
         }
     }
 
@@ -232,14 +257,41 @@ impl RepeatCache {
         }
     }
 
-    /// What [`inspect_chunk`] says about `data`, from the template when `data` repeats it.
+    /// What [`inspect_chunk`](super::inspect_chunk) says about `data`, from the template when
+    /// `data` repeats it, else from a scan ([`RepeatCache::scan_logged`]).
     pub fn inspect(&mut self, data: &[u8]) -> (ChunkInfo, Seen) {
         if let Some(hit) = self.repeats(data) {
             return hit;
         }
-        let info = inspect_chunk(data);
-        let seen = self.learn(data, &info);
-        (info, seen)
+        let scan = self.scan(data, None);
+        let seen = self.learn_scanned(data, &scan);
+        (scan.info, seen)
+    }
+
+    /// [`scan_event_logged`](super::scan_event_logged) of `data`, from the end of the plain
+    /// prefix this cache holds when `data` opens with it (its bytes read as the same plain
+    /// members: see [`crate::scan::Cursor::resume_object`]); else from the start, and the
+    /// first plain prefix found is kept.
+    pub fn scan_logged(&mut self, data: &[u8], log: &mut TokenLog) -> EventScan {
+        self.scan(data, Some(log))
+    }
+
+    /// The plain prefix kept (empty before the first scanned event that had one).
+    pub fn plain_prefix(&self) -> &[u8] {
+        &self.prefix
+    }
+
+    fn scan(&mut self, data: &[u8], log: Option<&mut TokenLog>) -> EventScan {
+        let p = self.prefix.len();
+        if p > 0 && data.get(..p) == Some(&self.prefix[..]) {
+            return scan_event_from(data, p, log);
+        }
+        let scan = scan_event_from(data, 0, log);
+        let plain = scan.plain_prefix;
+        if self.prefix.is_empty() && plain > 0 && plain <= MAX_TEMPLATE {
+            self.prefix.extend_from_slice(&data[..plain]);
+        }
+        scan
     }
 
     /// The template's answer when `data` repeats it.
@@ -292,12 +344,22 @@ impl RepeatCache {
     /// it (learning is a pass over its bytes): a chunk with output that finishes nothing and
     /// carries no usage, what the events after it repeat.
     pub fn learn(&mut self, data: &[u8], info: &ChunkInfo) -> Seen {
+        self.learn_with(info, |t| t.learn(data))
+    }
+
+    /// [`RepeatCache::learn`] from `scan`, the scan of `data`, with the output spans it noted
+    /// ([`Template::learn_spans`]).
+    pub fn learn_scanned(&mut self, data: &[u8], scan: &EventScan) -> Seen {
+        self.learn_with(&scan.info, |t| t.learn_spans(data, &scan.output_spans))
+    }
+
+    fn learn_with(&mut self, info: &ChunkInfo, learn: impl FnOnce(&mut Template) -> bool) -> Seen {
         let worth = info.kind == ChunkKind::Chunk
             && info.output
             && info.finished_count == 0
             && info.usage.is_none()
             && info.timings.is_none();
-        if worth && self.template.learn(data) {
+        if worth && learn(&mut self.template) {
             self.info = *info;
             self.single = info
                 .choices()
@@ -383,6 +445,7 @@ fn output_spans(data: &[u8], out: &mut [(usize, usize); MAX_SPANS]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::inspect::inspect_chunk;
     use proptest::prelude::*;
 
     const HEAD: &str = r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"tiny","choices":[{"index":0,"delta":{"content":""#;
@@ -591,5 +654,77 @@ mod tests {
             hits.get() > 100 && misses.get() > 1000,
             "{hits:?} hits, {misses:?} misses"
         );
+    }
+
+    /// A scan that starts after the plain prefix the cache kept reads an event as a whole
+    /// scan does (its answer, the moved ranges, its own plain prefix and every logged token),
+    /// for events edited anywhere: inside the prefix, at its end, after it, with other
+    /// members, whitespace, `"object":"error"`, logprobs and tool calls.
+    #[test]
+    fn a_scan_past_the_plain_prefix_reads_as_a_whole_scan() {
+        let head =
+            r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"tiny","#;
+        let base: Vec<Vec<u8>> = [
+            format!(r#"{head}"choices":[{{"index":0,"delta":{{"role":"assistant","content":""}},"logprobs":null,"finish_reason":null}}]}}"#),
+            format!(r#"{head}"choices":[{{"index":0,"delta":{{"content":"Hi"}},"logprobs":{{"content":[{{"token":"Hi","logprob":-0.5}}]}},"finish_reason":null}}]}}"#),
+            format!(r#"{head}"choices":[{{"index":0,"delta":{{"tool_calls":[{{"index":0,"id":"c","function":{{"name":"f","arguments":"{{}}"}}}}]}},"finish_reason":"tool_calls"}}]}}"#),
+            format!(r#"{head}"choices":[],"usage":{{"prompt_tokens":3,"completion_tokens":4}},"system_fingerprint":"fp","timings":{{"predicted_n":4}}}}"#),
+            format!(r#"  {head} "error":{{"message":"x"}}}}"#),
+            r#"{"object":"error","id":"x","choices":[]}"#.to_string(),
+            r#"{"id":"x","object":"error","choices":[]}"#.to_string(),
+            format!(r#"{head}"x":[1,{{"y":"z"}}],"choices":null}}"#),
+        ]
+        .map(String::into_bytes)
+        .to_vec();
+        let alphabet: &[u8] = b"ab \"\\:{}[],0nul\x01\xc3\xa9";
+        let edit = (
+            0usize..base.len(),
+            0usize..120,
+            0usize..3,
+            proptest::collection::vec(0usize..alphabet.len(), 0..3),
+        );
+        let resumed = std::cell::Cell::new(0);
+        proptest!(ProptestConfig::with_cases(3000), |(first in 0usize..base.len(), detail in any::<bool>(), edits in proptest::collection::vec(edit, 1..6))| {
+            let mut c = RepeatCache::new();
+            let mut log = TokenLog::new(detail);
+            c.scan_logged(&base[first], &mut log);
+            for (which, at, cut, insert) in edits {
+                let mut e = base[which].clone();
+                // Most edits near the end of the kept prefix (the resumed scan's first bytes).
+                let at = (c.plain_prefix().len() + at).saturating_sub(60).min(e.len());
+                let cut = cut.min(e.len() - at);
+                e.splice(at..at + cut, insert.iter().map(|&i| alphabet[i]));
+                if !c.plain_prefix().is_empty() && e.starts_with(c.plain_prefix()) {
+                    resumed.set(resumed.get() + 1);
+                }
+                let (mut got_log, mut want_log) = (TokenLog::new(detail), TokenLog::new(detail));
+                let got = c.scan_logged(&e, &mut got_log);
+                let want = crate::inspect::scan_event_logged(&e, &mut want_log);
+                prop_assert_eq!(&got, &want, "{}", String::from_utf8_lossy(&e));
+                prop_assert_eq!(format!("{got_log:?}"), format!("{want_log:?}"));
+            }
+        });
+        assert!(resumed.get() > 1000, "{resumed:?} scans resumed");
+    }
+
+    /// The spans a scan notes are the ones `output_spans` finds, on every event of every
+    /// real capture: learning from the scan loses no hit on a real engine's stream.
+    #[test]
+    fn a_scan_notes_the_output_spans_output_spans_finds() {
+        let mut with_spans = 0;
+        for (name, raw) in crate::fixtures::CAPTURES {
+            let body = crate::fixtures::parse_capture(raw).body;
+            let mut p = crate::sse::SseParser::new();
+            let mut check = |data: &[u8]| {
+                let scan = crate::inspect::scan_event(data);
+                let mut want = [(0, 0); MAX_SPANS];
+                let n = output_spans(data, &mut want);
+                assert_eq!(scan.output_spans.as_slice(), &want[..n], "{name}");
+                with_spans += usize::from(n > 0);
+            };
+            p.feed(body, |ev| check(ev.data));
+            p.finish(|ev| check(ev.data));
+        }
+        assert!(with_spans > 50, "{with_spans} events with spans");
     }
 }

@@ -498,7 +498,8 @@ fn judge(
         tl.inband_error = true;
         return Class::Other;
     }
-    let (info, moved) = tl.look(repeat, ev.data);
+    let scan = tl.look(repeat, ev.data);
+    let info = &scan.info;
     if info.kind == ChunkKind::Chunk && info.choice_count > 0 && info.usage.is_some() {
         strip.engine_usage = true;
     }
@@ -506,12 +507,12 @@ fn judge(
         Class::Other
     } else if info.choice_count == 0 && info.usage.is_some() && !strip.engine_usage {
         Class::Usage {
-            fingerprint: raw_bytes(ev.data, moved.fingerprint),
-            timings: raw_bytes(ev.data, moved.timings),
+            fingerprint: raw_bytes(ev.data, scan.fingerprint.clone()),
+            timings: raw_bytes(ev.data, scan.timings.clone()),
         }
     } else if info.finished_count > 0 && info.usage.is_none() {
         Class::Finish {
-            has_fingerprint: moved.fingerprint.is_some(),
+            has_fingerprint: scan.fingerprint.is_some(),
         }
     } else {
         Class::Other
@@ -519,7 +520,7 @@ fn judge(
     match class {
         Class::Other => {
             meter_held(tl, repeat, strip, t, on_gap);
-            tl.on_info(t, &info, ev.data, on_gap);
+            tl.on_info(t, info, ev.data, on_gap);
         }
         Class::Finish { .. } | Class::Usage { .. } => {
             // Not metered now: the log is the held chunk's to fill again on release (unless
@@ -528,8 +529,8 @@ fn judge(
             tl.log.clear();
             meter_held(tl, repeat, strip, t, on_gap);
             match class {
-                Class::Usage { .. } => tl.on_reported(&info),
-                _ => strip.held_info = keep.then(|| Box::new(info)),
+                Class::Usage { .. } => tl.on_reported(info),
+                _ => strip.held_info = keep.then(|| Box::new(scan.info)),
             }
         }
     }
