@@ -10,6 +10,8 @@ use std::fmt;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
+use crate::scan::Cursor;
+
 /// A boolean field as pydantic's lax mode reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lax {
@@ -70,6 +72,55 @@ pub fn object_fields<'a, const N: usize>(
     let fields = de.deserialize_map(Fields { names: &names }).ok()?;
     de.end().ok()?;
     Some(fields)
+}
+
+/// [`object_fields`] of a body that is valid UTF-8, read by the event scanner
+/// ([`crate::scan::Cursor`]), which finds each value's bytes without building anything; only
+/// the values found are read again, by `serde_json`, as the raw values they are. For a body
+/// the scanner does not read as `serde_json` does, [`object_fields`] decides: one whose scan
+/// fails (the scanner refuses nesting past its depth limit, which `serde_json` allows in a
+/// skipped value) or that has a key written with an escape (`serde_json` decodes a key and
+/// refuses an unpaired surrogate in it; the scanner does not decode keys it compares
+/// unescaped). What the scanner accepts otherwise `serde_json` accepts too (its grammar
+/// tests), so the fast path answers exactly as [`object_fields`] does (`props` below).
+pub fn object_fields_str<'a, const N: usize>(
+    body: &'a str,
+    names: [&str; N],
+) -> Option<[Option<&'a RawValue>; N]> {
+    scanned_fields(body, &names).unwrap_or_else(|| object_fields(body.as_bytes(), names))
+}
+
+/// The fast path of [`object_fields_str`]: `None` when it cannot answer.
+fn scanned_fields<'a, const N: usize>(
+    body: &'a str,
+    names: &[&str; N],
+) -> Option<Option<[Option<&'a RawValue>; N]>> {
+    let bytes = body.as_bytes();
+    let mut spans: [Option<std::ops::Range<usize>>; N] = std::array::from_fn(|_| None);
+    let mut escaped_key = false;
+    let mut c = Cursor::new(bytes);
+    let read = c.object(|c, key| {
+        escaped_key |= key.escaped();
+        match names.iter().position(|n| n.as_bytes() == key.raw()) {
+            Some(i) => {
+                let start = c.next_offset();
+                c.skip()?;
+                spans[i] = Some(start..c.offset());
+            }
+            None => c.skip()?,
+        }
+        Ok(())
+    });
+    if read.is_err() || c.end().is_err() || escaped_key {
+        return None;
+    }
+    let mut out = [None; N];
+    for (slot, span) in out.iter_mut().zip(spans) {
+        if let Some(r) = span {
+            *slot = Some(serde_json::from_str::<&RawValue>(body.get(r)?).ok()?);
+        }
+    }
+    Some(Some(out))
 }
 
 /// [`object_fields`]' visitor: fills one slot per name, the last occurrence winning.
@@ -191,10 +242,8 @@ pub struct RequestFields<'a> {
 impl<'a> RequestFields<'a> {
     /// `None` when `body` is not one JSON object.
     pub fn read(body: &'a str) -> Option<Self> {
-        let [model, stream, n, tools, stream_options] = object_fields(
-            body.as_bytes(),
-            ["model", "stream", "n", "tools", "stream_options"],
-        )?;
+        let [model, stream, n, tools, stream_options] =
+            object_fields_str(body, ["model", "stream", "n", "tools", "stream_options"])?;
         Some(Self {
             model,
             stream,
@@ -387,6 +436,84 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The scanner's fast path answers as the `serde_json` reader: on edited request bodies
+    /// (any byte of an alphabet of JSON's own, escapes, an unpaired surrogate in a key or a
+    /// value, nesting past the scanner's depth limit in a skipped value).
+    #[test]
+    fn object_fields_str_answers_as_object_fields() {
+        use proptest::prelude::*;
+        const FIVE: [&str; 5] = ["model", "stream", "n", "tools", "stream_options"];
+        let deep = format!("{}{}", "[".repeat(140), "]".repeat(140));
+        let bases: Vec<String> = vec![
+            r#"{"model":"tiny","messages":[{"role":"user","content":"Hi \"there\" \u00e9"}],"max_tokens":64,"stream":true}"#.into(),
+            r#"{"model":"m","stream":1,"stream_options":{"include_usage":"yes"},"n":2.0,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]}"#.into(),
+            r#" { "str\u0065am" : false , "model":"a","model" :"b" } "#.into(),
+            r#"{"\ud800":1,"model":"x"}"#.into(),
+            r#"{"model":"\ud800","stream":true,"x":-0.5e+3}"#.into(),
+            format!(r#"{{"model":"m","messages":{deep},"stream":true}}"#),
+            format!(r#"{{"model":"m","stream":{deep}}}"#),
+        ];
+        let alphabet: Vec<&str> = vec![
+            "\"",
+            "\\",
+            ":",
+            ",",
+            "{",
+            "}",
+            "[",
+            "]",
+            " ",
+            "1",
+            "e",
+            "-",
+            "n",
+            "u",
+            "null",
+            "true",
+            "\\u",
+            "é",
+            "\u{1}",
+            "\"stream\"",
+            "\"model\"",
+        ];
+        let (fast, total) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+        proptest!(ProptestConfig::with_cases(4000), |(
+            which in 0..bases.len(),
+            edits in proptest::collection::vec((0usize..400, 0usize..3, proptest::collection::vec(0..alphabet.len(), 0..3)), 0..3),
+        )| {
+            let mut body = bases[which].clone();
+            for (at, cut, insert) in edits {
+                let mut at = at % (body.len() + 1);
+                while !body.is_char_boundary(at) {
+                    at -= 1;
+                }
+                let mut end = (at + cut).min(body.len());
+                while !body.is_char_boundary(end) {
+                    end += 1;
+                }
+                let text: String = insert.iter().map(|&i| alphabet[i]).collect();
+                body.replace_range(at..end, &text);
+            }
+            total.set(total.get() + 1);
+            if scanned_fields(&body, &FIVE).is_some() {
+                fast.set(fast.get() + 1);
+            }
+            fn raw(f: Option<[Option<&RawValue>; 5]>) -> Option<[Option<String>; 5]> {
+                f.map(|v| v.map(|r| r.map(|r| r.get().to_string())))
+            }
+            prop_assert_eq!(
+                raw(object_fields_str(&body, FIVE)),
+                raw(object_fields(body.as_bytes(), FIVE)),
+                "{}", body
+            );
+        });
+        // Not vacuous: most bodies take the fast path, some do not.
+        assert!(
+            fast.get() > total.get() / 3 && fast.get() < total.get(),
+            "{fast:?} of {total:?}"
+        );
     }
 
     #[test]
