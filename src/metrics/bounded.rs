@@ -5,6 +5,15 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 
+use foldhash::fast::FixedState;
+
+/// The label sets are looked up for every request (with the request's model name too); they
+/// hold only configured, learned or discovered values (bounded, never a request's), so a
+/// fixed-seed fast hash is enough.
+type Set = HashSet<Arc<str>, FixedState>;
+/// Replica URL to its label.
+type ByUrl = HashMap<Arc<str>, Arc<str>, FixedState>;
+
 /// The label for any model not in the set.
 pub const OTHER_MODEL: &str = "other";
 
@@ -28,8 +37,8 @@ impl Default for ModelLabels {
 
 #[derive(Debug, Default)]
 struct Labels {
-    configured: HashSet<Arc<str>>,
-    learned: HashSet<Arc<str>>,
+    configured: Set,
+    learned: Set,
 }
 
 impl ModelLabels {
@@ -41,7 +50,7 @@ impl ModelLabels {
         Self {
             inner: Arc::new(RwLock::new(Labels {
                 configured,
-                learned: HashSet::new(),
+                learned: Set::default(),
             })),
             other: Arc::from(OTHER_MODEL),
         }
@@ -49,7 +58,7 @@ impl ModelLabels {
 
     /// Replace the learned models (from discovery); at most [`MAX_LEARNED_MODELS`] are kept.
     pub fn set_learned<I: IntoIterator<Item = S>, S: AsRef<str>>(&self, models: I) {
-        let learned: HashSet<Arc<str>> = models
+        let learned: Set = models
             .into_iter()
             .take(MAX_LEARNED_MODELS)
             .map(|s| Arc::from(s.as_ref()))
@@ -113,7 +122,7 @@ pub const MAX_UPSTREAM_LABELS: usize = 64;
 /// leaves keeps its label, so its series stay readable), at most [`MAX_UPSTREAM_LABELS`].
 #[derive(Debug, Clone, Default)]
 pub struct UpstreamLabels {
-    inner: Arc<RwLock<HashMap<Arc<str>, Arc<str>>>>,
+    inner: Arc<RwLock<ByUrl>>,
 }
 
 impl UpstreamLabels {

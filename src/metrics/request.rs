@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use foldhash::fast::FixedState;
 use prometheus::local::LocalHistogram;
 use prometheus::{Histogram, IntCounter, IntGauge};
 use tokio::time::Instant;
@@ -19,10 +20,14 @@ use goodput_measure::meter::Measurement;
 use goodput_measure::outcome::{rejected_by_client, Outcome};
 use goodput_measure::slo::SloVerdict;
 
+/// Keyed by label values, from bounded sets and never inserted from a request's own bytes,
+/// looked up twice a request: a fixed-seed fast hash is enough.
+type ByLabel<V> = HashMap<Arc<str>, Arc<V>, FixedState>;
+
 /// Resolved handles by label value; entries are only added (bounded by the label sets).
 #[derive(Default)]
 pub(super) struct HandleCache {
-    models: RwLock<HashMap<Arc<str>, Arc<ModelHandles>>>,
+    models: RwLock<ByLabel<ModelHandles>>,
 }
 
 /// The handles of one `model` value, and of its pairs with each `upstream` value.
@@ -30,7 +35,7 @@ struct ModelHandles {
     in_flight: IntGauge,
     prompt_tokens: IntCounter,
     generation_tokens: IntCounter,
-    upstreams: RwLock<HashMap<Arc<str>, Arc<Handles>>>,
+    upstreams: RwLock<ByLabel<Handles>>,
 }
 
 /// A request's handles of the families labelled `model` and `upstream`.
@@ -45,11 +50,7 @@ struct Handles {
 
 /// The cached value of `key`, else `make()`'s, inserted (the first writer wins). A poisoned
 /// lock only costs the caching.
-fn cached<V>(
-    map: &RwLock<HashMap<Arc<str>, Arc<V>>>,
-    key: &Arc<str>,
-    make: impl FnOnce() -> V,
-) -> Arc<V> {
+fn cached<V>(map: &RwLock<ByLabel<V>>, key: &Arc<str>, make: impl FnOnce() -> V) -> Arc<V> {
     if let Some(v) = map.read().ok().and_then(|m| m.get(key).cloned()) {
         return v;
     }

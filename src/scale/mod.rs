@@ -214,10 +214,12 @@ impl Scale {
             return;
         }
         if let Ok(mut ws) = self.windows.lock() {
+            // One origin for all: the second is computed once.
+            let s = ws[0].model.second_of(at);
             for w in ws.iter_mut() {
-                w.model.add(model, good, at);
-                w.tenant.add(tenant.unwrap_or(&self.no_tenant), good, at);
-                w.upstream.add(upstream, good, at);
+                w.model.add_in(model, good, s);
+                w.tenant.add_in(tenant.unwrap_or(&self.no_tenant), good, s);
+                w.upstream.add_in(upstream, good, s);
             }
         }
         let Ok(mut st) = self.state.lock() else {

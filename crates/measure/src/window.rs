@@ -55,6 +55,15 @@ impl Slots {
     }
 }
 
+/// An instant and its second of the slots of windows from one origin
+/// ([`RatioWindow::second_of`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Second {
+    origin: Instant,
+    at: Instant,
+    second: u64,
+}
+
 /// Good / eligible over the last `window`, per key (the `model` label value) and overall.
 #[derive(Debug, Clone)]
 pub struct RatioWindow {
@@ -86,9 +95,33 @@ impl RatioWindow {
         at.saturating_duration_since(self.origin).as_secs()
     }
 
+    /// The second of this window's slots that `at` falls in, for [`RatioWindow::add_in`]:
+    /// windows with the same origin share it (the clock arithmetic done once for all).
+    pub fn second_of(&self, at: Instant) -> Second {
+        Second {
+            origin: self.origin,
+            at,
+            second: self.second(at),
+        }
+    }
+
     /// Counts one eligible finished request. Keys come from a bounded label set.
     pub fn add(&mut self, key: &Arc<str>, good: bool, at: Instant) {
-        let s = self.second(at);
+        self.add_second(key, good, self.second(at));
+    }
+
+    /// [`RatioWindow::add`] at `s.at` (the second computed once, when `s` came from a window
+    /// of the same origin).
+    pub fn add_in(&mut self, key: &Arc<str>, good: bool, s: Second) {
+        let second = if s.origin == self.origin {
+            s.second
+        } else {
+            self.second(s.at)
+        };
+        self.add_second(key, good, second);
+    }
+
+    fn add_second(&mut self, key: &Arc<str>, good: bool, s: u64) {
         self.all.add(s, good);
         // Looked up before inserting: a key seen before (nearly every call) costs no clone.
         match self.by_key.get_mut(key) {
@@ -176,5 +209,41 @@ mod tests {
     fn sub_second_windows_round_up() {
         let w = RatioWindow::new(Duration::from_millis(1), Instant::now());
         assert_eq!(w.window(), Duration::from_secs(1));
+    }
+
+    /// A second computed by one window counts in another as `add` counts it there: shared
+    /// when the origins are the same, computed again when they are not.
+    #[test]
+    fn add_in_counts_as_add() {
+        let t0 = Instant::now();
+        let (a, b) = (key("a"), key("b"));
+        let later = t0 + Duration::from_millis(2500);
+        let mut by_add = RatioWindow::new(Duration::from_secs(3), t0);
+        let mut by_in = by_add.clone();
+        let mut other_origin = RatioWindow::new(Duration::from_secs(3), later);
+        let mut other_by_add = other_origin.clone();
+        for (i, ms) in [0u64, 900, 1000, 2600, 3100, 5200, 5999]
+            .into_iter()
+            .enumerate()
+        {
+            let at = later + Duration::from_millis(ms);
+            let good = i % 3 != 0;
+            let k = if i % 2 == 0 { &a } else { &b };
+            let s = by_add.second_of(at);
+            by_add.add(k, good, at);
+            by_in.add_in(k, good, s);
+            other_by_add.add(k, good, at);
+            other_origin.add_in(k, good, s);
+            for now in [at, at + Duration::from_millis(1700)] {
+                assert_eq!(by_in.overall(now), by_add.overall(now), "{ms}");
+                assert_eq!(other_origin.overall(now), other_by_add.overall(now), "{ms}");
+                let mut x = by_in.per_key(now);
+                let mut y = by_add.per_key(now);
+                x.sort_by(|p, q| p.0.cmp(&q.0));
+                y.sort_by(|p, q| p.0.cmp(&q.0));
+                assert_eq!(x, y);
+            }
+        }
+        assert!(by_add.overall(later + Duration::from_secs(6)).is_some());
     }
 }
