@@ -404,11 +404,8 @@ impl Timeline {
         self.on_repeat(t, repeat, &buf[data], on_gap);
         match repeat.single() {
             Some(c) if c.output && self.log.is_empty() => {
-                let mut again = 0;
-                while let Some((len, _)) = repeat.repeats_event(&buf[at..]) {
-                    again += 1;
-                    at += len;
-                }
+                let (again, len) = repeat.repeats_in_a_row(&buf[at..]);
+                at += len;
                 if again > 0 {
                     self.one_look += again;
                     self.on_single_output_again(t, c, again, on_gap);

@@ -37,8 +37,12 @@ const OUTPUT_KEYS: [&[u8]; 4] = [b"content", b"reasoning_content", b"reasoning",
 pub struct Template {
     /// The template written as an SSE event, `data: <payload>\n\n` ([`LEAD`], [`TRAIL`]):
     /// the payload for [`Template::repeats`], the whole for [`RepeatCache::repeats_event`]'s
-    /// one comparison of the head and one of the tail.
+    /// one comparison of the head and one of the tail. Then, past `event_len`, `data: ` and
+    /// the payload up to its first span again: from the first span's end on, the bytes
+    /// between the texts of two repeats in a row ([`Template::run_one_span`]).
     bytes: Vec<u8>,
+    /// The length of the event in `bytes`.
+    event_len: usize,
     /// `(start, end)` of each output string's text in the payload (between its quotes).
     spans: [(usize, usize); MAX_SPANS],
     n_spans: usize,
@@ -97,6 +101,10 @@ impl Template {
             self.bytes.extend_from_slice(LEAD);
             self.bytes.extend_from_slice(bytes);
             self.bytes.extend_from_slice(TRAIL);
+            self.event_len = self.bytes.len();
+            self.bytes.extend_from_slice(LEAD);
+            self.bytes
+                .extend_from_slice(bytes.get(..spans[0].0).unwrap_or_default());
             let body_end = bytes
                 .iter()
                 .rposition(|c| !matches!(c, b'\n' | b'\r'))
@@ -143,8 +151,13 @@ impl Template {
 
     /// The template as learned (the payload of its event).
     fn payload(&self) -> &[u8] {
-        let end = self.bytes.len().saturating_sub(TRAIL.len());
+        let end = self.event_len.saturating_sub(TRAIL.len());
         self.bytes.get(LEAD.len()..end).unwrap_or_default()
+    }
+
+    /// The template's event (`data: <payload>\n\n`).
+    fn event(&self) -> &[u8] {
+        self.bytes.get(..self.event_len).unwrap_or_default()
     }
 
     /// [`RepeatCache::repeats_event`] for a template of one span, in two comparisons: `buf`
@@ -155,7 +168,7 @@ impl Template {
     /// one span; the caller checked [`Template::is_one_line`].
     #[inline(always)]
     fn match_event_one_span(&self, buf: &[u8]) -> Option<(usize, std::ops::Range<usize>)> {
-        let w = self.bytes.as_slice();
+        let w = self.event();
         let (a, b) = self.spans[0];
         let (a, b) = (a + LEAD.len(), b + LEAD.len());
         if buf.get(..a)? != &w[..a] {
@@ -176,6 +189,49 @@ impl Template {
             return Some((n + 4, LEAD.len()..n));
         }
         None
+    }
+
+    /// [`Template::match_event_one_span`] over and over: how many events at `buf`'s start
+    /// repeat this one-span, one-line template, and the bytes they span. Between the texts of
+    /// two repeats in a row, `\n\n`-ended, the bytes are the template's own (the rest of its
+    /// payload, the blank line, `data: ` and its payload up to the span): one comparison for
+    /// both, not one for the first one's tail and one for the next one's head. An event that
+    /// ends with `\r\n\r\n` ends the run (the caller asks again after it).
+    #[inline]
+    fn run_one_span(&self, buf: &[u8]) -> (u64, usize) {
+        let w = self.bytes.as_slice();
+        let (a, b) = self.spans[0];
+        let (a, b) = (a + LEAD.len(), b + LEAD.len());
+        let (Some(head), Some(tail), Some(joint)) =
+            (w.get(..a), w.get(b..self.event_len), w.get(b..))
+        else {
+            return (0, 0);
+        };
+        if buf.get(..a) != Some(head) {
+            return (0, 0);
+        }
+        // `pos`: where the text of an event whose head matched starts.
+        let (mut n, mut pos) = (0, a);
+        loop {
+            let end = pos + text_len(buf.get(pos..).unwrap_or_default());
+            if end == pos {
+                return (n, pos - a);
+            }
+            if buf.get(end..end + joint.len()) == Some(joint) {
+                n += 1;
+                pos = end + joint.len();
+                continue;
+            }
+            if buf.get(end..end + tail.len()) == Some(tail) {
+                return (n + 1, end + tail.len());
+            }
+            let t = &tail[..tail.len() - TRAIL.len()];
+            let m = end + t.len();
+            if buf.get(end..m) == Some(t) && buf.get(m..m + 4) == Some(&b"\r\n\r\n"[..]) {
+                return (n + 1, m + 4);
+            }
+            return (n, pos - a);
+        }
     }
 
     /// [`Template::match_prefix`] may frame by this template: it holds no line end but in a
@@ -235,8 +291,8 @@ impl Default for RepeatCache {
     }
 }
 
-/// Room a stream's template takes up front (its event: `data: `, the payload, a blank line):
-/// a vLLM chunk is 200-300 bytes.
+/// Room a stream's template takes up front (its event: `data: `, the payload, a blank line;
+/// then `data: ` and its payload up to its span again): a vLLM chunk is 200-300 bytes.
 pub const TEMPLATE_ROOM: usize = 512;
 
 impl RepeatCache {
@@ -324,6 +380,21 @@ impl RepeatCache {
         };
         let at = DATA.len();
         Some((at + n + blank, at..at + n))
+    }
+
+    /// How many events at `buf`'s start repeat the template (each as
+    /// [`RepeatCache::repeats_event`] finds it, one after the other), and the bytes they span.
+    #[inline]
+    pub fn repeats_in_a_row(&self, buf: &[u8]) -> (u64, usize) {
+        if self.template.is_one_line() && self.template.n_spans == 1 {
+            return self.template.run_one_span(buf);
+        }
+        let (mut n, mut at) = (0, 0);
+        while let Some((len, _)) = self.repeats_event(buf.get(at..).unwrap_or_default()) {
+            n += 1;
+            at += len;
+        }
+        (n, at)
     }
 
     /// What the template said: the answer for every event that repeats it.
@@ -726,5 +797,64 @@ mod tests {
             p.finish(|ev| check(ev.data));
         }
         assert!(with_spans > 50, "{with_spans} events with spans");
+    }
+
+    /// Repeats in a row, counted at once, are the ones `repeats_event` finds one after the
+    /// other: frames of repeats (texts with escapes, `\n\n` or `\r\n\r\n` blank lines)
+    /// and other events, edited anywhere, for one-span and two-span templates.
+    #[test]
+    fn repeats_in_a_row_are_repeats_event_one_after_the_other() {
+        let two = br#"{"choices":[{"index":1,"delta":{"reasoning":"r","content":"c"},"finish_reason":null}]}"#;
+        let templates: Vec<Vec<u8>> = vec![tok("Hi"), two.to_vec()];
+        let piece = prop_oneof![(0usize..6).prop_map(|i| [
+            "a",
+            " the",
+            "x\\ny",
+            "\\\"",
+            "\\u00e9",
+            "0123456789abcdefghij"
+        ][i]
+            .to_string()),];
+        let alphabet: &[u8] = b"ab \"\\:{}\n\r";
+        let counted = std::cell::Cell::new(0u64);
+        proptest!(ProptestConfig::with_cases(3000), |(
+            which in 0usize..2,
+            events in proptest::collection::vec((piece, any::<bool>(), 0u8..8), 0..8),
+            edit in proptest::option::of((0usize..2000, 0usize..3, proptest::collection::vec(0usize..alphabet.len(), 0..3))),
+        )| {
+            let mut c = RepeatCache::new();
+            let t = &templates[which];
+            c.learn(t, &inspect_chunk(t));
+            let text = |x: &str| {
+                let mut e = t.clone();
+                let span = c.template.spans[0];
+                e.splice(span.0..span.1, x.bytes());
+                e
+            };
+            let mut buf = Vec::new();
+            for (x, crlf, kind) in &events {
+                let payload = match kind {
+                    0 => br#"{"choices":[]}"#.to_vec(),
+                    1 => text(""),
+                    _ => text(x),
+                };
+                buf.extend_from_slice(b"data: ");
+                buf.extend_from_slice(&payload);
+                buf.extend_from_slice(if *crlf { b"\r\n\r\n" } else { b"\n\n" });
+            }
+            if let Some((at, cut, insert)) = edit {
+                let at = at % (buf.len() + 1);
+                let cut = cut.min(buf.len() - at);
+                buf.splice(at..at + cut, insert.iter().map(|&i| alphabet[i]));
+            }
+            let (mut want_n, mut want_at) = (0u64, 0usize);
+            while let Some((len, _)) = c.repeats_event(&buf[want_at..]) {
+                want_n += 1;
+                want_at += len;
+            }
+            counted.set(counted.get() + want_n);
+            prop_assert_eq!(c.repeats_in_a_row(&buf), (want_n, want_at), "{}", String::from_utf8_lossy(&buf));
+        });
+        assert!(counted.get() > 3000, "{counted:?} repeats");
     }
 }
