@@ -121,6 +121,7 @@ impl RatioWindow {
         self.add_second(key, good, second);
     }
 
+    #[inline(always)]
     fn add_second(&mut self, key: &Arc<str>, good: bool, s: u64) {
         self.all.add(s, good);
         // Looked up before inserting: a key seen before (nearly every call) costs no clone.

@@ -195,8 +195,8 @@ impl Template {
     /// repeat this one-span, one-line template, and the bytes they span. Between the texts of
     /// two repeats in a row, `\n\n`-ended, the bytes are the template's own (the rest of its
     /// payload, the blank line, `data: ` and its payload up to the span): one comparison for
-    /// both, not one for the first one's tail and one for the next one's head. An event that
-    /// ends with `\r\n\r\n` ends the run (the caller asks again after it).
+    /// both, not one for the first one's tail and one for the next one's head (after an event
+    /// ended by `\r\n\r\n`, one each).
     #[inline]
     fn run_one_span(&self, buf: &[u8]) -> (u64, usize) {
         let w = self.bytes.as_slice();
@@ -228,7 +228,13 @@ impl Template {
             let t = &tail[..tail.len() - TRAIL.len()];
             let m = end + t.len();
             if buf.get(end..m) == Some(t) && buf.get(m..m + 4) == Some(&b"\r\n\r\n"[..]) {
-                return (n + 1, m + 4);
+                // Ended by `\r\n\r\n`: the next one's head is compared on its own.
+                n += 1;
+                if buf.get(m + 4..m + 4 + a) == Some(head) {
+                    pos = m + 4 + a;
+                    continue;
+                }
+                return (n, m + 4);
             }
             return (n, pos - a);
         }
