@@ -286,9 +286,11 @@ pub struct RepeatCache {
     /// The template's one choice, when it has exactly one ([`RepeatCache::single`]).
     single: Option<ChoiceInfo>,
     /// The plain prefix ([`EventScan::plain_prefix`]) of the first scanned event that had
-    /// one: the events the template does not answer (the role, finish and usage chunks)
-    /// open with it too, and their scans start after it ([`RepeatCache::scan_logged`]).
-    prefix: Vec<u8>,
+    /// one, when it fits in [`PREFIX_ROOM`] bytes: the events the template does not answer
+    /// (the role, finish and usage chunks) open with it too, and their scans start after it
+    /// ([`RepeatCache::scan_logged`]). Kept in place: the event path allocates nothing.
+    prefix: [u8; PREFIX_ROOM],
+    prefix_len: usize,
 }
 
 impl Default for RepeatCache {
@@ -296,6 +298,10 @@ impl Default for RepeatCache {
         Self::new()
     }
 }
+
+/// Longest plain prefix kept: vLLM's `{"id":"chatcmpl-<32 hex>","object":"chat.completion.chunk",
+/// "created":<10 digits>,"model":"<name>",` is 115 bytes and the model name.
+const PREFIX_ROOM: usize = 192;
 
 /// Room a stream's template takes up front (its event: `data: `, the payload, a blank line;
 /// then `data: ` and its payload up to its span again): a vLLM chunk is 200-300 bytes.
@@ -307,7 +313,8 @@ impl RepeatCache {
             template: Template::default(),
             info: ChunkInfo::of_kind(ChunkKind::Unknown),
             single: None,
-            prefix: Vec::new(),
+            prefix: [0; PREFIX_ROOM],
+            prefix_len: 0,
         }
     }
 
@@ -340,18 +347,19 @@ impl RepeatCache {
 
     /// The plain prefix kept (empty before the first scanned event that had one).
     pub fn plain_prefix(&self) -> &[u8] {
-        &self.prefix
+        self.prefix.get(..self.prefix_len).unwrap_or_default()
     }
 
     fn scan(&mut self, data: &[u8], log: Option<&mut TokenLog>) -> EventScan {
-        let p = self.prefix.len();
-        if p > 0 && data.get(..p) == Some(&self.prefix[..]) {
+        let p = self.prefix_len;
+        if p > 0 && data.get(..p) == Some(self.plain_prefix()) {
             return scan_event_from(data, p, log);
         }
         let scan = scan_event_from(data, 0, log);
         let plain = scan.plain_prefix;
-        if self.prefix.is_empty() && plain > 0 && plain <= MAX_TEMPLATE {
-            self.prefix.extend_from_slice(&data[..plain]);
+        if let (0, Some(slot), Some(bytes)) = (p, self.prefix.get_mut(..plain), data.get(..plain)) {
+            slot.copy_from_slice(bytes);
+            self.prefix_len = plain;
         }
         scan
     }
