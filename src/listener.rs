@@ -6,6 +6,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::pin::{pin, Pin};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -20,6 +21,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
+use tower::util::MapRequest;
 use tower::ServiceExt;
 
 use crate::context::ConnInfo;
@@ -273,69 +275,113 @@ async fn connection(
         }
         _ = closing(&mut close) => return,
     };
-    match &options.tls {
-        None => {
-            let info = ConnInfo::new(remote, false);
-            let builder = shared.builder(&first[..n], None);
-            serve_io(stream, info, builder, service, close_rx).await;
+    drop(close);
+    let Some(tls) = &options.tls else {
+        let info = ConnInfo::new(remote, false);
+        let builder = shared.builder(&first[..n], None);
+        return serve_io(stream, info, builder, service, close_rx).await;
+    };
+    // Boxed: the handshake's state and rustls' connection are several kilobytes, and in place
+    // they would size the task of every plain connection too (a task is as large as its
+    // largest state, for as long as it runs: a held stream's whole life).
+    Box::pin(serve_tls(stream, remote, &shared, tls, service, close_rx)).await;
+}
+
+async fn serve_tls(
+    stream: TcpStream,
+    remote: SocketAddr,
+    shared: &PerListener,
+    tls: &ReloadableTls,
+    service: ProxyService,
+    close_rx: watch::Receiver<bool>,
+) {
+    let deadline = shared.options.limits.tls_handshake_timeout;
+    match tokio::time::timeout(deadline, tls.acceptor().accept(stream)).await {
+        Ok(Ok(tls)) => {
+            let info = ConnInfo::new(remote, true);
+            // No ALPN: the client may still speak HTTP/2 by prior knowledge.
+            let builder = match tls.get_ref().1.alpn_protocol() {
+                Some(alpn) => shared.builder(&[], Some(alpn)),
+                None => Serving::Sniffing(&shared.sniffing),
+            };
+            serve_io(tls, info, builder, service, close_rx).await;
         }
-        Some(tls) => {
-            let deadline = options.limits.tls_handshake_timeout;
-            match tokio::time::timeout(deadline, tls.acceptor().accept(stream)).await {
-                Ok(Ok(tls)) => {
-                    let info = ConnInfo::new(remote, true);
-                    // No ALPN: the client may still speak HTTP/2 by prior knowledge.
-                    let builder = match tls.get_ref().1.alpn_protocol() {
-                        Some(alpn) => shared.builder(&[], Some(alpn)),
-                        None => Serving::Sniffing(&shared.sniffing),
-                    };
-                    serve_io(tls, info, builder, service, close_rx).await;
-                }
-                Ok(Err(e)) => tracing::debug!(%remote, error = %e, "TLS handshake failed"),
-                Err(_) => tracing::debug!(%remote, "TLS handshake timed out"),
-            }
-        }
+        Ok(Err(e)) => tracing::debug!(%remote, error = %e, "TLS handshake failed"),
+        Err(_) => tracing::debug!(%remote, "TLS handshake timed out"),
     }
 }
 
+/// Serves `io` with the builder chosen for it. Finishes the requests in flight on shutdown,
+/// then closes (HTTP/1: no keep-alive; HTTP/2: GOAWAY).
 async fn serve_io<I>(
     io: I,
     info: ConnInfo,
     serving: Serving<'_>,
     service: ProxyService,
-    mut close_rx: watch::Receiver<bool>,
+    close_rx: watch::Receiver<bool>,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    match serving {
+        Serving::Http1(builder) => {
+            let remote = info.remote;
+            let service = per_connection(service, info);
+            let conn = pin!(builder.serve_connection(TokioIo::new(io), service));
+            until_closed(conn, close_rx, remote, |c| c.graceful_shutdown()).await
+        }
+        // Boxed: the sniffing connection can become HTTP/2, whose state is larger than
+        // HTTP/1's; in place it would size every HTTP/1 connection's task as well.
+        Serving::Sniffing(builder) => {
+            Box::pin(serve_sniffing(io, info, builder, service, close_rx)).await
+        }
+    }
+}
+
+async fn serve_sniffing<I>(
+    io: I,
+    info: ConnInfo,
+    builder: &Builder<TokioExecutor>,
+    service: ProxyService,
+    close_rx: watch::Receiver<bool>,
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let remote = info.remote;
-    let service = service.map_request(move |mut req: Request<Incoming>| {
+    let service = per_connection(service, info);
+    let conn = pin!(builder.serve_connection(TokioIo::new(io), service));
+    until_closed(conn, close_rx, remote, |c| c.graceful_shutdown()).await
+}
+
+/// The stack as hyper serves one connection: each request carries the connection's facts.
+fn per_connection(
+    service: ProxyService,
+    info: ConnInfo,
+) -> TowerToHyperService<
+    MapRequest<ProxyService, impl FnMut(Request<Incoming>) -> Request<Incoming> + Clone>,
+> {
+    TowerToHyperService::new(service.map_request(move |mut req: Request<Incoming>| {
         req.extensions_mut().insert(info.clone());
         req
-    });
-    let (io, service) = (TokioIo::new(io), TowerToHyperService::new(service));
-    // Finish the requests in flight on shutdown, then close (h1: no keep-alive; h2: GOAWAY).
-    match serving {
-        Serving::Sniffing(builder) => {
-            let conn = builder.serve_connection(io, service);
-            tokio::pin!(conn);
-            tokio::select! {
-                res = conn.as_mut() => log_conn_end(remote, res),
-                _ = closing(&mut close_rx) => {
-                    conn.as_mut().graceful_shutdown();
-                    log_conn_end(remote, conn.await);
-                }
-            }
-        }
-        Serving::Http1(builder) => {
-            let conn = builder.serve_connection(io, service);
-            tokio::pin!(conn);
-            tokio::select! {
-                res = conn.as_mut() => log_conn_end(remote, res.map_err(Into::into)),
-                _ = closing(&mut close_rx) => {
-                    conn.as_mut().graceful_shutdown();
-                    log_conn_end(remote, conn.await.map_err(Into::into));
-                }
-            }
+    }))
+}
+
+/// Runs `conn` to its end; on shutdown asks it to finish gracefully first. It takes the
+/// connection pinned where its caller made it: taken by value, it would be stored twice in
+/// the task (once as this function's argument, once pinned).
+async fn until_closed<C, E>(
+    mut conn: Pin<&mut C>,
+    mut close_rx: watch::Receiver<bool>,
+    remote: SocketAddr,
+    graceful: impl FnOnce(Pin<&mut C>),
+) where
+    C: Future<Output = Result<(), E>>,
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    tokio::select! {
+        res = conn.as_mut() => log_conn_end(remote, res.map_err(Into::into)),
+        _ = closing(&mut close_rx) => {
+            graceful(conn.as_mut());
+            log_conn_end(remote, conn.await.map_err(Into::into));
         }
     }
 }
@@ -353,17 +399,23 @@ fn log_conn_end(remote: SocketAddr, res: Result<(), Box<dyn std::error::Error + 
 
 #[cfg(test)]
 mod tests {
+    use http_body_util::BodyExt;
+
     use super::*;
 
-    #[test]
-    fn only_a_connection_known_to_be_http1_skips_the_sniffing() {
-        let shared = PerListener::new(ServeOptions {
+    fn options() -> ServeOptions {
+        ServeOptions {
             name: "test",
             header_read_timeout: Duration::from_secs(1),
             limits: Limits::default(),
             max_connections: 1,
             tls: None,
-        });
+        }
+    }
+
+    #[test]
+    fn only_a_connection_known_to_be_http1_skips_the_sniffing() {
+        let shared = PerListener::new(options());
         let http1 = |first: &[u8], alpn: Option<&[u8]>| {
             matches!(shared.builder(first, alpn), Serving::Http1(_))
         };
@@ -380,5 +432,41 @@ mod tests {
         ] {
             assert_eq!(http1(first, alpn), want, "{first:?} {alpn:?}");
         }
+    }
+
+    /// A task is as large as its largest state for its whole life (a held stream's): a plain
+    /// connection's must not hold the sniffing connection (HTTP/2 among its states) or the
+    /// TLS handshake and stream in place.
+    #[tokio::test]
+    async fn a_plain_connection_task_has_no_room_for_sniffing_or_tls() {
+        // Futures sized, never polled: any connected sockets do.
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let socket = || TcpStream::connect(addr);
+        let (a, b, c) = (
+            socket().await.unwrap(),
+            socket().await.unwrap(),
+            socket().await.unwrap(),
+        );
+        let service = ProxyService::new(tower::service_fn(|_: Request<Incoming>| async {
+            let body = http_body_util::Empty::new().map_err(|never| match never {});
+            Ok::<_, std::convert::Infallible>(http::Response::new(body.boxed_unsync()))
+        }));
+        let shared = Arc::new(PerListener::new(options()));
+        let (_close, close_rx) = watch::channel(false);
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tls");
+        let tls =
+            ReloadableTls::load(&fixtures.join("cert.pem"), &fixtures.join("key.pem")).unwrap();
+
+        let info = ConnInfo::new(addr, false);
+        let sniffing = serve_sniffing(a, info, &shared.sniffing, service.clone(), close_rx.clone());
+        let sniffing = std::mem::size_of_val(&sniffing);
+        let tls = serve_tls(b, addr, &shared, &tls, service.clone(), close_rx.clone());
+        let tls = std::mem::size_of_val(&tls);
+        let slot = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
+        let task = connection(c, addr, shared.clone(), service, close_rx, slot);
+        let task = std::mem::size_of_val(&task);
+        assert!(task < sniffing, "task {task} B, sniffing {sniffing} B");
+        assert!(task < tls, "task {task} B, TLS {tls} B");
     }
 }
