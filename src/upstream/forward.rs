@@ -20,7 +20,7 @@ use http_body_util::{BodyExt, Full};
 use tower::Service;
 
 use super::deadline::DeadlineBody;
-use super::headers::{connection_named, is_hop_by_hop, strip_hop_by_hop, Forwarded, Hop};
+use super::headers::{connection_named, end_to_end, is_hop_by_hop, Forwarded, Hop};
 use super::hold::{self, Prefixed};
 use super::shape::Shape;
 use super::strategy::{Balancer, Belief, Cand, Reason};
@@ -183,7 +183,7 @@ async fn forward(
         };
 
         let (mut rparts, rbody) = resp.into_parts();
-        strip_hop_by_hop(&mut rparts.headers);
+        rparts.headers = end_to_end(std::mem::take(&mut rparts.headers));
         let body = DeadlineBody::new(
             rbody,
             first_byte_by,

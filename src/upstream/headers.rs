@@ -16,21 +16,32 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::TRANSFER_ENCODING,
 ];
 
-/// Removes hop-by-hop headers and those listed in `Connection`. `Upgrade` goes too: the proxy
-/// does not tunnel protocol upgrades.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Most messages carry none: one look at each name, instead of a hashed removal per
-    // hop-by-hop name. Names listed in `Connection` matter only when it is there.
+/// The end-to-end headers of a response: without hop-by-hop headers and those listed in
+/// `Connection` (`Upgrade` goes too: the proxy does not tunnel protocol upgrades), in a map of
+/// their own size. hyper parses a response head into the map its request went out with (room
+/// for the client's headers and the forwarding ones), and the client's connection keeps the
+/// map of the response it wrote until its next request: for a held stream, its whole life.
+/// A stream's head carries `Transfer-Encoding`: its headers are copied (a name or value copy is
+/// a reference count) instead of removed by hash one hop-by-hop name at a time.
+pub fn end_to_end(headers: HeaderMap) -> HeaderMap {
+    // Most messages with a known length carry none: kept as they are, without a copy (a JSON
+    // answer's connection is idle again at once, and its next request is parsed into the map).
     if !headers.keys().any(is_hop_by_hop) {
-        return;
+        return headers;
     }
-    for name in connection_named(headers) {
-        headers.remove(name);
+    let named = connection_named(&headers);
+    let mut kept = HeaderMap::with_capacity(headers.len());
+    // The iterator names an entry's first value only; the others follow it unnamed.
+    let mut name: Option<HeaderName> = None;
+    for (next, value) in headers {
+        if next.is_some() {
+            name = next.filter(|n| !is_hop_by_hop(n) && !named.contains(n));
+        }
+        if let Some(name) = &name {
+            kept.append(name, value);
+        }
     }
-    for name in HOP_BY_HOP.iter() {
-        headers.remove(name);
-    }
-    headers.remove(header::UPGRADE);
+    kept
 }
 
 /// A header that only describes one connection (or `Upgrade`, which the proxy does not do).
@@ -151,7 +162,7 @@ mod tests {
 
     #[test]
     fn strips_standard_and_connection_named() {
-        let mut h = map(&[
+        let h = map(&[
             ("connection", "keep-alive, X-Secret-Hop"),
             ("connection", "x-other"),
             ("keep-alive", "timeout=5"),
@@ -166,9 +177,73 @@ mod tests {
             ("authorization", "Bearer end-to-end"),
             ("content-type", "application/json"),
         ]);
-        strip_hop_by_hop(&mut h);
-        let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        let left = end_to_end(h);
+        let left: Vec<&str> = left.keys().map(|k| k.as_str()).collect();
         assert_eq!(left, vec!["authorization", "content-type"]);
+    }
+
+    #[test]
+    fn end_to_end_keeps_every_value_in_order_in_a_map_of_its_size() {
+        // (headers in, headers out); a map with nothing to drop is kept as it is.
+        type Pairs = &'static [(&'static str, &'static str)];
+        let cases: &[(Pairs, Pairs)] = &[
+            (&[], &[]),
+            (
+                &[
+                    ("content-type", "text/event-stream"),
+                    ("x-request-id", "r1"),
+                ],
+                &[
+                    ("content-type", "text/event-stream"),
+                    ("x-request-id", "r1"),
+                ],
+            ),
+            (
+                &[
+                    ("set-cookie", "a=1"),
+                    ("transfer-encoding", "chunked"),
+                    ("set-cookie", "b=2"),
+                    ("connection", "close"),
+                    ("set-cookie", "c=3"),
+                    ("date", "x"),
+                ],
+                &[
+                    ("set-cookie", "a=1"),
+                    ("set-cookie", "b=2"),
+                    ("set-cookie", "c=3"),
+                    ("date", "x"),
+                ],
+            ),
+            (
+                &[
+                    ("te", "a"),
+                    ("te", "b"),
+                    ("x-hop", "1"),
+                    ("x-hop", "2"),
+                    ("connection", "x-hop"),
+                    ("server", "s"),
+                ],
+                &[("server", "s")],
+            ),
+        ];
+        for (input, want) in cases {
+            // Parsed into a map sized for a request's headers, as hyper does.
+            let mut h = HeaderMap::with_capacity(32);
+            h.extend(map(input));
+            let out = end_to_end(h);
+            let got: Vec<(&str, &str)> = out
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.to_str().unwrap()))
+                .collect();
+            assert_eq!(&got, want, "{input:?}");
+            let copied = input.len() != want.len();
+            assert_eq!(
+                out.capacity() < 32,
+                copied,
+                "{input:?}: capacity {}",
+                out.capacity()
+            );
+        }
     }
 
     fn hop<'a>(peer: &'a HeaderValue, proto: &'static str, host: Option<&str>) -> Hop<'a> {
