@@ -6,6 +6,7 @@
 
 use std::marker::PhantomData;
 
+use super::gap_histogram::{gap_histogram_vec, GapHistogramVec};
 use prometheus::core::{Atomic, Collector, GenericGaugeVec, MetricVec, MetricVecBuilder};
 use prometheus::{
     GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
@@ -81,6 +82,8 @@ pub type Gauges<L> = Family<L, GaugeVec>;
 pub type IntGauges<L> = Family<L, IntGaugeVec>;
 /// Histograms labelled by `L`.
 pub type Histograms<L> = Family<L, HistogramVec>;
+/// Histograms of gaps labelled by `L`, zero gaps counted beside them (`gap_histogram.rs`).
+pub type GapHistograms<L> = Family<L, GapHistogramVec>;
 
 /// Creates families and registers them on one registry: each family is one expression,
 /// e.g. `r.counters::<Served>("goodput_proxy_x_total", "help")?`.
@@ -125,6 +128,17 @@ impl<'r> Registrar<'r> {
     ) -> Result<Histograms<L>, prometheus::Error> {
         let opts = HistogramOpts::new(name, help).buckets(buckets.to_vec());
         self.family(HistogramVec::new(opts, L::NAMES)?)
+    }
+
+    /// [`Registrar::histograms`] whose series count zero gaps apart (`gap_histogram.rs`).
+    pub fn gap_histograms<L: LabelSet>(
+        &self,
+        name: &str,
+        help: &str,
+        buckets: &[f64],
+    ) -> Result<GapHistograms<L>, prometheus::Error> {
+        let opts = HistogramOpts::new(name, help).buckets(buckets.to_vec());
+        self.family(gap_histogram_vec(opts, L::NAMES)?)
     }
 
     /// A histogram without labels.

@@ -18,6 +18,7 @@ use request::HandleCache;
 mod agent;
 mod bounded;
 pub mod family;
+mod gap_histogram;
 pub mod labels;
 mod request;
 
@@ -28,7 +29,7 @@ pub use bounded::{
     OTHER_UPSTREAM,
 };
 pub use engine_view::EngineViewFamilies;
-pub use family::{Counters, Gauges, Histograms, IntGauges, LabelSet, Registrar};
+pub use family::{Counters, GapHistograms, Gauges, Histograms, IntGauges, LabelSet, Registrar};
 pub use request::{ItlBuffer, RequestMetrics, ITL_FLUSH_GAPS};
 
 use labels::{ByModel, ByTenant, Finished, Served, Sink, TenantFinished, Violation};
@@ -60,7 +61,8 @@ pub struct Families {
     pub ttft: Histograms<Served<'static>>,
     pub ttfc: Histograms<Served<'static>>,
     pub tpot: Histograms<Served<'static>>,
-    pub itl: Histograms<Served<'static>>,
+    /// Zero gaps counted beside each series' histogram (see `gap_histogram`).
+    pub itl: GapHistograms<Served<'static>>,
     pub e2e: Histograms<Served<'static>>,
     pub goodput: Counters<Served<'static>>,
     pub requests: Counters<Finished<'static>>,
@@ -111,7 +113,7 @@ impl Families {
                 "(last token - first token) / (output tokens - 1), one per choice.",
                 TPOT_BUCKETS,
             )?,
-            itl: r.histograms(
+            itl: r.gap_histograms(
                 "goodput_proxy_inter_token_latency_seconds",
                 "Gap between consecutive output events served to the client.",
                 TPOT_BUCKETS,
@@ -239,13 +241,7 @@ impl Metrics {
 
     /// A finished request of `tenant` (a configured name or `none`, never a raw user value).
     pub fn tenant_finished(&self, tenant: &str, outcome: Outcome, tokens: u64) {
-        self.tenant_requests
-            .get(&TenantFinished { tenant, outcome })
-            .inc();
-        let t = self.tenant_tokens.get(&ByTenant { tenant });
-        if tokens > 0 {
-            t.inc_by(tokens);
-        }
+        self.shared.tenant_finished(tenant, outcome, tokens);
     }
 
     /// Sets the sliding window of `goodput_proxy_goodput_ratio` (before the first request;
@@ -287,6 +283,7 @@ impl Metrics {
 mod tests {
     use super::labels::SloName;
     use super::*;
+    use crate::auth::NO_TENANT;
     use goodput_measure::meter::Measurement;
     use goodput_measure::outcome::FinishReason;
     use goodput_measure::outcome::Outcome;
@@ -481,6 +478,54 @@ mod tests {
             upstream: NO_UPSTREAM,
         };
         assert_eq!(m.e2e.get(&none).get_sample_count(), 0);
+    }
+
+    /// The handles cached per (model, upstream) and per tenant count in the family's series,
+    /// one per way a request ended, and make no series no request made.
+    #[test]
+    fn cached_counter_handles_count_in_the_families_series() {
+        let (r, m) = setup(&["tiny"]);
+        let ends = [
+            (Outcome::Success, Some(FinishReason::Stop)),
+            (Outcome::Success, Some(FinishReason::Stop)),
+            (Outcome::Truncated, None),
+            (Outcome::Success, Some(FinishReason::Length)),
+            (Outcome::Success, Some(FinishReason::Stop)),
+        ];
+        for (outcome, finish_reason) in ends {
+            let mut meas = success(10, 2);
+            meas.outcome = outcome;
+            meas.finish_reason = finish_reason;
+            m.for_request("tiny")
+                .finish(&meas, &judge(&meas, &Slo::default()));
+            m.tenant_finished("team-a", outcome, 0);
+        }
+        m.tenant_finished(NO_TENANT, Outcome::Timeout, 3);
+        let finished = |outcome, finish_reason| Finished {
+            model: "tiny",
+            upstream: NO_UPSTREAM,
+            outcome,
+            finish_reason,
+        };
+        let count = |o, f| m.requests.get(&finished(o, f)).get();
+        assert_eq!(count(Outcome::Success, Some(FinishReason::Stop)), 3);
+        assert_eq!(count(Outcome::Success, Some(FinishReason::Length)), 1);
+        assert_eq!(count(Outcome::Truncated, None), 1);
+        let tenant = |tenant, outcome| {
+            m.tenant_requests
+                .get(&TenantFinished { tenant, outcome })
+                .get()
+        };
+        assert_eq!(tenant("team-a", Outcome::Success), 4);
+        assert_eq!(tenant("team-a", Outcome::Truncated), 1);
+        assert_eq!(tenant(NO_TENANT, Outcome::Timeout), 1);
+        let tokens = |tenant| m.tenant_tokens.get(&ByTenant { tenant }).get();
+        assert_eq!((tokens("team-a"), tokens(NO_TENANT)), (0, 3));
+        // Series: the ones read above (reading made none new: each existed).
+        let series = |name| family(&r.gather(), name).get_metric().len();
+        assert_eq!(series("goodput_proxy_requests_total"), 3);
+        assert_eq!(series("goodput_proxy_tenant_requests_total"), 3);
+        assert_eq!(series("goodput_proxy_tenant_tokens_total"), 2);
     }
 
     #[test]

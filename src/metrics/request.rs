@@ -6,18 +6,18 @@
 //! nine `with_label_values` calls (each one hashes its label values and takes the family's lock).
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
 
 use foldhash::fast::FixedState;
-use prometheus::local::LocalHistogram;
 use prometheus::{Histogram, IntCounter, IntGauge};
 use tokio::time::Instant;
 
-use super::labels::{ByModel, Finished, Served, SloName, Violation};
+use super::gap_histogram::{GapBuffer, GapHistogram};
+use super::labels::{ByModel, ByTenant, Finished, Served, SloName, TenantFinished, Violation};
 use super::Shared;
 use goodput_measure::meter::Measurement;
-use goodput_measure::outcome::{rejected_by_client, Outcome};
+use goodput_measure::outcome::{rejected_by_client, FinishReason, Outcome};
 use goodput_measure::slo::SloVerdict;
 
 /// Keyed by label values, from bounded sets and never inserted from a request's own bytes,
@@ -28,6 +28,15 @@ type ByLabel<V> = HashMap<Arc<str>, Arc<V>, FixedState>;
 #[derive(Default)]
 pub(super) struct HandleCache {
     models: RwLock<ByLabel<ModelHandles>>,
+    tenants: RwLock<ByLabel<TenantHandles>>,
+}
+
+/// The handles of one `tenant` value (a configured name or `none`).
+struct TenantHandles {
+    /// `tenant_requests_total` by outcome, each resolved the first time a request of the
+    /// tenant ends that way.
+    requests: [OnceLock<IntCounter>; Outcome::ALL.len()],
+    tokens: IntCounter,
 }
 
 /// The handles of one `model` value, and of its pairs with each `upstream` value.
@@ -43,20 +52,79 @@ struct Handles {
     ttft: Histogram,
     ttfc: Histogram,
     tpot: Histogram,
-    itl: Histogram,
+    itl: GapHistogram,
     e2e: Histogram,
     goodput: IntCounter,
+    /// `requests_total` of this pair, by outcome and finish reason: each series resolved the
+    /// first time a request ends that way (never before, so that no series appears at 0 that
+    /// no request made).
+    requests: ByEnding<IntCounter>,
+}
+
+/// One slot per outcome and finish reason (`none` first): the closed label sets of
+/// `requests_total` besides `model` and `upstream`.
+pub(super) struct ByEnding<V> {
+    slots: [[OnceLock<V>; ENDING_REASONS]; Outcome::ALL.len()],
+}
+
+/// `none` and every [`FinishReason`].
+const ENDING_REASONS: usize = 10;
+
+fn outcome_slot(o: Outcome) -> usize {
+    match o {
+        Outcome::Success => 0,
+        Outcome::ClientAbort => 1,
+        Outcome::UpstreamError => 2,
+        Outcome::Truncated => 3,
+        Outcome::Timeout => 4,
+        Outcome::Rejected => 5,
+    }
+}
+
+fn reason_slot(r: Option<FinishReason>) -> usize {
+    match r {
+        None => 0,
+        Some(FinishReason::Stop) => 1,
+        Some(FinishReason::Length) => 2,
+        Some(FinishReason::ToolCalls) => 3,
+        Some(FinishReason::ContentFilter) => 4,
+        Some(FinishReason::FunctionCall) => 5,
+        Some(FinishReason::Abort) => 6,
+        Some(FinishReason::Error) => 7,
+        Some(FinishReason::Repetition) => 8,
+        Some(FinishReason::Other) => 9,
+    }
+}
+
+impl<V> Default for ByEnding<V> {
+    fn default() -> Self {
+        Self {
+            slots: std::array::from_fn(|_| std::array::from_fn(|_| OnceLock::new())),
+        }
+    }
+}
+
+impl<V> ByEnding<V> {
+    /// The value of (`outcome`, `reason`), made by `make` the first time it is asked for.
+    pub(super) fn get(
+        &self,
+        outcome: Outcome,
+        reason: Option<FinishReason>,
+        make: impl FnOnce() -> V,
+    ) -> &V {
+        self.slots[outcome_slot(outcome)][reason_slot(reason)].get_or_init(make)
+    }
 }
 
 /// The cached value of `key`, else `make()`'s, inserted (the first writer wins). A poisoned
 /// lock only costs the caching.
-fn cached<V>(map: &RwLock<ByLabel<V>>, key: &Arc<str>, make: impl FnOnce() -> V) -> Arc<V> {
+fn cached<V>(map: &RwLock<ByLabel<V>>, key: &str, make: impl FnOnce() -> V) -> Arc<V> {
     if let Some(v) = map.read().ok().and_then(|m| m.get(key).cloned()) {
         return v;
     }
     let v = Arc::new(make());
     match map.write() {
-        Ok(mut m) => m.entry(key.clone()).or_insert(v).clone(),
+        Ok(mut m) => m.entry(Arc::from(key)).or_insert(v).clone(),
         Err(_) => v,
     }
 }
@@ -74,6 +142,23 @@ impl Shared {
         })
     }
 
+    /// A finished request of `tenant` (a configured name or `none`, never a raw user value):
+    /// `tenant_requests_total` and `tenant_tokens_total` (the series made at 0 by a request
+    /// without tokens, as every tenant that finished a request has one).
+    pub(super) fn tenant_finished(&self, tenant: &str, outcome: Outcome, tokens: u64) {
+        let f = &self.families;
+        let h = cached(&self.cache.tenants, tenant, || TenantHandles {
+            requests: std::array::from_fn(|_| OnceLock::new()),
+            tokens: f.tenant_tokens.get(&ByTenant { tenant }),
+        });
+        h.requests[outcome_slot(outcome)]
+            .get_or_init(|| f.tenant_requests.get(&TenantFinished { tenant, outcome }))
+            .inc();
+        if tokens > 0 {
+            h.tokens.inc_by(tokens);
+        }
+    }
+
     fn handles(&self, per_model: &ModelHandles, model: &str, upstream: &Arc<str>) -> Arc<Handles> {
         cached(&per_model.upstreams, upstream, || {
             let (f, l) = (&self.families, Served { model, upstream });
@@ -84,6 +169,7 @@ impl Shared {
                 itl: f.itl.get(&l),
                 e2e: f.e2e.get(&l),
                 goodput: f.goodput.get(&l),
+                requests: ByEnding::default(),
             }
         })
     }
@@ -97,17 +183,19 @@ pub const ITL_FLUSH_GAPS: u32 = 32;
 /// threads take turns on its cache lines for every event. Flushed every [`ITL_FLUSH_GAPS`]
 /// gaps and when dropped (the metered body drops it at the request's end, before the record),
 /// so `/metrics` lags a running stream by fewer than that many gaps and a finished one not at all.
+/// A zero gap (events packed into one read) is counted, not observed (see `gap_histogram`).
 pub struct ItlBuffer {
-    local: LocalHistogram,
+    gaps: GapBuffer,
     pending: u32,
 }
 
 impl ItlBuffer {
+    #[inline]
     pub fn observe(&mut self, gap: Duration) {
-        self.local.observe(gap.as_secs_f64());
+        self.gaps.observe(gap);
         self.pending += 1;
         if self.pending >= ITL_FLUSH_GAPS {
-            self.local.flush();
+            self.gaps.flush();
             self.pending = 0;
         }
     }
@@ -171,13 +259,13 @@ impl RequestMetrics {
     /// (see [`ItlBuffer`]).
     pub fn itl_buffer(&mut self) -> ItlBuffer {
         ItlBuffer {
-            local: self.handles().itl.local(),
+            gaps: self.handles().itl.buffer(),
             pending: 0,
         }
     }
 
     pub fn observe_gap(&mut self, gap: Duration) {
-        self.handles().itl.observe(gap.as_secs_f64());
+        self.handles().itl.observe(gap);
     }
 
     /// Record a finished request. Latency histograms: TTFT / TTFC / TPOT whenever defined (any
@@ -188,13 +276,15 @@ impl RequestMetrics {
         let (model, upstream) = (&*model_label, &*upstream_label);
         let sh = self.shared.clone();
         let f = &sh.families;
-        f.requests
-            .get(&Finished {
-                model,
-                upstream,
-                outcome: m.outcome,
-                finish_reason: m.finish_reason,
-            })
+        let finished = Finished {
+            model,
+            upstream,
+            outcome: m.outcome,
+            finish_reason: m.finish_reason,
+        };
+        self.handles()
+            .requests
+            .get(m.outcome, m.finish_reason, || f.requests.get(&finished))
             .inc();
         if let Some(a) = &m.agent {
             f.agent.observe(model, a);

@@ -265,12 +265,22 @@ impl AgentMeter {
     /// [`AgentMeter::on_chunk`] a chunk without tool-call entries has).
     #[inline]
     pub fn on_phases(&mut self, t: Instant, phases: Phases) {
+        self.on_phases_n(t, phases, 1);
+    }
+
+    /// [`AgentMeter::on_phases`] for `n` events at `t` with the same `phases`, as `n` calls of
+    /// it note them (the first instants are set once, reasoning events counted `n` times).
+    #[inline]
+    pub fn on_phases_n(&mut self, t: Instant, phases: Phases, n: u64) {
         // Most events: answer text after the first answer token, nothing new to note.
         if phases == Phases::ANSWER && self.first_answer.is_some() {
             return;
         }
+        if n == 0 {
+            return;
+        }
         if phases.contains(Phases::REASONING) {
-            self.reasoning_events += 1;
+            self.reasoning_events += n;
             self.first_reasoning.get_or_insert(t);
         }
         if phases.contains(Phases::ANSWER) {

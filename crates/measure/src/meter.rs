@@ -498,8 +498,8 @@ impl Timeline {
         self.gaps.resize(self.gaps.len() + kept, 0.0);
         for _ in 0..n {
             on_gap(Duration::ZERO);
-            self.agent.on_phases(t, c.phases);
         }
+        self.agent.on_phases_n(t, c.phases, n);
     }
 
     /// One gap between two output events of a choice.

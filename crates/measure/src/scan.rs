@@ -318,6 +318,25 @@ impl<'a> Cursor<'a> {
     pub fn string(&mut self) -> Scan<Str<'a>> {
         self.eat(b'"')?;
         let start = self.i;
+        // Most strings (every key, most values) are one plain run and their closing quote:
+        // that in line, the rest (escapes, errors) in a call.
+        let rest = self.b.get(start..).unwrap_or_default();
+        let run = plain_run(rest);
+        if let (Some(b'"'), Some(raw)) = (rest.get(run), rest.get(..run)) {
+            self.i = start + run + 1;
+            return Ok(Str {
+                raw,
+                escaped: false,
+            });
+        }
+        self.i = start + run;
+        self.string_rest(start)
+    }
+
+    /// [`Cursor::string`] from the first byte of its text that is not plain (`start`: where
+    /// the text began).
+    #[inline(never)]
+    fn string_rest(&mut self, start: usize) -> Scan<Str<'a>> {
         let mut escaped = false;
         loop {
             let rest = self.b.get(self.i..).unwrap_or_default();
