@@ -23,7 +23,7 @@ use super::deadline::DeadlineBody;
 use super::headers::{connection_named, end_to_end, is_hop_by_hop, Forwarded, Hop};
 use super::hold::{self, Prefixed};
 use super::shape::Shape;
-use super::strategy::{Balancer, Belief, Cand, Reason};
+use super::strategy::{Balancer, Belief, Reason};
 use super::usage::{usage_for, LearnsUnasked, OfferTaken, Usage, UsageOffer};
 use super::{Replica, TokenProgress, Upstreams};
 use crate::body::ProxyBody;
@@ -122,8 +122,8 @@ async fn forward(
     let replicas = up.replicas();
     loop {
         let now = tokio::time::Instant::now();
-        let cands: Vec<Cand> = replicas.iter().map(|r| r.cand(now)).collect();
-        let Some((choice, belief)) = balancer.choose(&cands, &shape, &excluded, &mut rand::rng())
+        let Some((choice, belief)) =
+            balancer.choose_among(&replicas, now, &shape, &excluded, &mut rand::rng())
         else {
             return Err(ProxyError::UpstreamConnect {
                 source: "no upstream replica configured".into(),

@@ -116,6 +116,7 @@ impl ReplicaStats {
     }
 
     /// The attainment as of `now`.
+    #[inline]
     pub fn attainment(&self, now: Instant) -> f64 {
         let a = f64::from_bits(self.attainment.load(Relaxed));
         if a >= 1.0 {

@@ -103,6 +103,7 @@ impl RouteState {
         }
     }
 
+    #[inline]
     pub fn tokens(&self) -> u64 {
         self.tokens.load(Ordering::Relaxed)
     }
@@ -163,15 +164,17 @@ impl EngineCell {
         EngineCell([none(), none(), none()])
     }
 
+    #[inline]
+    fn get(&self, i: usize) -> Option<f64> {
+        let v = f64::from_bits(self.0[i].load(Ordering::Relaxed));
+        (!v.is_nan()).then_some(v)
+    }
+
     fn load(&self) -> EngineLoad {
-        let get = |i: usize| {
-            let v = f64::from_bits(self.0[i].load(Ordering::Relaxed));
-            (!v.is_nan()).then_some(v)
-        };
         EngineLoad {
-            waiting: get(0),
-            running: get(1),
-            kv_cache_usage: get(2),
+            waiting: self.get(0),
+            running: self.get(1),
+            kv_cache_usage: self.get(2),
         }
     }
 
@@ -210,10 +213,12 @@ impl Replica {
             .build()
     }
 
+    #[inline]
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::Relaxed)
     }
 
+    #[inline]
     pub fn is_healthy(&self) -> bool {
         self.healthy.load(Ordering::Relaxed)
     }
@@ -307,16 +312,17 @@ impl Replica {
         }))
     }
 
-    /// The replica as the balancer sees it at `now`.
+    /// The replica as the balancer sees it at `now` (taken for every replica on every choice:
+    /// only the engine figures the balancer reads).
+    #[inline]
     pub fn cand(&self, now: tokio::time::Instant) -> strategy::Cand {
-        let engine = self.engine_load();
         strategy::Cand {
             id: self.route.id,
             healthy: self.is_healthy(),
             in_flight: self.in_flight(),
             tokens: self.route.tokens(),
-            waiting: engine.waiting,
-            kv: engine.kv_cache_usage,
+            waiting: self.engine.get(0),
+            kv: self.engine.get(2),
             attainment: self.route.stats.attainment(now),
         }
     }

@@ -22,15 +22,17 @@
 //! [`decide`] is the pure core (candidates and the prefix lookup in, a choice out), table-tested
 //! below; [`Balancer`] adds the prefix index around it.
 
-use std::cell::OnceCell;
-use std::sync::Mutex;
+use std::cell::{Cell, OnceCell};
+use std::sync::{Arc, Mutex};
 
 use prometheus::IntCounter;
 use rand::Rng;
+use tokio::time::Instant;
 
 use super::prefix::{PrefixIndex, ReplicaId};
 use super::release::Release;
 use super::shape::Shape;
+use super::Replica;
 use crate::config::{BalanceConfig, Strategy};
 use crate::metrics::{Counters, Registrar};
 
@@ -78,13 +80,29 @@ pub struct Belief {
 /// one that misses every request loses them after about ten verdicts (0.9^9 < 0.4).
 const AUTO_ATTAINMENT_GAP: f64 = 0.4;
 
-/// The candidates `excluded` leaves, healthy ones only when there are any.
-fn eligible(cands: &[Cand], excluded: &[usize], out: &mut Vec<usize>) {
+/// `ALL[i] == i`: the eligible list when every candidate is eligible, written nowhere.
+const ALL: [usize; 256] = {
+    let mut all = [0; 256];
+    let mut i = 0;
+    while i < all.len() {
+        all[i] = i;
+        i += 1;
+    }
+    all
+};
+
+/// The candidates `excluded` leaves, healthy ones only when there are any (in `out` when some
+/// are left out; the common case, all of them, is a slice of [`ALL`]).
+fn eligible<'a>(cands: &[Cand], excluded: &[usize], out: &'a mut Vec<usize>) -> &'a [usize] {
+    if excluded.is_empty() && cands.len() <= ALL.len() && cands.iter().all(|c| c.healthy) {
+        return &ALL[..cands.len()];
+    }
     out.clear();
     out.extend((0..cands.len()).filter(|i| cands[*i].healthy && !excluded.contains(i)));
     if out.is_empty() {
         out.extend((0..cands.len()).filter(|i| !excluded.contains(i)));
     }
+    out
 }
 
 /// Load in tokens on candidate `c` before it takes a request of `req` tokens: this proxy's
@@ -223,14 +241,37 @@ fn quick_hit(cfg: &BalanceConfig, cands: &[Cand], ask: &Ask) -> Option<Choice> {
 /// What one request asks of the choice: its shape, the candidates holding its longest recorded
 /// prefix (`matched`, most recent first) and that prefix's length in blocks, the candidates it
 /// must not go to (replicas already tried), and per candidate the cache room the prefixes the
-/// index places there take, in blocks (`room`, as `cands`; empty: unknown, all alike).
+/// index places there take ([`Room`]).
 #[derive(Debug, Clone, Copy)]
 pub struct Ask<'a> {
     pub shape: &'a Shape,
     pub matched: &'a [usize],
     pub match_blocks: usize,
     pub excluded: &'a [usize],
-    pub room: &'a [u64],
+    pub room: Room<'a>,
+}
+
+/// The cache room the prefixes placed on each candidate take, in blocks: what a placement
+/// compares. Read only for the candidates a placement considers, so a choice that places
+/// nothing (most of them) looks up none.
+#[derive(Debug, Clone, Copy)]
+pub enum Room<'a> {
+    /// Unknown: all alike.
+    Unknown,
+    /// Per candidate, as `cands` (missing: 0).
+    Each(&'a [u64]),
+    /// The prefix index's count for the candidate's id ([`PrefixIndex::owned`]).
+    Index(&'a PrefixIndex),
+}
+
+impl Room<'_> {
+    fn of(&self, cands: &[Cand], i: usize) -> u64 {
+        match self {
+            Room::Unknown => 0,
+            Room::Each(room) => room.get(i).copied().unwrap_or(0),
+            Room::Index(index) => index.owned(cands[i].id),
+        }
+    }
 }
 
 impl<'a> Ask<'a> {
@@ -241,7 +282,7 @@ impl<'a> Ask<'a> {
             matched: &[],
             match_blocks: 0,
             excluded: &[],
-            room: &[],
+            room: Room::Unknown,
         }
     }
 }
@@ -281,8 +322,7 @@ fn decide_full<R: Rng + ?Sized>(
     } = *ask;
     let strategy = cfg.strategy;
     let prefix = matches!(strategy, Strategy::Prefix | Strategy::Auto);
-    eligible(cands, excluded, scratch);
-    let elig = &scratch[..];
+    let elig = eligible(cands, excluded, scratch);
     let pick = |idx, reason| Some(Choice { idx, reason });
     match elig.len() {
         0 => return None,
@@ -358,7 +398,6 @@ fn decide_full<R: Rng + ?Sized>(
     // three or four of eight long prompts, fill its KV cache and release them again). Not
     // herding: the room a placement takes counts at once (the index records it with the
     // choice), so the next new prefix goes elsewhere. `None`: none is open.
-    let room_of = |i: usize| room.get(i).copied().unwrap_or(0);
     let place = |among: &mut dyn Iterator<Item = usize>| {
         among
             .filter(|&i| {
@@ -368,11 +407,9 @@ fn decide_full<R: Rng + ?Sized>(
                     && (strategy == Strategy::Prefix
                         || c.attainment >= best_att() - AUTO_ATTAINMENT_GAP)
             })
-            .min_by(|&a, &b| {
-                room_of(a)
-                    .cmp(&room_of(b))
-                    .then(score(a).total_cmp(&score(b)))
-            })
+            .map(|i| (room.of(cands, i), i))
+            .min_by(|&(ra, a), &(rb, b)| ra.cmp(&rb).then(score(a).total_cmp(&score(b))))
+            .map(|(_, i)| i)
     };
     if affine {
         // Sticky until saturated, on what the request really costs: on a holder it brings
@@ -449,14 +486,14 @@ pub fn release_cause(cfg: &BalanceConfig, cands: &[Cand], ask: &Ask) -> Option<R
     }
     let (warm, full) = warm_and_full(cfg, ask.shape, ask.match_blocks);
     let mut scratch = Vec::new();
-    eligible(cands, excluded, &mut scratch);
-    let n = scratch.len().max(1) as f64;
-    let sum: f64 = scratch.iter().map(|&i| base_load(&cands[i], full)).sum();
+    let elig = eligible(cands, excluded, &mut scratch);
+    let n = elig.len().max(1) as f64;
+    let sum: f64 = elig.iter().map(|&i| base_load(&cands[i], full)).sum();
     let limit = cfg.saturation_ratio * (sum / n + full) + full;
     if base_load(c, full) + warm > limit {
         return Some(Release::Load);
     }
-    let best = scratch
+    let best = elig
         .iter()
         .map(|&i| cands[i].attainment)
         .fold(0.0, f64::max);
@@ -464,6 +501,33 @@ pub fn release_cause(cfg: &BalanceConfig, cands: &[Cand], ask: &Ask) -> Option<R
         return Some(Release::Attainment);
     }
     None
+}
+
+/// The buffers of a choice: the candidates' snapshot and the eligible list.
+#[derive(Debug, Default)]
+struct Scratch {
+    cands: Vec<Cand>,
+    elig: Vec<usize>,
+}
+
+thread_local! {
+    /// One [`Scratch`] per thread, kept between choices (never larger than the largest replica
+    /// set seen), so that choosing allocates nothing.
+    static SCRATCH: Cell<Scratch> = const {
+        Cell::new(Scratch {
+            cands: Vec::new(),
+            elig: Vec::new(),
+        })
+    };
+}
+
+/// `f` with this thread's [`Scratch`], taken out while `f` runs (a nested call, or a thread
+/// exiting, gets new buffers: never a panic on the request path).
+fn with_scratch<T>(f: impl FnOnce(&mut Scratch) -> T) -> T {
+    let mut scratch = SCRATCH.try_with(Cell::take).unwrap_or_default();
+    let out = f(&mut scratch);
+    let _ = SCRATCH.try_with(|cell| cell.set(scratch));
+    out
 }
 
 /// The configured strategy with its prefix index and decision counter.
@@ -516,8 +580,35 @@ impl Balancer {
         excluded: &[usize],
         rng: &mut R,
     ) -> Option<(Choice, Belief)> {
-        // Allocated only if the full path runs (a prefix hit needs none).
-        let mut scratch = Vec::new();
+        with_scratch(|s| self.choose_with(cands, shape, excluded, rng, &mut s.elig))
+    }
+
+    /// [`choose`](Self::choose) among `replicas` as they are at `now` (their snapshot is taken
+    /// into a buffer kept per thread).
+    pub fn choose_among<R: Rng + ?Sized>(
+        &self,
+        replicas: &[Arc<Replica>],
+        now: Instant,
+        shape: &Shape,
+        excluded: &[usize],
+        rng: &mut R,
+    ) -> Option<(Choice, Belief)> {
+        with_scratch(|s| {
+            s.cands.clear();
+            s.cands.extend(replicas.iter().map(|r| r.cand(now)));
+            self.choose_with(&s.cands, shape, excluded, rng, &mut s.elig)
+        })
+    }
+
+    /// [`choose`](Self::choose) with the eligible list's buffer.
+    fn choose_with<R: Rng + ?Sized>(
+        &self,
+        cands: &[Cand],
+        shape: &Shape,
+        excluded: &[usize],
+        rng: &mut R,
+        scratch: &mut Vec<usize>,
+    ) -> Option<(Choice, Belief)> {
         if !self.uses_prefix() || shape.blocks.len() < self.cfg.prefix_min_blocks {
             let choice = decide(
                 &self.cfg,
@@ -527,7 +618,7 @@ impl Balancer {
                     ..Ask::cold(shape)
                 },
                 rng,
-                &mut scratch,
+                scratch,
             )?;
             return Some((choice, Belief::default()));
         }
@@ -541,27 +632,14 @@ impl Balancer {
                 n += 1;
             }
         }
-        // The room each candidate's placed prefixes take, looked up only when the quick path
-        // does not settle the choice (a prefix hit needs none).
-        let room: Vec<u64>;
-        let mut ask = Ask {
+        let ask = Ask {
             shape,
             matched: &matched[..n],
             match_blocks: blocks,
             excluded,
-            room: &[],
+            room: Room::Index(&index),
         };
-        let quick = (blocks >= self.cfg.prefix_min_blocks)
-            .then(|| quick_hit(&self.cfg, cands, &ask))
-            .flatten();
-        let choice = match quick {
-            Some(hit) => hit,
-            None => {
-                room = cands.iter().map(|c| index.owned(c.id)).collect();
-                ask.room = &room;
-                decide_full(&self.cfg, cands, &ask, rng, &mut scratch)?
-            }
-        };
+        let choice = decide(&self.cfg, cands, &ask, rng, scratch)?;
         if n > 0 && blocks >= self.cfg.prefix_min_blocks && !ask.matched.contains(&choice.idx) {
             self.released(cands, &ask, choice);
         }
@@ -695,7 +773,7 @@ mod tests {
                 matched,
                 match_blocks: blocks,
                 excluded,
-                room: &[],
+                room: Room::Unknown,
             },
             &mut rng,
             &mut Vec::new(),
@@ -919,7 +997,7 @@ mod tests {
                     matched: &[2],
                     match_blocks: 48,
                     excluded: &[],
-                    room: &[],
+                    room: Room::Unknown,
                 },
                 &mut rng,
                 &mut Vec::new(),
@@ -980,7 +1058,7 @@ mod tests {
                 matched: &matched,
                 match_blocks: blocks,
                 excluded: &excluded,
-                room: &[],
+                room: Room::Unknown,
             };
             if let Some(hit) = quick_hit(&c, &cands, &ask) {
                 quick += 1;
@@ -989,6 +1067,163 @@ mod tests {
             }
         }
         assert!(quick > 500, "{quick}");
+    }
+
+    /// Random fleets for the differential tests: `n` candidates with ids 1..=n, some
+    /// unhealthy, engines and attainments varied.
+    fn random_fleet(rng: &mut SmallRng, n: u32) -> Vec<Cand> {
+        (1..=n)
+            .map(|id| Cand {
+                id,
+                healthy: rng.random_bool(0.85),
+                in_flight: rng.random_range(0..8),
+                tokens: rng.random_range(0..3_000),
+                waiting: [None, Some(0.0), Some(1.0), Some(5.0)][rng.random_range(0..4)],
+                kv: [None, Some(0.2), Some(0.99)][rng.random_range(0..3)],
+                attainment: [1.0, 1.0, 0.9, 0.5][rng.random_range(0..4)],
+            })
+            .collect()
+    }
+
+    #[test]
+    fn choosing_among_replicas_is_choosing_among_their_snapshot() {
+        let set: Vec<Arc<Replica>> = (0..6)
+            .map(|i| Arc::new(Replica::new(&format!("http://e{i}:1")).unwrap()))
+            .collect();
+        let mut guards = Vec::new();
+        for (i, r) in set.iter().enumerate() {
+            r.set_healthy(i != 4);
+            for _ in 0..i % 3 {
+                guards.push(r.start_tokens(200 * i as u64, 50));
+            }
+        }
+        let long = shape(4);
+        for strategy in [
+            Strategy::P2c,
+            Strategy::Prefix,
+            Strategy::Goodput,
+            Strategy::Auto,
+        ] {
+            let (a, b) = (balancer(cfg(strategy)), balancer(cfg(strategy)));
+            for round in 0..40 {
+                let now = Instant::now();
+                let snapshot: Vec<Cand> = set.iter().map(|r| r.cand(now)).collect();
+                let excluded: &[usize] = if round % 5 == 0 { &[1, 2] } else { &[] };
+                let got = a.choose_among(
+                    &set,
+                    now,
+                    &long,
+                    excluded,
+                    &mut SmallRng::seed_from_u64(round),
+                );
+                let want = b.choose(
+                    &snapshot,
+                    &long,
+                    excluded,
+                    &mut SmallRng::seed_from_u64(round),
+                );
+                assert_eq!(got, want, "{strategy:?} round {round}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_eligible_list_is_the_simple_filters() {
+        let simple = |cands: &[Cand], excluded: &[usize]| -> Vec<usize> {
+            let ok = |i: &usize| !excluded.contains(i);
+            let healthy: Vec<usize> = (0..cands.len())
+                .filter(|i| ok(i) && cands[*i].healthy)
+                .collect();
+            if healthy.is_empty() {
+                (0..cands.len()).filter(ok).collect()
+            } else {
+                healthy
+            }
+        };
+        let mut rng = SmallRng::seed_from_u64(11);
+        let mut scratch = Vec::new();
+        let mut all = 0;
+        for round in 0..5_000 {
+            // Past `ALL`'s length now and then, all healthy often.
+            let n = if round % 50 == 0 {
+                300
+            } else {
+                rng.random_range(0..70)
+            };
+            let mut cands = random_fleet(&mut rng, n);
+            if round % 2 == 0 {
+                cands.iter_mut().for_each(|c| c.healthy = true);
+            }
+            let excluded: Vec<usize> = (0..n as usize).filter(|_| rng.random_bool(0.02)).collect();
+            let got = eligible(&cands, &excluded, &mut scratch).to_vec();
+            all += usize::from(got.len() == cands.len());
+            assert_eq!(got, simple(&cands, &excluded), "{n} {excluded:?}");
+        }
+        assert!(all > 1_000, "{all}");
+    }
+
+    #[test]
+    fn the_room_looked_up_in_the_index_places_as_the_room_of_every_candidate() {
+        // The balancer reads the index's room only for the candidates a placement considers;
+        // the full list of every candidate's room, read first, must choose the same.
+        let mut rng = SmallRng::seed_from_u64(12);
+        let mut placed = 0;
+        for round in 0..4_000 {
+            let strategy = if round % 2 == 0 {
+                Strategy::Prefix
+            } else {
+                Strategy::Auto
+            };
+            let c = cfg(strategy);
+            let n = rng.random_range(1..12);
+            let cands = random_fleet(&mut rng, n);
+            let mut index = PrefixIndex::new(4_096);
+            for p in 0..rng.random_range(0..40u64) {
+                let blocks: Vec<u64> = (0..rng.random_range(1..10)).map(|b| p << 8 | b).collect();
+                index.record(&blocks, rng.random_range(1..=n));
+            }
+            let room: Vec<u64> = cands.iter().map(|c| index.owned(c.id)).collect();
+            let matched: Vec<usize> = (0..n as usize).filter(|_| rng.random_bool(0.2)).collect();
+            let excluded: Vec<usize> = (0..n as usize).filter(|_| rng.random_bool(0.1)).collect();
+            let s = shape(rng.random_range(0..8));
+            let ask = |room| Ask {
+                shape: &s,
+                matched: &matched,
+                match_blocks: if matched.is_empty() {
+                    0
+                } else {
+                    s.blocks.len()
+                },
+                excluded: &excluded,
+                room,
+            };
+            let seed = rng.random();
+            let lazy = decide(
+                &c,
+                &cands,
+                &ask(Room::Index(&index)),
+                &mut SmallRng::seed_from_u64(seed),
+                &mut Vec::new(),
+            );
+            let each = decide(
+                &c,
+                &cands,
+                &ask(Room::Each(&room)),
+                &mut SmallRng::seed_from_u64(seed),
+                &mut Vec::new(),
+            );
+            assert_eq!(lazy, each, "{cands:?} {room:?} {matched:?} {excluded:?}");
+            // Not vacuous: often the room decided (without it the choice differs).
+            let blind = decide(
+                &c,
+                &cands,
+                &ask(Room::Unknown),
+                &mut SmallRng::seed_from_u64(seed),
+                &mut Vec::new(),
+            );
+            placed += usize::from(blind != lazy);
+        }
+        assert!(placed > 200, "{placed}");
     }
 
     #[test]
@@ -1109,7 +1344,7 @@ mod tests {
                     matched: &held,
                     match_blocks: if held.is_empty() { 0 } else { blocks },
                     excluded: &[],
-                    room: &room,
+                    room: Room::Each(&room),
                 },
                 &mut SmallRng::seed_from_u64(2),
                 &mut Vec::new(),
@@ -1125,7 +1360,7 @@ mod tests {
         let mut rng = SmallRng::seed_from_u64(3);
         let long = shape(4);
         let mut ask = Ask::cold(&long);
-        ask.room = &[0, 0, 0, 0];
+        ask.room = Room::Each(&[0, 0, 0, 0]);
         let kv_full: Vec<Cand> = busy
             .iter()
             .map(|c| Cand {
@@ -1279,7 +1514,7 @@ mod tests {
                 matched: &[2],
                 match_blocks: 3,
                 excluded: &excluded,
-                room: &[],
+                room: Room::Unknown,
             };
             assert_eq!(release_cause(&c, &cands, &ask), want, "{what}");
             // The choice agrees: it leaves the holder exactly when a cause is named.
@@ -1329,7 +1564,7 @@ mod tests {
                 matched: &matched,
                 match_blocks: 4,
                 excluded: &excluded,
-                room: &[],
+                room: Room::Unknown,
             };
             let cause = release_cause(&c, &cands, &ask);
             let ch = decide(&c, &cands, &ask, &mut rng, &mut Vec::new()).unwrap();
@@ -1410,7 +1645,7 @@ mod tests {
                         matched: &held,
                         match_blocks: 3,
                         excluded: &[],
-                        room: &[],
+                        room: Room::Unknown,
                     },
                     &mut rng,
                     &mut Vec::new(),
@@ -1543,7 +1778,7 @@ mod tests {
                     matched: &[1],
                     match_blocks: 3,
                     excluded: &[],
-                    room: &[],
+                    room: Room::Unknown,
                 },
                 &mut rng,
                 &mut Vec::new(),
