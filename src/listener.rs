@@ -3,25 +3,24 @@
 //! HTTP/1.1 and HTTP/2 on one port (h2c by prior knowledge) with explicit head and stream
 //! limits ([`Limits`]), and graceful drain.
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::pin::{pin, Pin};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use http::Request;
-use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
-use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
-use tower::util::MapRequest;
 use tower::ServiceExt;
 
 use crate::context::ConnInfo;
@@ -353,16 +352,53 @@ async fn serve_sniffing<I>(
 }
 
 /// The stack as hyper serves one connection: each request carries the connection's facts.
-fn per_connection(
-    service: ProxyService,
+fn per_connection(service: ProxyService, info: ConnInfo) -> PerConnection<ProxyService> {
+    PerConnection {
+        service: Mutex::new(service),
+        info,
+    }
+}
+
+/// One connection's stack, called in place. hyper calls a service by shared reference, so
+/// hyper-util's `TowerToHyperService` cloned the whole stack for every request: a box per
+/// stage, allocated and freed again (about 2k instructions a request). A tower service may be
+/// called once it is ready: every stage of the stack is ready at once (each passes readiness
+/// through, forwarding is always ready), and for a stage that is not, the request gets a
+/// clone that waits for readiness, as before. The lock is never contended: one connection's
+/// requests are called one at a time, from its own task, and `call` returns before any await.
+pub(crate) struct PerConnection<S> {
+    service: Mutex<S>,
     info: ConnInfo,
-) -> TowerToHyperService<
-    MapRequest<ProxyService, impl FnMut(Request<Incoming>) -> Request<Incoming> + Clone>,
-> {
-    TowerToHyperService::new(service.map_request(move |mut req: Request<Incoming>| {
-        req.extensions_mut().insert(info.clone());
-        req
-    }))
+}
+
+type Answer = crate::layer::BoxFuture<http::Response<crate::body::ProxyBody>, Infallible>;
+
+impl<S, B> hyper::service::Service<Request<B>> for PerConnection<S>
+where
+    S: tower::Service<
+            Request<B>,
+            Response = http::Response<crate::body::ProxyBody>,
+            Error = Infallible,
+            Future = Answer,
+        > + Clone
+        + Send
+        + 'static,
+    B: Send + 'static,
+{
+    type Response = http::Response<crate::body::ProxyBody>;
+    type Error = Infallible;
+    type Future = Answer;
+
+    fn call(&self, mut req: Request<B>) -> Answer {
+        req.extensions_mut().insert(self.info.clone());
+        let mut service = self.service.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut cx = Context::from_waker(Waker::noop());
+        match service.poll_ready(&mut cx) {
+            Poll::Ready(Ok(())) => service.call(req),
+            Poll::Ready(Err(never)) => match never {},
+            Poll::Pending => Box::pin(service.clone().oneshot(req)),
+        }
+    }
 }
 
 /// Runs `conn` to its end; on shutdown asks it to finish gracefully first. It takes the
@@ -400,6 +436,7 @@ fn log_conn_end(remote: SocketAddr, res: Result<(), Box<dyn std::error::Error + 
 #[cfg(test)]
 mod tests {
     use http_body_util::BodyExt;
+    use hyper::body::Incoming;
 
     use super::*;
 
@@ -432,6 +469,84 @@ mod tests {
         ] {
             assert_eq!(http1(first, alpn), want, "{first:?} {alpn:?}");
         }
+    }
+
+    /// A stage that counts its clones and answers whether the request carried the
+    /// connection's facts; its first readiness check is pending when told so.
+    struct Counting {
+        clones: Arc<std::sync::atomic::AtomicUsize>,
+        ready: bool,
+    }
+
+    impl Clone for Counting {
+        fn clone(&self) -> Self {
+            self.clones
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Counting {
+                clones: self.clones.clone(),
+                ready: self.ready,
+            }
+        }
+    }
+
+    impl tower::Service<Request<()>> for Counting {
+        type Response = http::Response<crate::body::ProxyBody>;
+        type Error = Infallible;
+        type Future = Answer;
+
+        fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            if self.ready {
+                return Poll::Ready(Ok(()));
+            }
+            self.ready = true;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+
+        fn call(&mut self, req: Request<()>) -> Answer {
+            let with_facts = req.extensions().get::<ConnInfo>().is_some();
+            Box::pin(async move {
+                let body = http_body_util::Full::new(bytes::Bytes::from(with_facts.to_string()))
+                    .map_err(|never| match never {});
+                Ok(http::Response::new(body.boxed_unsync()))
+            })
+        }
+    }
+
+    async fn answer(conn: &PerConnection<Counting>) -> String {
+        let resp = hyper::service::Service::call(conn, Request::new(()))
+            .await
+            .unwrap();
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        String::from_utf8(body.to_vec()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_ready_stack_is_called_in_place_and_a_stack_not_ready_gets_a_clone() {
+        let clones = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let info = ConnInfo::new("127.0.0.1:1".parse().unwrap(), false);
+        let count = || clones.load(std::sync::atomic::Ordering::SeqCst);
+        let conn = |ready| PerConnection {
+            service: Mutex::new(Counting {
+                clones: clones.clone(),
+                ready,
+            }),
+            info: info.clone(),
+        };
+        let ready = conn(true);
+        for _ in 0..3 {
+            assert_eq!(answer(&ready).await, "true");
+        }
+        assert_eq!(count(), 0, "a ready stack is never cloned");
+        let pending = conn(false);
+        assert_eq!(answer(&pending).await, "true");
+        assert_eq!(
+            count(),
+            1,
+            "a stack not ready serves the request from a clone"
+        );
+        assert_eq!(answer(&pending).await, "true");
+        assert_eq!(count(), 1, "ready again: called in place");
     }
 
     /// A task is as large as its largest state for its whole life (a held stream's): a plain

@@ -5,9 +5,9 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
 use http::{Request, Response};
 use hyper::body::Incoming;
+use tower::util::Either;
 use tower::Service;
 
 use crate::auth::Auth;
@@ -127,12 +127,15 @@ pub fn build(
     let measured = recorder.enabled();
     let forward = Forward::new(upstreams, forwarded);
     // Innermost, right before forwarding: it rewrites the collected body (usage injection) and
-    // marks a response whose usage chunk the recorder's body strips again.
-    let inner: Stage<Bytes> = if measured {
+    // marks a response whose usage chunk the recorder's body strips again. Not a boxed stage:
+    // collect clones its inner service for every request (it calls it after the body is
+    // read), and a clone of these two is a reference count, where a boxed stage's clone is an
+    // allocation (freed again at the request's end).
+    let inner = if measured {
         let usage = UsageLayer::new(recorder.usage_injection());
-        stage(usage.layer(forward))
+        Either::Left(usage.layer(forward))
     } else {
-        stage(forward)
+        Either::Right(forward)
     };
     // Bounded body read (413, 408 on a stalled upload); model and stream into the context for
     // measure and shaping (not read when nothing is measured).
