@@ -110,7 +110,7 @@ async fn forward(
         }
         headers
     };
-    let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+    let path_and_query = parts.uri.path_and_query();
     let first_byte = up.config.first_byte_timeout;
     let balancer = &up.balancer;
     let shape = Shape::of(&body, balancer.cfg.prefix_block_bytes);
@@ -139,7 +139,7 @@ async fn forward(
         let guard = replica.start_cached(shape.prompt_tokens, shape.output_tokens, cached);
         let progress = guard.progress();
         let uri = replica
-            .uri_for(path_and_query)
+            .request_uri(path_and_query)
             .map_err(|e| ProxyError::Upstream { source: e.into() })?;
         let usage = usage_for(replica.engine_kind(), replica.usage_unasked());
         let injected = offer.as_ref().filter(|_| usage == Usage::Inject);
@@ -149,6 +149,10 @@ async fn forward(
         *out.version_mut() = Version::HTTP_11;
         // Built again for the rare second attempt rather than cloned for every first one.
         *out.headers_mut() = headers();
+        if let Some(host) = &replica.host {
+            // Last, where the pooled client would append the one it formats per request.
+            out.headers_mut().insert(header::HOST, host.clone());
+        }
 
         let sent = tokio::time::Instant::now();
         let first_byte_by = sent + first_byte;

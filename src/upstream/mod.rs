@@ -17,7 +17,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
-use http::uri::{Authority, Scheme};
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::HeaderValue;
 use http::Uri;
 use http_body_util::Full;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -56,6 +57,9 @@ pub struct Replica {
     scheme: Scheme,
     /// Path prefix of the base URL without the trailing `/` ("" for none).
     prefix: String,
+    /// The `Host` header the pooled client writes for this replica, made once (see
+    /// [`host_header`]).
+    pub host: Option<HeaderValue>,
     in_flight: AtomicUsize,
     healthy: AtomicBool,
     /// The engine's canonical signals from its latest `/metrics` scrape; written by the engine
@@ -185,14 +189,35 @@ impl EngineCell {
     }
 }
 
+/// The `Host` header hyper-util's pooled client writes on an HTTP/1 request to `scheme://
+/// authority` when the request has none: the host, and `:port` unless the port is the
+/// scheme's default (80, or 443 for `https`/`wss`), the port as written. The client formats it
+/// for every request; forwarding sets it from here instead (the same bytes, in the same place:
+/// last), so the client finds it present.
+fn host_header(scheme: &Scheme, authority: &Authority) -> Option<HeaderValue> {
+    let secure = matches!(scheme.as_str(), "https" | "wss");
+    let default_port = matches!(
+        (authority.port_u16(), secure),
+        (Some(443), true) | (Some(80), false)
+    );
+    let host = authority.host();
+    let value = match authority.port() {
+        Some(port) if !default_port => format!("{host}:{port}"),
+        _ => host.to_string(),
+    };
+    HeaderValue::from_str(&value).ok()
+}
+
 impl Replica {
     pub fn new(url: &str) -> Result<Replica, String> {
         let uri = parse_base_url(url)?;
         let authority = uri.authority().cloned().ok_or("missing host")?;
         let prefix = uri.path().trim_end_matches('/').to_string();
+        let scheme = uri.scheme().cloned().unwrap_or(Scheme::HTTP);
         Ok(Replica {
             url: Arc::from(url.trim_end_matches('/')),
-            scheme: uri.scheme().cloned().unwrap_or(Scheme::HTTP),
+            host: host_header(&scheme, &authority),
+            scheme,
             authority,
             prefix,
             in_flight: AtomicUsize::new(0),
@@ -211,6 +236,21 @@ impl Replica {
             .authority(self.authority.clone())
             .path_and_query(format!("{}{}", self.prefix, path_and_query))
             .build()
+    }
+
+    /// [`Replica::uri_for`] a client request's path and query: without a path prefix the
+    /// client's is taken as it is (a reference count), not formatted and parsed again.
+    pub fn request_uri(&self, path_and_query: Option<&PathAndQuery>) -> Result<Uri, http::Error> {
+        match path_and_query {
+            Some(pq) if self.prefix.is_empty() => {
+                let mut parts = http::uri::Parts::default();
+                parts.scheme = Some(self.scheme.clone());
+                parts.authority = Some(self.authority.clone());
+                parts.path_and_query = Some(pq.clone());
+                Ok(Uri::from_parts(parts)?)
+            }
+            _ => self.uri_for(path_and_query.map_or("/", PathAndQuery::as_str)),
+        }
     }
 
     #[inline]
@@ -557,6 +597,116 @@ fn build_client(config: &UpstreamConfig, connector: UpstreamConnector) -> Upstre
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_host_header_is_what_the_pooled_client_writes() {
+        for (url, want) in [
+            ("http://e:1", "e:1"),
+            ("http://e", "e"),
+            ("http://e:80", "e"),
+            ("http://e:080", "e"),
+            ("http://e:443", "e:443"),
+            ("https://e:443", "e"),
+            ("https://e:80", "e:80"),
+            ("https://e:8443/base", "e:8443"),
+            ("http://10.0.0.1:8000/", "10.0.0.1:8000"),
+            ("http://[::1]:8000", "[::1]:8000"),
+            ("http://[::1]", "[::1]"),
+            ("http://Engine.Example:9", "Engine.Example:9"),
+        ] {
+            let r = Replica::new(url).unwrap();
+            assert_eq!(
+                r.host.as_ref().map(|h| h.to_str().unwrap()),
+                Some(want),
+                "{url}"
+            );
+        }
+    }
+
+    /// The request head the replica reads, sent by the pooled client: once as forwarding sends
+    /// it (`Host` set from the replica), once as the client alone would (it formats `Host`).
+    #[tokio::test]
+    async fn a_preset_host_leaves_the_upstream_request_bytes_unchanged() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let heads = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = heads.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                let seen = seen.clone();
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 1024];
+                    loop {
+                        let n = s.read(&mut chunk).await.unwrap();
+                        if n == 0 {
+                            return;
+                        }
+                        buf.extend_from_slice(&chunk[..n]);
+                        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            seen.lock().unwrap().push(buf[..end + 4].to_vec());
+                            buf.drain(..end + 4 + 2); // the head and the two-byte body
+                            s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                                .await
+                                .unwrap();
+                        }
+                    }
+                });
+            }
+        });
+        let config = UpstreamConfig {
+            urls: vec![crate::config::BaseUrl::parse(&format!("http://{addr}")).unwrap()],
+            ..UpstreamConfig::default()
+        };
+        let up = Upstreams::new(&config, &Registry::new()).unwrap();
+        let replica = up.replicas()[0].clone();
+        for preset in [true, false] {
+            let pq: PathAndQuery = "/v1/chat/completions?x=1".parse().unwrap();
+            let mut req = http::Request::post(replica.request_uri(Some(&pq)).unwrap())
+                .header("content-type", "application/json")
+                .header("x-request-id", "abc")
+                .body(Full::new(Bytes::from_static(b"{}")))
+                .unwrap();
+            if preset {
+                let host = replica.host.clone().unwrap();
+                req.headers_mut().insert(http::header::HOST, host);
+            }
+            let resp = up.client.request(req).await.unwrap();
+            assert_eq!(resp.status(), 200);
+        }
+        let heads = heads.lock().unwrap();
+        assert_eq!(heads.len(), 2);
+        let text = String::from_utf8_lossy(&heads[0]);
+        assert!(text.contains(&format!("\r\nhost: {addr}\r\n")), "{text}");
+        assert_eq!(heads[0], heads[1], "{text}");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn a_request_uri_without_prefix_is_uri_for_its_path(path in "/[ -~]{0,40}") {
+            let Ok(pq) = path.parse::<PathAndQuery>() else {
+                return Ok(());
+            };
+            for base in ["http://e:1", "https://e", "http://e:1/"] {
+                let r = Replica::new(base).unwrap();
+                let want = r.uri_for(pq.as_str()).unwrap();
+                let got = r.request_uri(Some(&pq)).unwrap();
+                proptest::prop_assert_eq!(&got, &want);
+                proptest::prop_assert_eq!(got.to_string(), want.to_string());
+            }
+        }
+    }
+
+    #[test]
+    fn a_request_uri_with_a_prefix_or_without_a_path() {
+        let pq: PathAndQuery = "/v1/models?x=1".parse().unwrap();
+        let r = Replica::new("http://e:1/base/").unwrap();
+        let got = r.request_uri(Some(&pq)).unwrap().to_string();
+        assert_eq!(got, "http://e:1/base/v1/models?x=1");
+        let r = Replica::new("http://e:1").unwrap();
+        assert_eq!(r.request_uri(None).unwrap().to_string(), "http://e:1/");
+    }
 
     #[test]
     fn uri_for_keeps_prefix_path_and_query() {
