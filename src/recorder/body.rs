@@ -201,7 +201,7 @@ impl Body for MeteredBody {
                 if let Some(data) = frame.data_ref() {
                     let itl = &mut a.itl;
                     let t = Instant::now();
-                    a.meter.on_frame(t, data, |g| itl.observe(g));
+                    a.meter.on_data(t, data, |g| itl.observe(g));
                     a.served(t);
                 }
             }

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
@@ -741,8 +742,7 @@ pub struct StreamMeter {
     /// a repeat's answer is read in place while the timeline takes it in.
     repeat: RepeatCache,
     /// Non-streaming: the JSON body, buffered to be inspected at the end.
-    body: Vec<u8>,
-    body_overflow: bool,
+    body: JsonBody,
     /// When the last frame was served: a final event flushed by `finish` arrived then.
     last_frame: Option<Instant>,
     /// The request's `tools`, to judge tool calls by.
@@ -769,8 +769,7 @@ impl StreamMeter {
             parser: SseParser::new(),
             tl: Timeline::new(t0),
             repeat,
-            body: Vec::new(),
-            body_overflow: false,
+            body: JsonBody::Empty,
             last_frame: None,
             tools: None,
             strip: None,
@@ -869,20 +868,32 @@ impl StreamMeter {
 
     /// Feed a body frame served to the client at `t`. Each ITL gap this frame closes is passed
     /// to `on_gap` (one call per gap, no allocation).
-    pub fn on_frame(&mut self, t: Instant, bytes: &[u8], mut on_gap: impl FnMut(Duration)) {
+    pub fn on_frame(&mut self, t: Instant, bytes: &[u8], on_gap: impl FnMut(Duration)) {
+        self.frame(t, bytes, None, on_gap);
+    }
+
+    /// [`StreamMeter::on_frame`] of a frame the caller holds as [`Bytes`]: a non-streaming
+    /// body that comes in one frame is kept by reference count, not copied.
+    pub fn on_data(&mut self, t: Instant, data: &Bytes, on_gap: impl FnMut(Duration)) {
+        self.frame(t, data, Some(data), on_gap);
+    }
+
+    #[inline]
+    fn frame(
+        &mut self,
+        t: Instant,
+        bytes: &[u8],
+        shared: Option<&Bytes>,
+        mut on_gap: impl FnMut(Duration),
+    ) {
         if !self.status_ok() {
             return; // an error body: the status alone decides the outcome
         }
         self.last_frame = Some(t);
         if self.streaming {
             self.feed(t, bytes, &mut on_gap);
-        } else if !self.body_overflow {
-            if self.body.len() + bytes.len() > MAX_JSON_BODY {
-                self.body_overflow = true;
-                self.body = Vec::new();
-            } else {
-                self.body.extend_from_slice(bytes);
-            }
+        } else {
+            self.body.push(bytes, shared);
         }
     }
 
@@ -1014,20 +1025,21 @@ impl StreamMeter {
             Ending::BodyError => return Outcome::Truncated,
             Ending::Complete => {}
         }
-        if self.body_overflow {
+        if self.body.overflowed() {
             return Outcome::Success;
         }
         let mut log = TokenLog::default();
-        let info = inspect_response_logged(&self.body, &mut log);
+        let body = std::mem::take(&mut self.body);
+        let info = inspect_response_logged(body.bytes(), &mut log);
         if info.parsed {
             let mut logprobs = LogprobAcc::default();
             logprobs.add(&log);
             m.logprobs = logprobs.finish().map(Box::new);
             let tools = self.tools.as_deref();
             m.agent =
-                response_agent(&log.calls, info.usage.as_ref(), &self.body, tools).map(Box::new);
+                response_agent(&log.calls, info.usage.as_ref(), body.bytes(), tools).map(Box::new);
         }
-        self.body = Vec::new();
+        drop(body);
         m.finish_reason = info.finish_reason;
         let mut view = EngineView::default();
         if let Some(u) = info.usage {
@@ -1082,6 +1094,8 @@ fn div_duration(d: Duration, n: u64) -> Duration {
     Duration::from_nanos((d.as_nanos() / u128::from(n.max(1))).min(u128::from(u64::MAX)) as u64)
 }
 
+mod json_body;
+use json_body::JsonBody;
 mod strip;
 
 #[cfg(test)]

@@ -20,8 +20,21 @@ pub fn measure(streaming: bool, frames: &[&[u8]]) -> Measurement {
     m.finish(t0 + Duration::from_millis(2), Ending::Complete)
 }
 
+/// [`measure`], the frames handed over as the proxy's body has them ([`StreamMeter::on_data`]:
+/// a JSON body of one frame is kept, not copied).
+pub fn measure_shared(streaming: bool, frames: &[&[u8]]) -> Measurement {
+    let t0 = tokio::time::Instant::now();
+    let mut m = StreamMeter::new(t0, streaming);
+    m.on_head(t0, 200);
+    for f in frames {
+        let data = bytes::Bytes::copy_from_slice(f);
+        m.on_data(t0 + Duration::from_millis(1), &data, |_| {});
+    }
+    m.finish(t0 + Duration::from_millis(2), Ending::Complete)
+}
+
 /// `body` cut at `cuts` (positions taken modulo its length) and byte by byte (bodies up to
-/// 4 KiB) measures as `body` in one frame.
+/// 4 KiB) measures as `body` in one frame, and so does each handed over as [`bytes::Bytes`].
 pub fn check(streaming: bool, body: &[u8], cuts: &[usize]) -> Result<(), String> {
     let whole = measure(streaming, &[body]);
     let mut at: Vec<usize> = cuts.iter().map(|c| c % (body.len() + 1)).collect();
@@ -39,6 +52,17 @@ pub fn check(streaming: bool, body: &[u8], cuts: &[usize]) -> Result<(), String>
             "cut at {cuts:?}: {split:?}\nwhole: {whole:?}\nbody {:?}",
             String::from_utf8_lossy(body)
         ));
+    }
+    for (how, shared) in [
+        ("shared, whole", measure_shared(streaming, &[body])),
+        ("shared, cut", measure_shared(streaming, &frames)),
+    ] {
+        if shared != whole {
+            return Err(format!(
+                "{how} at {cuts:?}: {shared:?}\nwhole: {whole:?}\nbody {:?}",
+                String::from_utf8_lossy(body)
+            ));
+        }
     }
     if body.len() <= 4096 {
         let bytes: Vec<&[u8]> = body.chunks(1).collect();
