@@ -15,6 +15,7 @@ mod calls;
 pub use calls::LoggedCall;
 mod repeat;
 pub use repeat::{RepeatCache, Seen, Template, TEMPLATE_ROOM};
+mod shapes;
 mod tokens;
 pub use tokens::{LoggedAlt, LoggedChoice, LoggedToken, Phases, Span, TokenLog};
 
@@ -169,6 +170,12 @@ pub struct EventScan {
 }
 
 impl EventScan {
+    /// What a scan starts from (see [`RepeatCache::scan_logged_to`]): an unknown payload,
+    /// nothing noted.
+    pub fn unknown() -> Self {
+        Self::of_info(ChunkInfo::of_kind(ChunkKind::Unknown))
+    }
+
     /// `info` and nothing else: no range to move, no plain prefix, no output span (the
     /// template's answer for a repeat, which finishes nothing and carries no usage).
     pub fn of_info(info: ChunkInfo) -> Self {
@@ -205,11 +212,24 @@ impl OutputSpans {
         }
     }
 
-    fn shift(mut self, by: usize) -> Self {
+    fn shift(self, by: usize) -> Self {
+        self.map(|p| p + by)
+    }
+
+    /// Every start and end moved by `f`.
+    fn map(mut self, f: impl Fn(usize) -> usize) -> Self {
         for s in &mut self.spans[..self.n] {
-            *s = (s.0 + by, s.1 + by);
+            *s = (f(s.0), f(s.1));
         }
         self
+    }
+
+    /// [`OutputSpans::map`], `None` when `f` is for some start or end.
+    fn try_map(mut self, f: impl Fn(usize) -> Option<usize>) -> Option<Self> {
+        for s in &mut self.spans[..self.n] {
+            *s = (f(s.0)?, f(s.1)?);
+        }
+        Some(self)
     }
 }
 
@@ -243,27 +263,30 @@ fn scan_event_into(data: &[u8], log: Option<&mut TokenLog>) -> EventScan {
 
 /// [`scan_event_into`] from `from` (a payload offset): `data[..from]` must be a prefix that a
 /// scan found plain ([`EventScan::plain_prefix`]), or `from` 0.
-pub(crate) fn scan_event_from(
+pub(crate) fn scan_event_from(data: &[u8], from: usize, log: Option<&mut TokenLog>) -> EventScan {
+    let mut scan = EventScan::unknown();
+    scan_event_to(data, from, log, &mut scan);
+    scan
+}
+
+/// [`scan_event_from`] into `scan`, which must be as [`EventScan::unknown`] made it: the
+/// caller's, so that the scan (about half a kilobyte) is written where it is read rather than
+/// moved there on each return.
+pub(crate) fn scan_event_to(
     data: &[u8],
     from: usize,
     mut log: Option<&mut TokenLog>,
-) -> EventScan {
+    scan: &mut EventScan,
+) {
     let lead = data.len() - data.trim_ascii_start().len();
     if let Some(l) = log.as_deref_mut() {
         l.lead = lead;
         l.body = false;
     }
     let data = data.trim_ascii();
-    let mut scan = EventScan {
-        info: ChunkInfo::of_kind(ChunkKind::Unknown),
-        fingerprint: None,
-        timings: None,
-        plain_prefix: 0,
-        output_spans: OutputSpans::default(),
-    };
     if data == b"[DONE]" {
         scan.info.kind = ChunkKind::Done;
-        return scan;
+        return;
     }
     let from = from.saturating_sub(lead);
     let mut spans = OutputSpans::default();
@@ -286,7 +309,6 @@ pub(crate) fn scan_event_from(
         }
         Err(Malformed) => scan.info = ChunkInfo::of_kind(ChunkKind::Unknown),
     }
-    scan
 }
 
 /// Inspect a whole non-streaming JSON response body (read as [`scan_event`] reads a chunk).
@@ -386,6 +408,34 @@ const BODY_KEYS: &[&[u8]] = &[
     b"metrics",
     b"timings",
 ];
+
+/// Where the plain prefix of the payload `data` ends ([`EventScan::plain_prefix`], as a scan of
+/// `data` finds it), read without the rest: the start of the first member (its key's quote)
+/// that says something, when plain members come before it and it comes; else `None`. The
+/// members before are read as [`read_body`] reads them (unknown keys skipped, `object` read as
+/// a string that is not `"error"`), so a scan resumed there is the scan of `data`.
+pub(crate) fn plain_prefix_end(data: &[u8]) -> Option<usize> {
+    let lead = data.len() - data.trim_ascii_start().len();
+    let mut c = Cursor::new(data.trim_ascii());
+    let (mut read, mut end) = (0, None);
+    // The member that is not plain stops the read (as an error: the rest is the scan's).
+    let _ = c.object(|c, key| {
+        let key_at = c.span(key).start.saturating_sub(1);
+        let plain = match key.one_of(BODY_KEYS) {
+            None => c.skip().map(|()| true)?,
+            Some(3) if c.peek() == Some(b'"') => !c.string()?.is(b"error"),
+            Some(3) => c.skip().map(|()| true)?,
+            Some(_) => false,
+        };
+        if !plain {
+            end = (read > 0).then_some(key_at + lead);
+            return Err(Malformed);
+        }
+        read += 1;
+        Ok(())
+    });
+    end
+}
 
 /// Reads the top level; the choices and usage go straight into `out` (no copy of the choice
 /// array per event), the rest is returned. From `from` (an offset of `data`) when that is

@@ -13,7 +13,7 @@ use crate::agent::{response_agent, AgentMeter, AgentSummary, ToolSet};
 use crate::engine::{EngineReport, EngineView, TtftSplit};
 use crate::engine_timings::TimingsReport;
 use crate::inspect::{
-    inspect_response_logged, scan_event_logged, ChoiceInfo, ChunkInfo, ChunkKind, EventScan,
+    inspect_response_logged, scan_event_to, ChoiceInfo, ChunkInfo, ChunkKind, EventScan,
     RepeatCache, Seen, TokenLog, Usage, TEMPLATE_ROOM,
 };
 use crate::outcome::{Ending, FinishReason, Outcome};
@@ -354,7 +354,8 @@ impl Timeline {
             self.inband_error = true;
             return;
         }
-        let scan = self.look(repeat, ev.data);
+        let mut scan = EventScan::unknown();
+        self.look(repeat, ev.data, &mut scan);
         self.on_info(t, &scan.info, ev.data, on_gap);
     }
 
@@ -362,24 +363,25 @@ impl Timeline {
     /// (which notes the event's tokens in `self.log` and may become the template), with the
     /// ranges of its `system_fingerprint` and `timings` values, what the usage strip moves
     /// from the injected usage chunk back to the finish chunk (scans only; a repeat finishes
-    /// nothing and carries no usage, so the usage strip never needs them). The scan is
-    /// returned as it is: its answer is about half a kilobyte, not copied again.
-    fn look(&mut self, repeat: &mut RepeatCache, data: &[u8]) -> EventScan {
+    /// nothing and carries no usage, so the usage strip never needs them). Written into
+    /// `scan`, the caller's [`EventScan::unknown`]: the answer is about half a kilobyte, not
+    /// moved on its way back.
+    fn look(&mut self, repeat: &mut RepeatCache, data: &[u8], scan: &mut EventScan) {
         if let Some((info, _)) = self.repeated(repeat, data) {
-            return EventScan::of_info(info);
+            scan.info = info; // `EventScan::of_info(info)`: the rest is as `unknown` made it
+            return;
         }
         // The fast paths read past a plain prefix seen before; the reference reads it all.
-        let scan = if self.cacheable() {
-            repeat.scan_logged(data, &mut self.log)
+        if self.cacheable() {
+            repeat.scan_logged_to(data, &mut self.log, scan);
         } else {
-            scan_event_logged(data, &mut self.log)
-        };
+            scan_event_to(data, 0, Some(&mut self.log), scan);
+        }
         // A template must log nothing (no logprobs, no tool calls): its repeats skip the
         // log, so they must have nothing to log.
         if self.log.is_empty() && self.cacheable() {
-            repeat.learn_scanned(data, &scan);
+            repeat.learn_scanned(data, scan);
         }
-        scan
     }
 
     /// The events at `buf`'s start that repeat the template, each framed and checked in one

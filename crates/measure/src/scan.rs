@@ -122,25 +122,12 @@ const STRING_STOP: [bool; 256] = {
 /// the scanner's instructions.
 #[inline]
 pub(crate) fn plain_run(bytes: &[u8]) -> usize {
-    const ONES: u64 = u64::from_ne_bytes([1; 8]);
-    const HIGH: u64 = ONES << 7;
-    const QUOTE: u64 = ONES * b'"' as u64;
-    const BACKSLASH: u64 = ONES * b'\\' as u64;
-    const SPACE: u64 = ONES * 0x20;
     let mut i = 0;
     let mut words = bytes.chunks_exact(8);
     for chunk in &mut words {
         let mut w = [0u8; 8];
         w.copy_from_slice(chunk);
-        let w = u64::from_le_bytes(w);
-        // A byte's high bit is set where it is zero after the XOR (quote, backslash) or below
-        // 0x20; borrows only spill upwards past a byte that matched, so the lowest is exact.
-        let q = w ^ QUOTE;
-        let b = w ^ BACKSLASH;
-        let hit = ((q.wrapping_sub(ONES) & !q)
-            | (b.wrapping_sub(ONES) & !b)
-            | (w.wrapping_sub(SPACE) & !w))
-            & HIGH;
+        let hit = stops(u64::from_le_bytes(w));
         if hit != 0 {
             return i + (hit.trailing_zeros() / 8) as usize;
         }
@@ -151,6 +138,33 @@ pub(crate) fn plain_run(bytes: &[u8]) -> usize {
         .iter()
         .position(|c| STRING_STOP[usize::from(*c)])
         .unwrap_or(tail.len())
+}
+
+/// The high bit of each byte of `w` (eight bytes, little-endian) that is a quote, a backslash
+/// or a control character; the lowest set bit is exact (higher ones may be spurious).
+#[inline(always)]
+fn stops(w: u64) -> u64 {
+    const ONES: u64 = u64::from_ne_bytes([1; 8]);
+    const HIGH: u64 = ONES << 7;
+    const QUOTE: u64 = ONES * b'"' as u64;
+    const BACKSLASH: u64 = ONES * b'\\' as u64;
+    const SPACE: u64 = ONES * 0x20;
+    // A byte's high bit is set where it is zero after the XOR (quote, backslash) or below
+    // 0x20; borrows only spill upwards past a byte that matched, so the lowest is exact.
+    let q = w ^ QUOTE;
+    let b = w ^ BACKSLASH;
+    ((q.wrapping_sub(ONES) & !q) | (b.wrapping_sub(ONES) & !b) | (w.wrapping_sub(SPACE) & !w))
+        & HIGH
+}
+
+/// [`plain_run`] of `bytes` in one step when it ends inside their first eight: a token's text
+/// and its closing quote, most often. `None` when `bytes` has fewer than eight or no stop
+/// among them.
+#[inline(always)]
+pub(crate) fn plain_run_in_a_word(bytes: &[u8]) -> Option<usize> {
+    let w: [u8; 8] = bytes.get(..8)?.try_into().ok()?;
+    let hit = stops(u64::from_le_bytes(w));
+    (hit != 0).then(|| (hit.trailing_zeros() / 8) as usize)
 }
 
 /// A position in a JSON text. Every reading method consumes exactly one value (or one token)
@@ -618,7 +632,10 @@ mod tests {
             }
         }
         for v in cases {
-            assert_eq!(plain_run(&v), naive(&v), "{v:?}");
+            let run = plain_run(&v);
+            assert_eq!(run, naive(&v), "{v:?}");
+            let in_a_word = (v.len() >= 8 && run < 8).then_some(run);
+            assert_eq!(plain_run_in_a_word(&v), in_a_word, "{v:?}");
         }
     }
 

@@ -16,8 +16,11 @@
 //! with output text to vary (else the old template stays). `tests` below and the differential test hold the cache equal to
 //! [`inspect_chunk`](super::inspect_chunk) on every event.
 
-use super::{scan_event_from, ChoiceInfo, ChunkInfo, ChunkKind, EventScan, OutputSpans, TokenLog};
-use crate::scan::plain_run;
+use super::{
+    plain_prefix_end, scan_event_to, shapes, ChoiceInfo, ChunkInfo, ChunkKind, EventScan,
+    OutputSpans, TokenLog,
+};
+use crate::scan::{plain_run, plain_run_in_a_word};
 
 /// Output spans kept per template (a chunk has one per choice; vLLM streams one choice).
 const MAX_SPANS: usize = OutputSpans::MAX;
@@ -345,23 +348,56 @@ impl RepeatCache {
         self.scan(data, Some(log))
     }
 
+    /// [`RepeatCache::scan_logged`] into `scan`, which must be as [`EventScan::unknown`] made
+    /// it (the caller's: no move of the scan on its way back).
+    pub fn scan_logged_to(&mut self, data: &[u8], log: &mut TokenLog, scan: &mut EventScan) {
+        self.scan_to(data, Some(log), scan);
+    }
+
     /// The plain prefix kept (empty before the first scanned event that had one).
     pub fn plain_prefix(&self) -> &[u8] {
         self.prefix.get(..self.prefix_len).unwrap_or_default()
     }
 
     fn scan(&mut self, data: &[u8], log: Option<&mut TokenLog>) -> EventScan {
+        let mut scan = EventScan::unknown();
+        self.scan_to(data, log, &mut scan);
+        scan
+    }
+
+    fn scan_to(&mut self, data: &[u8], mut log: Option<&mut TokenLog>, scan: &mut EventScan) {
         let p = self.prefix_len;
         if p > 0 && data.get(..p) == Some(self.plain_prefix()) {
-            return scan_event_from(data, p, log);
+            // Past the prefix, a shape an earlier stream of this thread showed may answer (a
+            // traced request's log notes every text: it scans).
+            let shapes = !log.as_deref().is_some_and(|l| l.detail);
+            if shapes && shapes::answer(data, p, log.as_deref_mut(), scan) {
+                return;
+            }
+            scan_event_to(data, p, log.as_deref_mut(), scan);
+            if shapes && log.as_deref().is_none_or(TokenLog::is_empty) {
+                shapes::learn(data, p, scan, false);
+            }
+            return;
         }
-        let scan = scan_event_from(data, 0, log);
+        // The stream's first scanned event (no prefix kept yet): past its own plain prefix,
+        // a shape may answer too (vLLM's role chunk is the same in every stream past it).
+        let first = p == 0 && !log.as_deref().is_some_and(|l| l.detail);
+        match first.then(|| plain_prefix_end(data)).flatten() {
+            Some(end) if shapes::answer(data, end, log.as_deref_mut(), scan) => {}
+            Some(end) => {
+                scan_event_to(data, end, log.as_deref_mut(), scan);
+                if log.as_deref().is_none_or(TokenLog::is_empty) {
+                    shapes::learn(data, end, scan, true);
+                }
+            }
+            None => scan_event_to(data, 0, log, scan),
+        }
         let plain = scan.plain_prefix;
         if let (0, Some(slot), Some(bytes)) = (p, self.prefix.get_mut(..plain), data.get(..plain)) {
             slot.copy_from_slice(bytes);
             self.prefix_len = plain;
         }
-        scan
     }
 
     /// The template's answer when `data` repeats it.
@@ -462,7 +498,13 @@ impl RepeatCache {
 /// or control character: `scan::plain_run`, eight at a time) and escapes as the scanner takes them (`scan::Cursor::escape`). It stops at the first byte that is neither (a
 /// closing quote where `s` is a string's text) or at a backslash that opens no escape.
 #[inline(always)]
-fn text_len(s: &[u8]) -> usize {
+pub(super) fn text_len(s: &[u8]) -> usize {
+    // A token's text most often ends at a quote inside the first eight bytes: one step.
+    if let Some(k) = plain_run_in_a_word(s) {
+        if s.get(k) != Some(&b'\\') {
+            return k;
+        }
+    }
     let mut i = 0;
     loop {
         i += plain_run(s.get(i..).unwrap_or_default());

@@ -43,7 +43,7 @@ use bytes::{Bytes, BytesMut};
 use tokio::time::Instant;
 
 use super::{StreamMeter, Timeline};
-use crate::inspect::{ChunkInfo, ChunkKind, RepeatCache, TokenLog};
+use crate::inspect::{ChunkInfo, ChunkKind, EventScan, RepeatCache, TokenLog};
 use crate::sse::{SseParser, MAX_LINE_BYTES};
 
 /// What happened to the last complete event (for a `\n` that arrives in the next frame).
@@ -498,7 +498,8 @@ fn judge(
         tl.inband_error = true;
         return Class::Other;
     }
-    let scan = tl.look(repeat, ev.data);
+    let mut scan = EventScan::unknown();
+    tl.look(repeat, ev.data, &mut scan);
     let info = &scan.info;
     if info.kind == ChunkKind::Chunk && info.choice_count > 0 && info.usage.is_some() {
         strip.engine_usage = true;

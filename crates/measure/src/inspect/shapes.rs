@@ -1,0 +1,316 @@
+//! Shapes: what the streams of one engine share past their plain prefix, kept per thread.
+//!
+//! After its plain prefix (`{"id":...,"object":...,"created":...,"model":...,`, different in
+//! every stream: see [`EventScan::plain_prefix`]) an engine's events come in a few shapes that
+//! every stream repeats but for their output text: vLLM's first output chunk
+//! (`"choices":[{"index":0,"delta":{"content":"<text>"},"logprobs":null,"finish_reason":null,
+//! "token_ids":null}]}`) and its finish chunk (`..."finish_reason":"length","stop_reason":null,
+//! ...`). A stream's own template ([`super::RepeatCache`]) only answers the events after its
+//! first output chunk, and never its finish chunk; a shape seen in an earlier stream answers
+//! both without a scan.
+//!
+//! Why that is exact: a scan resumed after a plain prefix reads only the bytes after it
+//! (`scan::Cursor::resume_object`), so its answer is a function of that remainder; and a
+//! remainder that differs from a scanned one only inside one of the spans the scan read as
+//! "empty or not" ([`EventScan::output_spans`]), with other non-empty string text, reads the
+//! same (the argument of [`super::repeat`]'s template). The answer's offsets are the only thing
+//! that moves: by the prefix's length, and by the text's change of length after the span.
+//!
+//! Kept: remainders of chunks with at least one output span that logged nothing (no logprobs,
+//! no tool call: what is logged is the scan's to note each time), up to [`MAX_REMAINDER`]
+//! bytes, [`SLOTS`] of them per thread, the least recently used replaced. A chunk without an
+//! output span (a usage chunk: its counts differ in every request) is never kept. The memory
+//! of a slot is taken once and reused: once warm, answering and learning allocate nothing.
+//! `meter/repeat_differential.rs` and `meter/strip_tests.rs` hold every meter that uses them
+//! to the reference that scans every event.
+
+use std::cell::RefCell;
+
+use super::repeat::text_len;
+use super::{ChunkKind, EventScan, TokenLog};
+
+/// Shapes kept per thread.
+pub const SLOTS: usize = 8;
+/// Longest remainder kept (a vLLM chunk's is about 130 bytes).
+pub const MAX_REMAINDER: usize = 1024;
+
+#[derive(Debug)]
+struct Shape {
+    /// The remainder: a payload from the end of its plain prefix to its last byte.
+    bytes: Vec<u8>,
+    /// Its scan, every offset taken from the remainder's start.
+    scan: EventScan,
+    /// The answer count when it last answered or was learned (the least is replaced).
+    used: u64,
+}
+
+#[derive(Debug)]
+struct Shapes {
+    slots: Vec<Shape>,
+    clock: u64,
+}
+
+thread_local! {
+    static SHAPES: RefCell<Shapes> = const {
+        RefCell::new(Shapes {
+            slots: Vec::new(),
+            clock: 0,
+        })
+    };
+}
+
+/// Where `rem` repeats `bytes` but for other non-empty string text in one of `spans`: that
+/// span's index and where its text ends in `rem`.
+#[inline]
+fn repeat_span(bytes: &[u8], spans: &[(usize, usize)], rem: &[u8]) -> Option<(usize, usize)> {
+    spans.iter().enumerate().find_map(|(k, &(a, b))| {
+        let tail = bytes.len().checked_sub(b)?;
+        let end = rem.len().checked_sub(tail)?;
+        let hit = end > a
+            && rem.get(..a) == bytes.get(..a)
+            && rem.get(end..) == bytes.get(b..)
+            && text_len(rem.get(a..end)?) == end - a;
+        hit.then_some((k, end))
+    })
+}
+
+/// The scan of `data` resumed at `from` (the end of a plain prefix: see
+/// [`super::scan_event_to`]), from a shape this thread has kept, into `scan` (as
+/// [`EventScan::unknown`] made it); `false` when no shape answers (`scan` untouched).
+pub(super) fn answer(
+    data: &[u8],
+    from: usize,
+    log: Option<&mut TokenLog>,
+    scan: &mut EventScan,
+) -> bool {
+    let Some(rem) = data.get(from..) else {
+        return false;
+    };
+    SHAPES.with_borrow_mut(|shapes| {
+        let Some((shape, moved)) = shapes.slots.iter_mut().find_map(|s| {
+            let spans = s.scan.output_spans.as_slice();
+            if spans.is_empty() {
+                return (rem == s.bytes.as_slice()).then_some((s, None));
+            }
+            let (k, end) = repeat_span(&s.bytes, spans, rem)?;
+            let b = spans.get(k)?.1;
+            Some((s, Some((b, end))))
+        }) else {
+            return false;
+        };
+        shapes.clock += 1;
+        shape.used = shapes.clock;
+        // A position of the remainder past the text that differs moves with the text's end.
+        let at = |pos: usize| {
+            from + match moved {
+                Some((b, end)) if pos >= b => pos - b + end,
+                _ => pos,
+            }
+        };
+        let s = &shape.scan;
+        scan.info = s.info;
+        scan.fingerprint = s.fingerprint.as_ref().map(|r| at(r.start)..at(r.end));
+        scan.timings = s.timings.as_ref().map(|r| at(r.start)..at(r.end));
+        scan.plain_prefix = at(s.plain_prefix);
+        scan.output_spans = s.output_spans.map(at);
+        if let Some(l) = log {
+            // What the scan sets before it reads (its log stays empty: the shape's did).
+            l.lead = data.len() - data.trim_ascii_start().len();
+            l.body = false;
+        }
+        true
+    })
+}
+
+/// `scan` is the scan of `data` resumed at `from` (see [`answer`]), which logged nothing:
+/// kept as a shape when it is a chunk with an output span (or, `first`: a stream's first
+/// event, whose remainder every stream of its engine repeats whole, such as vLLM's role
+/// chunk) and not too long.
+pub(super) fn learn(data: &[u8], from: usize, scan: &EventScan, first: bool) {
+    let Some(rem) = data.get(from..) else {
+        return;
+    };
+    if scan.info.kind != ChunkKind::Chunk
+        || (scan.output_spans.as_slice().is_empty() && !first)
+        || rem.len() > MAX_REMAINDER
+    {
+        return;
+    }
+    // Every offset of a chunk's scan resumed at `from` is at or past it.
+    let rel = |pos: usize| pos.checked_sub(from);
+    let (Some(plain_prefix), Some(spans)) = (
+        rel(scan.plain_prefix),
+        scan.output_spans.try_map(|p| p.checked_sub(from)),
+    ) else {
+        return;
+    };
+    let range = |r: &Option<std::ops::Range<usize>>| match r {
+        None => Some(None),
+        Some(r) => Some(Some(rel(r.start)?..rel(r.end)?)),
+    };
+    let (Some(fingerprint), Some(timings)) = (range(&scan.fingerprint), range(&scan.timings))
+    else {
+        return;
+    };
+    let kept = EventScan {
+        info: scan.info,
+        fingerprint,
+        timings,
+        plain_prefix,
+        output_spans: spans,
+    };
+    SHAPES.with_borrow_mut(|shapes| {
+        shapes.clock += 1;
+        let used = shapes.clock;
+        if shapes.slots.len() < SLOTS {
+            shapes.slots.push(Shape {
+                bytes: Vec::with_capacity(MAX_REMAINDER),
+                scan: EventScan::unknown(),
+                used: 0, // the least recently used: filled next
+            });
+        }
+        let Some(slot) = shapes.slots.iter_mut().min_by_key(|s| s.used) else {
+            return;
+        };
+        slot.bytes.clear();
+        slot.bytes.extend_from_slice(rem);
+        slot.scan = kept;
+        slot.used = used;
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inspect::{plain_prefix_end, scan_event_from};
+    use proptest::prelude::*;
+
+    /// Every data payload of every real capture.
+    fn captured_events() -> &'static [Vec<u8>] {
+        static EVENTS: std::sync::OnceLock<Vec<Vec<u8>>> = std::sync::OnceLock::new();
+        EVENTS.get_or_init(|| {
+            let mut out = Vec::new();
+            for (_, raw) in crate::fixtures::CAPTURES {
+                let body = crate::fixtures::parse_capture(raw).body;
+                let mut p = crate::sse::SseParser::new();
+                p.feed(body, |ev| out.push(ev.data.to_vec()));
+                p.finish(|ev| out.push(ev.data.to_vec()));
+            }
+            out
+        })
+    }
+
+    /// What the meter's path does with `data` (see `RepeatCache::scan_to`), with `from` the end
+    /// of a plain prefix: the shape's answer, else the scan resumed there (then learned). Checks
+    /// the answer against the scan of `data` whole; returns whether a shape answered.
+    fn check(data: &[u8], from: usize, first: bool) -> bool {
+        let whole = scan_event_from(data, 0, None);
+        let resumed = scan_event_from(data, from, None);
+        assert_eq!(
+            resumed,
+            whole,
+            "resumed at {from}: {:?}",
+            String::from_utf8_lossy(data)
+        );
+        let mut got = EventScan::unknown();
+        if answer(data, from, None, &mut got) {
+            assert_eq!(got, whole, "{:?}", String::from_utf8_lossy(data));
+            return true;
+        }
+        assert_eq!(got, EventScan::unknown());
+        learn(data, from, &resumed, first);
+        false
+    }
+
+    /// On every event of every capture, twice (the second time from the shapes the first
+    /// learned): where a plain prefix ends is where a whole scan says it does, and a shape's
+    /// answer is the whole scan's.
+    #[test]
+    fn shapes_answer_every_captured_event_as_a_whole_scan() {
+        let events = captured_events();
+        let mut hits = 0;
+        for round in 0..2 {
+            for data in events {
+                let Some(end) = plain_prefix_end(data) else {
+                    continue;
+                };
+                assert_eq!(end, scan_event_from(data, 0, None).plain_prefix);
+                hits += usize::from(check(data, end, round == 0));
+            }
+        }
+        assert!(hits > 100, "{hits} answers");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2048))]
+        /// Captured events edited anywhere (one byte changed, or a text put in place of a
+        /// run of bytes), after the original's shape was learned: every answer a shape
+        /// gives is the whole scan's, and where a plain prefix is found a scan resumed there
+        /// is the whole scan.
+        #[test]
+        fn shapes_answer_edited_events_as_a_whole_scan(
+            pick in any::<prop::sample::Index>(),
+            at in any::<prop::sample::Index>(),
+            len in 0usize..12,
+            byte in prop_oneof![Just(b'"'), Just(b'\\'), Just(b'}'), Just(b','), Just(b'x'), any::<u8>()],
+            text in prop_oneof![Just(""), Just("a"), Just("\\n"), Just("\\\""), Just("\\u00e9"), Just("error"), Just("\":1,\"x\":\"")],
+        ) {
+            let events = captured_events();
+            let mut data = pick.get(events).clone();
+            if let Some(end) = plain_prefix_end(&data) {
+                check(&data, end, true); // its shape kept (or answering already)
+            }
+            let i = at.index(data.len().max(1)).min(data.len());
+            if len == 0 {
+                if let Some(b) = data.get_mut(i) {
+                    *b = byte;
+                }
+            } else {
+                let j = (i + len).min(data.len());
+                data.splice(i..j, text.bytes());
+            }
+            if let Some(end) = plain_prefix_end(&data) {
+                check(&data, end, false);
+            }
+        }
+    }
+
+    /// Shapes answer as a scan resumed at the same place answers, offsets and all, for texts
+    /// of every length, escapes included; a change outside the text is a miss.
+    #[test]
+    fn a_kept_shape_answers_as_the_scan() {
+        let prefix =
+            r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","#;
+        let from = prefix.len();
+        let event = |text: &str, finish: &str| {
+            format!(
+                r#"{prefix}"choices":[{{"index":0,"delta":{{"content":"{text}"}},"logprobs":null,"finish_reason":{finish}}}],"system_fingerprint":"fp"}}"#
+            )
+        };
+        let learned = event("first", "null");
+        let mut scan = EventScan::unknown();
+        crate::inspect::scan_event_to(learned.as_bytes(), from, None, &mut scan);
+        learn(learned.as_bytes(), from, &scan, false);
+        for text in ["a", "longer text than it was", "x\\n\\u00e9\\\"", "first"] {
+            let e = event(text, "null");
+            let mut got = EventScan::unknown();
+            assert!(answer(e.as_bytes(), from, None, &mut got), "{text}");
+            assert_eq!(got, scan_event_from(e.as_bytes(), from, None), "{text}");
+            assert_eq!(got.info, scan_event_from(e.as_bytes(), 0, None).info);
+        }
+        for miss in [
+            event("", "null"),
+            event("a", "\"stop\""),
+            event("a\\x", "null"),
+        ] {
+            let mut got = EventScan::unknown();
+            assert!(!answer(miss.as_bytes(), from, None, &mut got), "{miss}");
+            assert_eq!(got, EventScan::unknown());
+        }
+        // Another prefix of the same length: the remainder is what counts.
+        let other = event("b", "null").replace("chatcmpl-1", "chatcmpl-2");
+        let mut got = EventScan::unknown();
+        assert!(answer(other.as_bytes(), from, None, &mut got));
+        assert_eq!(got, scan_event_from(other.as_bytes(), from, None));
+    }
+}
