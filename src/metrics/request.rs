@@ -180,13 +180,15 @@ pub const ITL_FLUSH_GAPS: u32 = 32;
 
 /// One request's ITL observations, buffered: a gap costs no shared atomic. Every stream of a
 /// model and replica observes the same series, so observing each gap at once made the runtime
-/// threads take turns on its cache lines for every event. Flushed every [`ITL_FLUSH_GAPS`]
-/// gaps and when dropped (the metered body drops it at the request's end, before the record),
-/// so `/metrics` lags a running stream by fewer than that many gaps and a finished one not at all.
-/// A zero gap (events packed into one read) is counted, not observed (see `gap_histogram`).
+/// threads take turns on its cache lines for every event. Flushed once [`ITL_FLUSH_GAPS`] gaps
+/// wait (checked at each gap that is not zero and each time a frame has been metered,
+/// [`ItlBuffer::settle`]) and when dropped (the metered body drops it at the request's end,
+/// before the record), so between frames `/metrics` lags a running stream by fewer than that
+/// many gaps and a finished one not at all. A zero gap (events packed into one read) is
+/// counted, not observed (see `gap_histogram`): a frame's run of them adds up to one addition.
 pub struct ItlBuffer {
     gaps: GapBuffer,
-    pending: u32,
+    pending: u64,
 }
 
 impl ItlBuffer {
@@ -194,7 +196,15 @@ impl ItlBuffer {
     pub fn observe(&mut self, gap: Duration) {
         self.gaps.observe(gap);
         self.pending += 1;
-        if self.pending >= ITL_FLUSH_GAPS {
+        if !gap.is_zero() {
+            self.settle();
+        }
+    }
+
+    /// A frame has been metered: flush when [`ITL_FLUSH_GAPS`] gaps wait.
+    #[inline]
+    pub fn settle(&mut self) {
+        if self.pending >= u64::from(ITL_FLUSH_GAPS) {
             self.gaps.flush();
             self.pending = 0;
         }

@@ -147,6 +147,7 @@ impl MeteredBody {
                     Ok(data) => {
                         let itl = &mut a.itl;
                         let whole = a.meter.strip_frame(t, data, &mut s.out, |g| itl.observe(g));
+                        itl.settle();
                         a.served(t);
                         // `out` was empty: a frame that passes whole goes out at once.
                         if let Some(frame) = whole {
@@ -162,6 +163,7 @@ impl MeteredBody {
             }
             let itl = &mut a.itl;
             a.meter.end_of_upstream(t, &mut s.out, |g| itl.observe(g));
+            itl.settle();
             s.done = true;
         }
     }
@@ -202,6 +204,7 @@ impl Body for MeteredBody {
                     let itl = &mut a.itl;
                     let t = Instant::now();
                     a.meter.on_data(t, data, |g| itl.observe(g));
+                    itl.settle();
                     a.served(t);
                 }
             }

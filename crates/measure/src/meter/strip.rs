@@ -96,25 +96,40 @@ pub(super) struct Strip {
     spare_log: TokenLog,
 }
 
-/// The output of one frame: one slice of the frame when possible, else a list of pieces
-/// (slices of the frame and the few bytes the strip holds or rewrites). Never a copy of the
-/// frame: when the engine packs a whole stream into one frame, the part before a held finish
-/// chunk stays a slice of it.
-enum Out {
-    Empty,
-    Range(usize, usize),
-    Pieces(Vec<Bytes>),
+/// The output of one frame: one slice of the frame when possible, else pieces (slices of the
+/// frame and the few bytes the strip holds or rewrites) appended to the body's queue as they
+/// come. Never a copy of the frame: when the engine packs a whole stream into one frame, the
+/// part before a held finish chunk stays a slice of it.
+struct Out<'q> {
+    /// Where the pieces go, in order (appended to, never read).
+    queue: &'q mut VecDeque<Bytes>,
+    state: Pieces,
 }
 
-impl Out {
+enum Pieces {
+    Empty,
+    /// One slice of the frame, not appended yet: the whole frame goes out as it is.
+    Range(usize, usize),
+    /// Appended to the queue already (each later range a piece of its own).
+    Queued,
+}
+
+impl<'q> Out<'q> {
+    fn new(queue: &'q mut VecDeque<Bytes>) -> Self {
+        Self {
+            queue,
+            state: Pieces::Empty,
+        }
+    }
+
     #[inline(always)]
     fn range(&mut self, frame: &Bytes, a: usize, b: usize) {
         if a == b {
             return;
         }
-        match self {
-            Out::Empty => *self = Out::Range(a, b),
-            Out::Range(x, y) if *y == a => *self = Out::Range(*x, b),
+        match self.state {
+            Pieces::Empty => self.state = Pieces::Range(a, b),
+            Pieces::Range(x, y) if y == a => self.state = Pieces::Range(x, b),
             _ => self.piece(frame, frame.slice(a..b)),
         }
     }
@@ -123,20 +138,20 @@ impl Out {
         if piece.is_empty() {
             return;
         }
-        match self {
-            Out::Empty => *self = Out::Pieces(vec![piece]),
-            Out::Range(x, y) => *self = Out::Pieces(vec![frame.slice(*x..*y), piece]),
-            Out::Pieces(v) => v.push(piece),
+        if let Pieces::Range(x, y) = self.state {
+            self.queue.push_back(frame.slice(x..y));
         }
+        self.queue.push_back(piece);
+        self.state = Pieces::Queued;
     }
 
-    /// The pieces appended to `out`, or the frame itself when it passes whole (returned).
-    fn into_pieces(self, frame: Bytes, out: &mut VecDeque<Bytes>) -> Option<Bytes> {
-        match self {
-            Out::Empty => {}
-            Out::Range(0, b) if b == frame.len() => return Some(frame),
-            Out::Range(a, b) => out.push_back(frame.slice(a..b)),
-            Out::Pieces(v) => out.extend(v),
+    /// The frame itself when it passes whole (then nothing was appended), else `None` (its
+    /// pieces are in the queue).
+    fn finish(self, frame: Bytes) -> Option<Bytes> {
+        match self.state {
+            Pieces::Empty | Pieces::Queued => {}
+            Pieces::Range(0, b) if b == frame.len() => return Some(frame),
+            Pieces::Range(a, b) => self.queue.push_back(frame.slice(a..b)),
         }
         None
     }
@@ -156,7 +171,7 @@ impl Strip {
 }
 
 /// The held finish chunk (`held`, possibly rewritten) and the comments held behind it go out.
-fn release(strip: &mut Strip, held: Option<Bytes>, frame: &Bytes, acc: &mut Out) {
+fn release(strip: &mut Strip, held: Option<Bytes>, frame: &Bytes, acc: &mut Out<'_>) {
     if let Some(h) = held {
         acc.piece(frame, h);
     }
@@ -287,7 +302,7 @@ impl StreamMeter {
         }
         self.last_frame = Some(t);
         let on_gap = &mut on_gap;
-        let mut acc = Out::Empty;
+        let mut acc = Out::new(out);
         let mut start = 0;
         if let Some(strip) = self.strip.as_deref_mut() {
             if let Some(fate) = strip.trailing_cr.take() {
@@ -316,7 +331,7 @@ impl StreamMeter {
             start = self.strip_next(t, &frame, start, &mut acc, on_gap);
         }
         let Some(strip) = self.strip.as_deref_mut() else {
-            return acc.into_pieces(frame, out);
+            return acc.finish(frame);
         };
         let held = strip.held.as_ref().map_or(0, Bytes::len) + strip.held_comments.len();
         if strip.partial.len() + held > MAX_LINE_BYTES {
@@ -327,7 +342,7 @@ impl StreamMeter {
             let partial = std::mem::take(&mut strip.partial);
             acc.piece(&frame, partial.freeze());
         }
-        acc.into_pieces(frame, out)
+        acc.finish(frame)
     }
 
     /// The events at the start of `rest` (a frame from an event's start) that repeat the
@@ -361,7 +376,7 @@ impl StreamMeter {
         t: Instant,
         frame: &Bytes,
         start: usize,
-        acc: &mut Out,
+        acc: &mut Out<'_>,
         on_gap: &mut impl FnMut(Duration),
     ) -> usize {
         let Some(strip) = self.strip.as_deref_mut() else {
