@@ -1,4 +1,4 @@
-//! `[balance]`: how a replica is chosen for each request (see `src/upstream/strategy.rs` and
+//! `[balance]`: how a replica is chosen for each request (see `src/upstream/strategy/` and
 //! docs/routing.md). Nothing here needs converting, so the raw table is also the checked form.
 
 use serde::Deserialize;

@@ -75,7 +75,7 @@ pub struct Replica {
     pub route: RouteState,
 }
 
-/// What the balancer keeps per replica (see `strategy.rs`).
+/// What the balancer keeps per replica (see `strategy/`).
 #[derive(Debug)]
 pub struct RouteState {
     /// Identity in the prefix index: unique in this process.
