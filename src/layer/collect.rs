@@ -127,7 +127,9 @@ where
     B::Error: Into<BoxError>,
 {
     let mut body = std::pin::pin!(body);
-    let mut parts: Vec<Bytes> = Vec::new();
+    // Most bodies come in one frame: it is the body (no vector for it); more are joined.
+    let mut first: Option<Bytes> = None;
+    let mut more: Vec<Bytes> = Vec::new();
     let mut total: u64 = 0;
     loop {
         let frame = match tokio::time::timeout(idle, body.frame()).await {
@@ -145,15 +147,19 @@ where
             if total > limit {
                 return Err(ProxyError::BodyTooLarge { limit });
             }
-            parts.push(data);
+            match first {
+                None => first = Some(data),
+                Some(_) => more.push(data),
+            }
         }
     }
-    Ok(match parts.len() {
-        0 => Bytes::new(),
-        1 => parts.swap_remove(0),
-        _ => {
+    Ok(match first {
+        None => Bytes::new(),
+        Some(one) if more.is_empty() => one,
+        Some(one) => {
             let mut all = bytes::BytesMut::with_capacity(total as usize);
-            for p in parts {
+            all.extend_from_slice(&one);
+            for p in more {
                 all.extend_from_slice(&p);
             }
             all.freeze()

@@ -294,9 +294,7 @@ impl Finish {
                     };
                     r.replica.set_usage_unasked(learned);
                 }
-                let mut attempts = r.attempts;
-                attempts.pop();
-                rec.with_route(r.reason, attempts)
+                rec.with_route(r.reason, r.earlier)
             }
             None => rec,
         };

@@ -44,8 +44,9 @@ pub struct Routed {
     /// proxy's own time (body read, balancing, any earlier attempts).
     pub sent: tokio::time::Instant,
     pub reason: Reason,
-    /// Every replica tried, in order (the last one answered).
-    pub attempts: Vec<Arc<str>>,
+    /// The replicas tried before the one that answered, in order (none on a first try: no
+    /// allocation for the common case).
+    pub earlier: Vec<Arc<str>>,
     /// The request as the balancer read it, and what its prefix index believed the replica
     /// held: checked against the engine's `cached_tokens` when the response reports them.
     pub shape: Shape,
@@ -116,7 +117,7 @@ async fn forward(
     let shape = Shape::of(&body, balancer.cfg.prefix_block_bytes);
 
     let mut excluded: Vec<usize> = Vec::new();
-    let mut attempts: Vec<Arc<str>> = Vec::new();
+    let mut earlier: Vec<Arc<str>> = Vec::new();
     let mut connect_retried = false;
     // One snapshot per request: discovery may change the set meanwhile.
     let replicas = up.replicas();
@@ -132,7 +133,6 @@ async fn forward(
         balancer.count(choice.reason);
         let idx = choice.idx;
         let replica = &replicas[idx];
-        attempts.push(replica.url.clone());
         // Where the prefix index expects the prompt's prefix cached, the request counts at
         // what that engine lacks of it.
         let cached = shape.cached_tokens(belief.blocks, balancer.cfg.prefix_block_bytes);
@@ -177,6 +177,7 @@ async fn forward(
                 } else {
                     tokio::time::sleep(CONNECT_RETRY_PAUSE).await;
                 }
+                earlier.push(replica.url.clone());
                 continue;
             }
             Ok(Err(e)) if e.is_connect() => {
@@ -198,13 +199,14 @@ async fn forward(
         // An admission rejection is retried elsewhere while the client has seen nothing, and
         // only when another replica is left to try.
         let retry = balancer.cfg.retry_rejections
-            && attempts.len() < MAX_ATTEMPTS
+            && earlier.len() + 1 < MAX_ATTEMPTS
             && replicas.len() > excluded.len() + 1;
         let body = if !retry {
             body.boxed_unsync()
         } else if rparts.status == StatusCode::SERVICE_UNAVAILABLE {
             tracing::debug!(upstream = %replica.url, "admission rejection (503); trying another replica");
             excluded.push(idx);
+            earlier.push(replica.url.clone());
             continue;
         } else if balancer.cfg.hold_first_event
             && rparts.status == StatusCode::OK
@@ -215,6 +217,7 @@ async fn forward(
             if held.is_rejection() {
                 tracing::debug!(upstream = %replica.url, "admission rejection in the stream; trying another replica");
                 excluded.push(idx);
+                earlier.push(replica.url.clone());
                 continue;
             }
             Prefixed::new(held, body).boxed_unsync()
@@ -231,7 +234,7 @@ async fn forward(
             replica: replica.clone(),
             sent,
             reason: choice.reason,
-            attempts,
+            earlier,
             shape,
             belief,
             balancer: up.balancer.clone(),

@@ -34,7 +34,7 @@ use usage::Unasked;
 pub use forward::Forward;
 
 /// The pooled HTTP/1.1 client shared by every request and the health prober.
-pub type UpstreamClient = Client<UpstreamConnector, Full<Bytes>>;
+pub type UpstreamClient = Client<SharedConnector, Full<Bytes>>;
 
 /// How the pooled client opens a connection: hyper-util's `HttpConnector` (see
 /// [`http_connector`]), boxed so that a test can wrap it ([`Upstreams::with_connector`]), e.g.
@@ -44,6 +44,32 @@ pub type UpstreamConnector = BoxCloneSyncService<
     TokioIo<tls::UpstreamStream>,
     Box<dyn std::error::Error + Send + Sync>,
 >;
+
+/// The client's [`UpstreamConnector`], shared: hyper-util's client clones its connector for
+/// every request (once with the client, once for the connect it keeps ready in case the pool
+/// has no idle connection), and a boxed service's clone is an allocation; this one's is a
+/// reference count. The boxed connector is cloned only to open a connection.
+#[derive(Clone)]
+pub struct SharedConnector(Arc<UpstreamConnector>);
+
+impl tower::Service<Uri> for SharedConnector {
+    type Response = TokioIo<tls::UpstreamStream>;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Future = futures_util::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        // The clone made in `call` waits for the boxed connector's readiness itself.
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        use tower::ServiceExt;
+        Box::pin(UpstreamConnector::clone(&self.0).oneshot(uri))
+    }
+}
 
 pub use crate::config::parse_base_url;
 
@@ -591,7 +617,7 @@ fn build_client(config: &UpstreamConfig, connector: UpstreamConnector) -> Upstre
         // A request the pool handed to a connection that turned out closed before anything
         // was written is sent again on another (hyper-util's default, relied on: explicit).
         .retry_canceled_requests(true)
-        .build(connector)
+        .build(SharedConnector(Arc::new(connector)))
 }
 
 #[cfg(test)]
