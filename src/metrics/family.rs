@@ -171,15 +171,11 @@ impl<'r> Registrar<'r> {
 
 #[cfg(test)]
 mod tests {
-    use prometheus::{Encoder, TextEncoder};
-
     use super::*;
     use crate::metrics::labels::{Served, Sink};
 
     fn text(r: &Registry) -> String {
-        let mut buf = Vec::new();
-        TextEncoder::new().encode(&r.gather(), &mut buf).unwrap();
-        String::from_utf8(buf).unwrap()
+        crate::metrics::exposition_text(r)
     }
 
     #[test]

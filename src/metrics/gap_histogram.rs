@@ -161,15 +161,13 @@ pub fn gap_histogram_vec(
 
 #[cfg(test)]
 mod tests {
-    use prometheus::{Encoder, HistogramVec, Registry, TextEncoder};
+    use prometheus::{HistogramVec, Registry};
 
     use super::*;
     use crate::metrics::TPOT_BUCKETS;
 
     fn text(r: &Registry) -> String {
-        let mut buf = Vec::new();
-        TextEncoder::new().encode(&r.gather(), &mut buf).unwrap();
-        String::from_utf8(buf).unwrap()
+        crate::metrics::exposition_text(r)
     }
 
     fn opts() -> HistogramOpts {

@@ -279,6 +279,18 @@ impl Metrics {
     }
 }
 
+/// The text exposition of every family in `r`, as a scrape would read it (for tests that pin
+/// what a metric looks like from outside).
+#[cfg(test)]
+pub(crate) fn exposition_text(r: &Registry) -> String {
+    use prometheus::Encoder;
+    let mut buf = Vec::new();
+    prometheus::TextEncoder::new()
+        .encode(&r.gather(), &mut buf)
+        .expect("the text encoder writes into a Vec");
+    String::from_utf8(buf).expect("the exposition is UTF-8")
+}
+
 #[cfg(test)]
 mod tests {
     use super::labels::SloName;

@@ -211,14 +211,7 @@ fn every_decision_reason_and_release_cause_is_a_series_from_the_start() {
     full[home].waiting = Some(1.0);
     let moved = b.choose(&full, &shape(6), &[], &mut rng).unwrap().0;
     assert_eq!(moved.reason, Reason::PrefixSaturated);
-    let mut text = Vec::new();
-    prometheus::Encoder::encode(
-        &prometheus::TextEncoder::new(),
-        &registry.gather(),
-        &mut text,
-    )
-    .unwrap();
-    let text = String::from_utf8(text).unwrap();
+    let text = crate::metrics::exposition_text(&registry);
     for r in Reason::ALL {
         let n = if r == Reason::PrefixHit { 2 } else { 0 };
         let line = format!(
