@@ -42,7 +42,9 @@ PARTS="${PARTS:-wrk paced held burst}"
 LITELLM="${LITELLM:-auto}"
 LITELLM_VENV="${LITELLM_VENV:-/tmp/goodput-bench-litellm}"
 BASE="${BASE_PORT:-18500}"
-W="$PWD/$OUT/work"
+# OUT relative to the repository or absolute: every path below is made from the absolute one.
+[[ $OUT == /* ]] || OUT="$PWD/$OUT"
+W="$OUT/work"
 rm -rf "$OUT"; mkdir -p "$W"
 RAW="$OUT/raw.jsonl"; : >"$RAW"
 log() { printf '[bench %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
