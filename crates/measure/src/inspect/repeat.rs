@@ -17,8 +17,7 @@
 //! [`inspect_chunk`](super::inspect_chunk) on every event.
 
 use super::{
-    plain_prefix_end, scan_event_to, shapes, ChoiceInfo, ChunkInfo, ChunkKind, EventScan,
-    OutputSpans, TokenLog,
+    scan_event_to, shapes, ChoiceInfo, ChunkInfo, ChunkKind, EventScan, OutputSpans, TokenLog,
 };
 use crate::scan::{plain_run, plain_run_in_a_word};
 
@@ -210,37 +209,45 @@ impl Template {
         else {
             return (0, 0);
         };
-        if buf.get(..a) != Some(head) {
+        let Some(mut rest) = buf.strip_prefix(head) else {
             return (0, 0);
-        }
-        // `pos`: where the text of an event whose head matched starts.
-        let (mut n, mut pos) = (0, a);
+        };
+        // `rest`: what follows the head of an event whose head matched (its text first); the
+        // loop keeps only it and the count live, so both stay in registers across the
+        // comparison's call.
+        let mut n = 0;
         loop {
-            let end = pos + text_len(buf.get(pos..).unwrap_or_default());
-            if end == pos {
-                return (n, pos - a);
+            let k = text_len(rest);
+            if k == 0 {
+                break;
             }
-            if buf.get(end..end + joint.len()) == Some(joint) {
+            let after = &rest[k..];
+            if let Some(next) = after.strip_prefix(joint) {
                 n += 1;
-                pos = end + joint.len();
+                rest = next;
                 continue;
             }
-            if buf.get(end..end + tail.len()) == Some(tail) {
-                return (n + 1, end + tail.len());
+            if let Some(r) = after.strip_prefix(tail) {
+                return (n + 1, buf.len() - r.len());
             }
             let t = &tail[..tail.len() - TRAIL.len()];
-            let m = end + t.len();
-            if buf.get(end..m) == Some(t) && buf.get(m..m + 4) == Some(&b"\r\n\r\n"[..]) {
+            match after
+                .strip_prefix(t)
+                .and_then(|r| r.strip_prefix(b"\r\n\r\n"))
+            {
                 // Ended by `\r\n\r\n`: the next one's head is compared on its own.
-                n += 1;
-                if buf.get(m + 4..m + 4 + a) == Some(head) {
-                    pos = m + 4 + a;
-                    continue;
+                Some(r) => {
+                    n += 1;
+                    match r.strip_prefix(head) {
+                        Some(next) => rest = next,
+                        None => return (n, buf.len() - r.len()),
+                    }
                 }
-                return (n, m + 4);
+                None => break,
             }
-            return (n, pos - a);
         }
+        // `rest` follows the head of an event that is no repeat: the run ends at that head.
+        (n, buf.len() - rest.len() - a)
     }
 
     /// [`Template::match_prefix`] may frame by this template: it holds no line end but in a
@@ -383,7 +390,7 @@ impl RepeatCache {
         // The stream's first scanned event (no prefix kept yet): past its own plain prefix,
         // a shape may answer too (vLLM's role chunk is the same in every stream past it).
         let first = p == 0 && !log.as_deref().is_some_and(|l| l.detail);
-        match first.then(|| plain_prefix_end(data)).flatten() {
+        match first.then(|| super::prefix::prefix_end(data)).flatten() {
             Some(end) if shapes::answer(data, end, log.as_deref_mut(), scan) => {}
             Some(end) => {
                 scan_event_to(data, end, log.as_deref_mut(), scan);
