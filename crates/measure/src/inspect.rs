@@ -13,6 +13,8 @@ use crate::scan::{Cursor, Malformed, Scan, Str};
 
 mod calls;
 pub use calls::LoggedCall;
+mod prefix;
+use prefix::PrefixNotes;
 mod repeat;
 pub use repeat::{RepeatCache, Seen, Template, TEMPLATE_ROOM};
 mod shapes;
@@ -167,6 +169,10 @@ pub struct EventScan {
     /// the first [`OutputSpans::MAX`]: where a repeat of this payload may differ
     /// ([`RepeatCache::learn_scanned`]).
     pub output_spans: OutputSpans,
+    /// The integers of a top-level `usage` object that the scan read as numbers only (the
+    /// counts it keeps and the ones it skips): where a payload that differs from this one only
+    /// in those digits reads the same but for the counts ([`CountSpans`]).
+    pub counts: CountSpans,
 }
 
 impl EventScan {
@@ -185,6 +191,7 @@ impl EventScan {
             timings: None,
             plain_prefix: 0,
             output_spans: OutputSpans::default(),
+            counts: CountSpans::default(),
         }
     }
 }
@@ -228,6 +235,78 @@ impl OutputSpans {
     fn try_map(mut self, f: impl Fn(usize) -> Option<usize>) -> Option<Self> {
         for s in &mut self.spans[..self.n] {
             *s = (f(s.0)?, f(s.1)?);
+        }
+        Some(self)
+    }
+}
+
+/// What an integer of a top-level `usage` object is to the scan ([`CountSpans`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Count {
+    /// Read and dropped: skipped (`total_tokens`), or a count a later key of the same name
+    /// replaced. Its digits change nothing.
+    #[default]
+    Free,
+    /// The value of `usage.prompt_tokens`.
+    Prompt,
+    /// The value of `usage.completion_tokens`.
+    Completion,
+}
+
+/// The integer values of a top-level `usage` object (the one the answer's usage is), in
+/// order, each as `(start, end, what it is)`, the first [`CountSpans::MAX`]. Why a payload
+/// that has other digits there reads the same but for the counts: the scan reads such a value
+/// by `Cursor::uint` (a count) or `Cursor::skip` (any other key), and both take a run of
+/// digits that opens with `1`-`9` (or is `0` alone) and has at most 19 of them (no overflow) by
+/// one path, to the first byte that is not a digit; only the count's value depends on which
+/// digits they are. A value not noted here (a float, a nested count, past the first
+/// [`CountSpans::MAX`]) is compared as it is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CountSpans {
+    spans: [(usize, usize, Count); CountSpans::MAX],
+    n: usize,
+}
+
+impl CountSpans {
+    /// Values noted (vLLM's usage has three: prompt, total and completion tokens).
+    pub const MAX: usize = 4;
+
+    pub fn as_slice(&self) -> &[(usize, usize, Count)] {
+        &self.spans[..self.n]
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// A `usage` member's value was read at `r` as `what` (`None`: not as an integer that
+    /// counts, so an earlier value of that count no longer does).
+    fn note(&mut self, what: Count, r: Option<Range<usize>>) {
+        if what != Count::Free {
+            for s in &mut self.spans[..self.n] {
+                if s.2 == what {
+                    s.2 = Count::Free; // replaced by this one: its digits no longer count
+                }
+            }
+        }
+        if let (Some(r), Some(slot)) = (r, self.spans.get_mut(self.n)) {
+            *slot = (r.start, r.end, what);
+            self.n += 1;
+        }
+    }
+
+    /// Every start and end moved by `f`.
+    fn map(mut self, f: impl Fn(usize) -> usize) -> Self {
+        for s in &mut self.spans[..self.n] {
+            *s = (f(s.0), f(s.1), s.2);
+        }
+        self
+    }
+
+    /// [`CountSpans::map`], `None` when `f` is for some start or end.
+    fn try_map(mut self, f: impl Fn(usize) -> Option<usize>) -> Option<Self> {
+        for s in &mut self.spans[..self.n] {
+            *s = (f(s.0)?, f(s.1)?, s.2);
         }
         Some(self)
     }
@@ -306,6 +385,7 @@ pub(crate) fn scan_event_to(
             scan.timings = body.timings.map(|r| r.start + lead..r.end + lead);
             scan.plain_prefix = body.plain_end.map_or(0, |end| end + lead);
             scan.output_spans = spans.shift(lead);
+            scan.counts = body.counts.map(|p| p + lead);
         }
         Err(Malformed) => scan.info = ChunkInfo::of_kind(ChunkKind::Unknown),
     }
@@ -374,6 +454,8 @@ struct Body {
     /// Where the key of the first member that is not plain starts, when members before it
     /// are all plain (they leave everything here as it was: see [`EventScan::plain_prefix`]).
     plain_end: Option<usize>,
+    /// The integers of the `usage` read ([`EventScan::counts`]).
+    counts: CountSpans,
 }
 
 impl Body {
@@ -409,26 +491,47 @@ const BODY_KEYS: &[&[u8]] = &[
     b"timings",
 ];
 
+/// [`plain_prefix_noted`] without notes: the reference the kept prefix is held to.
+#[cfg(test)]
+pub(crate) fn plain_prefix_end(data: &[u8]) -> Option<usize> {
+    plain_prefix_noted(data, None)
+}
+
 /// Where the plain prefix of the payload `data` ends ([`EventScan::plain_prefix`], as a scan of
 /// `data` finds it), read without the rest: the start of the first member (its key's quote)
 /// that says something, when plain members come before it and it comes; else `None`. The
 /// members before are read as [`read_body`] reads them (unknown keys skipped, `object` read as
-/// a string that is not `"error"`), so a scan resumed there is the scan of `data`.
-pub(crate) fn plain_prefix_end(data: &[u8]) -> Option<usize> {
+/// a string that is not `"error"`), so a scan resumed there is the scan of `data`. With
+/// `notes`, what [`prefix`]'s kept prefix needs is noted: the values the read only skipped,
+/// and where the colon after the key that ends the prefix ends.
+pub(crate) fn plain_prefix_noted(
+    data: &[u8],
+    mut notes: Option<&mut PrefixNotes>,
+) -> Option<usize> {
     let lead = data.len() - data.trim_ascii_start().len();
     let mut c = Cursor::new(data.trim_ascii());
     let (mut read, mut end) = (0, None);
     // The member that is not plain stops the read (as an error: the rest is the scan's).
     let _ = c.object(|c, key| {
         let key_at = c.span(key).start.saturating_sub(1);
+        let value_at = c.next_offset();
         let plain = match key.one_of(BODY_KEYS) {
-            None => c.skip().map(|()| true)?,
+            None => {
+                c.skip()?;
+                if let Some(n) = notes.as_deref_mut() {
+                    n.skipped(c.skipped_value(value_at, c.offset()), lead);
+                }
+                true
+            }
             Some(3) if c.peek() == Some(b'"') => !c.string()?.is(b"error"),
             Some(3) => c.skip().map(|()| true)?,
             Some(_) => false,
         };
         if !plain {
             end = (read > 0).then_some(key_at + lead);
+            if let Some(n) = notes.as_deref_mut() {
+                n.colon_end = value_at + lead;
+            }
             return Err(Malformed);
         }
         read += 1;
@@ -475,7 +578,15 @@ fn read_body<'a>(
                     Ok(())
                 };
             }
-            Some(1) => usage = nullable(c, read_usage)?,
+            Some(1) => {
+                let mut noted = CountSpans::default();
+                usage = nullable(c, |c| read_usage(c, &mut noted))?;
+                // The counts of the usage the answer keeps (a later `usage` replaces them).
+                body.counts = match usage {
+                    Ok(Some(_)) => noted,
+                    _ => CountSpans::default(),
+                };
+            }
             Some(2) => {
                 body.error = if c.null() {
                     false
@@ -544,21 +655,36 @@ fn clear_choices(out: &mut ChunkInfo, body: &mut Body) {
     body.failed = 0;
 }
 
-fn read_usage(c: &mut Cursor<'_>) -> Scan<Usage> {
+/// `usage`, its integer members noted in `counts` (see [`CountSpans`]).
+fn read_usage(c: &mut Cursor<'_>, counts: &mut CountSpans) -> Scan<Usage> {
     let (mut prompt, mut completion, mut reasoning) = (Ok(None), Ok(None), None);
     let mut cached = None;
     c.object(|c, key| {
+        let at = c.next_offset();
+        let count = |c: &Cursor<'_>, v: &Field<Option<u64>>| {
+            matches!(v, Ok(Some(_))).then(|| at..c.offset())
+        };
         match key.one_of(&[
             b"prompt_tokens",
             b"completion_tokens",
             b"completion_tokens_details",
             b"prompt_tokens_details",
         ]) {
-            Some(0) => prompt = nullable(c, Cursor::uint)?,
-            Some(1) => completion = nullable(c, Cursor::uint)?,
+            Some(0) => {
+                prompt = nullable(c, Cursor::uint)?;
+                counts.note(Count::Prompt, count(c, &prompt));
+            }
+            Some(1) => {
+                completion = nullable(c, Cursor::uint)?;
+                counts.note(Count::Completion, count(c, &completion));
+            }
             Some(2) => reasoning = c.read_or_skip(read_reasoning_tokens)?.ok().flatten(),
             Some(3) => cached = c.read_or_skip(read_cached_tokens)?.ok().flatten(),
-            _ => c.skip()?,
+            _ => {
+                c.skip()?;
+                let digits = c.digits_between(at, c.offset());
+                counts.note(Count::Free, digits.then(|| at..c.offset()));
+            }
         }
         Ok(())
     })?;

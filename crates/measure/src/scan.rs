@@ -202,6 +202,23 @@ impl<'a> Cursor<'a> {
         self.i
     }
 
+    /// What the value skipped from `a` to `b` is to a reader that only skips it: a string
+    /// (the range of its text) or a run of digits (its range), else `None`.
+    pub fn skipped_value(&self, a: usize, b: usize) -> Option<(std::ops::Range<usize>, bool)> {
+        match self.b.get(a..b)? {
+            [b'"', .., b'"'] => Some((a + 1..b - 1, true)),
+            _ if self.digits_between(a, b) => Some((a..b, false)),
+            _ => None,
+        }
+    }
+
+    /// The input from `a` to `b` is one or more ASCII digits and nothing else.
+    pub fn digits_between(&self, a: usize, b: usize) -> bool {
+        self.b
+            .get(a..b)
+            .is_some_and(|d| !d.is_empty() && d.iter().all(u8::is_ascii_digit))
+    }
+
     #[inline(always)]
     fn ws(&mut self) {
         // Engines write compact JSON: most calls see a byte above the space and stop at once.

@@ -16,10 +16,16 @@
 //! same (the argument of [`super::repeat`]'s template). The answer's offsets are the only thing
 //! that moves: by the prefix's length, and by the text's change of length after the span.
 //!
-//! Kept: remainders of chunks with at least one output span that logged nothing (no logprobs,
-//! no tool call: what is logged is the scan's to note each time), up to [`MAX_REMAINDER`]
-//! bytes, [`SLOTS`] of them per thread, the least recently used replaced. A chunk without an
-//! output span (a usage chunk: its counts differ in every request) is never kept. The memory
+//! The usage chunk (`"choices":[],"usage":{"prompt_tokens":15,"total_tokens":19,
+//! "completion_tokens":4},...`) differs in every request, but only in the digits of its
+//! counts: a shape without output spans is kept with the integer spans of its usage
+//! ([`EventScan::counts`]), and a remainder that differs from it only in those digits (each a
+//! run that [`CountSpans`] says reads by one path) is answered with the counts read from its
+//! own digits.
+//!
+//! Kept: remainders of chunks with at least one output span or usage count that logged
+//! nothing (no logprobs, no tool call: what is logged is the scan's to note each time), up to
+//! [`MAX_REMAINDER`] bytes, [`SLOTS`] of them per thread, the least recently used replaced. The memory
 //! of a slot is taken once and reused: once warm, answering and learning allocate nothing.
 //! `meter/repeat_differential.rs` and `meter/strip_tests.rs` hold every meter that uses them
 //! to the reference that scans every event.
@@ -27,7 +33,7 @@
 use std::cell::RefCell;
 
 use super::repeat::text_len;
-use super::{ChunkKind, EventScan, TokenLog};
+use super::{ChunkKind, Count, CountSpans, EventScan, TokenLog};
 
 /// Shapes kept per thread.
 pub const SLOTS: usize = 8;
@@ -74,6 +80,64 @@ fn repeat_span(bytes: &[u8], spans: &[(usize, usize)], rem: &[u8]) -> Option<(us
     })
 }
 
+/// How a remainder that repeats a shape lines up with the shape's: for each span that
+/// differs, where it ends in the shape and in the remainder (a position of the shape at or
+/// past such an end moves with it), and the value of each count span (see [`repeat_counts`]).
+#[derive(Debug, Default)]
+struct Moves {
+    ends: [(usize, usize); CountSpans::MAX],
+    n: usize,
+    values: [u64; CountSpans::MAX],
+}
+
+impl Moves {
+    fn push(&mut self, shape_end: usize, rem_end: usize) -> Option<()> {
+        *self.ends.get_mut(self.n)? = (shape_end, rem_end);
+        self.n += 1;
+        Some(())
+    }
+
+    /// Where `pos`, a position of the shape's remainder, is in the remainder that repeats it.
+    fn at(&self, pos: usize) -> usize {
+        match self.ends[..self.n].iter().rev().find(|(b, _)| pos >= *b) {
+            Some(&(b, e)) => pos - b + e,
+            None => pos,
+        }
+    }
+}
+
+/// Where `rem` repeats `bytes` but for other digits in each of `counts` (see [`CountSpans`]:
+/// each a run of 1 to 19 digits that opens with `1`-`9`, or `0` alone): how the two line up
+/// and the value of each run. Outside the runs the bytes are the same.
+#[inline]
+fn repeat_counts(bytes: &[u8], counts: &CountSpans, rem: &[u8]) -> Option<Moves> {
+    let mut moves = Moves::default();
+    let (mut t, mut r) = (0, 0);
+    for (k, &(a, b, _)) in counts.as_slice().iter().enumerate() {
+        let same = bytes.get(t..a)?;
+        let start = r + same.len();
+        if rem.get(r..start)? != same {
+            return None;
+        }
+        let digits = rem.get(start..)?;
+        let len = digits
+            .iter()
+            .take(20)
+            .take_while(|d| d.is_ascii_digit())
+            .count();
+        if len == 0 || len > 19 || (len > 1 && digits[0] == b'0') {
+            return None;
+        }
+        // At most 19 digits: no overflow.
+        *moves.values.get_mut(k)? = digits[..len]
+            .iter()
+            .fold(0, |v, d| v * 10 + u64::from(d - b'0'));
+        (t, r) = (b, start + len);
+        moves.push(b, r)?;
+    }
+    (rem.get(r..)? == bytes.get(t..)?).then_some(moves)
+}
+
 /// The scan of `data` resumed at `from` (the end of a plain prefix: see
 /// [`super::scan_event_to`]), from a shape this thread has kept, into `scan` (as
 /// [`EventScan::unknown`] made it); `false` when no shape answers (`scan` untouched).
@@ -87,32 +151,43 @@ pub(super) fn answer(
         return false;
     };
     SHAPES.with_borrow_mut(|shapes| {
-        let Some((shape, moved)) = shapes.slots.iter_mut().find_map(|s| {
+        let Some((shape, moves)) = shapes.slots.iter_mut().find_map(|s| {
             let spans = s.scan.output_spans.as_slice();
-            if spans.is_empty() {
-                return (rem == s.bytes.as_slice()).then_some((s, None));
+            if !spans.is_empty() {
+                let (k, end) = repeat_span(&s.bytes, spans, rem)?;
+                let mut moves = Moves::default();
+                moves.push(spans.get(k)?.1, end)?;
+                return Some((s, moves));
             }
-            let (k, end) = repeat_span(&s.bytes, spans, rem)?;
-            let b = spans.get(k)?.1;
-            Some((s, Some((b, end))))
+            if !s.scan.counts.is_empty() {
+                return repeat_counts(&s.bytes, &s.scan.counts, rem).map(|m| (s, m));
+            }
+            (rem == s.bytes.as_slice()).then(|| (s, Moves::default()))
         }) else {
             return false;
         };
         shapes.clock += 1;
         shape.used = shapes.clock;
-        // A position of the remainder past the text that differs moves with the text's end.
-        let at = |pos: usize| {
-            from + match moved {
-                Some((b, end)) if pos >= b => pos - b + end,
-                _ => pos,
-            }
-        };
+        let at = |pos: usize| from + moves.at(pos);
         let s = &shape.scan;
         scan.info = s.info;
         scan.fingerprint = s.fingerprint.as_ref().map(|r| at(r.start)..at(r.end));
         scan.timings = s.timings.as_ref().map(|r| at(r.start)..at(r.end));
         scan.plain_prefix = at(s.plain_prefix);
         scan.output_spans = s.output_spans.map(at);
+        scan.counts = s.counts.map(at);
+        if s.output_spans.as_slice().is_empty() {
+            // A count shape: the counts are the remainder's own.
+            if let Some(u) = scan.info.usage.as_mut() {
+                for (&(_, _, what), &v) in s.counts.as_slice().iter().zip(&moves.values) {
+                    match what {
+                        Count::Prompt => u.prompt_tokens = Some(v),
+                        Count::Completion => u.completion_tokens = Some(v),
+                        Count::Free => {}
+                    }
+                }
+            }
+        }
         if let Some(l) = log {
             // What the scan sets before it reads (its log stays empty: the shape's did).
             l.lead = data.len() - data.trim_ascii_start().len();
@@ -130,17 +205,16 @@ pub(super) fn learn(data: &[u8], from: usize, scan: &EventScan, first: bool) {
     let Some(rem) = data.get(from..) else {
         return;
     };
-    if scan.info.kind != ChunkKind::Chunk
-        || (scan.output_spans.as_slice().is_empty() && !first)
-        || rem.len() > MAX_REMAINDER
-    {
+    let varies = !scan.output_spans.as_slice().is_empty() || !scan.counts.is_empty();
+    if scan.info.kind != ChunkKind::Chunk || !(varies || first) || rem.len() > MAX_REMAINDER {
         return;
     }
     // Every offset of a chunk's scan resumed at `from` is at or past it.
     let rel = |pos: usize| pos.checked_sub(from);
-    let (Some(plain_prefix), Some(spans)) = (
+    let (Some(plain_prefix), Some(spans), Some(counts)) = (
         rel(scan.plain_prefix),
         scan.output_spans.try_map(|p| p.checked_sub(from)),
+        scan.counts.try_map(|p| p.checked_sub(from)),
     ) else {
         return;
     };
@@ -158,6 +232,7 @@ pub(super) fn learn(data: &[u8], from: usize, scan: &EventScan, first: bool) {
         timings,
         plain_prefix,
         output_spans: spans,
+        counts,
     };
     SHAPES.with_borrow_mut(|shapes| {
         shapes.clock += 1;
@@ -273,6 +348,61 @@ mod tests {
                 check(&data, end, false);
             }
         }
+    }
+
+    /// Every captured event with usage counts, learned, then with other text in place of
+    /// each count (digits of any length, leading zeros, past `u64::MAX`, signs, fractions,
+    /// exponents, `null`, strings, whitespace): every answer a shape gives is the whole
+    /// scan's, its counts the new ones; a usage chunk (no output text) with plain digit runs
+    /// is answered.
+    #[test]
+    fn shapes_answer_usage_chunks_with_other_counts() {
+        let with_counts: Vec<&Vec<u8>> = captured_events()
+            .iter()
+            .filter(|d| {
+                let scan = scan_event_from(d, 0, None);
+                let kept = plain_prefix_end(d).is_some_and(|end| d.len() - end <= MAX_REMAINDER);
+                !scan.counts.is_empty() && scan.info.kind == ChunkKind::Chunk && kept
+            })
+            .collect();
+        assert!(with_counts.len() > 5, "{} usage chunks", with_counts.len());
+        let value = prop_oneof![
+            4 => "[1-9][0-9]{0,18}",
+            1 => Just("0".to_string()),
+            1 => "[0-9]{1,22}",
+            1 => prop::sample::select(vec![
+                "18446744073709551615", "18446744073709551616", "99999999999999999999",
+                "-1", "1.5", "1e3", "2E1", "null", "\"7\"", " 7", "7 ", "", "00", "-0",
+            ]).prop_map(str::to_string),
+        ];
+        let (answered, plain) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+        proptest!(ProptestConfig::with_cases(2048), |(
+            pick in any::<prop::sample::Index>(),
+            values in proptest::collection::vec(value, CountSpans::MAX),
+        )| {
+            let data = pick.get(&with_counts);
+            let end = plain_prefix_end(data).expect("a plain prefix");
+            check(data, end, false);
+            // The counts replaced from the last one back (the earlier offsets stay).
+            let mut edited = data.to_vec();
+            let scan = scan_event_from(data, 0, None);
+            let counts = scan.counts;
+            // A chunk with output text is kept by its text (its counts compared as they are).
+            let mut all_plain = scan.output_spans.as_slice().is_empty();
+            for (&(a, b, _), v) in counts.as_slice().iter().zip(&values).rev() {
+                edited.splice(a..b, v.bytes());
+                let ok = v.len() <= 19 && v.bytes().all(|d| d.is_ascii_digit())
+                    && (v == "0" || v.bytes().next().is_some_and(|d| d != b'0'));
+                all_plain &= ok;
+            }
+            let hit = check(&edited, end, false);
+            answered.set(answered.get() + usize::from(hit));
+            if all_plain {
+                plain.set(plain.get() + 1);
+                prop_assert!(hit, "{:?}", String::from_utf8_lossy(&edited));
+            }
+        });
+        assert!(plain.get() > 150, "{answered:?} answered, {plain:?} plain");
     }
 
     /// Shapes answer as a scan resumed at the same place answers, offsets and all, for texts
