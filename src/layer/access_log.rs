@@ -1,6 +1,8 @@
 //! One access line per request, written when the response body is finished or dropped, so the
 //! duration covers the whole stream: request id, method, path, status, upstream, duration.
 //!
+//! The line's bytes and its writer: `logging::access`.
+//!
 //! Sits just inside the context layer: it needs the id and `t0`, and it must see the final
 //! response, including the proxy's own errors.
 
@@ -16,6 +18,7 @@ use super::hold::Hold;
 use super::BoxFuture;
 use crate::body::ProxyBody;
 use crate::context::RequestContext;
+use crate::logging::access::AccessLine;
 use crate::upstream::forward::ServedBy;
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -45,17 +48,15 @@ struct Line {
 
 impl Drop for Line {
     fn drop(&mut self) {
-        let ms = self.t0.elapsed().as_secs_f64() * 1e3;
-        tracing::info!(
-            target: "goodput_proxy::access",
-            request_id = self.id.as_deref().unwrap_or("-"),
-            method = %self.method,
-            path = %self.path,
-            status = self.status.as_u16(),
-            upstream = self.upstream.as_deref().unwrap_or("-"),
-            duration_ms = format_args!("{ms:.1}"),
-            "access"
-        );
+        AccessLine {
+            request_id: self.id.as_deref().unwrap_or("-"),
+            method: self.method.as_str(),
+            path: &self.path,
+            status: self.status.as_u16(),
+            upstream: self.upstream.as_deref().unwrap_or("-"),
+            duration_ms: self.t0.elapsed().as_secs_f64() * 1e3,
+        }
+        .write();
     }
 }
 
@@ -135,7 +136,7 @@ mod tests {
             ansi,
             EnvFilter::new(filter),
             out.clone(),
-            FixedTime(STAMP),
+            FixedTime(STAMP.into()),
         );
         tracing::dispatcher::with_default(&d, || drop(line));
         out.text()

@@ -1,4 +1,7 @@
-//! Tracing setup: text or JSON to stderr; `RUST_LOG` overrides the configured level.
+//! Tracing setup: text or JSON to stderr; `RUST_LOG` overrides the configured level. The
+//! access lines have their own writer of the same bytes ([`access`]).
+
+pub mod access;
 
 use tracing::Dispatch;
 use tracing_subscriber::fmt::time::FormatTime;
@@ -13,6 +16,7 @@ pub fn init(config: &LogConfig) {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&config.level));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let directives = filter.to_string();
     let d = dispatch(
         config.format,
         ansi,
@@ -20,7 +24,9 @@ pub fn init(config: &LogConfig) {
         std::io::stderr,
         tracing_subscriber::fmt::time::SystemTime,
     );
-    let _ = d.try_init();
+    if d.try_init().is_ok() {
+        access::enable(config.format, ansi, &directives);
+    }
 }
 
 /// The subscriber every line goes through: `format`, ANSI styling or not, `filter`, written
@@ -85,11 +91,11 @@ pub(crate) mod capture {
     }
 
     /// A stamp that does not move, to pin whole lines.
-    pub struct FixedTime(pub &'static str);
+    pub struct FixedTime(pub String);
 
     impl FormatTime for FixedTime {
         fn format_time(&self, w: &mut Writer<'_>) -> std::fmt::Result {
-            w.write_str(self.0)
+            w.write_str(&self.0)
         }
     }
 }
