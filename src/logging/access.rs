@@ -47,20 +47,38 @@ static OWN: OnceLock<LogFormat> = OnceLock::new();
 /// styled or the filter has dynamic directives (on spans or field values, written in `[...]`),
 /// which only the subscriber can judge per line.
 pub(super) fn enable(format: LogFormat, ansi: bool, directives: &str) {
-    if !ansi && !directives.contains('[') {
+    if own_writer_can(ansi, directives) {
         let _ = OWN.set(format);
     }
+}
+
+fn own_writer_can(ansi: bool, directives: &str) -> bool {
+    !ansi && !directives.contains('[')
 }
 
 impl AccessLine<'_> {
     /// Writes the line (when the filter lets it through).
     pub fn write(&self) {
-        if let Some(&format) = OWN.get() {
+        self.write_to(OWN.get().copied(), SystemTime::now(), |line| {
+            // As the subscriber writes a line: one `write_all` on stderr, errors dropped.
+            let _ = std::io::stderr().write_all(line);
+        });
+    }
+
+    /// The line of the own writer of `own` (the format when enabled) at `now`, handed to
+    /// `out`, when it stands in for the current subscriber; else the subscriber's event.
+    fn write_to(&self, own: Option<LogFormat>, now: SystemTime, out: impl FnOnce(&[u8])) {
+        if let Some(format) = own {
             if !tracing::enabled!(target: TARGET, tracing::Level::INFO) {
                 return;
             }
-            let in_span = tracing::dispatcher::get_default(|d| d.current_span().is_known());
-            if !in_span && self.write_own(format, SystemTime::now()) {
+            // Inside a span (or where the subscriber cannot tell) the formatter writes the
+            // span's context: only it can.
+            let outside = tracing::dispatcher::get_default(|d| {
+                let current = d.current_span();
+                current.is_known() && current.id().is_none()
+            });
+            if outside && self.write_own(format, now, out) {
                 return;
             }
         }
@@ -81,9 +99,9 @@ impl AccessLine<'_> {
         );
     }
 
-    /// Formats into this thread's buffer and writes it; `false` (nothing written) for a
-    /// time the formatter's stamp is not made here for.
-    fn write_own(&self, format: LogFormat, now: SystemTime) -> bool {
+    /// Formats into this thread's buffer and hands it to `out`; `false` (nothing written)
+    /// for a time the formatter's stamp is not made here for.
+    fn write_own(&self, format: LogFormat, now: SystemTime, out: impl FnOnce(&[u8])) -> bool {
         thread_local! {
             static BUF: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
         }
@@ -91,8 +109,7 @@ impl AccessLine<'_> {
         buf.clear();
         let formatted = self.format(format, now, &mut buf);
         if formatted {
-            // As the subscriber writes a line: one `write_all` on stderr, errors dropped.
-            let _ = std::io::stderr().write_all(&buf);
+            out(&buf);
         }
         if buf.capacity() <= MAX_KEPT {
             BUF.set(buf);

@@ -202,3 +202,70 @@ fn decimals() {
         assert_eq!(out, n.to_string().into_bytes());
     }
 }
+
+/// Who writes a line under a subscriber whose own writer is `own`: (the own writer's bytes,
+/// the subscriber's).
+fn who_writes(own: Option<LogFormat>, filter: &str, in_span: bool) -> (Vec<u8>, String) {
+    let line = AccessLine {
+        request_id: "r",
+        method: "GET",
+        path: "/",
+        status: 200,
+        upstream: "-",
+        duration_ms: 1.0,
+    };
+    let captured = Capture::default();
+    let d = dispatch(
+        own.unwrap_or(LogFormat::Text),
+        false,
+        EnvFilter::new(filter),
+        captured.clone(),
+        FixedTime(stamp_text(UNIX_EPOCH)),
+    );
+    let mut mine = Vec::new();
+    tracing::dispatcher::with_default(&d, || {
+        let span = in_span.then(|| tracing::info_span!("conn", peer = 1).entered());
+        line.write_to(own, UNIX_EPOCH, |b| mine = b.to_vec());
+        drop(span);
+    });
+    (mine, captured.text())
+}
+
+/// The own writer writes the line when it stands in for the subscriber; inside a span the
+/// subscriber writes it (with the span's context); a filtered target is written by neither.
+#[test]
+fn the_own_writer_stands_in_only_where_it_can() {
+    for format in [LogFormat::Text, LogFormat::Json] {
+        let (mine, theirs) = who_writes(Some(format), "info", false);
+        assert!(!mine.is_empty() && theirs.is_empty(), "{format:?}");
+        let (mine, theirs) = who_writes(Some(format), "info", true);
+        assert!(mine.is_empty(), "{format:?}");
+        assert!(theirs.contains("conn"), "{format:?}: {theirs}");
+        for filter in ["warn", "info,goodput_proxy::access=off"] {
+            let (mine, theirs) = who_writes(Some(format), filter, false);
+            assert!(mine.is_empty() && theirs.is_empty(), "{format:?} {filter}");
+        }
+        let (mine, theirs) = who_writes(Some(format), "warn,goodput_proxy::access=info", false);
+        assert!(!mine.is_empty() && theirs.is_empty(), "{format:?}");
+    }
+    let (mine, theirs) = who_writes(None, "info", false);
+    assert!(mine.is_empty() && !theirs.is_empty());
+}
+
+/// `logging::init` enables the own writer only where it can make the subscriber's lines.
+#[test]
+fn enabled_only_for_plain_lines_and_static_filters() {
+    for (ansi, directives, can) in [
+        (false, "info", true),
+        (false, "goodput_proxy=debug,info", true),
+        (true, "info", false),
+        (
+            false,
+            "info,goodput_proxy::access[{status=500}]=info",
+            false,
+        ),
+        (false, "[conn]=info", false),
+    ] {
+        assert_eq!(own_writer_can(ansi, directives), can, "{ansi} {directives}");
+    }
+}
