@@ -250,3 +250,46 @@ fn the_hint_follows_the_throughput_not_the_replicas_sharing_it() {
     assert!(hints[0] > 0.0, "{hints:?}");
     assert!((hints[1] / hints[0] - 1.0).abs() < 0.02, "{hints:?}");
 }
+
+/// The mean load a request lived through, by a pass over every tick (the reference the
+/// bisection replaces).
+fn lived_through_by_pass(
+    h: &std::collections::VecDeque<(Instant, Load)>,
+    start: Instant,
+    end: Instant,
+) -> Option<Load> {
+    let (mut sum, mut n) = ([0.0; UNITS], 0usize);
+    for (_, l) in h.iter().filter(|(t, _)| *t >= start && *t <= end) {
+        for (s, v) in sum.iter_mut().zip(l) {
+            *s += v;
+        }
+        n += 1;
+    }
+    if n == 0 {
+        return h.iter().rev().find(|(t, _)| *t <= end).map(|(_, l)| *l);
+    }
+    Some(sum.map(|s| s / n as f64))
+}
+
+proptest::proptest! {
+    /// Any history in tick order (ties included), any request: bisection and the pass agree
+    /// bit for bit (the same ticks summed in the same order).
+    #[test]
+    fn lived_through_is_the_pass_over_every_tick(
+        steps in proptest::collection::vec((0u64..3, proptest::array::uniform4(0.0f64..1e4)), 0..40),
+        start_ms in 0u64..60,
+        len_ms in 0u64..40,
+    ) {
+        let t0 = Instant::now();
+        let mut at = t0;
+        let mut h = std::collections::VecDeque::new();
+        for (gap, load) in steps {
+            at += Duration::from_millis(gap);
+            h.push_back((at, load));
+        }
+        let start = t0 + Duration::from_millis(start_ms);
+        let end = start + Duration::from_millis(len_ms);
+        let (a, b) = (lived_through(&h, start, end), lived_through_by_pass(&h, start, end));
+        proptest::prop_assert_eq!(a.map(|l| l.map(f64::to_bits)), b.map(|l| l.map(f64::to_bits)));
+    }
+}
