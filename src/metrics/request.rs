@@ -187,14 +187,20 @@ pub const ITL_FLUSH_GAPS: u32 = 32;
 /// many gaps and a finished one not at all. A zero gap (events packed into one read) is
 /// counted, not observed (see `gap_histogram`): a frame's run of them adds up to one addition.
 pub struct ItlBuffer {
-    gaps: GapBuffer,
+    /// The series' handles: the buffer is made at the first gap (a JSON answer has none, and
+    /// a local histogram is an allocation and a flush).
+    handles: Arc<Handles>,
+    gaps: Option<GapBuffer>,
     pending: u64,
 }
 
 impl ItlBuffer {
     #[inline]
     pub fn observe(&mut self, gap: Duration) {
-        self.gaps.observe(gap);
+        let handles = &self.handles;
+        self.gaps
+            .get_or_insert_with(|| handles.itl.buffer())
+            .observe(gap);
         self.pending += 1;
         if !gap.is_zero() {
             self.settle();
@@ -205,7 +211,9 @@ impl ItlBuffer {
     #[inline]
     pub fn settle(&mut self) {
         if self.pending >= u64::from(ITL_FLUSH_GAPS) {
-            self.gaps.flush();
+            if let Some(g) = self.gaps.as_mut() {
+                g.flush();
+            }
             self.pending = 0;
         }
     }
@@ -259,6 +267,10 @@ impl RequestMetrics {
     }
 
     fn handles(&mut self) -> &Handles {
+        self.shared_handles()
+    }
+
+    fn shared_handles(&mut self) -> &Arc<Handles> {
         let (model, upstream, sh, pm) =
             (&self.model, &self.upstream, &self.shared, &self.per_model);
         self.handles
@@ -269,7 +281,8 @@ impl RequestMetrics {
     /// (see [`ItlBuffer`]).
     pub fn itl_buffer(&mut self) -> ItlBuffer {
         ItlBuffer {
-            gaps: self.handles().itl.buffer(),
+            handles: self.shared_handles().clone(),
+            gaps: None,
             pending: 0,
         }
     }
