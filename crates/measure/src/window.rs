@@ -71,9 +71,20 @@ pub struct RatioWindow {
     slots: usize,
     all: Slots,
     /// Keys are label values from bounded sets (models, tenants, replicas): a fixed-seed fast
-    /// hash is enough (SipHash was most of a finished request's cost here).
-    by_key: HashMap<Arc<str>, Slots, FixedState>,
+    /// hash is enough (SipHash was most of a finished request's cost here). Each key's
+    /// index in `keyed`.
+    by_key: HashMap<Arc<str>, usize, FixedState>,
+    keyed: Vec<Slots>,
+    /// The first keys counted, by pointer, with their index: a label value is one `Arc` for
+    /// every request of its model (tenant, replica), so a pointer comparison finds its slots
+    /// without hashing the text. Another `Arc` of the same text is found by the hash. Up to
+    /// `by_pointer_max` keys (0: always by the hash, the reference the tests compare against).
+    by_pointer: Vec<(Arc<str>, usize)>,
+    by_pointer_max: usize,
 }
+
+/// Keys a window finds by pointer (a proxy serves a few models, tenants and replicas).
+const BY_POINTER: usize = 8;
 
 impl RatioWindow {
     /// `window` is rounded up to whole seconds (at least one).
@@ -84,7 +95,17 @@ impl RatioWindow {
             slots,
             all: Slots::new(slots),
             by_key: HashMap::default(),
+            keyed: Vec::new(),
+            by_pointer: Vec::new(),
+            by_pointer_max: BY_POINTER,
         }
+    }
+
+    /// Finds keys by their pointer for at most `n` keys (0: always by the hash).
+    pub fn with_keys_by_pointer(mut self, n: usize) -> Self {
+        self.by_pointer_max = n;
+        self.by_pointer.truncate(n);
+        self
     }
 
     pub fn window(&self) -> Duration {
@@ -124,15 +145,31 @@ impl RatioWindow {
     #[inline(always)]
     fn add_second(&mut self, key: &Arc<str>, good: bool, s: u64) {
         self.all.add(s, good);
-        // Looked up before inserting: a key seen before (nearly every call) costs no clone.
-        match self.by_key.get_mut(key) {
-            Some(slots) => slots.add(s, good),
-            None => {
-                let mut slots = Slots::new(self.slots);
-                slots.add(s, good);
-                self.by_key.insert(key.clone(), slots);
-            }
+        let i = match self.by_pointer.iter().find(|(k, _)| Arc::ptr_eq(k, key)) {
+            Some(&(_, i)) => i,
+            None => self.index_of(key),
+        };
+        if let Some(slots) = self.keyed.get_mut(i) {
+            slots.add(s, good);
         }
+    }
+
+    /// The index of `key`'s slots (new ones for a new key), found by its text.
+    #[inline(never)]
+    fn index_of(&mut self, key: &Arc<str>) -> usize {
+        // Looked up before inserting: a key seen before costs no clone.
+        if let Some(&i) = self.by_key.get(key) {
+            return i;
+        }
+        self.keyed.push(Slots::new(self.slots));
+        let i = self.keyed.len() - 1;
+        self.by_key.insert(key.clone(), i);
+        // The `Arc` a text was first counted with (the label's own, kept by the label set; a
+        // value made anew per request would only fill the list once).
+        if self.by_pointer.len() < self.by_pointer_max {
+            self.by_pointer.push((key.clone(), i));
+        }
+        i
     }
 
     /// The overall ratio at `now`; `None` when no eligible request finished in the window.
@@ -145,7 +182,7 @@ impl RatioWindow {
         let s = self.second(now);
         self.by_key
             .iter()
-            .map(|(k, slots)| (k.clone(), ratio(slots.sum(s))))
+            .filter_map(|(k, &i)| Some((k.clone(), ratio(self.keyed.get(i)?.sum(s)))))
             .collect()
     }
 }
@@ -210,6 +247,37 @@ mod tests {
     fn sub_second_windows_round_up() {
         let w = RatioWindow::new(Duration::from_millis(1), Instant::now());
         assert_eq!(w.window(), Duration::from_secs(1));
+    }
+
+    /// Keys found by pointer count as keys found by their text: any sequence of adds with
+    /// keys of one text in several `Arc`s, more keys than the pointer list holds, the same
+    /// ratios at every step as the window that always hashes.
+    #[test]
+    fn keys_by_pointer_count_as_keys_by_text() {
+        use proptest::prelude::*;
+        let texts = [
+            "m0", "m1", "m2", "m3", "m4", "m5", "m6", "m7", "m8", "m9", "m10", "m11",
+        ];
+        proptest!(|(ops in proptest::collection::vec((0usize..12, 0usize..3, any::<bool>(), 0u64..5_000), 1..300), max in 0usize..10)| {
+            // Three `Arc`s of each text.
+            let keys: Vec<[Arc<str>; 3]> = texts.iter().map(|t| [key(t), key(t), key(t)]).collect();
+            let t0 = Instant::now();
+            let mut fast = RatioWindow::new(Duration::from_secs(3), t0).with_keys_by_pointer(max);
+            let mut plain = RatioWindow::new(Duration::from_secs(3), t0).with_keys_by_pointer(0);
+            let mut at = t0;
+            for (k, copy, good, step_ms) in ops {
+                at += Duration::from_millis(step_ms);
+                let s = fast.second_of(at);
+                fast.add_in(&keys[k][copy], good, s);
+                plain.add(&keys[k][copy], good, at);
+                prop_assert_eq!(fast.overall(at), plain.overall(at));
+                let (mut x, mut y) = (fast.per_key(at), plain.per_key(at));
+                x.sort_by(|p, q| p.0.cmp(&q.0));
+                y.sort_by(|p, q| p.0.cmp(&q.0));
+                prop_assert_eq!(x, y);
+            }
+            prop_assert!(fast.by_pointer.len() <= max);
+        });
     }
 
     /// A second computed by one window counts in another as `add` counts it there: shared
