@@ -355,7 +355,7 @@ impl Timeline {
             return;
         }
         let mut scan = EventScan::unknown();
-        self.look(repeat, ev.data, &mut scan);
+        self.look(repeat, ev.data, false, &mut scan);
         self.on_info(t, &scan.info, ev.data, on_gap);
     }
 
@@ -366,8 +366,15 @@ impl Timeline {
     /// nothing and carries no usage, so the usage strip never needs them). Written into
     /// `scan`, the caller's [`EventScan::unknown`]: the answer is about half a kilobyte, not
     /// moved on its way back.
-    fn look(&mut self, repeat: &mut RepeatCache, data: &[u8], scan: &mut EventScan) {
-        if let Some((info, _)) = self.repeated(repeat, data) {
+    /// `missed`: the caller knows `data` does not repeat the template (the template's own
+    /// check failed on the event's bytes), so it is not tried again.
+    fn look(&mut self, repeat: &mut RepeatCache, data: &[u8], missed: bool, scan: &mut EventScan) {
+        let repeated = if missed {
+            None
+        } else {
+            self.repeated(repeat, data)
+        };
+        if let Some((info, _)) = repeated {
             scan.info = info; // `EventScan::of_info(info)`: the rest is as `unknown` made it
             return;
         }

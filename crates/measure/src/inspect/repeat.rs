@@ -439,6 +439,13 @@ impl RepeatCache {
         Some((at + n + blank, at..at + n))
     }
 
+    /// [`RepeatCache::repeats_event`] looks at events: the template holds no line end (else
+    /// it leaves every event to the parser).
+    #[inline]
+    pub fn template_frames_one_line(&self) -> bool {
+        self.template.is_one_line()
+    }
+
     /// How many events at `buf`'s start repeat the template (each as
     /// [`RepeatCache::repeats_event`] finds it, one after the other), and the bytes they span.
     #[inline]

@@ -48,12 +48,17 @@ struct Shape {
     scan: EventScan,
     /// The answer count when it last answered or was learned (the least is replaced).
     used: u64,
+    /// The slot that answered right after this one last time: tried first after it (a
+    /// stream's events come in their engine's order: role, first output, finish, usage).
+    next: usize,
 }
 
 #[derive(Debug)]
 struct Shapes {
     slots: Vec<Shape>,
     clock: u64,
+    /// The slot that answered last.
+    last: usize,
 }
 
 thread_local! {
@@ -61,6 +66,7 @@ thread_local! {
         RefCell::new(Shapes {
             slots: Vec::new(),
             clock: 0,
+            last: 0,
         })
     };
 }
@@ -151,24 +157,32 @@ pub(super) fn answer(
         return false;
     };
     SHAPES.with_borrow_mut(|shapes| {
-        let Some((shape, moves)) = shapes.slots.iter_mut().find_map(|s| {
-            let spans = s.scan.output_spans.as_slice();
-            if !spans.is_empty() {
-                let (k, end) = repeat_span(&s.bytes, spans, rem)?;
-                let mut moves = Moves::default();
-                moves.push(spans.get(k)?.1, end)?;
-                return Some((s, moves));
-            }
-            if !s.scan.counts.is_empty() {
-                return repeat_counts(&s.bytes, &s.scan.counts, rem).map(|m| (s, m));
-            }
-            (rem == s.bytes.as_slice()).then(|| (s, Moves::default()))
-        }) else {
+        // The successor of the last answer first, then the others in order.
+        let first = shapes.slots.get(shapes.last).map_or(0, |s| s.next);
+        let n = shapes.slots.len();
+        let Some((i, lined)) = std::iter::once(first)
+            .chain((0..n).filter(|&i| i != first))
+            .find_map(|i| Some((i, line_up(shapes.slots.get(i)?, rem)?)))
+        else {
             return false;
         };
         shapes.clock += 1;
+        if let Some(last) = shapes.slots.get_mut(shapes.last) {
+            last.next = i;
+        }
+        shapes.last = i;
+        let Some(shape) = shapes.slots.get_mut(i) else {
+            return false;
+        };
         shape.used = shapes.clock;
-        let at = |pos: usize| from + moves.at(pos);
+        let at = |pos: usize| {
+            from + match &lined {
+                Lined::Same => pos,
+                Lined::Text { b, end } if pos >= *b => pos - b + end,
+                Lined::Text { .. } => pos,
+                Lined::Counts(m) => m.at(pos),
+            }
+        };
         let s = &shape.scan;
         scan.info = s.info;
         scan.fingerprint = s.fingerprint.as_ref().map(|r| at(r.start)..at(r.end));
@@ -176,15 +190,13 @@ pub(super) fn answer(
         scan.plain_prefix = at(s.plain_prefix);
         scan.output_spans = s.output_spans.map(at);
         scan.counts = s.counts.map(at);
-        if s.output_spans.as_slice().is_empty() {
+        if let (Lined::Counts(m), Some(u)) = (&lined, scan.info.usage.as_mut()) {
             // A count shape: the counts are the remainder's own.
-            if let Some(u) = scan.info.usage.as_mut() {
-                for (&(_, _, what), &v) in s.counts.as_slice().iter().zip(&moves.values) {
-                    match what {
-                        Count::Prompt => u.prompt_tokens = Some(v),
-                        Count::Completion => u.completion_tokens = Some(v),
-                        Count::Free => {}
-                    }
+            for (&(_, _, what), &v) in s.counts.as_slice().iter().zip(&m.values) {
+                match what {
+                    Count::Prompt => u.prompt_tokens = Some(v),
+                    Count::Completion => u.completion_tokens = Some(v),
+                    Count::Free => {}
                 }
             }
         }
@@ -195,6 +207,36 @@ pub(super) fn answer(
         }
         true
     })
+}
+
+/// How a remainder lines up with a shape that answers it.
+enum Lined {
+    /// The same bytes (a shape without spans).
+    Same,
+    /// Other text in one output span: a position at or past the span's end `b` in the shape
+    /// is at `end` in the remainder, or after it by as much.
+    Text { b: usize, end: usize },
+    /// Other digits in the count spans.
+    Counts(Moves),
+}
+
+/// How `rem` lines up with `shape` when the shape answers it: other text in one output span
+/// (a shape with output spans), other digits in its counts (a shape with counts only), else
+/// the same bytes.
+#[inline]
+fn line_up(shape: &Shape, rem: &[u8]) -> Option<Lined> {
+    let spans = shape.scan.output_spans.as_slice();
+    if !spans.is_empty() {
+        let (k, end) = repeat_span(&shape.bytes, spans, rem)?;
+        return Some(Lined::Text {
+            b: spans.get(k)?.1,
+            end,
+        });
+    }
+    if !shape.scan.counts.is_empty() {
+        return repeat_counts(&shape.bytes, &shape.scan.counts, rem).map(Lined::Counts);
+    }
+    (rem == shape.bytes.as_slice()).then_some(Lined::Same)
 }
 
 /// `scan` is the scan of `data` resumed at `from` (see [`answer`]), which logged nothing:
@@ -242,6 +284,7 @@ pub(super) fn learn(data: &[u8], from: usize, scan: &EventScan, first: bool) {
                 bytes: Vec::with_capacity(MAX_REMAINDER),
                 scan: EventScan::unknown(),
                 used: 0, // the least recently used: filled next
+                next: 0,
             });
         }
         let Some(slot) = shapes.slots.iter_mut().min_by_key(|s| s.used) else {

@@ -384,7 +384,10 @@ impl StreamMeter {
         };
         let (tl, repeat) = (&mut self.tl, &mut self.repeat);
         let rest = &frame[start..];
+        // The template's check failed on `rest` (an event's start): see `missed_at`.
+        let mut tried = false;
         if strip.partial.is_empty() && tl.cacheable() && self.parser.at_event_start() {
+            tried = repeat.template_frames_one_line();
             if let Some((len, data)) = repeat.repeats_event(rest) {
                 // An ordinary output event: what the template said, and it passes.
                 if strip.held.is_some() || !strip.held_comments.is_empty() {
@@ -401,7 +404,8 @@ impl StreamMeter {
         // `None`: the block dispatched no event (comments, fields without data).
         let mut class = None;
         let took = self.parser.feed_one(rest, |ev| {
-            class = Some(judge(tl, repeat, strip, t, ev, on_gap));
+            let missed = tried && missed_at(rest, ev.data);
+            class = Some(judge(tl, repeat, strip, t, ev, missed, on_gap));
         });
         let end = start + took;
         if self.parser.blocks() == blocks {
@@ -497,15 +501,33 @@ impl StreamMeter {
     }
 }
 
+/// `data`, an event's payload the parser handed over, is the `<payload>` of `rest` opening
+/// with `data: <payload>\n\n` (the payload borrowed from `rest` itself). When the template
+/// frames one-line events and [`RepeatCache::repeats_event`] missed on `rest`, such a payload
+/// does not repeat the template: `repeats_event` on those bytes finds exactly the payloads
+/// that [`RepeatCache::repeats`] finds (its docs), so it is not tried again. (Were it tried,
+/// a miss would only cost a scan, whose answer is the same: skipping it cannot change one.)
+fn missed_at(rest: &[u8], data: &[u8]) -> bool {
+    const LEAD: &[u8] = b"data: ";
+    let (at, len) = (LEAD.len(), data.len());
+    rest.starts_with(LEAD)
+        && rest
+            .get(at..at + len)
+            .is_some_and(|p| std::ptr::eq(p, data))
+        && rest.get(at + len..at + len + 2) == Some(&b"\n\n"[..])
+}
+
 /// One event the parser completed: its payload scanned once, for the meter and for the
-/// strip's decision. An ordinary event is metered now (after a held chunk it releases); a
-/// finish chunk waits (metered when released); the usage chunk's usage goes to the timeline.
+/// strip's decision (`missed`: the template is known not to answer it, see `missed_at`). An
+/// ordinary event is metered now (after a held chunk it releases); a finish chunk waits
+/// (metered when released); the usage chunk's usage goes to the timeline.
 fn judge(
     tl: &mut Timeline,
     repeat: &mut RepeatCache,
     strip: &mut Strip,
     t: Instant,
     ev: crate::sse::SseEvent<'_>,
+    missed: bool,
     on_gap: &mut impl FnMut(Duration),
 ) -> Class {
     if ev.event == Some(b"error") {
@@ -514,7 +536,7 @@ fn judge(
         return Class::Other;
     }
     let mut scan = EventScan::unknown();
-    tl.look(repeat, ev.data, &mut scan);
+    tl.look(repeat, ev.data, missed, &mut scan);
     let info = &scan.info;
     if info.kind == ChunkKind::Chunk && info.choice_count > 0 && info.usage.is_some() {
         strip.engine_usage = true;
