@@ -354,9 +354,27 @@ impl Timeline {
             self.inband_error = true;
             return;
         }
+        if self.done_at_once(ev.data) {
+            return;
+        }
         let mut scan = EventScan::unknown();
         self.look(repeat, ev.data, false, &mut scan);
         self.on_info(t, &scan.info, ev.data, on_gap);
+    }
+
+    /// The fast paths take a `[DONE]` payload in as a scan's answer (`ChunkKind::Done`) would
+    /// be taken in, without the scan (which finds no plain prefix, shape or template in it:
+    /// nothing is kept from it). `false`: any other payload, or the reference configuration.
+    #[inline]
+    fn done_at_once(&mut self, data: &[u8]) -> bool {
+        if !(self.repeat_on && data == b"[DONE]") {
+            return false;
+        }
+        self.done = true;
+        if !self.log.is_empty() {
+            self.log.clear();
+        }
+        true
     }
 
     /// What an event's payload says: the template's answer when it repeats it, else a scan's

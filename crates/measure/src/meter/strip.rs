@@ -535,6 +535,12 @@ fn judge(
         tl.inband_error = true;
         return Class::Other;
     }
+    if tl.repeat_on && ev.data == b"[DONE]" {
+        // An ordinary event (it passes, releasing a held chunk), taken in without a scan.
+        meter_held(tl, repeat, strip, t, on_gap);
+        tl.done_at_once(ev.data);
+        return Class::Other;
+    }
     let mut scan = EventScan::unknown();
     tl.look(repeat, ev.data, missed, &mut scan);
     let info = &scan.info;
