@@ -26,6 +26,7 @@ use tower::ServiceExt;
 use crate::context::ConnInfo;
 use crate::limits::Limits;
 use crate::stack::ProxyService;
+use crate::upstream::lane::Lane;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -356,6 +357,7 @@ fn per_connection(service: ProxyService, info: ConnInfo) -> PerConnection<ProxyS
     PerConnection {
         service: Mutex::new(service),
         info,
+        lane: Lane::default(),
     }
 }
 
@@ -369,6 +371,9 @@ fn per_connection(service: ProxyService, info: ConnInfo) -> PerConnection<ProxyS
 pub(crate) struct PerConnection<S> {
     service: Mutex<S>,
     info: ConnInfo,
+    /// The connection's own upstream connection, driven from this connection's task
+    /// (`upstream::lane`); closed when the client connection ends.
+    lane: Lane,
 }
 
 type Answer = crate::layer::BoxFuture<http::Response<crate::body::ProxyBody>, Infallible>;
@@ -391,6 +396,7 @@ where
 
     fn call(&self, mut req: Request<B>) -> Answer {
         req.extensions_mut().insert(self.info.clone());
+        req.extensions_mut().insert(self.lane.clone());
         let mut service = self.service.lock().unwrap_or_else(PoisonError::into_inner);
         let mut cx = Context::from_waker(Waker::noop());
         match service.poll_ready(&mut cx) {
@@ -532,6 +538,7 @@ mod tests {
                 ready,
             }),
             info: info.clone(),
+            lane: Lane::default(),
         };
         let ready = conn(true);
         for _ in 0..3 {

@@ -1,5 +1,5 @@
-//! The innermost service: picks a replica, rewrites the request for it, sends it through the
-//! pooled client and hands the response back with its body streaming, frame by frame.
+//! The innermost service: picks a replica, rewrites the request for it, sends it on the client
+//! connection's lane or through the pooled client (`lane`) and hands the response back with its body streaming, frame by frame.
 //!
 //! Retry rule: a connect failure (nothing was sent) is retried once on another replica when one
 //! exists; an engine's admission rejection is retried on another replica while the client has
@@ -22,6 +22,7 @@ use tower::Service;
 use super::deadline::DeadlineBody;
 use super::headers::{connection_named, end_to_end, is_hop_by_hop, Forwarded, Hop};
 use super::hold::{self, Prefixed};
+use super::lane::{self, Lane};
 use super::shape::Shape;
 use super::strategy::{Balancer, Belief, Reason};
 use super::usage::{usage_for, LearnsUnasked, OfferTaken, Usage, UsageOffer};
@@ -112,6 +113,9 @@ async fn forward(
         headers
     };
     let path_and_query = parts.uri.path_and_query();
+    // The client connection's own upstream connection (absent when the request came from no
+    // listener, e.g. a test calling the stack).
+    let lane = parts.extensions.get::<Lane>();
     let first_byte = up.config.first_byte_timeout;
     let balancer = &up.balancer;
     let shape = Shape::of(&body, balancer.cfg.prefix_block_bytes);
@@ -156,7 +160,8 @@ async fn forward(
 
         let sent = tokio::time::Instant::now();
         let first_byte_by = sent + first_byte;
-        let result = tokio::time::timeout_at(first_byte_by, up.client.request(out)).await;
+        let result =
+            tokio::time::timeout_at(first_byte_by, lane::send(&up, lane, replica, out, sent)).await;
         let resp = match result {
             Err(_) => {
                 return Err(ProxyError::FirstByteTimeout {
@@ -167,7 +172,7 @@ async fn forward(
             // A connect error means nothing was sent: one more attempt is safe. On another
             // replica when there is one; else on the same one after a short pause (a burst of
             // new connections can overflow the engine's listen backlog for an instant).
-            Ok(Err(e)) if e.is_connect() && !connect_retried => {
+            Ok(Err(e)) if e.connect && !connect_retried => {
                 connect_retried = true;
                 let another = replicas.len() > excluded.len() + 1;
                 tracing::warn!(upstream = %replica.url, error = %e, another, "upstream connect failed; retrying once");
@@ -180,11 +185,11 @@ async fn forward(
                 earlier.push(replica.url.clone());
                 continue;
             }
-            Ok(Err(e)) if e.is_connect() => {
+            Ok(Err(e)) if e.connect => {
                 tracing::warn!(upstream = %replica.url, error = %e, "upstream connect failed");
-                return Err(ProxyError::UpstreamConnect { source: e.into() });
+                return Err(ProxyError::UpstreamConnect { source: e.source });
             }
-            Ok(Err(e)) => return Err(ProxyError::Upstream { source: e.into() }),
+            Ok(Err(e)) => return Err(ProxyError::Upstream { source: e.source }),
         };
 
         let (mut rparts, rbody) = resp.into_parts();

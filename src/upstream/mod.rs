@@ -6,6 +6,7 @@ pub mod goodput;
 pub mod headers;
 pub mod health;
 pub mod hold;
+pub mod lane;
 pub mod prefix;
 pub mod release;
 pub mod shape;
@@ -49,7 +50,7 @@ pub type UpstreamConnector = BoxCloneSyncService<
 /// every request (once with the client, once for the connect it keeps ready in case the pool
 /// has no idle connection), and a boxed service's clone is an allocation; this one's is a
 /// reference count. The boxed connector is cloned only to open a connection.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct SharedConnector(Arc<UpstreamConnector>);
 
 impl tower::Service<Uri> for SharedConnector {
@@ -483,6 +484,8 @@ pub struct Upstreams {
     /// How many of the snapshot's first replicas are configured (never removed).
     configured: usize,
     pub client: UpstreamClient,
+    /// How client connections' lanes open their upstream connections (`lane`).
+    opener: lane::Opener,
     pub config: UpstreamConfig,
     /// The replica choice (`[balance]`); shared with the responses it routed, which teach its
     /// prefix index what the engines held.
@@ -527,9 +530,11 @@ impl Upstreams {
             .iter()
             .map(|u| Replica::new(u.as_str()).map(Arc::new))
             .collect::<Result<Vec<_>, _>>()?;
+        let connector = SharedConnector(Arc::new(connector));
         Ok(Upstreams {
             configured: replicas.len(),
             replicas: RwLock::new(replicas.into()),
+            opener: lane::Opener::new(connector.clone(), config.read_buffer),
             client: build_client(config, connector),
             balancer: Arc::new(balancer),
             config: config.clone(),
@@ -602,7 +607,7 @@ pub fn http_connector(config: &UpstreamConfig) -> HttpConnector {
     connector
 }
 
-fn build_client(config: &UpstreamConfig, connector: UpstreamConnector) -> UpstreamClient {
+fn build_client(config: &UpstreamConfig, connector: SharedConnector) -> UpstreamClient {
     let mut b = Client::builder(TokioExecutor::new());
     if let Some(bytes) = config.read_buffer {
         // A fixed buffer instead of hyper's adaptive 8 KiB one: held streams cost less memory.
@@ -617,7 +622,7 @@ fn build_client(config: &UpstreamConfig, connector: UpstreamConnector) -> Upstre
         // A request the pool handed to a connection that turned out closed before anything
         // was written is sent again on another (hyper-util's default, relied on: explicit).
         .retry_canceled_requests(true)
-        .build(SharedConnector(Arc::new(connector)))
+        .build(connector)
 }
 
 #[cfg(test)]

@@ -1,0 +1,688 @@
+//! The fast lane: each client connection keeps one HTTP/1.1 connection to the replica it last
+//! used, driven by the client connection's own task.
+//!
+//! The pooled client runs every upstream connection in a task of its own: a request goes to
+//! it through the pool (a checkout and a return under a lock, keyed by a hash of the
+//! replica's authority) and a channel, and each response frame the connection reads wakes the
+//! client connection's task from that other task. A lane's connection is polled where its
+//! request and its response body are polled (the request future while it waits for the head,
+//! the body before each frame), so every wakeup of its socket is the client connection's own
+//! and nothing is spawned.
+//!
+//! A lane is taken for one request at a time; the connection goes back to it only when the
+//! response ended cleanly (its body read to the end); otherwise it is dropped, which closes it
+//! (an engine aborts a request whose connection closes, as when the client goes away with the
+//! pooled client). Before a reuse the connection is polled once to see whether the engine
+//! closed it while it was idle, and a lane idle longer than `pool_idle_timeout` is let go, as
+//! the pool lets its idle connections go before the engine's keep-alive closes them under a
+//! request. A request the reused connection did not send is given back by hyper and goes
+//! through the pool.
+//!
+//! The pooled client serves everything else: a second request while the lane is busy (HTTP/2
+//! clients), a request to another replica than the lane's, health probes and scrapes. The
+//! bytes a replica reads are the pooled client's: the request in origin form, `Host` preset
+//! per replica (`Replica::host`), the same HTTP/1 settings.
+
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll, Waker};
+
+use bytes::Bytes;
+use http::{Method, Request, Response, Uri};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
+use tokio::time::Instant;
+use tower::ServiceExt;
+
+use super::prefix::ReplicaId;
+use super::tls::UpstreamStream;
+use super::{Replica, SharedConnector, Upstreams};
+use crate::body::BoxError;
+
+type Sender = http1::SendRequest<Full<Bytes>>;
+type Conn = http1::Connection<TokioIo<UpstreamStream>, Full<Bytes>>;
+
+/// One client connection's lane (a request extension the listener adds; cloning it is a
+/// reference count).
+#[derive(Clone, Default)]
+pub struct Lane(Arc<Mutex<Slot>>);
+
+impl std::fmt::Debug for Lane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Lane")
+    }
+}
+
+#[derive(Default)]
+struct Slot {
+    /// A request uses the lane (its [`Lease`] is alive).
+    busy: bool,
+    /// A connection that finished its last response cleanly (none: the next request opens
+    /// one).
+    idle: Option<Idle>,
+}
+
+struct Idle {
+    replica: ReplicaId,
+    since: Instant,
+    conn: Driven,
+}
+
+/// How a lane opens its connections: the pooled client's connector and HTTP/1 settings.
+#[derive(Clone, Debug)]
+pub struct Opener {
+    connector: SharedConnector,
+    builder: http1::Builder,
+}
+
+impl Opener {
+    pub(super) fn new(connector: SharedConnector, read_buffer: Option<usize>) -> Self {
+        let mut builder = http1::Builder::new();
+        if let Some(bytes) = read_buffer {
+            // As the pooled client's (`http1_read_buf_exact_size`).
+            builder.read_buf_exact_size(Some(bytes));
+        }
+        Opener { connector, builder }
+    }
+}
+
+/// An upstream connection and its sender; the connection future is polled by whoever holds it.
+struct Driven {
+    send: Sender,
+    conn: Conn,
+    /// The connection future has finished (closed, or failed): nothing more can go through.
+    finished: bool,
+}
+
+impl Driven {
+    /// Lets the connection do what it can: write the request, read the response into the
+    /// body's channel, notice a close. Wakeups go to `cx`'s task.
+    fn drive(&mut self, cx: &mut Context<'_>) {
+        if !self.finished && Pin::new(&mut self.conn).poll(cx).is_ready() {
+            self.finished = true;
+        }
+    }
+
+    /// Whether an idle connection can take a request: polled once (no task to wake: the
+    /// request that takes it polls it again) so that a close the engine sent while it was idle
+    /// is read now, then asked whether it waits for a request.
+    fn usable(&mut self) -> bool {
+        self.drive(&mut Context::from_waker(Waker::noop()));
+        !self.finished && self.send.is_ready()
+    }
+}
+
+/// A lane taken by one request. Its slot is busy until this drops: then the connection goes
+/// back idle when the response ended cleanly, else it is closed.
+pub struct Lease {
+    lane: Lane,
+    replica: ReplicaId,
+    conn: Option<Driven>,
+    reused: bool,
+    clean: bool,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let idle = self.conn.take().filter(|_| self.clean);
+        let mut slot = self.lane.0.lock().unwrap_or_else(PoisonError::into_inner);
+        slot.busy = false;
+        slot.idle = idle.map(|conn| Idle {
+            replica: self.replica,
+            since: Instant::now(),
+            conn,
+        });
+    }
+}
+
+impl Lane {
+    /// The lane for a request to `replica` at `now`, or `None` when the pooled client takes it
+    /// (the lane is busy, or idle with a connection to another replica that is still fresh).
+    fn take(
+        &self,
+        replica: &Replica,
+        now: Instant,
+        idle_timeout: std::time::Duration,
+    ) -> Option<Lease> {
+        let id = replica.route.id;
+        let mut slot = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if slot.busy {
+            return None;
+        }
+        let conn = match slot.idle.take() {
+            None => None,
+            Some(mut idle) => {
+                let fresh = now.saturating_duration_since(idle.since) < idle_timeout;
+                if idle.replica != id && fresh {
+                    slot.idle = Some(idle);
+                    return None;
+                }
+                // A stale or closed connection is dropped here: closed.
+                (idle.replica == id && fresh && idle.conn.usable()).then_some(idle.conn)
+            }
+        };
+        slot.busy = true;
+        drop(slot);
+        Some(Lease {
+            lane: self.clone(),
+            replica: id,
+            reused: conn.is_some(),
+            conn,
+            clean: false,
+        })
+    }
+}
+
+/// Why a request got no response head.
+#[derive(Debug)]
+pub struct SendError {
+    /// Nothing was sent: the connection could not be made.
+    pub connect: bool,
+    pub source: BoxError,
+}
+
+impl std::fmt::Display for SendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.source.fmt(f)
+    }
+}
+
+/// Sends `req` (absolute URI, `Host` set) to `replica`: on the client connection's lane when
+/// it has one for this replica, else through the pooled client. The response body is the
+/// lane's when the lane carried it.
+pub(super) async fn send(
+    up: &Upstreams,
+    lane: Option<&Lane>,
+    replica: &Replica,
+    req: Request<Full<Bytes>>,
+    now: Instant,
+) -> Result<Response<LaneBody>, SendError> {
+    let lease = lane
+        .filter(|_| replica.host.is_some() && req.method() != Method::CONNECT)
+        .and_then(|l| l.take(replica, now, up.config.pool_idle_timeout));
+    let req = match lease {
+        Some(lease) => match on_lane(&up.opener, lease, req).await? {
+            Ok(resp) => return Ok(resp),
+            // The reused connection closed before it took the request: hyper gave it back.
+            Err(req) => req,
+        },
+        None => req,
+    };
+    match up.client.request(req).await {
+        Ok(resp) => Ok(resp.map(|inner| LaneBody { inner, lease: None })),
+        Err(e) => Err(SendError {
+            connect: e.is_connect(),
+            source: e.into(),
+        }),
+    }
+}
+
+/// The request on `lease`'s connection (opened first when it has none). `Ok(Err(req))`: a
+/// reused connection had closed before the request was written; it was not sent.
+async fn on_lane(
+    opener: &Opener,
+    mut lease: Lease,
+    mut req: Request<Full<Bytes>>,
+) -> Result<Result<Response<LaneBody>, Request<Full<Bytes>>>, SendError> {
+    let absolute = req.uri().clone();
+    let mut driven = match lease.conn.take() {
+        Some(d) => d,
+        None => open(opener, absolute.clone()).await?,
+    };
+    *req.uri_mut() = origin_form(&absolute);
+    let mut response = std::pin::pin!(driven.send.try_send_request(req));
+    let result = poll_fn(|cx| {
+        if let Poll::Ready(r) = response.as_mut().poll(cx) {
+            return Poll::Ready(r);
+        }
+        driven.drive(cx);
+        response.as_mut().poll(cx)
+    })
+    .await;
+    match result {
+        Ok(resp) => {
+            lease.conn = Some(driven);
+            Ok(Ok(resp.map(|inner| LaneBody {
+                inner,
+                lease: Some(lease),
+            })))
+        }
+        Err(mut e) => match e.take_message() {
+            Some(mut req) if lease.reused => {
+                *req.uri_mut() = absolute;
+                Ok(Err(req))
+            }
+            _ => Err(SendError {
+                connect: false,
+                source: e.into_error().into(),
+            }),
+        },
+    }
+}
+
+/// A new connection to `uri`'s replica, through the pooled client's connector.
+async fn open(opener: &Opener, uri: Uri) -> Result<Driven, SendError> {
+    let connect_error = |source| SendError {
+        connect: true,
+        source,
+    };
+    let io = opener
+        .connector
+        .clone()
+        .oneshot(uri)
+        .await
+        .map_err(connect_error)?;
+    let (send, conn) = opener
+        .builder
+        .handshake(io)
+        .await
+        .map_err(|e| connect_error(e.into()))?;
+    Ok(Driven {
+        send,
+        conn,
+        finished: false,
+    })
+}
+
+/// The request target as the pooled client writes it to a replica it reaches directly: the
+/// path and query alone (`/` without one).
+fn origin_form(uri: &Uri) -> Uri {
+    match uri.path_and_query() {
+        Some(pq) if pq.as_str() != "/" => {
+            let mut parts = http::uri::Parts::default();
+            parts.path_and_query = Some(pq.clone());
+            Uri::from_parts(parts).unwrap_or_default()
+        }
+        _ => Uri::default(),
+    }
+}
+
+/// The response body from a replica. On a lane it drives the lane's connection before each
+/// frame it waits for, and hands the lane back once the body has ended.
+pub struct LaneBody {
+    inner: Incoming,
+    lease: Option<Lease>,
+}
+
+impl Body for LaneBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = &mut *self;
+        let mut frame = Pin::new(&mut this.inner).poll_frame(cx);
+        if let Some(lease) = &mut this.lease {
+            if frame.is_pending() {
+                if let Some(conn) = &mut lease.conn {
+                    conn.drive(cx);
+                }
+                frame = Pin::new(&mut this.inner).poll_frame(cx);
+            }
+            let ended = match &frame {
+                Poll::Ready(None) => true,
+                Poll::Ready(Some(Ok(_))) => this.inner.is_end_stream(),
+                Poll::Ready(Some(Err(_))) | Poll::Pending => false,
+            };
+            if ended {
+                lease.clean = true;
+                // Back to the lane now: the client connection's next request may come before
+                // this body is dropped.
+                this.lease = None;
+            }
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for LaneBody {
+    fn drop(&mut self) {
+        // A body that was empty from its head on (204, HEAD, `content-length: 0`) is never
+        // polled to its end: it ended all the same, and its connection is reusable.
+        if let Some(lease) = &mut self.lease {
+            lease.clean = self.inner.is_end_stream();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use http_body_util::BodyExt;
+    use prometheus::Registry;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    use super::*;
+    use crate::config::{BaseUrl, UpstreamConfig};
+
+    /// How the test replica treats a connection after each answer.
+    #[derive(Clone, Copy)]
+    enum Mode {
+        /// `ok` (content length), and wait for the next request.
+        KeepAlive,
+        /// `ok`, then close the idle connection after the pause (no `Connection: close`: as
+        /// an engine's keep-alive timeout does).
+        CloseIdleAfter(Duration),
+        /// A chunked answer's first chunk, then wait for the client to go away.
+        Stream,
+    }
+
+    /// A replica speaking raw HTTP/1.1, so the test sees its connections: how many it
+    /// accepted, every request head, how many the proxy closed.
+    struct Replica1 {
+        url: String,
+        accepts: Arc<AtomicUsize>,
+        closed_by_proxy: Arc<AtomicUsize>,
+        heads: Arc<Mutex<Vec<Vec<u8>>>>,
+    }
+
+    async fn replica(mode: Mode) -> Replica1 {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let r = Replica1 {
+            url: format!("http://{}", l.local_addr().unwrap()),
+            accepts: Arc::default(),
+            closed_by_proxy: Arc::default(),
+            heads: Arc::default(),
+        };
+        let (accepts, closed, heads) = (
+            r.accepts.clone(),
+            r.closed_by_proxy.clone(),
+            r.heads.clone(),
+        );
+        tokio::spawn(async move {
+            while let Ok((s, _)) = l.accept().await {
+                accepts.fetch_add(1, Ordering::SeqCst);
+                let (closed, heads) = (closed.clone(), heads.clone());
+                tokio::spawn(serve(s, mode, closed, heads));
+            }
+        });
+        r
+    }
+
+    async fn serve(
+        mut s: TcpStream,
+        mode: Mode,
+        closed: Arc<AtomicUsize>,
+        heads: Arc<Mutex<Vec<Vec<u8>>>>,
+    ) {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 1024];
+        loop {
+            let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                match s.read(&mut chunk).await {
+                    Ok(0) | Err(_) => {
+                        closed.fetch_add(1, Ordering::SeqCst);
+                        return;
+                    }
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+                continue;
+            };
+            let head = buf[..end + 4].to_vec();
+            let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
+            let body_len: usize = text
+                .split("\r\n")
+                .find_map(|l| l.strip_prefix("content-length: "))
+                .map_or(0, |n| n.trim().parse().unwrap());
+            while buf.len() < end + 4 + body_len {
+                let n = s.read(&mut chunk).await.unwrap();
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            buf.drain(..end + 4 + body_len);
+            heads.lock().unwrap().push(head);
+            match mode {
+                Mode::KeepAlive => {
+                    let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                    s.write_all(answer).await.unwrap();
+                }
+                Mode::CloseIdleAfter(pause) => {
+                    let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                    s.write_all(answer).await.unwrap();
+                    tokio::time::sleep(pause).await;
+                    return;
+                }
+                Mode::Stream => {
+                    let head =
+                        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n";
+                    s.write_all(head).await.unwrap();
+                }
+            }
+        }
+    }
+
+    fn upstreams(urls: &[&str]) -> Upstreams {
+        let config = UpstreamConfig {
+            urls: urls.iter().map(|u| BaseUrl::parse(u).unwrap()).collect(),
+            ..UpstreamConfig::default()
+        };
+        Upstreams::new(&config, &Registry::new()).unwrap()
+    }
+
+    /// The request as forwarding hands it over: absolute URI, `Host` preset.
+    fn request(replica: &Replica) -> Request<Full<Bytes>> {
+        let pq: http::uri::PathAndQuery = "/v1/chat/completions?x=1".parse().unwrap();
+        let mut req = Request::post(replica.request_uri(Some(&pq)).unwrap())
+            .header("content-type", "application/json")
+            .header("x-request-id", "abc")
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap();
+        let host = replica.host.clone().unwrap();
+        req.headers_mut().insert(http::header::HOST, host);
+        req
+    }
+
+    async fn call(up: &Upstreams, lane: Option<&Lane>, replica: &Replica) -> Response<LaneBody> {
+        send(up, lane, replica, request(replica), Instant::now())
+            .await
+            .unwrap()
+    }
+
+    async fn text(resp: Response<LaneBody>) -> String {
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        String::from_utf8(body.to_vec()).unwrap()
+    }
+
+    fn empty(lane: &Lane) -> bool {
+        let slot = lane.0.lock().unwrap();
+        !slot.busy && slot.idle.is_none()
+    }
+
+    fn on_lane(resp: &Response<LaneBody>) -> bool {
+        resp.body().lease.is_some()
+    }
+
+    #[tokio::test]
+    async fn a_client_connections_requests_share_one_upstream_connection_on_its_lane() {
+        let engine = replica(Mode::KeepAlive).await;
+        let up = upstreams(&[&engine.url]);
+        let r = up.replicas()[0].clone();
+        let lane = Lane::default();
+        for _ in 0..5 {
+            let resp = call(&up, Some(&lane), &r).await;
+            assert!(on_lane(&resp));
+            assert_eq!(text(resp).await, "ok");
+        }
+        assert_eq!(engine.accepts.load(Ordering::SeqCst), 1);
+        assert!(lane.0.lock().unwrap().idle.is_some());
+        // The client connection ends: its lane's connection closes with it.
+        drop(lane);
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while engine.closed_by_proxy.load(Ordering::SeqCst) == 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_the_engine_closed_is_replaced_without_an_error() {
+        let engine = replica(Mode::CloseIdleAfter(Duration::from_millis(20))).await;
+        let up = upstreams(&[&engine.url]);
+        let r = up.replicas()[0].clone();
+        let lane = Lane::default();
+        for i in 1..=3 {
+            let resp = call(&up, Some(&lane), &r).await;
+            assert!(on_lane(&resp), "request {i}");
+            assert_eq!(text(resp).await, "ok");
+            // The engine closes the idle connection before the next request.
+            tokio::time::sleep(Duration::from_millis(80)).await;
+            assert_eq!(engine.accepts.load(Ordering::SeqCst), i);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_lane_idle_past_the_pool_idle_timeout_is_not_reused() {
+        let engine = replica(Mode::KeepAlive).await;
+        let up = upstreams(&[&engine.url]);
+        let r = up.replicas()[0].clone();
+        let lane = Lane::default();
+        assert_eq!(text(call(&up, Some(&lane), &r).await).await, "ok");
+        let later = Instant::now() + up.config.pool_idle_timeout;
+        let resp = send(&up, Some(&lane), &r, request(&r), later)
+            .await
+            .unwrap();
+        assert!(on_lane(&resp));
+        assert_eq!(text(resp).await, "ok");
+        assert_eq!(engine.accepts.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_body_dropped_mid_stream_closes_its_connection_and_it_is_not_reused() {
+        let engine = replica(Mode::Stream).await;
+        let up = upstreams(&[&engine.url]);
+        let r = up.replicas()[0].clone();
+        let lane = Lane::default();
+        let mut body = call(&up, Some(&lane), &r).await.into_body();
+        let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(first, "hello");
+        assert!(lane.0.lock().unwrap().busy);
+        // The client goes away: the engine sees its connection close (and aborts).
+        drop(body);
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while engine.closed_by_proxy.load(Ordering::SeqCst) == 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .unwrap();
+        assert!(empty(&lane));
+        let resp = call(&up, Some(&lane), &r).await;
+        assert!(on_lane(&resp));
+        assert_eq!(engine.accepts.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_second_request_while_the_lane_is_busy_goes_through_the_pool() {
+        let engine = replica(Mode::KeepAlive).await;
+        let up = upstreams(&[&engine.url]);
+        let r = up.replicas()[0].clone();
+        let lane = Lane::default();
+        // HTTP/2 clients: two requests of one connection at once.
+        let first = call(&up, Some(&lane), &r).await;
+        let second = call(&up, Some(&lane), &r).await;
+        assert!(on_lane(&first));
+        assert!(!on_lane(&second));
+        assert_eq!(text(second).await, "ok");
+        assert_eq!(text(first).await, "ok");
+        assert_eq!(engine.accepts.load(Ordering::SeqCst), 2);
+        // The lane is free again once the first body ended.
+        let third = call(&up, Some(&lane), &r).await;
+        assert!(on_lane(&third));
+        assert_eq!(text(third).await, "ok");
+        assert_eq!(engine.accepts.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_request_to_another_replica_than_the_lanes_goes_through_the_pool() {
+        let (a, b) = (
+            replica(Mode::KeepAlive).await,
+            replica(Mode::KeepAlive).await,
+        );
+        let up = upstreams(&[&a.url, &b.url]);
+        let (ra, rb) = (up.replicas()[0].clone(), up.replicas()[1].clone());
+        let lane = Lane::default();
+        assert!(on_lane(&call(&up, Some(&lane), &ra).await));
+        // (the body above was dropped before its end: the lane is empty again)
+        let resp = call(&up, Some(&lane), &ra).await;
+        assert!(on_lane(&resp));
+        assert_eq!(text(resp).await, "ok");
+        let resp = call(&up, Some(&lane), &rb).await;
+        assert!(!on_lane(&resp));
+        assert_eq!(text(resp).await, "ok");
+        let resp = call(&up, Some(&lane), &ra).await;
+        assert!(on_lane(&resp));
+        assert_eq!(text(resp).await, "ok");
+        assert_eq!(a.accepts.load(Ordering::SeqCst), 2);
+        assert_eq!(b.accepts.load(Ordering::SeqCst), 1);
+    }
+
+    /// The request head a replica reads is the same from a lane and from the pooled client.
+    #[tokio::test]
+    async fn a_lane_sends_the_bytes_the_pooled_client_sends() {
+        let engine = replica(Mode::KeepAlive).await;
+        let up = upstreams(&[&engine.url]);
+        let r = up.replicas()[0].clone();
+        let lane = Lane::default();
+        let pooled = call(&up, None, &r).await;
+        assert!(!on_lane(&pooled));
+        assert_eq!(text(pooled).await, "ok");
+        let laned = call(&up, Some(&lane), &r).await;
+        assert!(on_lane(&laned));
+        assert_eq!(text(laned).await, "ok");
+        let heads = engine.heads.lock().unwrap();
+        assert_eq!(heads.len(), 2);
+        let text = String::from_utf8_lossy(&heads[0]);
+        assert!(
+            text.starts_with("POST /v1/chat/completions?x=1 HTTP/1.1\r\n"),
+            "{text}"
+        );
+        assert_eq!(heads[0], heads[1], "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_refused_connect_on_a_lane_is_a_connect_error() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        drop(l);
+        let up = upstreams(&[&url]);
+        let r = up.replicas()[0].clone();
+        let lane = Lane::default();
+        let err = send(&up, Some(&lane), &r, request(&r), Instant::now())
+            .await
+            .err()
+            .unwrap();
+        assert!(err.connect, "{err}");
+        assert!(empty(&lane));
+    }
+
+    #[test]
+    fn origin_form_is_the_path_and_query() {
+        for (uri, want) in [
+            ("http://e:1/v1/models?x=1", "/v1/models?x=1"),
+            ("http://e:1/", "/"),
+            ("http://e:1", "/"),
+            ("https://e/a/b", "/a/b"),
+        ] {
+            let uri: Uri = uri.parse().unwrap();
+            assert_eq!(origin_form(&uri).to_string(), want);
+        }
+    }
+}
