@@ -189,3 +189,90 @@ async fn a_slow_client_slows_the_upstream_instead_of_buffering() {
     }
     assert_eq!(received, total);
 }
+
+/// A replica that names, in each answer's `x-upstream-conn`, the connection it came on.
+async fn start_conn_naming_replica() -> String {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut n = 0u64;
+        while let Ok((io, _)) = l.accept().await {
+            n += 1;
+            let svc = hyper::service::service_fn(move |_req| async move {
+                let resp = http::Response::builder()
+                    .header("content-type", "application/json")
+                    .header("x-upstream-conn", n)
+                    .body(Full::new(Bytes::from_static(b"{}")))
+                    .unwrap();
+                Ok::<_, std::convert::Infallible>(resp)
+            });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(io), svc),
+            );
+        }
+    });
+    format!("http://{addr}")
+}
+
+/// Each client connection's requests go on its own upstream connection (its lane), driven by
+/// that connection's task: two clients taking turns never share one, as they would through a
+/// pool whose one idle connection each would take in turn.
+#[tokio::test]
+async fn each_client_connection_keeps_its_own_upstream_connection() {
+    let upstream = start_conn_naming_replica().await;
+    let proxy = start_proxy(test_config(&[upstream])).await;
+    let mut clients = Vec::new();
+    for _ in 0..2 {
+        let io = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+        let (send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        clients.push(send);
+    }
+    let mut seen = [Vec::new(), Vec::new()];
+    for round in 0..6 {
+        let i = round % 2;
+        let req = post_json(&proxy.url("/v1/chat/completions"), r#"{"model":"m"}"#);
+        let resp = tokio::time::timeout(SLOW, clients[i].send_request(req))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let conn = resp.headers()["x-upstream-conn"].to_str().unwrap().to_string();
+        resp.into_body().collect().await.unwrap();
+        seen[i].push(conn);
+    }
+    for s in &seen {
+        assert!(s.iter().all(|c| *c == s[0]), "{seen:?}");
+    }
+    assert_ne!(seen[0][0], seen[1][0], "{seen:?}");
+}
+
+/// HTTP/2 requests of one client connection at once: one takes the lane, the others the
+/// pooled client; every stream completes.
+#[tokio::test]
+async fn concurrent_http2_requests_of_one_connection_all_complete() {
+    let fake = start_fake().await;
+    let proxy = start_proxy(test_config(&[fake.url()])).await;
+    let h2: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let url = proxy.url("/v1/chat/completions");
+    let streams = (0..4).map(|_| {
+        let (h2, url) = (h2.clone(), url.clone());
+        async move {
+            let resp = h2.request(fake_stream_request(&url, 3, 20)).await.unwrap();
+            assert_eq!(resp.version(), http::Version::HTTP_2);
+            assert_eq!(resp.status(), 200);
+            resp.into_body().collect().await.unwrap().to_bytes()
+        }
+    });
+    let bodies = tokio::time::timeout(SLOW, futures_util::future::join_all(streams))
+        .await
+        .unwrap();
+    for body in bodies {
+        assert!(body.ends_with(b"data: [DONE]\n\n"), "{body:?}");
+    }
+}
