@@ -69,7 +69,7 @@ struct Slot {
 struct Idle {
     replica: ReplicaId,
     since: Instant,
-    conn: Driven,
+    conn: Box<Driven>,
 }
 
 /// How a lane opens its connections: the pooled client's connector and HTTP/1 settings.
@@ -91,28 +91,115 @@ impl Opener {
 }
 
 /// An upstream connection and its sender; the connection future is polled by whoever holds it.
+/// Boxed once per connection: a request moves only the pointer (the connection's state is
+/// several hundred bytes).
 struct Driven {
     send: Sender,
     conn: Conn,
     /// The connection future has finished (closed, or failed): nothing more can go through.
     finished: bool,
+    /// What the connection wakes (made once per connection from `relay`).
+    waker: Waker,
+    relay: Arc<Relay>,
 }
 
 impl Driven {
+    fn new(send: Sender, conn: Conn) -> Box<Driven> {
+        let relay = Arc::new(Relay::default());
+        Box::new(Driven {
+            send,
+            conn,
+            finished: false,
+            waker: Waker::from(relay.clone()),
+            relay,
+        })
+    }
+
     /// Lets the connection do what it can: write the request, read the response into the
-    /// body's channel, notice a close. Wakeups go to `cx`'s task.
+    /// body's channel, notice a close. Its wakeups (socket readiness) go to `cx`'s task.
     fn drive(&mut self, cx: &mut Context<'_>) {
-        if !self.finished && Pin::new(&mut self.conn).poll(cx).is_ready() {
+        if self.finished {
+            return;
+        }
+        self.relay.follow(cx.waker());
+        if Pin::new(&mut self.conn)
+            .poll(&mut Context::from_waker(&self.waker))
+            .is_ready()
+        {
             self.finished = true;
         }
     }
 
-    /// Whether an idle connection can take a request: polled once (no task to wake: the
-    /// request that takes it polls it again) so that a close the engine sent while it was idle
-    /// is read now, then asked whether it waits for a request.
+    /// Polls what the connection produces (the response head, body frames). Only `drive`
+    /// produces them, and every caller drives before it reports `Pending`, so the consumer
+    /// needs no waker of its own; and a wake the connection asks for while its output is taken
+    /// (room in the body's channel) is not passed on: the next `drive` comes anyway. Either
+    /// would wake this very task, and a task woken while it runs is polled once more.
+    fn consume<T>(&self, poll: impl FnOnce(&mut Context<'_>) -> Poll<T>) -> Poll<T> {
+        let _quiet = Quiet::enter(&self.relay);
+        poll(&mut Context::from_waker(Waker::noop()))
+    }
+
+    /// Whether an idle connection can take a request: polled once (its wakeups go nowhere:
+    /// the request that takes it drives it again) so that a close the engine sent while it
+    /// was idle is read now, then asked whether it waits for a request.
     fn usable(&mut self) -> bool {
         self.drive(&mut Context::from_waker(Waker::noop()));
         !self.finished && self.send.is_ready()
+    }
+}
+
+/// The waker a lane's connection registers (its socket, its channels): the task that drove
+/// it last, except for wakes this thread causes while it takes the connection's output.
+#[derive(Default)]
+struct Relay {
+    task: Mutex<Option<Waker>>,
+}
+
+impl Relay {
+    fn follow(&self, waker: &Waker) {
+        let mut task = self.task.lock().unwrap_or_else(PoisonError::into_inner);
+        match &*task {
+            Some(w) if w.will_wake(waker) => {}
+            _ => *task = Some(waker.clone()),
+        }
+    }
+}
+
+impl std::task::Wake for Relay {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        if QUIET.with(|q| q.get()) == Arc::as_ptr(self) as usize {
+            return;
+        }
+        let task = self.task.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(w) = &*task {
+            w.wake_by_ref();
+        }
+    }
+}
+
+thread_local! {
+    /// The relay whose connection's output this thread is taking (its address; 0: none).
+    /// Wakes from other threads (the I/O driver's) always pass.
+    static QUIET: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+struct Quiet;
+
+impl Quiet {
+    fn enter(relay: &Arc<Relay>) -> Quiet {
+        QUIET.with(|q| q.set(Arc::as_ptr(relay) as usize));
+        Quiet
+    }
+}
+
+impl Drop for Quiet {
+    fn drop(&mut self) {
+        QUIET.with(|q| q.set(0));
     }
 }
 
@@ -121,7 +208,7 @@ impl Driven {
 pub struct Lease {
     lane: Lane,
     replica: ReplicaId,
-    conn: Option<Driven>,
+    conn: Option<Box<Driven>>,
     reused: bool,
     clean: bool,
 }
@@ -234,13 +321,13 @@ async fn on_lane(
         None => open(opener, absolute.clone()).await?,
     };
     *req.uri_mut() = origin_form(&absolute);
-    let mut response = std::pin::pin!(driven.send.try_send_request(req));
+    // Unconstrained: polled without a waker of its own (`Driven::consume`), it must never
+    // be the one future tokio's budget turns away (that would wait for a wake nobody sends).
+    let response = tokio::task::unconstrained(driven.send.try_send_request(req));
+    let mut response = std::pin::pin!(response);
     let result = poll_fn(|cx| {
-        if let Poll::Ready(r) = response.as_mut().poll(cx) {
-            return Poll::Ready(r);
-        }
         driven.drive(cx);
-        response.as_mut().poll(cx)
+        driven.consume(|cx| response.as_mut().poll(cx))
     })
     .await;
     match result {
@@ -265,7 +352,7 @@ async fn on_lane(
 }
 
 /// A new connection to `uri`'s replica, through the pooled client's connector.
-async fn open(opener: &Opener, uri: Uri) -> Result<Driven, SendError> {
+async fn open(opener: &Opener, uri: Uri) -> Result<Box<Driven>, SendError> {
     let connect_error = |source| SendError {
         connect: true,
         source,
@@ -281,11 +368,7 @@ async fn open(opener: &Opener, uri: Uri) -> Result<Driven, SendError> {
         .handshake(io)
         .await
         .map_err(|e| connect_error(e.into()))?;
-    Ok(Driven {
-        send,
-        conn,
-        finished: false,
-    })
+    Ok(Driven::new(send, conn))
 }
 
 /// The request target as the pooled client writes it to a replica it reaches directly: the
@@ -317,25 +400,32 @@ impl Body for LaneBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = &mut *self;
-        let mut frame = Pin::new(&mut this.inner).poll_frame(cx);
-        if let Some(lease) = &mut this.lease {
-            if frame.is_pending() {
-                if let Some(conn) = &mut lease.conn {
+        let inner = &mut this.inner;
+        let Some(lease) = &mut this.lease else {
+            return Pin::new(inner).poll_frame(cx);
+        };
+        let frame = match &mut lease.conn {
+            Some(conn) => {
+                // A frame the last drive left in the channel first, else drive and look again.
+                let mut frame = conn.consume(|cx| Pin::new(&mut *inner).poll_frame(cx));
+                if frame.is_pending() {
                     conn.drive(cx);
+                    frame = conn.consume(|cx| Pin::new(&mut *inner).poll_frame(cx));
                 }
-                frame = Pin::new(&mut this.inner).poll_frame(cx);
+                frame
             }
-            let ended = match &frame {
-                Poll::Ready(None) => true,
-                Poll::Ready(Some(Ok(_))) => this.inner.is_end_stream(),
-                Poll::Ready(Some(Err(_))) | Poll::Pending => false,
-            };
-            if ended {
-                lease.clean = true;
-                // Back to the lane now: the client connection's next request may come before
-                // this body is dropped.
-                this.lease = None;
-            }
+            None => Pin::new(&mut *inner).poll_frame(cx),
+        };
+        let ended = match &frame {
+            Poll::Ready(None) => true,
+            Poll::Ready(Some(Ok(_))) => this.inner.is_end_stream(),
+            Poll::Ready(Some(Err(_))) | Poll::Pending => false,
+        };
+        if ended {
+            lease.clean = true;
+            // Back to the lane now: the client connection's next request may come before this
+            // body is dropped.
+            this.lease = None;
         }
         frame
     }
@@ -671,6 +761,45 @@ mod tests {
             .unwrap();
         assert!(err.connect, "{err}");
         assert!(empty(&lane));
+    }
+
+    /// Counts its wakes.
+    #[derive(Default)]
+    struct Count(AtomicUsize);
+
+    impl std::task::Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn a_relay_passes_every_wake_but_those_this_thread_causes_while_taking_output() {
+        let count = Arc::new(Count::default());
+        let task = Waker::from(count.clone());
+        let relay = Arc::new(Relay::default());
+        let waker = Waker::from(relay.clone());
+        // Nothing followed yet: a wake goes nowhere.
+        waker.wake_by_ref();
+        relay.follow(&task);
+        waker.wake_by_ref();
+        assert_eq!(count.0.load(Ordering::SeqCst), 1);
+        {
+            let _quiet = Quiet::enter(&relay);
+            waker.wake_by_ref();
+            assert_eq!(count.0.load(Ordering::SeqCst), 1, "quiet on this thread");
+            // Another thread's wake (the I/O driver's) is never lost.
+            let other = waker.clone();
+            std::thread::spawn(move || other.wake()).join().unwrap();
+            assert_eq!(count.0.load(Ordering::SeqCst), 2);
+            // Another relay's wake passes too.
+            let second = Arc::new(Relay::default());
+            second.follow(&task);
+            Waker::from(second).wake();
+            assert_eq!(count.0.load(Ordering::SeqCst), 3);
+        }
+        waker.wake();
+        assert_eq!(count.0.load(Ordering::SeqCst), 4);
     }
 
     #[test]

@@ -240,7 +240,10 @@ async fn each_client_connection_keeps_its_own_upstream_connection() {
             .unwrap()
             .unwrap();
         assert_eq!(resp.status(), 200);
-        let conn = resp.headers()["x-upstream-conn"].to_str().unwrap().to_string();
+        let conn = resp.headers()["x-upstream-conn"]
+            .to_str()
+            .unwrap()
+            .to_string();
         resp.into_body().collect().await.unwrap();
         seen[i].push(conn);
     }
