@@ -300,7 +300,7 @@ pub(super) async fn send(
         None => req,
     };
     match up.client.request(req).await {
-        Ok(resp) => Ok(resp.map(|inner| LaneBody { inner, lease: None })),
+        Ok(resp) => Ok(resp.map(|inner| LaneBody::new(inner, None))),
         Err(e) => Err(SendError {
             connect: e.is_connect(),
             source: e.into(),
@@ -333,10 +333,7 @@ async fn on_lane(
     match result {
         Ok(resp) => {
             lease.conn = Some(driven);
-            Ok(Ok(resp.map(|inner| LaneBody {
-                inner,
-                lease: Some(lease),
-            })))
+            Ok(Ok(resp.map(|inner| LaneBody::new(inner, Some(lease)))))
         }
         Err(mut e) => match e.take_message() {
             Some(mut req) if lease.reused => {
@@ -389,6 +386,23 @@ fn origin_form(uri: &Uri) -> Uri {
 pub struct LaneBody {
     inner: Incoming,
     lease: Option<Lease>,
+    /// An upstream error held back for one poll (see `poll_frame`).
+    held: Option<hyper::Error>,
+    /// Something (the head, a frame) was handed over since this body last answered
+    /// `Pending`.
+    handed: bool,
+}
+
+impl LaneBody {
+    fn new(inner: Incoming, lease: Option<Lease>) -> Self {
+        LaneBody {
+            inner,
+            lease,
+            held: None,
+            // The head counts: it is handed over just before the body's first poll.
+            handed: true,
+        }
+    }
 }
 
 impl Body for LaneBody {
@@ -400,6 +414,48 @@ impl Body for LaneBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = &mut *self;
+        if let Some(e) = this.held.take() {
+            return Poll::Ready(Some(Err(e)));
+        }
+        let frame = this.poll_upstream(cx);
+        match frame {
+            // The upstream broke right after what it sent last (a cut the same read brought):
+            // the error waits one poll, so the client connection writes out the head and the
+            // bytes before it first (its error would close the connection with them still in
+            // its buffer, and the client would see no response at all, not a truncated one).
+            Poll::Ready(Some(Err(e))) if this.handed => {
+                this.handed = false;
+                this.held = Some(e);
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+            Poll::Pending => {
+                this.handed = false;
+                Poll::Pending
+            }
+            frame => {
+                this.handed = true;
+                frame
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.held.is_none() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl LaneBody {
+    /// The next frame from the replica; on a lane, the connection is driven for it.
+    fn poll_upstream(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self;
         let inner = &mut this.inner;
         let Some(lease) = &mut this.lease else {
             return Pin::new(inner).poll_frame(cx);
@@ -428,14 +484,6 @@ impl Body for LaneBody {
             this.lease = None;
         }
         frame
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }
 
