@@ -269,3 +269,49 @@ fn enabled_only_for_plain_lines_and_static_filters() {
         assert_eq!(own_writer_can(ansi, directives), can, "{ansi} {directives}");
     }
 }
+
+/// Tenths as `{:.1}` writes them: durations as the layer makes them, any finite values,
+/// and values a few units in the last place around every half-tenth boundary.
+#[test]
+fn tenths_are_the_formatters() {
+    let check = |x: f64| {
+        let mut out = Vec::new();
+        tenths(x, &mut out);
+        assert_eq!(String::from_utf8(out).unwrap(), format!("{x:.1}"), "{x:e}");
+    };
+    for x in [
+        0.0,
+        0.05,
+        0.15,
+        0.25,
+        0.35,
+        2.05,
+        1e14,
+        1e14 + 0.05,
+        9.95,
+        99.95,
+        1e300,
+    ] {
+        check(x);
+    }
+    for k in 0..200_000u64 {
+        let half = (k as f64 + 0.5) / 10.0;
+        let mut x = half;
+        for _ in 0..4 {
+            x = f64::from_bits(x.to_bits() - 1);
+        }
+        for _ in 0..9 {
+            check(x);
+            x = f64::from_bits(x.to_bits() + 1);
+        }
+    }
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    for _ in 0..200_000 {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let nanos = rng % 100_000_000_000_000;
+        check(Duration::from_nanos(nanos).as_secs_f64() * 1e3);
+        check(f64::from_bits(rng & !(1 << 63))); // any positive value, infinity and NaN too
+    }
+}
