@@ -129,23 +129,9 @@ impl PrefixShape {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures::captured_events;
     use crate::inspect::plain_prefix_end;
     use proptest::prelude::*;
-
-    /// Every data payload of every real capture.
-    fn captured_events() -> &'static [Vec<u8>] {
-        static EVENTS: std::sync::OnceLock<Vec<Vec<u8>>> = std::sync::OnceLock::new();
-        EVENTS.get_or_init(|| {
-            let mut out = Vec::new();
-            for (_, raw) in crate::fixtures::CAPTURES {
-                let body = crate::fixtures::parse_capture(raw).body;
-                let mut p = crate::sse::SseParser::new();
-                p.feed(body, |ev| out.push(ev.data.to_vec()));
-                p.finish(|ev| out.push(ev.data.to_vec()));
-            }
-            out
-        })
-    }
 
     /// Every event of every capture, in order and then again: the kept prefix's answer is
     /// the read's, and most events with a plain prefix are answered by it.

@@ -300,23 +300,9 @@ pub(super) fn learn(data: &[u8], from: usize, scan: &EventScan, first: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures::captured_events;
     use crate::inspect::{plain_prefix_end, scan_event_from};
     use proptest::prelude::*;
-
-    /// Every data payload of every real capture.
-    fn captured_events() -> &'static [Vec<u8>] {
-        static EVENTS: std::sync::OnceLock<Vec<Vec<u8>>> = std::sync::OnceLock::new();
-        EVENTS.get_or_init(|| {
-            let mut out = Vec::new();
-            for (_, raw) in crate::fixtures::CAPTURES {
-                let body = crate::fixtures::parse_capture(raw).body;
-                let mut p = crate::sse::SseParser::new();
-                p.feed(body, |ev| out.push(ev.data.to_vec()));
-                p.finish(|ev| out.push(ev.data.to_vec()));
-            }
-            out
-        })
-    }
 
     /// What the meter's path does with `data` (see `RepeatCache::scan_to`), with `from` the end
     /// of a plain prefix: the shape's answer, else the scan resumed there (then learned). Checks
