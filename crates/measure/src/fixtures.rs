@@ -184,18 +184,3 @@ pub fn parse_capture(raw: &'static [u8]) -> Capture {
         body: &rest[head_end + 4..],
     }
 }
-
-/// Every data payload of every real capture, in capture order (parsed once).
-pub fn captured_events() -> &'static [Vec<u8>] {
-    static EVENTS: std::sync::OnceLock<Vec<Vec<u8>>> = std::sync::OnceLock::new();
-    EVENTS.get_or_init(|| {
-        let mut out = Vec::new();
-        for (_, raw) in CAPTURES {
-            let body = parse_capture(raw).body;
-            let mut p = crate::sse::SseParser::new();
-            p.feed(body, |ev| out.push(ev.data.to_vec()));
-            p.finish(|ev| out.push(ev.data.to_vec()));
-        }
-        out
-    })
-}

@@ -12,6 +12,21 @@ use super::oracle::{differs, lax, oracle};
 use super::*;
 use crate::sse::SseParser;
 
+/// Every data payload of every real capture, in capture order (parsed once).
+pub(crate) fn captured_events() -> &'static [Vec<u8>] {
+    static EVENTS: std::sync::OnceLock<Vec<Vec<u8>>> = std::sync::OnceLock::new();
+    EVENTS.get_or_init(|| {
+        let mut out = Vec::new();
+        for (_, raw) in crate::fixtures::CAPTURES {
+            let body = crate::fixtures::parse_capture(raw).body;
+            let mut p = SseParser::new();
+            p.feed(body, |ev| out.push(ev.data.to_vec()));
+            p.finish(|ev| out.push(ev.data.to_vec()));
+        }
+        out
+    })
+}
+
 /// Scanner == oracle on one payload, and the whole [`ChunkInfo`] (stale entries past the kept
 /// choices included) equal to one built from the oracle; returns the oracle's kind.
 fn check(data: &[u8]) -> Result<ChunkKind, TestCaseError> {

@@ -129,7 +129,7 @@ impl PrefixShape {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fixtures::captured_events;
+    use crate::inspect::differential::captured_events;
     use crate::inspect::plain_prefix_end;
     use proptest::prelude::*;
 

@@ -300,7 +300,7 @@ pub(super) fn learn(data: &[u8], from: usize, scan: &EventScan, first: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fixtures::captured_events;
+    use crate::inspect::differential::captured_events;
     use crate::inspect::{plain_prefix_end, scan_event_from};
     use proptest::prelude::*;
 
