@@ -103,13 +103,13 @@ impl ToolSet {
         }
         // The last `tools` key, as the engine reads a duplicate (`request::object_fields`).
         let [tools] = crate::request::object_fields(body, ["tools"])?;
-        Self::from_raw(tools?)
+        Self::from_raw(tools?.get())
     }
 
-    /// The tools of a request's raw `tools` value (`request::RequestFields::tools`); `None`
-    /// when it offers none.
-    pub fn from_raw(tools: &RawValue) -> Option<Arc<ToolSet>> {
-        let tools: Option<Vec<ToolPeek>> = serde_json::from_str(tools.get()).ok()?;
+    /// The tools of a request's `tools` value, its JSON text (`request::RequestFields::tools`);
+    /// `None` when it offers none.
+    pub fn from_raw(tools: &str) -> Option<Arc<ToolSet>> {
+        let tools: Option<Vec<ToolPeek>> = serde_json::from_str(tools).ok()?;
         let functions: Vec<Function> = tools?
             .into_iter()
             .filter_map(|t| t.function)

@@ -30,12 +30,13 @@ impl Lax {
 }
 
 /// Pydantic v2's lax boolean (its conversion table): JSON booleans; the numbers 0 and 1 (ints
-/// or floats); the strings `0 off f false n no` and `1 on t true y yes`, in any case.
-pub fn lax_bool(raw: Option<&RawValue>) -> Lax {
+/// or floats); the strings `0 off f false n no` and `1 on t true y yes`, in any case. `raw`:
+/// the value's JSON text (a [`RawValue`]'s, or a field of [`RequestFields`]).
+pub fn lax_bool(raw: Option<&str>) -> Lax {
     let Some(raw) = raw else {
         return Lax::Unset;
     };
-    let text = raw.get().trim();
+    let text = raw.trim();
     match text.as_bytes().first() {
         None => Lax::Invalid,
         Some(b'n') if text == "null" => Lax::Unset,
@@ -74,9 +75,9 @@ pub fn object_fields<'a, const N: usize>(
     Some(fields)
 }
 
-/// [`object_fields`] of a body that is valid UTF-8, read by the event scanner
-/// ([`crate::scan::Cursor`]), which finds each value's bytes without building anything; only
-/// the values found are read again, by `serde_json`, as the raw values they are. For a body
+/// [`object_fields`] of a body that is valid UTF-8, as the values' JSON texts (what
+/// [`RawValue::get`] says of each), read by the event scanner ([`crate::scan::Cursor`]), which
+/// validates the whole body and finds each value's bytes without building anything. For a body
 /// the scanner does not read as `serde_json` does, [`object_fields`] decides: one whose scan
 /// fails (the scanner refuses nesting past its depth limit, which `serde_json` allows in a
 /// skipped value) or that has a key written with an escape (`serde_json` decodes a key and
@@ -86,15 +87,17 @@ pub fn object_fields<'a, const N: usize>(
 pub fn object_fields_str<'a, const N: usize>(
     body: &'a str,
     names: [&str; N],
-) -> Option<[Option<&'a RawValue>; N]> {
-    scanned_fields(body, &names).unwrap_or_else(|| object_fields(body.as_bytes(), names))
+) -> Option<[Option<&'a str>; N]> {
+    scanned_fields(body, &names).unwrap_or_else(|| {
+        object_fields(body.as_bytes(), names).map(|f| f.map(|v| v.map(RawValue::get)))
+    })
 }
 
 /// The fast path of [`object_fields_str`]: `None` when it cannot answer.
 fn scanned_fields<'a, const N: usize>(
     body: &'a str,
     names: &[&str; N],
-) -> Option<Option<[Option<&'a RawValue>; N]>> {
+) -> Option<Option<[Option<&'a str>; N]>> {
     let bytes = body.as_bytes();
     let mut spans: [Option<std::ops::Range<usize>>; N] = std::array::from_fn(|_| None);
     let mut escaped_key = false;
@@ -114,10 +117,12 @@ fn scanned_fields<'a, const N: usize>(
     if read.is_err() || c.end().is_err() || escaped_key {
         return None;
     }
+    // A value the scan accepted is one `serde_json` takes as a raw value too (the grammar
+    // tests): its text is the answer, not parsed again.
     let mut out = [None; N];
     for (slot, span) in out.iter_mut().zip(spans) {
         if let Some(r) = span {
-            *slot = Some(serde_json::from_str::<&RawValue>(body.get(r)?).ok()?);
+            *slot = Some(body.get(r)?);
         }
     }
     Some(Some(out))
@@ -186,9 +191,9 @@ pub struct RequestPeek {
 /// `n` as pydantic's lax int reads it: an integer, an integral float (`2.0`) or such a number
 /// in a string (`"2"`); absent or `null` is one choice. Anything else the engine refuses (400),
 /// so it counts as one here: the request never streams choices.
-pub fn lax_n(raw: Option<&RawValue>) -> u32 {
+pub fn lax_n(raw: Option<&str>) -> u32 {
     let Some(raw) = raw else { return 1 };
-    let text = raw.get().trim();
+    let text = raw.trim();
     let text = text
         .strip_prefix('"')
         .and_then(|t| t.strip_suffix('"'))
@@ -202,7 +207,11 @@ pub fn lax_n(raw: Option<&RawValue>) -> u32 {
 /// Reads `model`, `stream` and `n` from an OpenAI request body; not a JSON object means none.
 pub fn peek_request(body: &[u8]) -> RequestPeek {
     match object_fields(body, ["model", "stream", "n"]) {
-        Some([model, stream, n]) => RequestPeek::of(model, stream, n),
+        Some([model, stream, n]) => RequestPeek::of(
+            model.map(RawValue::get),
+            stream.map(RawValue::get),
+            n.map(RawValue::get),
+        ),
         None => RequestPeek::NOT_AN_OBJECT,
     }
 }
@@ -215,16 +224,26 @@ impl RequestPeek {
         n: 1,
     };
 
-    fn of(model: Option<&RawValue>, stream: Option<&RawValue>, n: Option<&RawValue>) -> Self {
+    /// From the JSON texts of `model`, `stream` and `n`.
+    fn of(model: Option<&str>, stream: Option<&str>, n: Option<&str>) -> Self {
         RequestPeek {
-            model: model.and_then(|m| serde_json::from_str(m.get()).ok()),
+            model: model.and_then(json_string),
             stream: lax_bool(stream).is_true(),
             n: lax_n(n),
         }
     }
 }
 
-/// Every field of a request body the proxy reads, in one pass over it (the raw value of the
+/// The value of `text` (one JSON value) when it is a string. Most names have no escape: their
+/// value is the text between the quotes, taken as it is (no parse).
+fn json_string(text: &str) -> Option<String> {
+    match text.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
+        Some(inner) if !inner.contains('\\') => Some(inner.to_owned()),
+        _ => serde_json::from_str(text).ok(),
+    }
+}
+
+/// Every field of a request body the proxy reads, in one pass over it (the JSON text of the
 /// last occurrence of each key, as [`object_fields`] reads them): `model`, `stream` and `n`
 /// ([`RequestFields::peek`], what [`peek_request`] says), `tools` (`agent::ToolSet::from_raw`)
 /// and `stream_options` (`usage::injection`). The body is valid UTF-8 (a `str`): for such a
@@ -232,11 +251,11 @@ impl RequestPeek {
 /// also fuzzed). A body that is not UTF-8 is read field by field by those passes.
 #[derive(Debug, Clone, Copy)]
 pub struct RequestFields<'a> {
-    pub model: Option<&'a RawValue>,
-    pub stream: Option<&'a RawValue>,
-    pub n: Option<&'a RawValue>,
-    pub tools: Option<&'a RawValue>,
-    pub stream_options: Option<&'a RawValue>,
+    pub model: Option<&'a str>,
+    pub stream: Option<&'a str>,
+    pub n: Option<&'a str>,
+    pub tools: Option<&'a str>,
+    pub stream_options: Option<&'a str>,
 }
 
 impl<'a> RequestFields<'a> {
@@ -305,7 +324,7 @@ mod tests {
             (r#"[true]"#, Invalid),
         ];
         for (text, want) in cases {
-            assert_eq!(lax_bool(Some(&raw(text))), want, "{text}");
+            assert_eq!(lax_bool(Some(raw(text).get())), want, "{text}");
         }
         assert_eq!(lax_bool(None), Unset);
     }
@@ -500,14 +519,11 @@ mod tests {
             if scanned_fields(&body, &FIVE).is_some() {
                 fast.set(fast.get() + 1);
             }
-            fn raw(f: Option<[Option<&RawValue>; 5]>) -> Option<[Option<String>; 5]> {
-                f.map(|v| v.map(|r| r.map(|r| r.get().to_string())))
+            fn text(f: Option<[Option<&str>; 5]>) -> Option<[Option<String>; 5]> {
+                f.map(|v| v.map(|r| r.map(str::to_string)))
             }
-            prop_assert_eq!(
-                raw(object_fields_str(&body, FIVE)),
-                raw(object_fields(body.as_bytes(), FIVE)),
-                "{}", body
-            );
+            let full = object_fields(body.as_bytes(), FIVE).map(|f| f.map(|v| v.map(RawValue::get)));
+            prop_assert_eq!(text(object_fields_str(&body, FIVE)), text(full), "{}", body);
         });
         // Not vacuous: many bodies take the fast path (a fifth: three of the seven bodies are
         // the other path's by design, and an edit often leaves no JSON), some do not.
@@ -515,6 +531,34 @@ mod tests {
             fast.get() > total.get() / 10 && fast.get() < total.get(),
             "{fast:?} of {total:?}"
         );
+    }
+
+    /// A model's name taken between its quotes is the string `serde_json` decodes, for every
+    /// JSON value (escaped or not, not a string at all).
+    #[test]
+    fn a_name_without_escapes_is_its_text_between_the_quotes() {
+        let cases = [
+            r#""tiny""#,
+            r#""""#,
+            r#""caf\u00e9""#,
+            "\"caf\u{e9} \u{4e2d}\"",
+            r#""a\"b""#,
+            r#""a\\""#,
+            r#""\ud800""#,
+            r#""x/y""#,
+            "5",
+            "null",
+            "[\"m\"]",
+            "{\"m\":\"x\"}",
+        ];
+        for text in cases {
+            let serde = serde_json::from_str::<String>(text).ok();
+            assert_eq!(json_string(text), serde, "{text}");
+        }
+        proptest::proptest!(|(name in "\\PC*")| {
+            let text = serde_json::to_string(&name).unwrap();
+            proptest::prop_assert_eq!(json_string(&text), Some(name));
+        });
     }
 
     #[test]

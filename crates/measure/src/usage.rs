@@ -16,9 +16,9 @@ use crate::request::{peek_request, RequestPeek};
 const INCLUDE_USAGE: &[u8] = br#""include_usage":true"#;
 
 /// `n` is absent, null, or one (pydantic's lax int also takes `1.0` and `"1"`).
-fn single_choice(n: Option<&RawValue>) -> bool {
+fn single_choice(n: Option<&str>) -> bool {
     let Some(n) = n else { return true };
-    let text = n.get().trim();
+    let text = n.trim();
     let text = text
         .strip_prefix('"')
         .and_then(|t| t.strip_suffix('"'))
@@ -70,6 +70,7 @@ pub fn inject_include_usage(body: &[u8]) -> Option<Vec<u8>> {
     // Of a key given twice the engine reads the last: that is the one read and rewritten.
     let [stream, stream_options, n] =
         object_fields(text.as_bytes(), ["stream", "stream_options", "n"])?;
+    let [stream, stream_options, n] = [stream, stream_options, n].map(|v| v.map(RawValue::get));
     Some(plan(text, stream, stream_options, n)?.apply(body))
 }
 
@@ -95,13 +96,13 @@ impl Injection {
     }
 }
 
-/// The rewrite for a body (valid UTF-8, `text`) with these raw values of `stream`,
+/// The rewrite for a body (valid UTF-8, `text`) with these JSON texts of `stream`,
 /// `stream_options` and `n` (slices of `text`).
 fn plan(
     text: &str,
-    stream: Option<&RawValue>,
-    stream_options: Option<&RawValue>,
-    n: Option<&RawValue>,
+    stream: Option<&str>,
+    stream_options: Option<&str>,
+    n: Option<&str>,
 ) -> Option<Injection> {
     let body = text.as_bytes();
     if !lax_bool(stream).is_true() || !single_choice(n) {
@@ -119,8 +120,8 @@ fn plan(
             insert: &[br#","stream_options":{"#, INCLUDE_USAGE, b"}"],
         });
     };
-    let opts_at = offset_in(body, opts.get());
-    let text = opts.get();
+    let opts_at = offset_in(body, opts);
+    let text = opts;
     if text == "null" {
         return Some(Injection {
             at: opts_at,
@@ -133,16 +134,15 @@ fn plan(
     }
     let [include_usage, continuous_usage_stats] =
         object_fields(text.as_bytes(), ["include_usage", "continuous_usage_stats"])?;
-    if lax_bool(continuous_usage_stats) == Lax::Invalid
-        || lax_bool(continuous_usage_stats).is_true()
-    {
+    let continuous_usage_stats = lax_bool(continuous_usage_stats.map(RawValue::get));
+    if continuous_usage_stats == Lax::Invalid || continuous_usage_stats.is_true() {
         return None;
     }
-    let v = include_usage?; // absent: the engine's default decides (see above)
+    let v = include_usage?.get(); // absent: the engine's default decides (see above)
     match lax_bool(Some(v)) {
         Lax::Bool(false) | Lax::Unset => Some(Injection {
-            at: offset_in(body, v.get()),
-            remove: v.get().len(),
+            at: offset_in(body, v),
+            remove: v.len(),
             insert: &[b"true"],
         }),
         Lax::Bool(true) | Lax::Invalid => None,
