@@ -723,6 +723,41 @@ mod tests {
         }
     }
 
+    /// [`Cursor::string`] byte by byte: the reference its word-at-a-time paths are held to.
+    /// `Ok((raw, escaped))` and where the cursor stands after the string.
+    fn string_byte_by_byte(text: &[u8]) -> (Scan<(&[u8], bool)>, usize) {
+        let mut i = text
+            .iter()
+            .take_while(|c| matches!(c, b' ' | b'\n' | b'\r' | b'\t'))
+            .count();
+        if text.get(i) != Some(&b'"') {
+            return (Err(Malformed), i);
+        }
+        i += 1;
+        let (start, mut escaped) = (i, false);
+        loop {
+            match text.get(i) {
+                Some(b'"') => return (Ok((&text[start..i], escaped)), i + 1),
+                Some(b'\\') => {
+                    escaped = true;
+                    match text.get(i + 1) {
+                        Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => i += 2,
+                        Some(b'u')
+                            if text
+                                .get(i + 2..i + 6)
+                                .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit)) =>
+                        {
+                            i += 6
+                        }
+                        _ => return (Err(Malformed), i),
+                    }
+                }
+                Some(c) if *c >= 0x20 => i += 1,
+                _ => return (Err(Malformed), i),
+            }
+        }
+    }
+
     /// Bytes from a JSON-heavy alphabet, so that most inputs are nearly JSON.
     fn jsonish() -> impl Strategy<Value = Vec<u8>> {
         let byte = prop_oneof![
@@ -737,6 +772,40 @@ mod tests {
         #[test]
         fn validity_matches_serde_json_on_near_json(text in jsonish()) {
             prop_assert_eq!(valid(&text), serde_valid(&text));
+        }
+
+        /// Strings of every length around the word boundaries (the stop anywhere in the
+        /// first two words, after them, none before the end of the input), with escapes,
+        /// control and non-ASCII bytes: read as byte by byte. The offset of a refused string
+        /// is not compared (a refused text is refused whole).
+        #[test]
+        fn strings_are_read_as_byte_by_byte(
+            lead in "[ \t]{0,2}",
+            body in prop::collection::vec(prop_oneof![
+                6 => prop::sample::select(b"abz09 ~\x7f".to_vec()),
+                1 => prop::sample::select(vec![b'"', b'\\', 0x00, 0x1f, 0x80, 0xe9, 0xff]),
+            ], 0..48),
+            escapes in prop::collection::vec((0usize..48, prop::sample::select(vec![
+                &b"\\n"[..], b"\\\"", b"\\u00e9", b"\\u12g4", b"\\x", b"\\", b"\\u12",
+            ])), 0..3),
+            end in prop::sample::select(vec![&b""[..], b"\"", b"\",1]", b"\"}\"0123456789abcdef"]),
+        ) {
+            let mut text: Vec<u8> = lead.into_bytes();
+            text.push(b'"');
+            let mut body = body;
+            for (at, e) in escapes {
+                let at = at.min(body.len());
+                body.splice(at..at, e.iter().copied());
+            }
+            text.extend_from_slice(&body);
+            text.extend_from_slice(end);
+            let mut c = Cursor::new(&text);
+            let got = c.string().map(|s| (s.raw(), s.escaped()));
+            let (want, at) = string_byte_by_byte(&text);
+            prop_assert_eq!(got, want, "{:?}", String::from_utf8_lossy(&text));
+            if want.is_ok() {
+                prop_assert_eq!(c.offset(), at);
+            }
         }
 
         #[test]
