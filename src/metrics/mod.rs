@@ -345,7 +345,7 @@ mod tests {
         };
         let split = goodput_measure::engine::TtftSplit::of(meas.ttft, Some(ms(1)), &view);
         meas.set_engine(view, split, 1);
-        rm.finish(&meas, &judge(&meas, &Slo::default()));
+        rm.finish(&meas, &judge(&meas, &Slo::default()), Instant::now());
         m.observe_overhead(Duration::from_micros(30));
         m.refresh_goodput_ratio(Instant::now());
         m.tenant_finished("team-a", Outcome::Success, 5);
@@ -451,7 +451,7 @@ mod tests {
         assert_eq!(m.in_flight.get(&tiny).get(), 1);
         let meas = success(3000, 7); // TTFT over the 2 s SLO: success, not good
         let v = judge(&meas, &Slo::default());
-        rm.finish(&meas, &v);
+        rm.finish(&meas, &v, Instant::now());
         assert_eq!(m.in_flight.get(&tiny).get(), 0);
         let (model, upstream) = ("tiny", "http://e:1");
         let finished = |upstream, outcome, finish_reason| Finished {
@@ -481,7 +481,7 @@ mod tests {
         // A rejection is counted but not timed.
         let rej = Measurement::without_body(Outcome::Rejected, Some(429), Duration::from_millis(1));
         m.for_request("tiny")
-            .finish(&rej, &judge(&rej, &Slo::default()));
+            .finish(&rej, &judge(&rej, &Slo::default()), Instant::now());
         let rejected = finished(NO_UPSTREAM, Outcome::Rejected, None);
         assert_eq!(m.requests.get(&rejected).get(), 1);
         assert_eq!(m.e2e.get(&up).get_sample_count(), 1);
@@ -509,7 +509,7 @@ mod tests {
             meas.outcome = outcome;
             meas.finish_reason = finish_reason;
             m.for_request("tiny")
-                .finish(&meas, &judge(&meas, &Slo::default()));
+                .finish(&meas, &judge(&meas, &Slo::default()), Instant::now());
             m.tenant_finished("team-a", outcome, 0);
         }
         m.tenant_finished(NO_TENANT, Outcome::Timeout, 3);
@@ -563,7 +563,7 @@ mod tests {
         for i in 0..1000 {
             let mut rm = m.for_request("tiny");
             rm.set_upstream(&format!("http://d{i}:1"));
-            rm.finish(&meas, &v);
+            rm.finish(&meas, &v, Instant::now());
         }
         let fams = r.gather();
         let series = family(&fams, "goodput_proxy_requests_total").get_metric();
@@ -588,7 +588,7 @@ mod tests {
             ("big", &shed),             // eligible, not good
         ] {
             m.for_request(model)
-                .finish(meas, &judge(meas, &Slo::default()));
+                .finish(meas, &judge(meas, &Slo::default()), Instant::now());
         }
         m.refresh_goodput_ratio(Instant::now());
         let ratio = |model: &str| m.goodput_ratio.get(&ByModel { model }).get();
@@ -617,7 +617,7 @@ mod tests {
         let v = judge(&meas, &Slo::default());
         for i in 0..10_000u32 {
             m.for_request(&format!("random-{}", i.wrapping_mul(2_654_435_761)))
-                .finish(&meas, &v);
+                .finish(&meas, &v, Instant::now());
         }
         let fams = r.gather();
         let series = family(&fams, "goodput_proxy_requests_total").get_metric();

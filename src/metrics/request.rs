@@ -293,8 +293,9 @@ impl RequestMetrics {
 
     /// Record a finished request. Latency histograms: TTFT / TTFC / TPOT whenever defined (any
     /// outcome, as vLLM does for TTFT); E2E for every outcome except `rejected`. ITL gaps are
-    /// observed as they happen (see [`RequestMetrics::itl_buffer`]).
-    pub fn finish(mut self, m: &Measurement, v: &SloVerdict) {
+    /// observed as they happen (see [`RequestMetrics::itl_buffer`]). `end`: when the request
+    /// finished (the goodput window counts it there).
+    pub fn finish(mut self, m: &Measurement, v: &SloVerdict, end: Instant) {
         let (model_label, upstream_label) = (self.model.clone(), self.upstream.clone());
         let (model, upstream) = (&*model_label, &*upstream_label);
         let sh = self.shared.clone();
@@ -332,7 +333,7 @@ impl RequestMetrics {
         }
         if !rejected_by_client(m.outcome, m.status) {
             if let Ok(mut w) = sh.window.lock() {
-                w.add(&model_label, v.good, Instant::now());
+                w.add(&model_label, v.good, end);
             }
         }
         let h = self.handles();

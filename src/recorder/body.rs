@@ -68,26 +68,30 @@ struct Stripping {
 /// See the module docs.
 pub struct MeteredBody {
     inner: ProxyBody,
-    /// Boxed: the meter is about a kilobyte, set up where it lives and never moved again.
+    /// Boxed: the meter (a few kilobytes) is set up where it lives and never moved again.
     active: Option<Box<Active>>,
     /// `Some` in the stripping configuration.
     stripping: Option<Box<Stripping>>,
 }
 
 impl MeteredBody {
-    /// Wrap `inner`. `meter` carries `t0`; `setup` sets it up in place and gives it the
-    /// response head (`on_head`). When it then strips usage ([`StreamMeter::strips`]) the
-    /// body is the stripping configuration.
+    /// Wrap `inner`, metering from the request's start `t0`; `streaming`: the response is an
+    /// SSE stream. `setup` sets the meter up in place and gives it the response head
+    /// (`on_head`). When it then strips usage ([`StreamMeter::strips`]) the body is the
+    /// stripping configuration.
     pub(super) fn new(
         inner: ProxyBody,
-        meter: StreamMeter,
+        t0: Instant,
+        streaming: bool,
         finish: Finish,
         itl: ItlBuffer,
         setup: impl FnOnce(&mut StreamMeter),
     ) -> Self {
         let progress = finish.progress().map(|p| (p, finish.judging()));
+        // The meter is made in the box's expression: one copy into the box (the body itself
+        // holding the meter cost two, the body's and the response box's).
         let mut active = Box::new(Active {
-            meter,
+            meter: StreamMeter::new(t0, streaming),
             itl,
             finish,
             progress,
@@ -106,10 +110,11 @@ impl MeteredBody {
             return;
         };
         // Finished in its box: moving the meter (about a kilobyte) out of it was a copy.
-        let m = a.meter.finish(Instant::now(), ending);
+        let end = Instant::now();
+        let m = a.meter.finish(end, ending);
         let Active { itl, finish, .. } = *a;
         drop(itl); // its buffered gaps reach the histogram before the record
-        finish.record(m);
+        finish.record(m, end);
     }
 
     /// The stripping configuration's poll: pieces the meter let out first, then what waits

@@ -28,7 +28,7 @@ use crate::scale::Scale;
 use crate::sink::Sinks;
 use goodput_measure::record::{RecordRing, RequestRecord, DEFAULT_GAP_CAPACITY};
 use goodput_measure::slo::SloTable;
-use goodput_measure::trace::TraceBounds;
+use goodput_measure::trace::{Trace, TraceBounds};
 
 pub use body::MeteredBody;
 pub use recording::{Recording, UsageInjected};
@@ -170,13 +170,14 @@ impl Recorder {
         }
     }
 
-    /// The finished record goes to the sinks and the ring. A traced request: the sinks get the
-    /// record with its trace, the ring keeps the trace beside the record under its own bound.
-    fn store(&self, mut rec: RequestRecord) {
-        let gaps = std::mem::take(&mut rec.measured.itl_gaps);
-        match rec.measured.trace.take() {
+    /// The finished record goes to the sinks and the ring, its ITL `gaps` beside it in the
+    /// ring. A traced request: the sinks get the record with its trace, the ring keeps the
+    /// trace beside the record under its own bound.
+    fn store(&self, rec: RequestRecord, gaps: Vec<f32>, trace: Option<Arc<Trace>>) {
+        match trace {
             Some(trace) => {
                 let plain = Arc::new(rec.clone());
+                let mut rec = rec;
                 rec.measured.trace = Some(trace.clone());
                 self.sinks.send(&Arc::new(rec));
                 self.ring.push_traced(plain, gaps, Some(trace));

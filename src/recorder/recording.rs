@@ -18,7 +18,7 @@ use crate::upstream::forward::{Routed, ServedBy};
 use crate::upstream::goodput::Judging;
 use crate::upstream::usage::LearnsUnasked;
 use crate::upstream::usage::Unasked;
-use goodput_measure::meter::{Measurement, MeterSetup, StreamMeter};
+use goodput_measure::meter::{Measurement, MeterSetup};
 use goodput_measure::outcome::{rejected_by_client, Ending, Outcome};
 use goodput_measure::record::RequestRecord;
 use goodput_measure::slo::{judge, Slo};
@@ -155,8 +155,10 @@ impl Open {
     }
 
     fn without_body(self, outcome: Outcome, status: Option<u16>) {
-        let m = Measurement::without_body(outcome, status, self.ctx.t0.elapsed());
-        self.finish().record(m);
+        let end = Instant::now();
+        let e2e = end.saturating_duration_since(self.ctx.t0);
+        let m = Measurement::without_body(outcome, status, e2e);
+        self.finish().record(m, end);
     }
 
     fn respond(self, resp: Response<ProxyBody>) -> Response<ProxyBody> {
@@ -193,8 +195,7 @@ impl Open {
             finish.started.rm.set_upstream(u);
         }
         let itl = finish.started.rm.itl_buffer();
-        let meter = StreamMeter::new(ctx.t0, stream);
-        let body = MeteredBody::new(body, meter, finish, itl, |sm| {
+        let body = MeteredBody::new(body, ctx.t0, stream, finish, itl, |sm| {
             sm.setup(setup);
             sm.on_head(t_head, status);
         })
@@ -219,8 +220,9 @@ impl Finish {
         Judging::new(self.t0, self.started.slo)
     }
 
-    /// The request's record: metrics, the tenant's token budget, sinks and the ring.
-    pub fn record(self, m: Measurement) {
+    /// The request's record: metrics, the tenant's token budget, the balancer's view of its
+    /// replica, sinks and the ring. `end`: when the request finished (the meter's end).
+    pub fn record(self, mut m: Measurement, end: Instant) {
         let Started {
             rm,
             slo,
@@ -232,7 +234,7 @@ impl Finish {
         let tokens = m.prompt_tokens.unwrap_or(0) + m.completion_tokens.unwrap_or(0);
         if let Some(t) = &tenant {
             // The token budget is charged with what the request used (see auth::tenant).
-            t.charge(tokens, Instant::now());
+            t.charge(tokens, end);
         }
         let recorder = self.recorder;
         recorder.metrics.tenant_finished(
@@ -241,64 +243,69 @@ impl Finish {
             tokens,
         );
         let model = rm.model().clone();
+        let by_client = rejected_by_client(m.outcome, m.status);
         if let Some(scale) = &recorder.scale {
-            let eligible = !rejected_by_client(m.outcome, m.status);
             let tenant = tenant.as_ref().map(|t| &t.name);
-            let end = Instant::now();
             scale.finished(
                 &model,
                 tenant,
                 rm.upstream(),
-                eligible,
+                !by_client,
                 v.good,
                 end.checked_sub(m.e2e).unwrap_or(end),
                 end,
             );
         }
-        rm.finish(&m, &v);
-        let rec = RequestRecord::new(
-            self.id,
-            model,
-            self.upstream,
-            start_unix_ms,
-            Instant::now(),
-            m,
-            v,
-        )
-        .with_instance(recorder.instance.clone())
-        .with_tenant(tenant_name);
-        let rec = match self.routed {
+        rm.finish(&m, &v, end);
+        let (route_reason, retried_from) = match self.routed {
             Some(r) => {
                 // What this replica's clients got feeds the balancer's goodput view.
-                if !rec.rejected_by_client() {
+                if !by_client {
                     let secs = |d: Option<std::time::Duration>| d.map(|d| d.as_secs_f64());
                     let stats = &r.replica.route.stats;
                     if !r.progress.judged_early() {
-                        stats.judge(rec.slo.good, Instant::now());
+                        stats.judge(v.good, end);
                     }
-                    stats.observe(secs(rec.measured.ttft), secs(rec.measured.tpot));
+                    stats.observe(secs(m.ttft), secs(m.tpot));
                 }
-                if let (Some(cached), Some(prompt)) = (
-                    rec.measured.engine_view().cached_prompt_tokens,
-                    rec.measured.prompt_tokens,
-                ) {
+                if let (Some(cached), Some(prompt)) =
+                    (m.engine_view().cached_prompt_tokens, m.prompt_tokens)
+                {
                     r.learn(cached, prompt);
                 }
-                if self.learns_unasked && rec.measured.outcome == Outcome::Success {
+                if self.learns_unasked && m.outcome == Outcome::Success {
                     // The client asked for no usage and got the engine's stream as it came:
                     // usage in it (exact tokens) was the engine's own.
-                    let learned = if rec.measured.tokens_exact {
+                    let learned = if m.tokens_exact {
                         Unasked::Yes
                     } else {
                         Unasked::No
                     };
                     r.replica.set_usage_unasked(learned);
                 }
-                rec.with_route(r.reason, r.earlier)
+                (Some(r.reason), r.earlier.into_boxed_slice())
             }
-            None => rec,
+            None => (None, Box::default()),
         };
-        recorder.store(rec);
+        // The ring keeps the gaps and the trace beside the record (see `Recorder::store`).
+        let gaps = std::mem::take(&mut m.itl_gaps);
+        let trace = m.trace.take();
+        // Built whole, in one expression: a record built step by step (`RequestRecord::new`
+        // and its `with_*` builders) was copied at each step.
+        let rec = RequestRecord {
+            id: self.id,
+            model,
+            upstream: self.upstream,
+            start_unix_ms,
+            measured: m,
+            slo: v,
+            instance: recorder.instance.clone(),
+            tenant: tenant_name,
+            route_reason,
+            retried_from,
+            end,
+        };
+        recorder.store(rec, gaps, trace);
     }
 }
 

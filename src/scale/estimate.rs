@@ -22,6 +22,9 @@
 pub struct Curve {
     /// Upper edge of the first bin (everything below lands in it).
     lo: f64,
+    /// The least load [`log_bin`] puts in bin 2, 3, ...: a request's bin is found by
+    /// comparisons, bit for bit the bin of the logarithm, without a logarithm per request.
+    starts: Box<[f64]>,
     bins: Vec<Bin>,
     memory: f64,
 }
@@ -57,10 +60,13 @@ pub const BIN_RATIO: f64 = 1.189_207_115_002_721; // 2^(1/4)
 
 impl Curve {
     /// Bins from `lo` upwards, `n` of them; each remembers its last `memory` requests.
+    /// `lo` is positive and finite.
     pub fn new(lo: f64, n: usize, memory: f64) -> Self {
+        let n = n.max(2);
         Curve {
             lo,
-            bins: vec![Bin::default(); n.max(2)],
+            starts: (2..n).map(|k| least_load_in(lo, k)).collect(),
+            bins: vec![Bin::default(); n],
             memory: memory.max(1.0),
         }
     }
@@ -70,11 +76,12 @@ impl Curve {
         self.memory
     }
 
+    /// The bin of `load`: 0 up to `lo` (and for NaN), else [`log_bin`]'s, at most the last.
     fn bin_of(&self, load: f64) -> usize {
         if load.is_nan() || load <= self.lo {
             return 0;
         }
-        let k = (load / self.lo).log(BIN_RATIO).floor() as usize + 1;
+        let k = 1 + self.starts.partition_point(|&s| s <= load);
         k.min(self.bins.len() - 1)
     }
 
@@ -175,6 +182,33 @@ impl Curve {
         }
         out
     }
+}
+
+/// The bin of a load above `lo` by its logarithm (the definition; bins are [`BIN_RATIO`]
+/// wide): 1 up to `lo * BIN_RATIO`, then one more per ratio. A load whose quotient by `lo` is
+/// not finite has the largest index.
+fn log_bin(lo: f64, load: f64) -> usize {
+    ((load / lo).log(BIN_RATIO).floor() as usize).saturating_add(1)
+}
+
+/// The least load above `lo` that [`log_bin`] puts in bin `k` or higher (infinity when no
+/// finite load is): a bisection over the doubles above `lo`, which are ordered as their bits,
+/// as `log_bin` is non-decreasing in the load.
+fn least_load_in(lo: f64, k: usize) -> f64 {
+    let (mut a, mut b) = (lo.to_bits() + 1, f64::MAX.to_bits());
+    if log_bin(lo, f64::from_bits(b)) < k {
+        return f64::INFINITY;
+    }
+    // Every load below bits `a` is in a lower bin; the load of bits `b` is not.
+    while a < b {
+        let m = a + (b - a) / 2;
+        if log_bin(lo, f64::from_bits(m)) >= k {
+            b = m;
+        } else {
+            a = m + 1;
+        }
+    }
+    f64::from_bits(a)
 }
 
 /// Weighted least-squares fit by a non-increasing sequence (pool adjacent violators).
@@ -494,6 +528,73 @@ mod tests {
         let noisy = c.capacity(TARGET, MIN);
         assert!(clean.is_some() && noisy.is_some());
         assert!(noisy.unwrap_or(0.0) > 8.0, "{noisy:?}");
+    }
+
+    /// The bin by the logarithm itself, as it was computed per request before the bins' starts.
+    fn bin_by_log(c: &Curve, load: f64) -> usize {
+        if load.is_nan() || load <= c.lo {
+            return 0;
+        }
+        log_bin(c.lo, load).min(c.bins.len() - 1)
+    }
+
+    /// Curves of the proxy's units (0.1 streams, 1 token) and others, made once.
+    fn curves_of_every_kind() -> &'static [Curve] {
+        static CURVES: std::sync::OnceLock<Vec<Curve>> = std::sync::OnceLock::new();
+        CURVES.get_or_init(|| {
+            let mut out = Vec::new();
+            for lo in [0.1, 1.0, 0.5, 3e-7, 12_345.678] {
+                for n in [2, 3, 16, 96, 400] {
+                    out.push(Curve::new(lo, n, 100.0));
+                }
+            }
+            out
+        })
+    }
+
+    #[test]
+    fn bins_by_comparison_are_the_logarithms_around_every_edge() {
+        // Ulp by ulp across each bin's start, and at the ends of the doubles.
+        for c in curves_of_every_kind() {
+            let c = c.clone();
+            assert_eq!(c.starts.len(), c.bins.len() - 2);
+            let mut probes = vec![
+                f64::NAN,
+                f64::NEG_INFINITY,
+                -1.0,
+                0.0,
+                f64::MIN_POSITIVE,
+                c.lo,
+                f64::MAX,
+            ];
+            for &s in c.starts.iter().chain([c.lo].iter()) {
+                if !s.is_finite() {
+                    continue;
+                }
+                for d in -300i64..=300 {
+                    probes.push(f64::from_bits(s.to_bits().saturating_add_signed(d)));
+                }
+            }
+            for x in probes.into_iter().filter(|x| !x.is_infinite()) {
+                assert_eq!(c.bin_of(x), bin_by_log(&c, x), "lo {} load {x:e}", c.lo);
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn bins_by_comparison_are_the_logarithms(
+            bits in 0u64..0x7ff0_0000_0000_0000,
+            load in 0.0f64..1e5,
+            lo in 1e-3f64..1e3,
+            n in 2usize..200,
+        ) {
+            let x = f64::from_bits(bits);
+            for c in curves_of_every_kind().iter().chain([&Curve::new(lo, n, 10.0)]) {
+                proptest::prop_assert_eq!(c.bin_of(x), bin_by_log(c, x));
+                proptest::prop_assert_eq!(c.bin_of(load), bin_by_log(c, load));
+            }
+        }
     }
 
     #[test]

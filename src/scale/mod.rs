@@ -16,6 +16,7 @@
 
 pub mod estimate;
 mod gauges;
+mod pending;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -30,6 +31,7 @@ use crate::upstream::TokensPending;
 use estimate::Curve;
 use gauges::Gauges;
 use goodput_measure::window::RatioWindow;
+use pending::Pending;
 
 /// Lowest load bin edges: a tenth of a stream, one token per second.
 const STREAMS_LO: f64 = 0.1;
@@ -149,9 +151,8 @@ impl Model {
 
 #[derive(Default)]
 struct State {
-    /// Finished since the last tick, per (model, upstream). Touched once per finished request:
-    /// keys are bounded label values, so a fast fixed-seed hash (no SipHash) serves.
-    pending: HashMap<(Arc<str>, Arc<str>), Vec<Finished>, foldhash::fast::FixedState>,
+    /// Finished since the last tick, per (model, upstream).
+    pending: Pending<Finished>,
     /// Each replica's raw load at its recent ticks, oldest first.
     history: HashMap<Arc<str>, std::collections::VecDeque<(Instant, Load)>>,
     /// Each replica's `tokens_sent` at the last tick.
@@ -225,12 +226,15 @@ impl Scale {
         let Ok(mut st) = self.state.lock() else {
             return;
         };
-        let key = (model.clone(), upstream.clone());
-        st.pending.entry(key).or_default().push(Finished {
-            start,
-            end: at,
-            good,
-        });
+        st.pending.push(
+            model,
+            upstream,
+            Finished {
+                start,
+                end: at,
+                good,
+            },
+        );
     }
 
     /// One sample per replica: smooths each replica's load in every [`Unit`] (what it holds:
@@ -251,7 +255,7 @@ impl Scale {
         st.last_tick = Some(now);
         let dt_s = dt.as_secs_f64().max(1e-3);
         let alpha = (dt_s * 1e3 / self.config.load_window_ms as f64).min(1.0);
-        let pending = std::mem::take(&mut st.pending);
+        let pending = st.pending.take_grouped();
         let mut sent = std::mem::take(&mut st.sent);
         let mut smoothed: HashMap<Arc<str>, Load> = HashMap::with_capacity(replicas.len());
         let mut history = std::mem::take(&mut st.history);
@@ -287,23 +291,25 @@ impl Scale {
         let mut recent: HashMap<Arc<str>, (f64, f64)> = HashMap::new();
         for ((model, upstream), done) in pending {
             let r = recent.entry(model.clone()).or_default();
-            for f in &done {
-                r.0 += f.end.saturating_duration_since(f.start).as_secs_f64();
-                r.1 += 1.0;
-            }
-            let Some(h) = st.history.get(&upstream) else {
-                continue;
-            };
-            let m = st.models.entry(model).or_insert_with(|| Model {
-                curves: [Unit::Streams, Unit::TokensPerS, Unit::Prefill, Unit::Decode]
-                    .map(|u| Curve::new(u.lo(), BINS, memory)),
-                seconds: 0.0,
-                finished: 0.0,
+            // A model's curves are made once a replica it finished on has a load history.
+            let h = st.history.get(&upstream);
+            let mut m = h.map(|_| {
+                st.models.entry(model).or_insert_with(|| Model {
+                    curves: [Unit::Streams, Unit::TokensPerS, Unit::Prefill, Unit::Decode]
+                        .map(|u| Curve::new(u.lo(), BINS, memory)),
+                    seconds: 0.0,
+                    finished: 0.0,
+                })
             });
             for f in done {
+                let took = f.end.saturating_duration_since(f.start).as_secs_f64();
+                r.0 += took;
+                r.1 += 1.0;
+                let (Some(h), Some(m)) = (h, m.as_deref_mut()) else {
+                    continue;
+                };
                 if let Some(load) = lived_through(h, f.start, f.end) {
                     let good = u64::from(f.good);
-                    let took = f.end.saturating_duration_since(f.start).as_secs_f64();
                     for (c, l) in m.curves.iter_mut().zip(load) {
                         c.observe(l, good, 1, took);
                     }
