@@ -777,6 +777,24 @@ mod tests {
             prop_assert_eq!(valid(&text), serde_valid(&text));
         }
 
+        /// Runs of any length with a stop anywhere (or none): as byte by byte.
+        #[test]
+        fn plain_runs_are_found_as_byte_by_byte(
+            len in 0usize..200, at in any::<prop::sample::Index>(), stop in prop::sample::select(
+                vec![None, Some(b'"'), Some(b'\\'), Some(0x00), Some(0x1f)]),
+            later in any::<prop::sample::Index>(),
+        ) {
+            let mut v: Vec<u8> = (0..len).map(|i| [b'a', 0x20, 0x7f, 0x80, 0xff, b'!', b'#', b']'][i % 8]).collect();
+            if let (Some(stop), false) = (stop, v.is_empty()) {
+                let at = at.index(v.len());
+                v[at] = stop;
+                let later = at + later.index(v.len() - at);
+                v[later] = b'"'; // a later stop never wins
+            }
+            let naive = v.iter().position(|c| STRING_STOP[usize::from(*c)]).unwrap_or(v.len());
+            prop_assert_eq!(plain_run(&v), naive, "{:?}", v);
+        }
+
         /// Strings of every length around the word boundaries (the stop anywhere in the
         /// first two words, after them, none before the end of the input), with escapes,
         /// control and non-ASCII bytes: read as byte by byte. The offset of a refused string
