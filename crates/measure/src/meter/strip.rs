@@ -61,12 +61,13 @@ enum Class {
     Other,
     /// A chunk where some choice finishes, without usage; whether it has a fingerprint.
     Finish { has_fingerprint: bool },
-    /// A `choices:[]` chunk with usage: the injected one, with the raw JSON text of its
-    /// `system_fingerprint` and `timings`, if any.
-    Usage {
-        fingerprint: Option<Bytes>,
-        timings: Option<Bytes>,
-    },
+    /// A `choices:[]` chunk with usage: the injected one. Dropped; what it carries back to
+    /// the finish chunk (its `system_fingerprint` and `timings`) is in the held chunk already
+    /// ([`judge`] rewrote it, reading them from the event's own bytes: no copy of them).
+    Usage,
+    /// A `choices:[]` chunk with usage and `timings` but no finish chunk held to take them:
+    /// it passes whole (what the engine said is never dropped).
+    UsagePasses,
 }
 
 /// The strip's state (see the module docs); boxed in the meter, which has one only when
@@ -82,7 +83,8 @@ pub(super) struct Strip {
     /// no tool call, untraced): its bytes are metered on release as they are, so that answer
     /// stands and the chunk is not scanned again (the fast paths only: see
     /// [`StreamMeter::without_repeat_cache`]).
-    held_info: Option<Box<ChunkInfo>>,
+    /// Inline (the strip is boxed already): no allocation per finish chunk.
+    held_info: Option<ChunkInfo>,
     /// Comment blocks that came while a finish chunk was held: they go out right after it.
     held_comments: BytesMut,
     /// A chunk with choices carried `usage`: the engine reports usage of its own accord, so
@@ -209,9 +211,10 @@ fn meter_held_now(
     };
     strip.spare_log.detail = tl.log.detail;
     std::mem::swap(&mut tl.log, &mut strip.spare_log);
-    if let Some(info) = strip.held_info.take() {
+    if let Some(info) = &strip.held_info {
         // Its log was empty, so nothing reads its payload: the bytes stand in for it.
-        tl.on_info(t, &info, held, on_gap);
+        tl.on_info(t, info, held, on_gap);
+        strip.held_info = None;
     } else {
         let mut parser = SseParser::new();
         parser.feed(held, |ev| tl.on_event(repeat, t, ev, on_gap));
@@ -222,7 +225,7 @@ fn meter_held_now(
 
 /// `,"<key>":<value>` for each field, in order, before the last `}` of the event (its JSON
 /// object's end).
-fn insert_fields(event: Bytes, fields: &[(&[u8], Option<&Bytes>)]) -> Bytes {
+fn insert_fields(event: Bytes, fields: &[(&[u8], Option<&[u8]>)]) -> Bytes {
     let (Some(at), true) = (
         event.iter().rposition(|b| *b == b'}'),
         fields.iter().any(|(_, v)| v.is_some()),
@@ -442,9 +445,7 @@ impl StreamMeter {
                 strip.held_has_fingerprint = has_fingerprint;
                 Fate::Held
             }
-            Some(Class::Usage {
-                timings: Some(_), ..
-            }) if strip.held.is_none() => {
+            Some(Class::UsagePasses) => {
                 // Timings with no finish chunk to take them: the chunk passes whole.
                 match event {
                     Some(e) => acc.piece(frame, e),
@@ -452,20 +453,8 @@ impl StreamMeter {
                 }
                 Fate::Passed
             }
-            Some(Class::Usage {
-                fingerprint,
-                timings,
-            }) => {
-                let fp = fingerprint.filter(|_| !strip.held_has_fingerprint);
-                let h = strip.held.take().map(|h| {
-                    insert_fields(
-                        h,
-                        &[
-                            (b"system_fingerprint", fp.as_ref()),
-                            (b"timings", timings.as_ref()),
-                        ],
-                    )
-                });
+            Some(Class::Usage) => {
+                let h = strip.held.take();
                 release(strip, h, frame, acc);
                 Fate::Dropped
             }
@@ -550,9 +539,10 @@ fn judge(
     let class = if info.kind != ChunkKind::Chunk {
         Class::Other
     } else if info.choice_count == 0 && info.usage.is_some() && !strip.engine_usage {
-        Class::Usage {
-            fingerprint: raw_bytes(ev.data, scan.fingerprint.clone()),
-            timings: raw_bytes(ev.data, scan.timings.clone()),
+        if scan.timings.is_some() && strip.held.is_none() {
+            Class::UsagePasses
+        } else {
+            Class::Usage
         }
     } else if info.finished_count > 0 && info.usage.is_none() {
         Class::Finish {
@@ -566,21 +556,33 @@ fn judge(
             meter_held(tl, repeat, strip, t, on_gap);
             tl.on_info(t, info, ev.data, on_gap);
         }
-        Class::Finish { .. } | Class::Usage { .. } => {
+        Class::Finish { .. } | Class::Usage | Class::UsagePasses => {
             // Not metered now: the log is the held chunk's to fill again on release (unless
             // it is empty: then the scan's answer is kept for the release).
             let keep = matches!(class, Class::Finish { .. }) && tl.log.is_empty() && tl.repeat_on;
             tl.log.clear();
             meter_held(tl, repeat, strip, t, on_gap);
             match class {
-                Class::Usage { .. } => tl.on_reported(info),
-                _ => strip.held_info = keep.then(|| Box::new(scan.info)),
+                Class::Finish { .. } if keep => strip.held_info = Some(scan.info),
+                Class::Finish { .. } => strip.held_info = None,
+                Class::Usage => {
+                    tl.on_reported(info);
+                    // The held chunk (metered as it came: the fields change nothing it says)
+                    // takes back what injection moved to this chunk.
+                    let fp =
+                        raw(ev.data, &scan.fingerprint).filter(|_| !strip.held_has_fingerprint);
+                    let timings = raw(ev.data, &scan.timings);
+                    strip.held = strip.held.take().map(|h| {
+                        insert_fields(h, &[(b"system_fingerprint", fp), (b"timings", timings)])
+                    });
+                }
+                _ => tl.on_reported(info),
             }
         }
     }
     class
 }
 
-fn raw_bytes(data: &[u8], at: Option<Range<usize>>) -> Option<Bytes> {
-    at.and_then(|r| data.get(r)).map(Bytes::copy_from_slice)
+fn raw<'a>(data: &'a [u8], at: &Option<Range<usize>>) -> Option<&'a [u8]> {
+    at.clone().and_then(|r| data.get(r))
 }
