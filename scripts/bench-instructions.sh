@@ -10,7 +10,8 @@
 # Streaming (64 tokens, usage injected and stripped) and non-streaming, metering on (MEASURE=false:
 # off). KINDS picks the requests (default "stream json"); agent traffic: `tool` (a
 # streamed tool call: tools + named tool_choice + x-sim-fault tool-call=valid), `logprobs`
-# (64-token stream, logprobs top 2) and `traced` (the same with x-goodput-trace: 1).
+# (64-token stream, logprobs top 2), `traced` (the same with x-goodput-trace: 1) and `cusage`
+# (64-token stream with continuous usage: usage on every chunk).
 # Each dump is kept as OUT/KIND.BIN.PID.cg (OUT=/tmp/goodput-instructions; callgrind_annotate FILE).
 #   scripts/bench-instructions.sh [BIN...]     # default: target/bench-build/goodput-proxy
 #   KINDS="stream tool logprobs traced" SECS=6 scripts/bench-instructions.sh OLD NEW

@@ -2,7 +2,8 @@
 -- JSON line (prefixed "BENCH ") with requests, duration, errors and latency percentiles (us).
 -- BENCH_SHAPE (scripts/bench-instructions.sh): "tool" offers a function with a named
 -- tool_choice and asks the simulator for a valid call (it streams one tool call, then stops);
--- "logprobs" asks for logprobs (top 2); "traced" the same with the proxy's x-goodput-trace.
+-- "logprobs" asks for logprobs (top 2); "traced" the same with the proxy's x-goodput-trace;
+-- "cusage" asks for continuous usage (`stream_options.continuous_usage_stats`).
 local stream = os.getenv("BENCH_STREAM") == "1"
 local shape = os.getenv("BENCH_SHAPE") or ""
 wrk.method = "POST"
@@ -13,6 +14,9 @@ if shape == "tool" then
     extra = ',"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object",'
         .. '"properties":{"location":{"type":"string"},"unit":{"type":"string","enum":["celsius","fahrenheit"]}},'
         .. '"required":["location"]}}}],"tool_choice":{"type":"function","function":{"name":"get_weather"}}'
+elseif shape == "cusage" then
+    -- vLLM's continuous usage: usage on every chunk (asked for, so nothing is injected).
+    extra = ',"stream_options":{"include_usage":true,"continuous_usage_stats":true}'
 elseif shape == "logprobs" or shape == "traced" then
     extra = ',"logprobs":true,"top_logprobs":2'
     if shape == "traced" then wrk.headers["x-goodput-trace"] = "1" end

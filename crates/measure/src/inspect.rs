@@ -13,6 +13,7 @@ use crate::scan::{Cursor, Malformed, Scan, Str};
 
 mod calls;
 pub use calls::LoggedCall;
+mod counted;
 mod prefix;
 use prefix::PrefixNotes;
 mod repeat;

@@ -421,7 +421,7 @@ impl Timeline {
     /// it writes faster than the proxy reads (under load, or a fast decoder).
     fn on_repeats_at(
         &mut self,
-        repeat: &RepeatCache,
+        repeat: &mut RepeatCache,
         t: Instant,
         buf: &[u8],
         on_gap: &mut impl FnMut(Duration),
@@ -430,13 +430,13 @@ impl Timeline {
             return 0;
         };
         self.on_repeat(t, repeat, &buf[data], on_gap);
-        match repeat.single() {
+        match repeat.single().copied() {
             Some(c) if c.output && self.log.is_empty() => {
                 let (again, len) = repeat.repeats_in_a_row(&buf[at..]);
                 at += len;
                 if again > 0 {
                     self.one_look += again;
-                    self.on_single_output_again(t, c, again, on_gap);
+                    self.on_single_output_again(t, &c, again, on_gap);
                 }
             }
             _ => {
@@ -602,7 +602,7 @@ impl Timeline {
         if let Some(r) = info.timings {
             self.on_timings(r);
         }
-        let mut counted = 0;
+        let mut counted: u64 = 0;
         if info.choice_count > 0 && self.t_first_chunk.is_none() {
             self.t_first_chunk = Some(t);
         }
@@ -623,8 +623,9 @@ impl Timeline {
             }
             let tokens = event_tokens(running, ch.running, c.tokens);
             ch.running = running.or(ch.running);
-            ch.tokens += tokens;
-            counted += tokens;
+            // Saturating: a running count is the engine's word, and it may be any u64.
+            ch.tokens = ch.tokens.saturating_add(tokens);
+            counted = counted.saturating_add(tokens);
             if !c.output {
                 continue;
             }
@@ -632,7 +633,7 @@ impl Timeline {
                 self.on_itl(gap, on_gap);
             }
         }
-        self.counted_tokens += counted;
+        self.counted_tokens = self.counted_tokens.saturating_add(counted);
         if info.output {
             self.output_events += 1;
             if self.t_first_token.is_none() {
@@ -664,7 +665,7 @@ impl Timeline {
     fn running_total(&self) -> Option<u64> {
         let mut total = None;
         for c in self.all_choices() {
-            total = Some(total.unwrap_or(0) + c.running?);
+            total = Some(total.unwrap_or(0u64).saturating_add(c.running?));
         }
         total
     }

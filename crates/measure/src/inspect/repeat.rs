@@ -16,8 +16,10 @@
 //! with output text to vary (else the old template stays). `tests` below and the differential test hold the cache equal to
 //! [`inspect_chunk`](super::inspect_chunk) on every event.
 
+use super::counted::{match_counted, patch, Values};
 use super::{
-    scan_event_to, shapes, ChoiceInfo, ChunkInfo, ChunkKind, EventScan, OutputSpans, TokenLog,
+    scan_event_to, shapes, ChoiceInfo, ChunkInfo, ChunkKind, CountSpans, EventScan, OutputSpans,
+    TokenLog,
 };
 use crate::scan::{plain_run, plain_run_in_a_word};
 
@@ -53,6 +55,10 @@ pub struct Template {
     /// The payload holds no line end but in a run at its end that ends with `\n` (an SSE event:
     /// one line and a blank one): [`Template::match_prefix`] may frame by it.
     frames: bool,
+    /// The integers of its `usage` that a repeat may hold other digits in (continuous usage:
+    /// see [`super::counted`]); empty for a template without usage. A template with counts
+    /// has one output span and one line (else it is not kept).
+    counts: CountSpans,
 }
 
 impl Template {
@@ -76,7 +82,7 @@ impl Template {
         }
         let mut spans = [(0, 0); MAX_SPANS];
         let n = output_spans(bytes, &mut spans);
-        self.keep(bytes, spans, n)
+        self.keep(bytes, spans, n, &CountSpans::default())
     }
 
     /// [`Template::learn`] with the spans a scan of `bytes` noted (what it read only as empty
@@ -89,13 +95,47 @@ impl Template {
         if bytes.len() > MAX_TEMPLATE {
             return false;
         }
+        self.learn_counted(bytes, spans, &CountSpans::default())
+    }
+
+    /// [`Template::learn_spans`] of a chunk with `usage` whose integers the scan noted as
+    /// `counts` ([`EventScan::counts`]): a repeat may have other digits there too, and its
+    /// answer has the counts it reads there ([`RepeatCache::repeats`]). Kept only with one
+    /// output span and on one line (continuous usage of a one-choice stream); with `counts`
+    /// empty, [`Template::learn_spans`].
+    pub(super) fn learn_counted(
+        &mut self,
+        bytes: &[u8],
+        spans: &OutputSpans,
+        counts: &CountSpans,
+    ) -> bool {
+        if bytes.len() > MAX_TEMPLATE {
+            return false;
+        }
         let noted = spans.as_slice();
         let mut kept = [(0, 0); MAX_SPANS];
         kept[..noted.len()].copy_from_slice(noted);
-        self.keep(bytes, kept, noted.len())
+        self.keep(bytes, kept, noted.len(), counts)
     }
 
-    fn keep(&mut self, bytes: &[u8], spans: [(usize, usize); MAX_SPANS], n: usize) -> bool {
+    fn keep(
+        &mut self,
+        bytes: &[u8],
+        spans: [(usize, usize); MAX_SPANS],
+        n: usize,
+        counts: &CountSpans,
+    ) -> bool {
+        let body_end = bytes
+            .iter()
+            .rposition(|c| !matches!(c, b'\n' | b'\r'))
+            .map_or(0, |i| i + 1);
+        let inner = memchr::memchr2(b'\n', b'\r', &bytes[..body_end]).is_some();
+        let one_line = !inner && body_end == bytes.len();
+        // Counts only with one span on one line (what `RepeatCache::repeats_event` frames).
+        let counts_fit = counts.is_empty() || (n == 1 && one_line);
+        if !counts_fit {
+            return false;
+        }
         if n > 0 {
             self.spans = spans;
             self.n_spans = n;
@@ -107,15 +147,23 @@ impl Template {
             self.bytes.extend_from_slice(LEAD);
             self.bytes
                 .extend_from_slice(bytes.get(..spans[0].0).unwrap_or_default());
-            let body_end = bytes
-                .iter()
-                .rposition(|c| !matches!(c, b'\n' | b'\r'))
-                .map_or(0, |i| i + 1);
-            let inner = memchr::memchr2(b'\n', b'\r', &bytes[..body_end]).is_some();
-            self.one_line = !inner && body_end == bytes.len();
+            self.one_line = one_line;
             self.frames = !inner && (self.one_line || bytes.last() == Some(&b'\n'));
+            self.counts = *counts;
         }
         n > 0
+    }
+
+    /// The template has count spans (see [`Template::learn_counted`]).
+    #[inline]
+    fn counted(&self) -> bool {
+        !self.counts.is_empty()
+    }
+
+    /// [`match_counted`] of `buf` against the payload: the bytes, the text's range and the
+    /// counts' values of a repeat at `buf`'s start.
+    fn match_counted(&self, buf: &[u8]) -> Option<(usize, std::ops::Range<usize>, Values)> {
+        match_counted(self.payload(), self.spans[0], &self.counts, buf)
     }
 
     /// Framing and the template check in one: `buf` starts with bytes `b` for which
@@ -134,6 +182,9 @@ impl Template {
     pub fn match_prefix(&self, buf: &[u8]) -> Option<(usize, std::ops::Range<usize>)> {
         if !self.frames {
             return None;
+        }
+        if self.counted() {
+            return self.match_counted(buf).map(|(n, text, _)| (n, text));
         }
         let t = self.payload();
         for &(a, b) in &self.spans[..self.n_spans] {
@@ -264,6 +315,11 @@ impl Template {
     /// `bytes` is the template with other non-empty plain text in one output span: the range
     /// of that text in `bytes`.
     pub fn repeats(&self, bytes: &[u8]) -> Option<std::ops::Range<usize>> {
+        if self.counted() {
+            return self
+                .match_counted(bytes)
+                .and_then(|(n, text, _)| (n == bytes.len()).then_some(text));
+        }
         let t = self.payload();
         self.spans[..self.n_spans].iter().find_map(|&(a, b)| {
             let tail = t.len() - b;
@@ -407,8 +463,20 @@ impl RepeatCache {
         }
     }
 
-    /// The template's answer when `data` repeats it.
+    /// The template's answer when `data` repeats it (with a template with counts, the counts
+    /// `data` holds).
     pub fn repeats(&self, data: &[u8]) -> Option<(ChunkInfo, Seen)> {
+        if self.template.counted() {
+            let (n, text, values) = self.template.match_counted(data)?;
+            if n != data.len() {
+                return None;
+            }
+            let mut info = self.info;
+            if let Some(u) = info.usage.as_mut() {
+                patch(u, &self.template.counts, &values);
+            }
+            return Some((info, Seen::Repeat(text)));
+        }
         let text = self.template.repeats(data)?;
         Some((self.info, Seen::Repeat(text)))
     }
@@ -417,15 +485,19 @@ impl RepeatCache {
     /// where an SSE event starts, opens with an event `data: <payload>` and a blank line
     /// (`\n\n` or `\r\n\r\n`) whose payload repeats the template. Returns the event's length,
     /// and the payload's range in `buf`; the template's answer for the payload (what
-    /// [`RepeatCache::repeats`] says of it) is [`RepeatCache::info`].
+    /// [`RepeatCache::repeats`] says of it) is [`RepeatCache::info`] then (a template with
+    /// counts keeps there the counts of the last event it framed).
     // Always inlined: it runs for nearly every event, and the call was a tenth of its cost.
     #[inline(always)]
-    pub fn repeats_event(&self, buf: &[u8]) -> Option<(usize, std::ops::Range<usize>)> {
+    pub fn repeats_event(&mut self, buf: &[u8]) -> Option<(usize, std::ops::Range<usize>)> {
         const DATA: &[u8] = LEAD;
         if !self.template.is_one_line() {
             return None; // a line end in the payload: the lines are the parser's to split
         }
         if self.template.n_spans == 1 {
+            if self.template.counted() {
+                return self.counted_event(buf);
+            }
             return self.template.match_event_one_span(buf);
         }
         let payload = buf.strip_prefix(DATA)?;
@@ -439,6 +511,25 @@ impl RepeatCache {
         Some((at + n + blank, at..at + n))
     }
 
+    /// [`RepeatCache::repeats_event`] for a template with counts (one span, one line): the
+    /// payload as [`RepeatCache::repeats`] matches it, then a blank line; the event's counts
+    /// go into [`RepeatCache::info`].
+    #[inline(never)]
+    fn counted_event(&mut self, buf: &[u8]) -> Option<(usize, std::ops::Range<usize>)> {
+        let payload = buf.strip_prefix(LEAD)?;
+        let (n, _, values) = self.template.match_counted(payload)?;
+        let blank = match payload.get(n..)? {
+            [b'\n', b'\n', ..] => 2,
+            [b'\r', b'\n', b'\r', b'\n', ..] => 4,
+            _ => return None,
+        };
+        if let Some(u) = self.info.usage.as_mut() {
+            patch(u, &self.template.counts, &values);
+        }
+        let at = LEAD.len();
+        Some((at + n + blank, at..at + n))
+    }
+
     /// [`RepeatCache::repeats_event`] looks at events: the template holds no line end (else
     /// it leaves every event to the parser).
     #[inline]
@@ -449,8 +540,8 @@ impl RepeatCache {
     /// How many events at `buf`'s start repeat the template (each as
     /// [`RepeatCache::repeats_event`] finds it, one after the other), and the bytes they span.
     #[inline]
-    pub fn repeats_in_a_row(&self, buf: &[u8]) -> (u64, usize) {
-        if self.template.is_one_line() && self.template.n_spans == 1 {
+    pub fn repeats_in_a_row(&mut self, buf: &[u8]) -> (u64, usize) {
+        if self.template.is_one_line() && self.template.n_spans == 1 && !self.template.counted() {
             return self.template.run_one_span(buf);
         }
         let (mut n, mut at) = (0, 0);
@@ -479,28 +570,36 @@ impl RepeatCache {
     /// it (learning is a pass over its bytes): a chunk with output that finishes nothing and
     /// carries no usage, what the events after it repeat.
     pub fn learn(&mut self, data: &[u8], info: &ChunkInfo) -> Seen {
-        self.learn_with(info, |t| t.learn(data))
+        self.learn_with(info, |t| info.usage.is_none() && t.learn(data))
     }
 
     /// [`RepeatCache::learn`] from `scan`, the scan of `data`, with the output spans it noted
-    /// ([`Template::learn_spans`]).
+    /// ([`Template::learn_spans`]); a chunk with usage with the counts it noted too
+    /// ([`Template::learn_counted`]: continuous usage).
     pub fn learn_scanned(&mut self, data: &[u8], scan: &EventScan) -> Seen {
-        self.learn_with(&scan.info, |t| t.learn_spans(data, &scan.output_spans))
+        self.learn_with(&scan.info, |t| match scan.info.usage {
+            None => t.learn_spans(data, &scan.output_spans),
+            Some(_) => {
+                !scan.counts.is_empty() && t.learn_counted(data, &scan.output_spans, &scan.counts)
+            }
+        })
     }
 
+    /// `learn` keeps the template: a chunk with output that finishes nothing and carries no
+    /// `timings` (and no usage, unless `learn` kept counts for it).
     fn learn_with(&mut self, info: &ChunkInfo, learn: impl FnOnce(&mut Template) -> bool) -> Seen {
         let worth = info.kind == ChunkKind::Chunk
             && info.output
             && info.finished_count == 0
-            && info.usage.is_none()
             && info.timings.is_none();
         if worth && learn(&mut self.template) {
             self.info = *info;
+            // A template with usage says more than its choice: no single-choice answer.
             self.single = info
                 .choices()
                 .first()
                 .copied()
-                .filter(|_| info.choice_count == 1);
+                .filter(|_| info.choice_count == 1 && info.usage.is_none());
             Seen::Learned
         } else {
             Seen::Scanned

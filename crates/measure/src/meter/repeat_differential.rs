@@ -121,6 +121,65 @@ fn event() -> impl Strategy<Value = String> {
     (delta, finish).prop_map(|(d, f)| chat(&d, f))
 }
 
+/// A count of a continuous usage: mostly a plain one (growing by one digit now and then), else
+/// a value a template's count span must not take as one (a leading zero, a fraction, `null`,
+/// a sign, more than 19 digits).
+fn count() -> impl Strategy<Value = String> {
+    prop_oneof![
+        12 => (0u64..2000).prop_map(|n| n.to_string()),
+        1 => Just("0".to_string()),
+        1 => "0[0-9]",
+        1 => Just("1.5".to_string()),
+        1 => Just("null".to_string()),
+        1 => Just("-1".to_string()),
+        1 => "[1-9][0-9]{17,20}",
+    ]
+}
+
+/// An event of a stream with continuous usage (usage on every chunk with choices, vLLM's
+/// `continuous_usage_stats`): mostly output chunks that differ in text and counts, some
+/// without output, finishing or without usage, and the final `"choices":[]` usage chunk.
+pub(super) fn continuous_event() -> impl Strategy<Value = String> {
+    let text = prop_oneof![
+        4 => "[a-z ]{0,6}",
+        1 => "[a-z\"\\\\\u{1}\u{e9} ]{0,4}"
+            .prop_map(|t| t.replace('"', "\\\"").replace('\u{1}', "\\u0001")),
+    ];
+    let finish = prop_oneof![10 => Just("null"), 1 => Just("\"stop\"")];
+    let usage = || {
+        (count(), count(), count()).prop_map(|(p, t, c)| {
+            format!(",\"usage\":{{\"prompt_tokens\":{p},\"total_tokens\":{t},\"completion_tokens\":{c},\"completion_tokens_details\":null}}")
+        })
+    };
+    let with_usage = prop_oneof![10 => usage(), 1 => Just(String::new())];
+    prop_oneof![
+        12 => (text, finish, with_usage).prop_map(|(t, f, u)| format!(
+            "data: {{\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{t}\"}},\"logprobs\":null,\"finish_reason\":{f}}}]{u}}}\n\n"
+        )),
+        1 => usage().prop_map(|u| format!(
+            "data: {{\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[]{u}}}\n\n"
+        )),
+    ]
+}
+
+#[test]
+fn most_events_of_a_continuous_usage_stream_are_framed_by_the_template() {
+    for name in [
+        "stream-chat-usage-continuous.txt",
+        "options/metrics-stream-chat-usage-continuous.txt",
+    ] {
+        let body = capture(name).body;
+        let events = events(body).len();
+        let framed = framed_by_template(body);
+        // All but the role chunk, the first output chunk (the template), the finish chunk,
+        // the final usage chunk and `[DONE]`.
+        assert!(
+            framed > 0 && framed + 5 >= events,
+            "{name}: {framed} of {events}"
+        );
+    }
+}
+
 /// `body` cut at `cuts` (offsets taken modulo its length, in any order).
 pub(super) fn split<'a>(body: &'a [u8], cuts: &[usize]) -> Vec<&'a [u8]> {
     let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (body.len() + 1)).collect();
@@ -156,6 +215,22 @@ proptest! {
             .map(|(i, e)| if i % 3 == 2 { format!("{noise}{e}") } else { e.clone() })
             .collect::<String>()
             .replace('\n', eol);
+        let frames = split(body.as_bytes(), &cuts);
+        prop_assert_eq!(measure(&frames, true), measure(&frames, false), "{:?}", body);
+    }
+
+    /// Continuous usage: the template's count spans take other digits, never a value that
+    /// reads otherwise; the same measurement as a scan of every event, split anywhere.
+    #[test]
+    fn continuous_usage_streams_measure_the_same_with_and_without_the_cache(
+        mut evs in proptest::collection::vec(continuous_event(), 1..40),
+        cuts in proptest::collection::vec(0usize..20_000, 0..12),
+        eol in prop_oneof![Just("\n"), Just("\r\n"), Just("\r")],
+    ) {
+        evs.push("data: [DONE]\n\n".to_string());
+        let frames: Vec<&[u8]> = evs.iter().map(|e| e.as_bytes()).collect();
+        prop_assert_eq!(measure(&frames, true), measure(&frames, false));
+        let body = evs.concat().replace('\n', eol);
         let frames = split(body.as_bytes(), &cuts);
         prop_assert_eq!(measure(&frames, true), measure(&frames, false), "{:?}", body);
     }

@@ -369,7 +369,7 @@ impl StreamMeter {
         if !(quiet && self.tl.cacheable() && self.parser.at_event_start()) {
             return 0;
         }
-        self.tl.on_repeats_at(&self.repeat, t, rest, on_gap)
+        self.tl.on_repeats_at(&mut self.repeat, t, rest, on_gap)
     }
 
     /// The next event of `frame` from `start`: framed, metered and judged; returns where the

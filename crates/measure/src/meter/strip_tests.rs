@@ -477,6 +477,21 @@ proptest! {
         prop_assert_eq!(strip_by(&frames, true), strip_by(&frames, false));
     }
 
+    /// The same with continuous usage (an engine that forces usage: its usage chunk passes),
+    /// whose output chunks repeat a template with count spans.
+    #[test]
+    fn fast_path_strips_and_meters_continuous_usage_as_the_parser_alone(
+        evs in proptest::collection::vec(super::repeat_differential::continuous_event(), 1..40),
+        cuts in proptest::collection::vec(0usize..20_000, 0..12),
+        eol in prop_oneof![Just("\n"), Just("\r\n")],
+    ) {
+        let body = (evs.concat() + "data: [DONE]\n\n").replace('\n', eol);
+        let whole: &[&[u8]] = &[body.as_bytes()];
+        prop_assert_eq!(strip_by(whole, true), strip_by(whole, false));
+        let frames = split(body.as_bytes(), &cuts);
+        prop_assert_eq!(strip_by(&frames, true), strip_by(&frames, false));
+    }
+
     /// Without a usage chunk nothing changes: the client gets the upstream bytes and the
     /// meter measures as it does when usage was not injected (only the record's flags differ).
     #[test]
