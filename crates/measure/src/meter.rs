@@ -484,11 +484,12 @@ impl Timeline {
         let tokens = u64::from(c.tokens);
         let ch = self.choice(c.index);
         ch.seen = true;
-        ch.tokens += tokens;
+        // Saturating, as everywhere a running count (any u64 an engine sends) may have led.
+        ch.tokens = ch.tokens.saturating_add(tokens);
         if let Some(gap) = ch.on_output(t, last_token, stream_gap) {
             self.on_itl(gap, on_gap);
         }
-        self.counted_tokens += tokens;
+        self.counted_tokens = self.counted_tokens.saturating_add(tokens);
         self.output_events += 1;
         if self.t_first_token.is_none() {
             self.t_first_token = Some(t);
@@ -514,11 +515,11 @@ impl Timeline {
         n: u64,
         on_gap: &mut impl FnMut(Duration),
     ) {
-        let tokens = u64::from(c.tokens) * n;
+        let tokens = u64::from(c.tokens).saturating_mul(n);
         let ch = self.choice(c.index);
-        ch.tokens += tokens;
+        ch.tokens = ch.tokens.saturating_add(tokens);
         ch.events += n;
-        self.counted_tokens += tokens;
+        self.counted_tokens = self.counted_tokens.saturating_add(tokens);
         self.output_events += n;
         self.itl_count += n;
         self.itl_max = Some(self.itl_max.unwrap_or(Duration::ZERO));

@@ -25,14 +25,20 @@ pub type Values = [u64; CountSpans::MAX];
 /// length and value (19 digits: no overflow).
 #[inline]
 pub(super) fn digit_run(s: &[u8]) -> Option<(usize, u64)> {
-    let len = s.iter().take(20).take_while(|d| d.is_ascii_digit()).count();
-    if len == 0 || len > 19 || (len > 1 && s.first() == Some(&b'0')) {
+    let (mut len, mut value) = (0, 0u64);
+    while let Some(&d) = s.get(len) {
+        if !d.is_ascii_digit() {
+            break;
+        }
+        if len == 19 {
+            return None;
+        }
+        value = value * 10 + u64::from(d - b'0');
+        len += 1;
+    }
+    if len == 0 || (len > 1 && s.first() == Some(&b'0')) {
         return None;
     }
-    let value = s
-        .get(..len)?
-        .iter()
-        .fold(0, |v, d| v * 10 + u64::from(d - b'0'));
     Some((len, value))
 }
 
@@ -48,51 +54,88 @@ pub(super) fn patch(usage: &mut Usage, counts: &CountSpans, values: &Values) {
     }
 }
 
-/// `buf` opens with bytes that are `t` but for other non-empty string text in `text` (a span
-/// of `t`, between its quotes) and other digits in each of `counts` (spans of `t` that do not
-/// overlap it, in order): how many bytes, where the text is among them, and the value of each
-/// count. `buf` may go on past them (the rest of a frame).
+/// Where a repeat of a template may differ from it: one text span and the count spans, in
+/// the order they come, each `(start, end, which)` in the template (`which`: [`TEXT`], or the
+/// count's index in its [`CountSpans`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Holes {
+    holes: [(usize, usize, usize); Holes::MAX],
+    n: usize,
+}
+
+/// [`Holes`]' mark of the text span.
+const TEXT: usize = usize::MAX;
+
+impl Holes {
+    const MAX: usize = CountSpans::MAX + 1;
+
+    /// The holes of `text` and `counts` (spans of one payload that do not overlap; the
+    /// counts in order).
+    pub(super) fn new(text: (usize, usize), counts: &CountSpans) -> Self {
+        let mut h = Self::default();
+        let mut text = Some(text);
+        for (k, &(a, b, _)) in counts.as_slice().iter().enumerate() {
+            if let Some(t) = text.filter(|t| t.0 < a) {
+                h.push((t.0, t.1, TEXT));
+                text = None;
+            }
+            h.push((a, b, k));
+        }
+        if let Some(t) = text {
+            h.push((t.0, t.1, TEXT));
+        }
+        h
+    }
+
+    fn push(&mut self, hole: (usize, usize, usize)) {
+        if let Some(slot) = self.holes.get_mut(self.n) {
+            *slot = hole;
+            self.n += 1;
+        }
+    }
+
+    /// `buf` opens with bytes that are `t` (the payload the holes are of) but for other
+    /// non-empty string text in the text span and other digits in each count span: how many
+    /// bytes, where the text is among them, and the value of each count. `buf` may go on past
+    /// them (the rest of a frame).
+    #[inline]
+    pub(super) fn match_at(&self, t: &[u8], buf: &[u8]) -> Option<(usize, Range<usize>, Values)> {
+        let mut values = [0; CountSpans::MAX];
+        let mut text = 0..0;
+        let (mut ta, mut ra) = (0, 0); // where the next run of the template's bytes starts
+        for &(a, b, which) in self.holes.get(..self.n)? {
+            let same = t.get(ta..a)?;
+            let rest = buf.get(ra..)?.strip_prefix(same)?;
+            let start = ra + same.len();
+            let len = if which == TEXT {
+                let len = text_len(rest);
+                if len == 0 {
+                    return None;
+                }
+                text = start..start + len;
+                len
+            } else {
+                let (len, value) = digit_run(rest)?;
+                *values.get_mut(which)? = value;
+                len
+            };
+            (ta, ra) = (b, start + len);
+        }
+        let tail = t.get(ta..)?;
+        buf.get(ra..)?.strip_prefix(tail)?;
+        (!text.is_empty()).then_some((ra + tail.len(), text, values))
+    }
+}
+
+/// [`Holes::match_at`] of the holes of `text` and `counts`.
+#[cfg(test)]
 pub(super) fn match_counted(
     t: &[u8],
     text: (usize, usize),
     counts: &CountSpans,
     buf: &[u8],
 ) -> Option<(usize, Range<usize>, Values)> {
-    let mut values = [0; CountSpans::MAX];
-    let mut text_at = None;
-    let (mut ta, mut ra) = (0, 0); // where the next literal run starts, in `t` and in `buf`
-    let mut next = counts.as_slice().iter().enumerate().peekable();
-    loop {
-        let text_next = text_at.is_none() && next.peek().is_none_or(|(_, c)| text.0 < c.0);
-        let (a, b) = match next.peek() {
-            _ if text_next => text,
-            Some((_, c)) => (c.0, c.1),
-            None => break,
-        };
-        let same = t.get(ta..a)?;
-        let start = ra + same.len();
-        if buf.get(ra..start)? != same {
-            return None;
-        }
-        let rest = buf.get(start..)?;
-        let len = if text_next {
-            let len = text_len(rest);
-            if len == 0 {
-                return None;
-            }
-            text_at = Some(start..start + len);
-            len
-        } else {
-            let (k, _) = next.next()?;
-            let (len, value) = digit_run(rest)?;
-            *values.get_mut(k)? = value;
-            len
-        };
-        (ta, ra) = (b, start + len);
-    }
-    let tail = t.get(ta..)?;
-    let end = ra + tail.len();
-    (buf.get(ra..end)? == tail).then_some((end, text_at?, values))
+    Holes::new(text, counts).match_at(t, buf)
 }
 
 #[cfg(test)]

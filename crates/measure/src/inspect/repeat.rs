@@ -16,7 +16,7 @@
 //! with output text to vary (else the old template stays). `tests` below and the differential test hold the cache equal to
 //! [`inspect_chunk`](super::inspect_chunk) on every event.
 
-use super::counted::{match_counted, patch, Values};
+use super::counted::{patch, Holes, Values};
 use super::{
     scan_event_to, shapes, ChoiceInfo, ChunkInfo, ChunkKind, CountSpans, EventScan, OutputSpans,
     TokenLog,
@@ -59,6 +59,8 @@ pub struct Template {
     /// see [`super::counted`]); empty for a template without usage. A template with counts
     /// has one output span and one line (else it is not kept).
     counts: CountSpans,
+    /// The output span and the count spans in order, for a template with counts.
+    holes: Holes,
 }
 
 impl Template {
@@ -150,6 +152,7 @@ impl Template {
             self.one_line = one_line;
             self.frames = !inner && (self.one_line || bytes.last() == Some(&b'\n'));
             self.counts = *counts;
+            self.holes = Holes::new(spans[0], counts);
         }
         n > 0
     }
@@ -162,8 +165,9 @@ impl Template {
 
     /// [`match_counted`] of `buf` against the payload: the bytes, the text's range and the
     /// counts' values of a repeat at `buf`'s start.
+    #[inline]
     fn match_counted(&self, buf: &[u8]) -> Option<(usize, std::ops::Range<usize>, Values)> {
-        match_counted(self.payload(), self.spans[0], &self.counts, buf)
+        self.holes.match_at(self.payload(), buf)
     }
 
     /// Framing and the template check in one: `buf` starts with bytes `b` for which
