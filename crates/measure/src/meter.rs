@@ -463,27 +463,62 @@ impl Timeline {
         on_gap: &mut impl FnMut(Duration),
     ) {
         self.one_look += 1;
-        match repeat.single() {
-            Some(c) if c.output && self.log.is_empty() => self.on_single_output(t, c, on_gap),
-            _ => self.on_info(t, repeat.info(), data, on_gap),
+        if self.log.is_empty() {
+            if let Some(c) = repeat.single().filter(|c| c.output) {
+                return self.on_single_output(t, c, None, on_gap);
+            }
+            if let (Some(c), Some(u)) = (repeat.single_counted(), &repeat.info().usage) {
+                if c.output {
+                    return self.on_single_counted(t, c, u, on_gap);
+                }
+            }
         }
+        self.on_info(t, repeat.info(), data, on_gap);
+    }
+
+    /// [`Timeline::on_info`] for a chunk whose one choice `c` carries output and whose only
+    /// other content is `usage` (no finish reason, timings or logged tokens): a repeat of a
+    /// one-choice template with counts (continuous usage). `u` on a chunk of one choice is
+    /// that choice's running count, as [`Timeline::on_chunk`] reads it; the rest is
+    /// [`Timeline::on_single_output`]. `meter/repeat_differential.rs` holds it to the
+    /// scanning path.
+    #[inline]
+    fn on_single_counted(
+        &mut self,
+        t: Instant,
+        c: &ChoiceInfo,
+        u: &Usage,
+        on_gap: &mut impl FnMut(Duration),
+    ) {
+        let running = u.completion_tokens;
+        self.on_usage(u, running.is_none());
+        self.on_single_output(t, c, running, on_gap);
     }
 
     /// [`Timeline::on_info`] for a chunk whose one choice `c` carries output and that carries
     /// nothing else (no finish reason, usage, timings or logged tokens): a repeat of a
     /// one-choice template. Without the loop over choices and the checks that cannot fire
     /// for it; `meter/repeat_differential.rs` holds it to the scanning path.
+    /// `running`: the choice's running count the chunk's usage says
+    /// ([`Timeline::on_single_counted`]); without usage there is none, and the event's tokens
+    /// are the scanned ones.
     #[inline]
-    fn on_single_output(&mut self, t: Instant, c: &ChoiceInfo, on_gap: &mut impl FnMut(Duration)) {
+    fn on_single_output(
+        &mut self,
+        t: Instant,
+        c: &ChoiceInfo,
+        running: Option<u64>,
+        on_gap: &mut impl FnMut(Duration),
+    ) {
         if self.t_first_chunk.is_none() {
             self.t_first_chunk = Some(t);
         }
         let last_token = self.t_last_token;
         let stream_gap = last_token.map(|last| gap(last, t));
-        // Without usage there is no running count: the event's tokens are the scanned ones.
-        let tokens = u64::from(c.tokens);
         let ch = self.choice(c.index);
         ch.seen = true;
+        let tokens = event_tokens(running, ch.running, c.tokens);
+        ch.running = running.or(ch.running);
         // Saturating, as everywhere a running count (any u64 an engine sends) may have led.
         ch.tokens = ch.tokens.saturating_add(tokens);
         if let Some(gap) = ch.on_output(t, last_token, stream_gap) {
@@ -597,7 +632,7 @@ impl Timeline {
             1 => info.usage.and_then(|u| u.completion_tokens),
             _ => None,
         };
-        if let Some(u) = info.usage {
+        if let Some(u) = &info.usage {
             self.on_usage(u, running.is_none());
         }
         if let Some(r) = info.timings {
@@ -650,8 +685,8 @@ impl Timeline {
     /// The last usage seen wins. `of_request`: its `completion_tokens` counts the request's
     /// tokens; else it is one choice's running count (continuous usage on a chunk of one
     /// choice), kept by that choice ([`Timeline::running_total`]).
-    fn on_usage(&mut self, u: Usage, of_request: bool) {
-        self.agent.on_usage(&u);
+    fn on_usage(&mut self, u: &Usage, of_request: bool) {
+        self.agent.on_usage(u);
         self.engine.update(&u.engine);
         if u.prompt_tokens.is_some() {
             self.prompt_tokens = u.prompt_tokens;
@@ -674,7 +709,7 @@ impl Timeline {
     /// What a chunk the client never gets (the injected usage chunk) reported: its usage and
     /// llama.cpp's `timings`.
     fn on_reported(&mut self, info: &ChunkInfo) {
-        if let Some(u) = info.usage {
+        if let Some(u) = &info.usage {
             self.on_usage(u, true); // a `"choices":[]` chunk: the request's usage
         }
         if let Some(r) = info.timings {
@@ -963,7 +998,7 @@ impl StreamMeter {
     /// before the client, and so this meter, got it: the request's final usage). The last
     /// usage seen wins.
     pub fn on_usage(&mut self, usage: Usage) {
-        self.tl.on_usage(usage, true);
+        self.tl.on_usage(&usage, true);
     }
 
     /// Output tokens served so far: the engine's running `usage.completion_tokens` when it

@@ -355,6 +355,9 @@ pub struct RepeatCache {
     info: ChunkInfo,
     /// The template's one choice, when it has exactly one ([`RepeatCache::single`]).
     single: Option<ChoiceInfo>,
+    /// The template's one choice, when it has exactly one and usage counts beside it
+    /// ([`RepeatCache::single_counted`]).
+    single_counted: Option<ChoiceInfo>,
     /// The plain prefix ([`EventScan::plain_prefix`]) of the first scanned event that had
     /// one, when it fits in [`PREFIX_ROOM`] bytes: the events the template does not answer
     /// (the role, finish and usage chunks) open with it too, and their scans start after it
@@ -383,6 +386,7 @@ impl RepeatCache {
             template: Template::default(),
             info: ChunkInfo::of_kind(ChunkKind::Unknown),
             single: None,
+            single_counted: None,
             prefix: [0; PREFIX_ROOM],
             prefix_len: 0,
         }
@@ -570,6 +574,16 @@ impl RepeatCache {
         self.single.as_ref()
     }
 
+    /// The template's choice when it has exactly one and the template has count spans
+    /// (continuous usage of a stream with `n = 1`): then [`RepeatCache::info`] says no more
+    /// than "this choice carries output" and its usage (the counts of the last event framed),
+    /// and a meter can take a repeat in from the two alone. `None` whenever
+    /// [`RepeatCache::single`] is `Some`.
+    #[inline]
+    pub fn single_counted(&self) -> Option<&ChoiceInfo> {
+        self.single_counted.as_ref()
+    }
+
     /// `data` was scanned to `info`: keeps it as the template when it can be one and is worth
     /// it (learning is a pass over its bytes): a chunk with output that finishes nothing and
     /// carries no usage, what the events after it repeat.
@@ -598,12 +612,15 @@ impl RepeatCache {
             && info.timings.is_none();
         if worth && learn(&mut self.template) {
             self.info = *info;
-            // A template with usage says more than its choice: no single-choice answer.
-            self.single = info
+            // A template with usage says more than its choice: no single-choice answer, but
+            // one with counts (its usage beside its choice) when the usage is the counts'.
+            let one = info
                 .choices()
                 .first()
                 .copied()
-                .filter(|_| info.choice_count == 1 && info.usage.is_none());
+                .filter(|_| info.choice_count == 1);
+            self.single = one.filter(|_| info.usage.is_none());
+            self.single_counted = one.filter(|_| info.usage.is_some() && self.template.counted());
             Seen::Learned
         } else {
             Seen::Scanned
@@ -1029,5 +1046,49 @@ mod tests {
             prop_assert_eq!(c.repeats_in_a_row(&buf), (want_n, want_at), "{}", String::from_utf8_lossy(&buf));
         });
         assert!(counted.get() > 3000, "{counted:?} repeats");
+    }
+
+    /// The one-choice answer of a template with counts is there exactly for a chunk of one
+    /// choice with usage counts beside its output (continuous usage), and never beside the
+    /// plain one-choice answer: a template without usage, one of two choices, one whose
+    /// usage has no count to vary, one that finishes (not kept) have none.
+    #[test]
+    fn a_one_choice_template_with_counts_answers_by_its_choice() {
+        let chunk = |choices: &str, usage: &str| {
+            format!(
+                r#"{{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{choices}]{usage}}}"#
+            )
+        };
+        let one = r#"{"index":0,"delta":{"content":"Hi"},"logprobs":null,"finish_reason":null}"#;
+        let two = format!(r#"{one},{{"index":1,"delta":{{"content":"Ho"}},"finish_reason":null}}"#);
+        let done = r#"{"index":0,"delta":{"content":"Hi"},"finish_reason":"stop"}"#;
+        let counts = r#","usage":{"prompt_tokens":5,"total_tokens":7,"completion_tokens":2}"#;
+        // (payload, kept as a template, single, single with counts); counts are kept beside
+        // one output span only.
+        let cases = [
+            (chunk(one, counts), true, false, true),
+            (chunk(one, ""), true, true, false),
+            (chunk(&two, counts), false, false, false),
+            (chunk(&two, ""), true, false, false),
+            (
+                chunk(one, r#","usage":{"prompt_tokens":1.5}"#),
+                false,
+                false,
+                false,
+            ),
+            (chunk(done, counts), false, false, false),
+        ];
+        for (payload, kept, single, counted) in cases {
+            let mut c = RepeatCache::new();
+            let data = payload.as_bytes();
+            let scan = crate::inspect::scan_event(data);
+            let seen = c.learn_scanned(data, &scan);
+            assert_eq!(seen == Seen::Learned, kept, "{payload}");
+            assert_eq!(c.single().is_some(), single, "{payload}");
+            assert_eq!(c.single_counted().is_some(), counted, "{payload}");
+            if counted {
+                assert_eq!(c.single_counted(), scan.info.choices().first());
+            }
+        }
     }
 }
