@@ -84,10 +84,11 @@ struct Windows {
 
 impl Windows {
     fn new(window: Duration, origin: Instant) -> Self {
+        // The scale reads each key's ratio, never the overall one.
         Windows {
-            model: RatioWindow::new(window, origin),
-            tenant: RatioWindow::new(window, origin),
-            upstream: RatioWindow::new(window, origin),
+            model: RatioWindow::new(window, origin).keyed_only(),
+            tenant: RatioWindow::new(window, origin).keyed_only(),
+            upstream: RatioWindow::new(window, origin).keyed_only(),
         }
     }
 }

@@ -69,7 +69,9 @@ pub struct Second {
 pub struct RatioWindow {
     origin: Instant,
     slots: usize,
-    all: Slots,
+    /// The overall ring; `None` in a window made [`RatioWindow::keyed_only`] (a reader of
+    /// keys alone need not pay for it on every add).
+    all: Option<Slots>,
     /// Keys are label values from bounded sets (models, tenants, replicas): a fixed-seed fast
     /// hash is enough (SipHash was most of a finished request's cost here). Each key's
     /// index in `keyed`.
@@ -93,7 +95,7 @@ impl RatioWindow {
         Self {
             origin,
             slots,
-            all: Slots::new(slots),
+            all: Some(Slots::new(slots)),
             by_key: HashMap::default(),
             keyed: Vec::new(),
             by_pointer: Vec::new(),
@@ -105,6 +107,13 @@ impl RatioWindow {
     pub fn with_keys_by_pointer(mut self, n: usize) -> Self {
         self.by_pointer_max = n;
         self.by_pointer.truncate(n);
+        self
+    }
+
+    /// Counts per key only: [`RatioWindow::overall`] is always `None`, [`RatioWindow::per_key`]
+    /// is as before.
+    pub fn keyed_only(mut self) -> Self {
+        self.all = None;
         self
     }
 
@@ -144,7 +153,9 @@ impl RatioWindow {
 
     #[inline(always)]
     fn add_second(&mut self, key: &Arc<str>, good: bool, s: u64) {
-        self.all.add(s, good);
+        if let Some(all) = &mut self.all {
+            all.add(s, good);
+        }
         let i = match self.by_pointer.iter().find(|(k, _)| Arc::ptr_eq(k, key)) {
             Some(&(_, i)) => i,
             None => self.index_of(key),
@@ -172,9 +183,10 @@ impl RatioWindow {
         i
     }
 
-    /// The overall ratio at `now`; `None` when no eligible request finished in the window.
+    /// The overall ratio at `now`; `None` when no eligible request finished in the window (or
+    /// the window is [`RatioWindow::keyed_only`]).
     pub fn overall(&self, now: Instant) -> Option<f64> {
-        ratio(self.all.sum(self.second(now)))
+        ratio(self.all.as_ref()?.sum(self.second(now)))
     }
 
     /// Every key's ratio at `now` (`None` for a key with nothing in the window).
@@ -277,6 +289,31 @@ mod tests {
                 prop_assert_eq!(x, y);
             }
             prop_assert!(fast.by_pointer.len() <= max);
+        });
+    }
+
+    /// A window that counts per key only has the per-key ratios of one that counts overall
+    /// too, at every step of any sequence of adds, and no overall ratio.
+    #[test]
+    fn a_keyed_only_window_has_the_same_keys() {
+        use proptest::prelude::*;
+        let keys = [key("a"), key("b"), key("c")];
+        proptest!(|(ops in proptest::collection::vec((0usize..3, any::<bool>(), 0u64..3_000), 1..100))| {
+            let t0 = Instant::now();
+            let mut both = RatioWindow::new(Duration::from_secs(3), t0);
+            let mut keyed = RatioWindow::new(Duration::from_secs(3), t0).keyed_only();
+            let mut at = t0;
+            for (k, good, step_ms) in ops {
+                at += Duration::from_millis(step_ms);
+                both.add(&keys[k], good, at);
+                keyed.add_in(&keys[k], good, keyed.second_of(at));
+                let (mut x, mut y) = (keyed.per_key(at), both.per_key(at));
+                x.sort_by(|p, q| p.0.cmp(&q.0));
+                y.sort_by(|p, q| p.0.cmp(&q.0));
+                prop_assert_eq!(x, y);
+                prop_assert!(both.overall(at).is_some());
+                prop_assert_eq!(keyed.overall(at), None);
+            }
         });
     }
 
