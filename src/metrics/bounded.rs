@@ -2,17 +2,19 @@
 //! `other`) and `upstream` ([`UpstreamLabels`]: configured or discovered replicas, capped;
 //! `none` before a replica answered). Never a raw user value.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::{Arc, RwLock};
 
 use foldhash::fast::FixedState;
+
+use super::by_pointer::{ByLabel, Found};
 
 /// The label sets are looked up for every request (with the request's model name too); they
 /// hold only configured, learned or discovered values (bounded, never a request's), so a
 /// fixed-seed fast hash is enough.
 type Set = HashSet<Arc<str>, FixedState>;
-/// Replica URL to its label.
-type ByUrl = HashMap<Arc<str>, Arc<str>, FixedState>;
+/// Replica URL to its label (the replicas' own URL `Arc`s found by pointer).
+type ByUrl = ByLabel<str>;
 
 /// The label for any model not in the set.
 pub const OTHER_MODEL: &str = "other";
@@ -141,8 +143,8 @@ impl UpstreamLabels {
             if m.len() >= MAX_UPSTREAM_LABELS {
                 break;
             }
-            if !m.contains_key(url.as_ref()) {
-                m.insert(Arc::from(url.as_ref()), Arc::from(label.as_ref()));
+            if !m.contains(url.as_ref()) {
+                m.insert_new(Arc::from(url.as_ref()), Arc::from(label.as_ref()));
                 added += 1;
             }
         }
@@ -172,7 +174,31 @@ impl UpstreamLabels {
         self.inner
             .read()
             .ok()
-            .and_then(|m| m.get(url).cloned())
+            .and_then(|m| m.by_text(url).cloned())
             .unwrap_or_else(|| Arc::from(OTHER_UPSTREAM))
+    }
+
+    /// [`UpstreamLabels::resolve`] of the URL `Arc` a replica is named by (`ServedBy`): found
+    /// by its pointer once seen (the replica's `Arc` is the same for every request it serves).
+    pub fn resolve_served(&self, url: &Arc<str>) -> Arc<str> {
+        let remember = match self.inner.read() {
+            Ok(m) => match m.find(url) {
+                Found::ByPointer(label) => return label.clone(),
+                Found::ByText { value, remember } => Some((value.clone(), remember)),
+                Found::Missing => None,
+            },
+            Err(_) => None,
+        };
+        match remember {
+            Some((label, remember)) => {
+                if remember {
+                    if let Ok(mut m) = self.inner.write() {
+                        m.remember(url);
+                    }
+                }
+                label
+            }
+            None => Arc::from(OTHER_UPSTREAM),
+        }
     }
 }

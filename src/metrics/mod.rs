@@ -17,6 +17,7 @@ use request::HandleCache;
 
 mod agent;
 mod bounded;
+mod by_pointer;
 pub mod family;
 mod gap_histogram;
 pub mod labels;
@@ -240,7 +241,7 @@ impl Metrics {
     }
 
     /// A finished request of `tenant` (a configured name or `none`, never a raw user value).
-    pub fn tenant_finished(&self, tenant: &str, outcome: Outcome, tokens: u64) {
+    pub fn tenant_finished(&self, tenant: &Arc<str>, outcome: Outcome, tokens: u64) {
         self.shared.tenant_finished(tenant, outcome, tokens);
     }
 
@@ -348,7 +349,7 @@ mod tests {
         rm.finish(&meas, &judge(&meas, &Slo::default()), Instant::now());
         m.observe_overhead(Duration::from_micros(30));
         m.refresh_goodput_ratio(Instant::now());
-        m.tenant_finished("team-a", Outcome::Success, 5);
+        m.tenant_finished(&Arc::from("team-a"), Outcome::Success, 5);
         let fams = r.gather();
         let mut names: Vec<&str> = fams.iter().map(|f| f.name()).collect();
         names.sort_unstable();
@@ -446,7 +447,7 @@ mod tests {
         let (_r, m) = setup(&["tiny"]);
         m.upstreams.add([("http://e:1", "http://e:1")]);
         let mut rm = m.for_request("tiny");
-        rm.set_upstream("http://e:1");
+        rm.set_upstream(&Arc::from("http://e:1"));
         let tiny = ByModel { model: "tiny" };
         assert_eq!(m.in_flight.get(&tiny).get(), 1);
         let meas = success(3000, 7); // TTFT over the 2 s SLO: success, not good
@@ -510,9 +511,9 @@ mod tests {
             meas.finish_reason = finish_reason;
             m.for_request("tiny")
                 .finish(&meas, &judge(&meas, &Slo::default()), Instant::now());
-            m.tenant_finished("team-a", outcome, 0);
+            m.tenant_finished(&Arc::from("team-a"), outcome, 0);
         }
-        m.tenant_finished(NO_TENANT, Outcome::Timeout, 3);
+        m.tenant_finished(&Arc::from(NO_TENANT), Outcome::Timeout, 3);
         let finished = |outcome, finish_reason| Finished {
             model: "tiny",
             upstream: NO_UPSTREAM,
@@ -562,7 +563,7 @@ mod tests {
         let v = judge(&meas, &Slo::default());
         for i in 0..1000 {
             let mut rm = m.for_request("tiny");
-            rm.set_upstream(&format!("http://d{i}:1"));
+            rm.set_upstream(&Arc::from(format!("http://d{i}:1")));
             rm.finish(&meas, &v, Instant::now());
         }
         let fams = r.gather();

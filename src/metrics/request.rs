@@ -5,24 +5,19 @@
 //! handles once for the life of the process: a request then costs two map look-ups instead of
 //! nine `with_label_values` calls (each one hashes its label values and takes the family's lock).
 
-use std::collections::HashMap;
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
 
-use foldhash::fast::FixedState;
 use prometheus::{Histogram, IntCounter, IntGauge};
 use tokio::time::Instant;
 
+use super::by_pointer::{find_or_make, ByLabel};
 use super::gap_histogram::{GapBuffer, GapHistogram};
 use super::labels::{ByModel, ByTenant, Finished, Served, SloName, TenantFinished, Violation};
 use super::Shared;
 use goodput_measure::meter::Measurement;
 use goodput_measure::outcome::{rejected_by_client, FinishReason, Outcome};
 use goodput_measure::slo::SloVerdict;
-
-/// Keyed by label values, from bounded sets and never inserted from a request's own bytes,
-/// looked up twice a request: a fixed-seed fast hash is enough.
-type ByLabel<V> = HashMap<Arc<str>, Arc<V>, FixedState>;
 
 /// Resolved handles by label value; entries are only added (bounded by the label sets).
 #[derive(Default)]
@@ -116,17 +111,10 @@ impl<V> ByEnding<V> {
     }
 }
 
-/// The cached value of `key`, else `make()`'s, inserted (the first writer wins). A poisoned
-/// lock only costs the caching.
-fn cached<V>(map: &RwLock<ByLabel<V>>, key: &str, make: impl FnOnce() -> V) -> Arc<V> {
-    if let Some(v) = map.read().ok().and_then(|m| m.get(key).cloned()) {
-        return v;
-    }
-    let v = Arc::new(make());
-    match map.write() {
-        Ok(mut m) => m.entry(Arc::from(key)).or_insert(v).clone(),
-        Err(_) => v,
-    }
+/// The cached value of `key` (by its pointer when it is an `Arc` seen before), else
+/// `make()`'s, inserted (the first writer wins). A poisoned lock only costs the caching.
+fn cached<V>(map: &RwLock<ByLabel<V>>, key: &Arc<str>, make: impl FnOnce() -> V) -> Arc<V> {
+    find_or_make(map, key, || Arc::new(make()))
 }
 
 impl Shared {
@@ -145,7 +133,7 @@ impl Shared {
     /// A finished request of `tenant` (a configured name or `none`, never a raw user value):
     /// `tenant_requests_total` and `tenant_tokens_total` (the series made at 0 by a request
     /// without tokens, as every tenant that finished a request has one).
-    pub(super) fn tenant_finished(&self, tenant: &str, outcome: Outcome, tokens: u64) {
+    pub(super) fn tenant_finished(&self, tenant: &Arc<str>, outcome: Outcome, tokens: u64) {
         let f = &self.families;
         let h = cached(&self.cache.tenants, tenant, || TenantHandles {
             requests: std::array::from_fn(|_| OnceLock::new()),
@@ -260,8 +248,8 @@ impl RequestMetrics {
 
     /// The replica that answered (its URL, as in `ServedBy`): resolves the per-upstream
     /// handles once, with the replica's bounded label.
-    pub fn set_upstream(&mut self, url: &str) {
-        self.upstream = self.shared.upstreams.resolve(url);
+    pub fn set_upstream(&mut self, url: &Arc<str>) {
+        self.upstream = self.shared.upstreams.resolve_served(url);
         self.handles = None;
         self.handles();
     }

@@ -22,6 +22,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::auth::NO_TENANT;
 use crate::context::RequestContext;
 use crate::metrics::{Metrics, OTHER_MODEL};
 use crate::scale::Scale;
@@ -58,6 +59,9 @@ pub struct Recorder {
     stall: Duration,
     /// The autoscaling signals, when counted (`[scale]`).
     scale: Option<Arc<Scale>>,
+    /// The `tenant` label of requests without a tenant ([`NO_TENANT`]): one `Arc` for all,
+    /// found by pointer in the metrics' cache.
+    no_tenant: Arc<str>,
 }
 
 impl Recorder {
@@ -83,6 +87,7 @@ impl Recorder {
             trace_bounds: TraceBounds::default(),
             stall: goodput_measure::meter::DEFAULT_STALL,
             scale: None,
+            no_tenant: Arc::from(NO_TENANT),
         }
     }
 

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use super::body::MeteredBody;
 use super::{unix_ms_at, Recorder, GAPS_KEPT_PER_REQUEST};
-use crate::auth::{Tenant, NO_TENANT};
+use crate::auth::Tenant;
 use crate::body::{BoxError, ProxyBody};
 use crate::context::RequestContext;
 use crate::error::ProxyError;
@@ -238,7 +238,7 @@ impl Finish {
         }
         let recorder = self.recorder;
         recorder.metrics.tenant_finished(
-            tenant_name.as_deref().unwrap_or(NO_TENANT),
+            tenant_name.as_ref().unwrap_or(&recorder.no_tenant),
             m.outcome,
             tokens,
         );
