@@ -11,6 +11,7 @@ use crate::engine_timings::{read_llamacpp_timings, TimingsReport};
 use crate::outcome::FinishReason;
 use crate::scan::{Cursor, Malformed, Scan, Str};
 
+mod answer_shape;
 mod calls;
 pub use calls::LoggedCall;
 mod counted;
@@ -398,11 +399,23 @@ pub fn inspect_response(body: &[u8]) -> ResponseInfo {
 }
 
 /// [`inspect_response`], noting the choices' logprobs in `log` (see [`scan_event_logged`]).
+/// An answer that repeats an earlier one on this thread but for values whose reading is known
+/// without the scan reads as that scan would (`answer_shape`).
 pub fn inspect_response_logged(body: &[u8], log: &mut TokenLog) -> ResponseInfo {
-    inspect_response_into(body, Some(log))
+    answer_shape::inspect_logged(body, log)
 }
 
-fn inspect_response_into(body: &[u8], mut log: Option<&mut TokenLog>) -> ResponseInfo {
+fn inspect_response_into(body: &[u8], log: Option<&mut TokenLog>) -> ResponseInfo {
+    scan_response(body, log, &mut ChunkInfo::of_kind(ChunkKind::Unknown))
+}
+
+/// The scan of a whole answer; `chunk` (an unknown chunk when called) is left with its
+/// choices.
+fn scan_response(
+    body: &[u8],
+    mut log: Option<&mut TokenLog>,
+    chunk: &mut ChunkInfo,
+) -> ResponseInfo {
     if let Some(l) = log.as_deref_mut() {
         l.lead = body.len() - body.trim_ascii_start().len();
         l.body = true;
@@ -417,9 +430,8 @@ fn inspect_response_into(body: &[u8], mut log: Option<&mut TokenLog>) -> Respons
         usage: None,
         timings: None,
     };
-    let mut chunk = ChunkInfo::of_kind(ChunkKind::Unknown);
     let mut spans = OutputSpans::default();
-    let Ok(raw) = read_body(body.trim_ascii(), 0, &mut chunk, log, &mut spans) else {
+    let Ok(raw) = read_body(body.trim_ascii(), 0, chunk, log, &mut spans) else {
         return info;
     };
     info.parsed = true;
@@ -656,6 +668,13 @@ fn clear_choices(out: &mut ChunkInfo, body: &mut Body) {
     body.failed = 0;
 }
 
+const USAGE_KEYS: &[&[u8]] = &[
+    b"prompt_tokens",
+    b"completion_tokens",
+    b"completion_tokens_details",
+    b"prompt_tokens_details",
+];
+
 /// `usage`, its integer members noted in `counts` (see [`CountSpans`]).
 fn read_usage(c: &mut Cursor<'_>, counts: &mut CountSpans) -> Scan<Usage> {
     let (mut prompt, mut completion, mut reasoning) = (Ok(None), Ok(None), None);
@@ -665,12 +684,7 @@ fn read_usage(c: &mut Cursor<'_>, counts: &mut CountSpans) -> Scan<Usage> {
         let count = |c: &Cursor<'_>, v: &Field<Option<u64>>| {
             matches!(v, Ok(Some(_))).then(|| at..c.offset())
         };
-        match key.one_of(&[
-            b"prompt_tokens",
-            b"completion_tokens",
-            b"completion_tokens_details",
-            b"prompt_tokens_details",
-        ]) {
+        match key.one_of(USAGE_KEYS) {
             Some(0) => {
                 prompt = nullable(c, Cursor::uint)?;
                 counts.note(Count::Prompt, count(c, &prompt));
