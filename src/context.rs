@@ -71,6 +71,11 @@ pub struct RequestFacts {
 pub struct RequestContext {
     /// `x-request-id`: the client's when it sent a sane one, else generated.
     pub id: Arc<str>,
+    /// The id as a header value that shares `id`'s text: the response's and the replica's
+    /// `x-request-id` are clones of it (a reference count each, where making a value from
+    /// the text is an allocation and a copy). `None` when the text is no header value (the
+    /// context layer only makes ids that are).
+    pub id_header: Option<HeaderValue>,
     /// When hyper handed the request over (DESIGN.md `t0`).
     pub t0: Instant,
     /// The client connection (absent when a test calls the stack without a listener).
@@ -82,6 +87,7 @@ pub struct RequestContext {
 impl RequestContext {
     pub fn new(id: Arc<str>, t0: Instant, peer: Option<ConnInfo>) -> Self {
         Self {
+            id_header: id_header(&id),
             id,
             t0,
             peer,
@@ -116,9 +122,31 @@ impl RequestContext {
     }
 }
 
+/// `id` as a header value over the same text (one allocation for the owner, none for clones).
+fn id_header(id: &Arc<str>) -> Option<HeaderValue> {
+    HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(IdText(id.clone()))).ok()
+}
+
+/// A request id's text as bytes, for [`bytes::Bytes::from_owner`].
+struct IdText(Arc<str>);
+
+impl AsRef<[u8]> for IdText {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_id_header_is_the_id_when_it_is_a_header_value() {
+        for (id, header) in [("abc-123", Some("abc-123")), ("a\nb", None), ("", Some(""))] {
+            let ctx = RequestContext::new(Arc::from(id), Instant::now(), None);
+            assert_eq!(ctx.id_header.as_ref().map(|v| v.to_str().unwrap()), header);
+        }
+    }
 
     #[test]
     fn cells_are_write_once() {

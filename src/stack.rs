@@ -27,6 +27,7 @@ use crate::layer::usage::UsageLayer;
 use crate::layer::BoxFuture;
 use crate::limits::Limits;
 use crate::recorder::Recorder;
+use crate::upstream::forward::Readers;
 use crate::upstream::headers::Forwarded;
 use crate::upstream::{Forward, Upstreams};
 
@@ -125,7 +126,12 @@ pub fn build(
     use tower::Layer;
     let s = &config.server;
     let measured = recorder.enabled();
-    let forward = Forward::new(upstreams, forwarded);
+    // Forwarding tells in the response what only the recorder and the access log read.
+    let readers = Readers {
+        recorder: measured,
+        access_log: config.log.access,
+    };
+    let forward = Forward::new(upstreams, forwarded, readers);
     // Innermost, right before forwarding: it rewrites the collected body (usage injection) and
     // marks a response whose usage chunk the recorder's body strips again. Not a boxed stage:
     // collect clones its inner service for every request (it calls it after the body is

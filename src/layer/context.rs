@@ -73,9 +73,9 @@ where
             None => generate_id(),
         };
         let peer = req.extensions().get::<ConnInfo>().cloned();
-        // A client id passed `client_id`, a generated one is hex: both are valid header values.
-        let header = HeaderValue::from_str(&id).ok();
         let ctx = Arc::new(RequestContext::new(id, t0, peer));
+        // A client id passed `client_id`, a generated one is hex: both are valid header values.
+        let header = ctx.id_header.clone();
         req.extensions_mut().insert(ctx);
         let fut = self.inner.call(req);
         Box::pin(async move {

@@ -71,13 +71,34 @@ impl Routed {
 pub struct Forward {
     upstreams: Arc<Upstreams>,
     forwarded: Forwarded,
+    readers: Readers,
+}
+
+/// Who reads what forwarding tells in the response's extensions. Each extension is an
+/// allocation and a hashed insert per request (and their drops), paid for nothing when its
+/// reader is not in the stack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Readers {
+    /// The recorder (metering on): [`Routed`], [`ServedBy`] and the usage marks.
+    pub recorder: bool,
+    /// The access log: [`ServedBy`].
+    pub access_log: bool,
+}
+
+impl Readers {
+    /// Both readers: every extension is added.
+    pub const ALL: Readers = Readers {
+        recorder: true,
+        access_log: true,
+    };
 }
 
 impl Forward {
-    pub fn new(upstreams: Arc<Upstreams>, forwarded: Forwarded) -> Self {
+    pub fn new(upstreams: Arc<Upstreams>, forwarded: Forwarded, readers: Readers) -> Self {
         Self {
             upstreams,
             forwarded,
+            readers,
         }
     }
 }
@@ -92,20 +113,26 @@ impl Service<Request<Bytes>> for Forward {
     }
 
     fn call(&mut self, req: Request<Bytes>) -> Self::Future {
-        Box::pin(forward(self.upstreams.clone(), self.forwarded, req))
+        Box::pin(forward(
+            self.upstreams.clone(),
+            self.forwarded,
+            self.readers,
+            req,
+        ))
     }
 }
 
 async fn forward(
     up: Arc<Upstreams>,
     forwarded: Forwarded,
+    readers: Readers,
     req: Request<Bytes>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let (mut parts, body) = req.into_parts();
     // The body with usage injected, sent only to a replica whose engine takes it.
     let offer = parts.extensions.remove::<UsageOffer>();
-    let headers = || {
-        let mut headers = upstream_headers(&parts, forwarded);
+    let headers = |body_len| {
+        let mut headers = upstream_headers(&parts, forwarded, body_len);
         if let Some(key) = &up.config.authorization {
             // `upstream.api_key` replaces whatever credential the client sent.
             headers.insert(header::AUTHORIZATION, key.clone());
@@ -141,18 +168,20 @@ async fn forward(
         // what that engine lacks of it.
         let cached = shape.cached_tokens(belief.blocks, balancer.cfg.prefix_block_bytes);
         let guard = replica.start_cached(shape.prompt_tokens, shape.output_tokens, cached);
-        let progress = guard.progress();
+        // Only the recorder tells the replica's pending work as the output is served.
+        let progress = readers.recorder.then(|| guard.progress());
         let uri = replica
             .request_uri(path_and_query)
             .map_err(|e| ProxyError::Upstream { source: e.into() })?;
         let usage = usage_for(replica.engine_kind(), replica.usage_unasked());
         let injected = offer.as_ref().filter(|_| usage == Usage::Inject);
-        let mut out = Request::new(Full::new(injected.map_or(&body, |o| &o.0).clone()));
+        let sent_body = injected.map_or(&body, |o| &o.0);
+        let mut out = Request::new(Full::new(sent_body.clone()));
         *out.method_mut() = parts.method.clone();
         *out.uri_mut() = uri;
         *out.version_mut() = Version::HTTP_11;
         // Built again for the rare second attempt rather than cloned for every first one.
-        *out.headers_mut() = headers();
+        *out.headers_mut() = headers(sent_body.len());
         if let Some(host) = &replica.host {
             // Last, where the pooled client would append the one it formats per request.
             out.headers_mut().insert(header::HOST, host.clone());
@@ -234,17 +263,21 @@ async fn forward(
         } else if offer.is_some() && usage == Usage::Learn {
             rparts.extensions.insert(LearnsUnasked);
         }
-        rparts.extensions.insert(ServedBy(replica.url.clone()));
-        rparts.extensions.insert(Routed {
-            replica: replica.clone(),
-            sent,
-            reason: choice.reason,
-            earlier,
-            shape,
-            belief,
-            balancer: up.balancer.clone(),
-            progress,
-        });
+        if readers.recorder || readers.access_log {
+            rparts.extensions.insert(ServedBy(replica.url.clone()));
+        }
+        if let Some(progress) = progress {
+            rparts.extensions.insert(Routed {
+                replica: replica.clone(),
+                sent,
+                reason: choice.reason,
+                earlier,
+                shape,
+                belief,
+                balancer: up.balancer.clone(),
+                progress,
+            });
+        }
         return Ok(Response::from_parts(rparts, body));
     }
 }
@@ -272,30 +305,57 @@ const CONNECT_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_milli
 
 /// The headers sent upstream: the client's, minus hop-by-hop and `Host` (the client sets the
 /// replica's: the request goes to a configured replica whatever the client's Host or
-/// absolute-form URI named), minus `Content-Length` (recomputed from the collected body, which
-/// shaping may change) and `Expect`, plus `X-Forwarded-*` and the request id. (With `[auth]` on
-/// the client's key is already gone: the auth layer removes it; `upstream.api_key` is set by
-/// the caller.)
-fn upstream_headers(parts: &http::request::Parts, forwarded: Forwarded) -> http::HeaderMap {
+/// absolute-form URI named), minus `Expect`, plus `X-Forwarded-*` and the request id.
+/// `Content-Length` is kept only when it is already what hyper would write for the `body_len`
+/// bytes sent (its one value, in canonical decimal): hyper then uses it instead of formatting
+/// its own; any other (a body usage injection rewrote, a chunked upload, a second value) is
+/// dropped and hyper sets the body's. (With `[auth]` on the client's key is already gone: the
+/// auth layer removes it; `upstream.api_key` is set by the caller.)
+fn upstream_headers(
+    parts: &http::request::Parts,
+    forwarded: Forwarded,
+    body_len: usize,
+) -> http::HeaderMap {
+    let client = &parts.headers;
+    // The names `Connection` lists: looked up by hash only when the client sent one.
+    let named = if client.keys().any(|n| n == header::CONNECTION) {
+        connection_named(client)
+    } else {
+        Vec::new()
+    };
     // One pass: each header the client sent is copied unless it is dropped (a copy of a name
     // or value is a reference count), instead of cloning the map and removing by hash.
-    let named = connection_named(&parts.headers);
-    let mut h = http::HeaderMap::with_capacity(parts.headers.len() + 4);
-    for (name, value) in &parts.headers {
+    // Room for the forwarding headers, the request id and `Host`.
+    let mut h = http::HeaderMap::with_capacity(client.len() + 5);
+    let mut host: Option<&HeaderValue> = None;
+    let mut length_kept = false;
+    for (name, value) in client {
+        if name == header::HOST {
+            // The first `Host` is the one `get` would give.
+            host = host.or(Some(value));
+            continue;
+        }
+        if name == header::CONTENT_LENGTH {
+            if !length_kept && is_length_of(value, body_len) {
+                length_kept = true;
+                h.append(name.clone(), value.clone());
+            }
+            continue;
+        }
         let dropped = is_hop_by_hop(name)
-            || name == header::HOST
-            || name == header::CONTENT_LENGTH
             // The proxy's own request header (a trace of this stream): never sent upstream.
             || name == X_GOODPUT_TRACE
             // The body is already read: a 100-continue handshake has nothing left to gate.
             || name == header::EXPECT
+            // This hop writes them (see `Forwarded::replaces`).
+            || forwarded.replaces(name)
             || named.contains(name);
         if !dropped {
             h.append(name.clone(), value.clone());
         }
     }
     // The client's Host as it came (a value copy is a reference count), when it is text.
-    let host = match parts.headers.get(header::HOST) {
+    let host = match host {
         Some(v) if v.to_str().is_ok() => Some(v.clone()),
         _ => parts
             .uri
@@ -313,13 +373,35 @@ fn upstream_headers(parts: &http::request::Parts, forwarded: Forwarded) -> http:
         proto,
         host,
     };
-    forwarded.apply(&mut h, hop);
-    if let Some(ctx) = RequestContext::of(&parts.extensions) {
-        if let Ok(v) = HeaderValue::from_str(&ctx.id) {
-            h.insert(X_REQUEST_ID, v);
-        }
+    forwarded.apply_copied(&mut h, hop);
+    if let Some(v) = RequestContext::of(&parts.extensions).and_then(|c| c.id_header.clone()) {
+        h.insert(X_REQUEST_ID, v);
     }
     h
+}
+
+/// Whether `value` is exactly how hyper writes a `Content-Length` of `len` (decimal, no sign,
+/// no leading zero, no space) for a body that is not empty (hyper writes none for an empty
+/// body of a request without one).
+fn is_length_of(value: &HeaderValue, len: usize) -> bool {
+    let digits = value.as_bytes();
+    if len == 0 || digits.first().is_none_or(|&d| d == b'0') {
+        return false;
+    }
+    let mut n: u64 = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return false;
+        }
+        n = match n
+            .checked_mul(10)
+            .and_then(|n| n.checked_add(u64::from(d - b'0')))
+        {
+            Some(n) => n,
+            None => return false,
+        };
+    }
+    n == len as u64
 }
 
 #[cfg(test)]
@@ -397,11 +479,90 @@ mod tests {
         let req = Request::post("/v1/completions")
             .body(Bytes::from("{}"))
             .unwrap();
-        let status = forward(up, Forwarded::default(), req)
+        let status = forward(up, Forwarded::default(), Readers::ALL, req)
             .await
             .map(|r| r.status().as_u16());
         let seen = attempts.lock().unwrap().clone();
         (status, seen, addr.to_string())
+    }
+
+    #[test]
+    fn a_content_length_is_kept_only_as_hyper_would_write_it() {
+        let cases: &[(&str, usize, bool)] = &[
+            ("42", 42, true),
+            ("1", 1, true),
+            ("18446744073709551615", usize::MAX, usize::BITS == 64),
+            ("41", 42, false),
+            ("042", 42, false),
+            ("0", 0, false),
+            ("", 0, false),
+            (" 42", 42, false),
+            ("+42", 42, false),
+            ("4 2", 42, false),
+            ("18446744073709551616", 0, false),
+            ("99999999999999999999999", 42, false),
+        ];
+        for &(value, len, kept) in cases {
+            let v = HeaderValue::from_str(value).unwrap();
+            assert_eq!(is_length_of(&v, len), kept, "{value:?} for {len}");
+        }
+    }
+
+    /// The client's headers, as forwarding sends them to a replica for a body of `len`.
+    fn sent(client: &[(&str, &str)], len: usize) -> Vec<(String, String)> {
+        let mut req = Request::post("/v1/chat/completions");
+        for (k, v) in client {
+            req = req.header(*k, *v);
+        }
+        let (parts, ()) = req.body(()).unwrap().into_parts();
+        upstream_headers(&parts, Forwarded::default(), len)
+            .iter()
+            .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap().to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn upstream_headers_drop_what_is_not_end_to_end_and_add_this_hop() {
+        let pairs = |p: &[(&str, &str)]| -> Vec<(String, String)> {
+            p.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let client = [
+            ("host", "proxy.example"),
+            ("content-type", "application/json"),
+            ("content-length", "2"),
+            ("connection", "keep-alive, x-hop"),
+            ("x-hop", "1"),
+            ("expect", "100-continue"),
+            ("x-goodput-trace", "1"),
+            ("x-forwarded-for", "6.6.6.6"),
+            ("accept", "*/*"),
+            ("x-forwarded-proto", "https"),
+        ];
+        let want = |length: Option<&str>| {
+            let mut w = vec![("content-type", "application/json")];
+            w.extend(length.map(|l| ("content-length", l)));
+            w.extend([
+                ("accept", "*/*"),
+                ("x-forwarded-proto", "http"),
+                ("x-forwarded-host", "proxy.example"),
+            ]);
+            pairs(&w)
+        };
+        // The body as the client sent it: its length kept where it was.
+        assert_eq!(sent(&client, 2), want(Some("2")));
+        // A body of another length (usage injected): hyper writes the length.
+        assert_eq!(sent(&client, 3), want(None));
+        // A second length is never sent on.
+        let mut twice = client.to_vec();
+        twice.push(("content-length", "2"));
+        assert_eq!(sent(&twice, 2), want(Some("2")));
+        // No Host header: the authority of an absolute-form target, else none.
+        assert_eq!(
+            sent(&[("accept", "*/*")], 0),
+            pairs(&[("accept", "*/*"), ("x-forwarded-proto", "http")])
+        );
     }
 
     #[tokio::test]

@@ -93,13 +93,17 @@ fn max_tokens(body: &[u8]) -> Option<u64> {
             if !rest[..colon].iter().all(u8::is_ascii_whitespace) {
                 return None;
             }
-            let digits: Vec<u8> = rest[colon + 1..]
+            // The digit run read as `str::parse::<u64>` reads it (none, or too many: no
+            // number), without collecting it first.
+            let mut digits = rest[colon + 1..]
                 .iter()
                 .skip_while(|c| c.is_ascii_whitespace())
                 .take_while(|c| c.is_ascii_digit())
-                .copied()
-                .collect();
-            std::str::from_utf8(&digits).ok()?.parse().ok()
+                .peekable();
+            digits.peek()?;
+            digits.try_fold(0u64, |n, &d| {
+                n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+            })
         })
 }
 
@@ -188,6 +192,54 @@ mod tests {
         }
         let huge = chat(&"x".repeat(100_000), "q", "");
         assert_eq!(Shape::of(&huge, 64).blocks.len(), MAX_BLOCKS);
+    }
+
+    /// `max_tokens` read by collecting the digit run and parsing it: the definition.
+    fn max_tokens_parsed(body: &[u8]) -> Option<u64> {
+        [&*MAX_COMPLETION_TOKENS, &*MAX_TOKENS]
+            .iter()
+            .find_map(|key| {
+                let at = key.find(body)? + key.needle().len();
+                let rest = &body[at..];
+                let colon = rest.iter().position(|&c| c == b':')?;
+                if !rest[..colon].iter().all(u8::is_ascii_whitespace) {
+                    return None;
+                }
+                let digits: Vec<u8> = rest[colon + 1..]
+                    .iter()
+                    .skip_while(|c| c.is_ascii_whitespace())
+                    .take_while(|c| c.is_ascii_digit())
+                    .copied()
+                    .collect();
+                std::str::from_utf8(&digits).ok()?.parse().ok()
+            })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn max_tokens_reads_the_digits_as_parse_does(
+            key in proptest::sample::select(vec!["max_tokens", "max_completion_tokens"]),
+            before in "[ :]{0,2}",
+            after in "[ \t]{0,2}",
+            digits in "[0-9]{0,24}",
+            tail in "[0-9a-z,}\"]{0,3}",
+            second in proptest::option::of("[0-9]{0,21}"),
+        ) {
+            let mut body = format!(r#"{{"{key}"{before}:{after}{digits}{tail}"#);
+            if let Some(d) = second {
+                body.push_str(&format!(r#","max_tokens":{d}}}"#));
+            }
+            proptest::prop_assert_eq!(max_tokens(body.as_bytes()), max_tokens_parsed(body.as_bytes()));
+        }
+
+        #[test]
+        fn max_tokens_of_any_bytes_is_parse_s(body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64)) {
+            let mut with_key = b"\"max_tokens\":".to_vec();
+            with_key.extend_from_slice(&body);
+            for b in [&body, &with_key] {
+                proptest::prop_assert_eq!(max_tokens(b), max_tokens_parsed(b));
+            }
+        }
     }
 
     #[test]
