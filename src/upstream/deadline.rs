@@ -37,7 +37,9 @@ pin_project! {
         #[pin]
         inner: B,
         idle: Duration,
-        idle_sleep: Pin<Box<Sleep>>,
+        // Armed only while a frame is awaited: a body whose frames are ready when asked for
+        // (a JSON answer read with its head) never registers a timer.
+        timer: Option<Pin<Box<Sleep>>>,
         // Until the first frame arrives: the first-byte deadline.
         first_frame_by: Option<Instant>,
         // True while a frame was asked for and has not arrived yet.
@@ -57,18 +59,48 @@ impl<B, G> DeadlineBody<B, G> {
         total: Option<Duration>,
         guard: G,
     ) -> Self {
-        let now = Instant::now();
+        let total = total.map(|t| (t, Box::pin(tokio::time::sleep_until(Instant::now() + t))));
         Self {
             inner,
             idle,
             first_frame_by: Some(first_frame_by),
-            idle_sleep: Box::pin(tokio::time::sleep_until(now + idle)),
+            timer: None,
             waiting: false,
-            total: total.map(|t| (t, Box::pin(tokio::time::sleep_until(now + t)))),
+            total,
             done: false,
             _guard: guard,
         }
     }
+
+    /// As [`new`](Self::new), going on with the `timer` that waited for the response head
+    /// (set for `first_frame_by`, see [`until`]): one timer serves the head and the body,
+    /// where two would each be registered and cancelled again.
+    pub fn with_timer(
+        inner: B,
+        first_frame_by: Instant,
+        idle: Duration,
+        total: Option<Duration>,
+        guard: G,
+        timer: Pin<Box<Sleep>>,
+    ) -> Self {
+        let mut body = Self::new(inner, first_frame_by, idle, total, guard);
+        body.timer = Some(timer);
+        body
+    }
+}
+
+/// `fut`'s output, or `None` when `timer` fires first: `tokio::time::timeout_at` with the
+/// caller's timer, which outlives the wait (a response body's deadlines go on with it,
+/// [`DeadlineBody::with_timer`]). The future is polled first, so one that is ready wins.
+pub async fn until<F: Future>(fut: F, mut timer: Pin<&mut Sleep>) -> Option<F::Output> {
+    let mut fut = std::pin::pin!(fut);
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(out) = fut.as_mut().poll(cx) {
+            return Poll::Ready(Some(out));
+        }
+        timer.as_mut().poll(cx).map(|()| None)
+    })
+    .await
 }
 
 impl<B, G> Body for DeadlineBody<B, G>
@@ -87,14 +119,6 @@ where
         if *this.done {
             return Poll::Ready(None);
         }
-        if !*this.waiting {
-            *this.waiting = true;
-            let idle_by = Instant::now() + *this.idle;
-            let by = this
-                .first_frame_by
-                .map_or(idle_by, |first| first.max(idle_by));
-            this.idle_sleep.as_mut().reset(by);
-        }
         if let Poll::Ready(frame) = this.inner.poll_frame(cx) {
             *this.waiting = false;
             *this.first_frame_by = None;
@@ -103,13 +127,32 @@ where
             }
             return Poll::Ready(frame.map(|r| r.map_err(Into::into)));
         }
+        // The idle clock starts when the frame was first asked for and did not come (this
+        // poll); later polls while it is still awaited leave the deadline where it is.
+        let timer = match this.timer {
+            Some(timer) if *this.waiting => timer,
+            timer => {
+                *this.waiting = true;
+                let idle_by = Instant::now() + *this.idle;
+                let by = this
+                    .first_frame_by
+                    .map_or(idle_by, |first| first.max(idle_by));
+                match timer {
+                    Some(timer) => {
+                        timer.as_mut().reset(by);
+                        timer
+                    }
+                    None => timer.insert(Box::pin(tokio::time::sleep_until(by))),
+                }
+            }
+        };
         if let Some((total, sleep)) = this.total.as_mut() {
             if sleep.as_mut().poll(cx).is_ready() {
                 *this.done = true;
                 return Poll::Ready(Some(Err(DeadlineError::Total(*total).into())));
             }
         }
-        ready!(this.idle_sleep.as_mut().poll(cx));
+        ready!(timer.as_mut().poll(cx));
         *this.done = true;
         let err = match this.first_frame_by {
             Some(_) => DeadlineError::FirstByte,
@@ -152,19 +195,29 @@ mod tests {
             as Pin<Box<dyn futures_util::Stream<Item = Item> + Send>>)
     }
 
+    /// The body's frames and error; with `timer`, the body goes on with the timer that
+    /// waited for the head (as forwarding makes it), else it makes its own.
     async fn run(
         delays: &[u64],
         first: u64,
         idle: u64,
         total: Option<u64>,
+        timer: bool,
     ) -> (usize, Option<DeadlineError>) {
-        let mut body = DeadlineBody::new(
-            delayed(delays),
-            Instant::now() + Duration::from_millis(first),
+        let first_by = Instant::now() + Duration::from_millis(first);
+        let (idle, total) = (
             Duration::from_millis(idle),
             total.map(Duration::from_millis),
-            (),
         );
+        let mut body = if timer {
+            let mut timer = Box::pin(tokio::time::sleep_until(first_by));
+            // The head came at once: the timer was polled (registered) and is still running.
+            let head = until(std::future::ready(()), timer.as_mut()).await;
+            assert_eq!(head, Some(()));
+            DeadlineBody::with_timer(delayed(delays), first_by, idle, total, (), timer)
+        } else {
+            DeadlineBody::new(delayed(delays), first_by, idle, total, ())
+        };
         let mut frames = 0;
         while let Some(f) = body.frame().await {
             match f {
@@ -204,12 +257,35 @@ mod tests {
             (&[400, 100], 500, 50, None, (1, idle(50))),
         ];
         for (delays, f, i, t, want) in cases {
-            assert_eq!(
-                run(delays, f, i, t).await,
-                want,
-                "{delays:?} first={f} idle={i} total={t:?}"
-            );
+            for timer in [false, true] {
+                assert_eq!(
+                    run(delays, f, i, t, timer).await,
+                    want,
+                    "{delays:?} first={f} idle={i} total={t:?} timer={timer}"
+                );
+            }
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn until_is_the_future_unless_the_timer_fires_first() {
+        let by = |ms| Instant::now() + Duration::from_millis(ms);
+        let mut timer = Box::pin(tokio::time::sleep_until(by(50)));
+        let slow = tokio::time::sleep(Duration::from_millis(60));
+        assert_eq!(until(slow, timer.as_mut()).await, None);
+        let mut timer = Box::pin(tokio::time::sleep_until(by(50)));
+        let quick = async {
+            tokio::time::sleep(Duration::from_millis(40)).await;
+            7
+        };
+        assert_eq!(until(quick, timer.as_mut()).await, Some(7));
+        // A ready future wins over a timer that has fired already.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(until(std::future::ready(8), timer.as_mut()).await, Some(8));
+        assert_eq!(
+            until(std::future::pending::<u8>(), timer.as_mut()).await,
+            None
+        );
     }
 
     #[tokio::test(start_paused = true)]

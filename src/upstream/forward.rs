@@ -19,7 +19,7 @@ use http::{Request, Response, StatusCode, Version};
 use http_body_util::{BodyExt, Full};
 use tower::Service;
 
-use super::deadline::DeadlineBody;
+use super::deadline::{until, DeadlineBody};
 use super::headers::{connection_named, end_to_end, is_hop_by_hop, Forwarded, Hop};
 use super::hold::{self, Prefixed};
 use super::lane::{self, Lane};
@@ -189,19 +189,21 @@ async fn forward(
 
         let sent = tokio::time::Instant::now();
         let first_byte_by = sent + first_byte;
-        let result =
-            tokio::time::timeout_at(first_byte_by, lane::send(&up, lane, replica, out, sent)).await;
+        // One timer for the first byte: it waits for the head here, then the response body
+        // goes on with it (`DeadlineBody::with_timer`).
+        let mut timer = Box::pin(tokio::time::sleep_until(first_byte_by));
+        let result = until(lane::send(&up, lane, replica, out, sent), timer.as_mut()).await;
         let resp = match result {
-            Err(_) => {
+            None => {
                 return Err(ProxyError::FirstByteTimeout {
                     ms: first_byte.as_millis() as u64,
                 });
             }
-            Ok(Ok(resp)) => resp,
+            Some(Ok(resp)) => resp,
             // A connect error means nothing was sent: one more attempt is safe. On another
             // replica when there is one; else on the same one after a short pause (a burst of
             // new connections can overflow the engine's listen backlog for an instant).
-            Ok(Err(e)) if e.connect && !connect_retried => {
+            Some(Err(e)) if e.connect && !connect_retried => {
                 connect_retried = true;
                 let another = replicas.len() > excluded.len() + 1;
                 tracing::warn!(upstream = %replica.url, error = %e, another, "upstream connect failed; retrying once");
@@ -214,21 +216,22 @@ async fn forward(
                 earlier.push(replica.url.clone());
                 continue;
             }
-            Ok(Err(e)) if e.connect => {
+            Some(Err(e)) if e.connect => {
                 tracing::warn!(upstream = %replica.url, error = %e, "upstream connect failed");
                 return Err(ProxyError::UpstreamConnect { source: e.source });
             }
-            Ok(Err(e)) => return Err(ProxyError::Upstream { source: e.source }),
+            Some(Err(e)) => return Err(ProxyError::Upstream { source: e.source }),
         };
 
         let (mut rparts, rbody) = resp.into_parts();
         rparts.headers = end_to_end(std::mem::take(&mut rparts.headers));
-        let body = DeadlineBody::new(
+        let body = DeadlineBody::with_timer(
             rbody,
             first_byte_by,
             up.config.stream_idle_timeout,
             up.config.total_timeout,
             guard,
+            timer,
         );
         // An admission rejection is retried elsewhere while the client has seen nothing, and
         // only when another replica is left to try.
