@@ -39,13 +39,12 @@
 use std::cell::RefCell;
 use std::ops::Range;
 
-use super::repeat::text_len;
 use super::{
     finish_reason, scan_response, ChunkInfo, ChunkKind, ResponseInfo, TokenLog, BODY_KEYS,
     CHOICE_KEYS, MAX_CHOICES_PER_CHUNK, USAGE_KEYS,
 };
 use crate::outcome::FinishReason;
-use crate::scan::{Cursor, Malformed, Scan};
+use crate::scan::{plain_run, stop_in_a_block, Cursor, Malformed, Scan};
 
 /// Shapes kept per thread (an engine writes a few: chat, completions, tool calls).
 pub(crate) const SLOTS: usize = 4;
@@ -240,7 +239,7 @@ impl Shape {
             }
             let rest = data.get(start..)?;
             let len = match hole {
-                Hole::Text => text_len(rest),
+                Hole::Text => long_text_len(rest),
                 Hole::Digits => number_len(rest, usize::MAX)?,
                 Hole::Prompt | Hole::Completion => {
                     let len = number_len(rest, 19)?;
@@ -274,6 +273,53 @@ impl Shape {
             (info.failed_count, info.finish_reason) = finishes_read(finishes.get(..count)?);
         }
         Some(info)
+    }
+}
+
+/// [`text_len`](super::repeat::text_len) for texts that may run long (a message's content:
+/// hundreds of bytes): the same length for every input (proptest), plain runs read sixteen
+/// bytes a step ([`stop_in_a_block`]).
+#[inline]
+fn long_text_len(s: &[u8]) -> usize {
+    // Most texts (a model's name, a role, an object's type) end in their first sixteen bytes:
+    // one block, in line.
+    let first = s.get(..16).and_then(|b| <&[u8; 16]>::try_from(b).ok());
+    match first.map(stop_in_a_block) {
+        Some(Some(k)) if s.get(k) != Some(&b'\\') => k,
+        Some(Some(k)) => runs_and_escapes_len(s, k),
+        Some(None) => runs_and_escapes_len(s, 16),
+        None => runs_and_escapes_len(s, 0),
+    }
+}
+
+/// The length of the plain runs and escapes `s` opens with, its first `i` bytes known plain.
+/// Out of line: one call per long text. One loop over blocks and escapes, not a call to a run
+/// reader per run: setting up a run's blocks cost as much as reading a few.
+#[inline(never)]
+fn runs_and_escapes_len(s: &[u8], mut i: usize) -> usize {
+    loop {
+        let block = s.get(i..i + 16).and_then(|b| <&[u8; 16]>::try_from(b).ok());
+        i += match block.map(stop_in_a_block) {
+            Some(None) => {
+                i += 16;
+                continue;
+            }
+            Some(Some(k)) => k,
+            // Fewer than sixteen bytes left.
+            None => plain_run(s.get(i..).unwrap_or_default()),
+        };
+        if s.get(i) != Some(&b'\\') {
+            return i;
+        }
+        // An escape as the scanner takes it (`scan::Cursor::escape`), else the text ends.
+        match s.get(i + 1) {
+            Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => i += 2,
+            Some(b'u') => match s.get(i + 2..i + 6) {
+                Some(hex) if hex.iter().all(u8::is_ascii_hexdigit) => i += 6,
+                _ => return i,
+            },
+            _ => return i,
+        }
     }
 }
 

@@ -7,6 +7,7 @@ use proptest::prelude::*;
 use super::*;
 use crate::fixtures::{capture, CAPTURES};
 use crate::inspect::differential::Gen;
+use crate::inspect::repeat::text_len;
 
 /// An answer's reading: what the scan returns and what it logged.
 fn read(shapes: &mut AnswerShapes, body: &[u8]) -> (ResponseInfo, String) {
@@ -488,6 +489,37 @@ fn generated_edits_are_answered_by_shapes() {
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(3000))]
+    /// The long texts' reader and the template's (`text_len`, eight bytes a step) give the
+    /// same length on any text: plain stretches short and long (whole blocks and remainders),
+    /// every escape (`\uXXXX` with either case of hex digits), broken escapes, quotes, control
+    /// and non-ASCII bytes (valid UTF-8 or not), the text closed, followed by JSON or cut short.
+    #[test]
+    fn long_texts_read_as_text_len(
+        parts in proptest::collection::vec(prop_oneof![
+            4 => "[ !#-\\[\\]-~]{0,24}".prop_map(String::into_bytes),
+            2 => "[ !#-\\[\\]-~]{16,300}".prop_map(String::into_bytes),
+            2 => prop::sample::select(vec![
+                "\\\"", "\\\\", "\\/", "\\b", "\\f", "\\n", "\\r", "\\t",
+            ]).prop_map(|s| s.as_bytes().to_vec()),
+            1 => "\\\\u[0-9a-fA-F]{4}".prop_map(String::into_bytes),
+            1 => prop::sample::select(vec![
+                "\\", "\\x", "\\U0041", "\\u", "\\u1", "\\u12", "\\u123", "\\u12g4", "\\uGGGG",
+                "\\ ", "\\\n", "\\'",
+            ]).prop_map(|s| s.as_bytes().to_vec()),
+            1 => prop::sample::select(vec![
+                "\"", "\u{0}", "\u{1}", "\u{1e}", "\u{1f}", "\n", "\t", "\u{7f}",
+            ]).prop_map(|s| s.as_bytes().to_vec()),
+            1 => prop::sample::select(vec!["é", "中文", "😀", "\u{2028}"])
+                .prop_map(|s| s.as_bytes().to_vec()),
+            1 => proptest::collection::vec(any::<u8>(), 0..4),
+        ], 0..16),
+        end in prop::sample::select(vec![&b""[..], b"\"", b"\",\"index\":0}", b"\"}],\"usage\":{"]),
+    ) {
+        let mut s = parts.concat();
+        s.extend_from_slice(end);
+        prop_assert_eq!(long_text_len(&s), text_len(&s), "{:?}", String::from_utf8_lossy(&s));
+    }
+
     /// Generated answers and their edits (values of the same kind or another, members moved or
     /// doubled, keys with escapes, bytes spliced in): the shapes read every one as the scan.
     #[test]
