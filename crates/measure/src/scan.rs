@@ -185,6 +185,21 @@ fn stops(w: u64) -> u64 {
         & HIGH
 }
 
+/// The length of the escape sequence `s` opens with (on its backslash): 2, or 6 for
+/// `\uXXXX`; `None` when the backslash opens no escape JSON has. The one definition the
+/// scanner and the texts read from a template or a kept shape share.
+#[inline(always)]
+pub(crate) fn escape_len(s: &[u8]) -> Option<usize> {
+    match s.get(1) {
+        Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => Some(2),
+        Some(b'u') => s
+            .get(2..6)
+            .filter(|hex| hex.iter().all(u8::is_ascii_hexdigit))
+            .map(|_| 6),
+        _ => None,
+    }
+}
+
 /// [`plain_run`] of `bytes` in one step when it ends inside their first eight: a token's text
 /// and its closing quote, most often. `None` when `bytes` has fewer than eight or no stop
 /// among them.
@@ -421,20 +436,9 @@ impl<'a> Cursor<'a> {
 
     /// One escape sequence at the cursor (on its backslash).
     fn escape(&mut self) -> Scan<()> {
-        match self.b.get(self.i + 1) {
-            Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => {
-                self.i += 2;
-                Ok(())
-            }
-            Some(b'u') => match self.b.get(self.i + 2..self.i + 6) {
-                Some(hex) if hex.iter().all(u8::is_ascii_hexdigit) => {
-                    self.i += 6;
-                    Ok(())
-                }
-                _ => Err(Malformed),
-            },
-            _ => Err(Malformed),
-        }
+        let len = self.b.get(self.i..).and_then(escape_len).ok_or(Malformed)?;
+        self.i += len;
+        Ok(())
     }
 
     fn literal(&mut self, word: &[u8]) -> Scan<()> {

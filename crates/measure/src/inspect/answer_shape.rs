@@ -44,7 +44,7 @@ use super::{
     CHOICE_KEYS, MAX_CHOICES_PER_CHUNK, USAGE_KEYS,
 };
 use crate::outcome::FinishReason;
-use crate::scan::{plain_run, stop_in_a_block, Cursor, Malformed, Scan};
+use crate::scan::{escape_len, plain_run, stop_in_a_block, Cursor, Malformed, Scan};
 
 /// Shapes kept per thread (an engine writes a few: chat, completions, tool calls).
 pub(crate) const SLOTS: usize = 4;
@@ -311,14 +311,10 @@ fn runs_and_escapes_len(s: &[u8], mut i: usize) -> usize {
         if s.get(i) != Some(&b'\\') {
             return i;
         }
-        // An escape as the scanner takes it (`scan::Cursor::escape`), else the text ends.
-        match s.get(i + 1) {
-            Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => i += 2,
-            Some(b'u') => match s.get(i + 2..i + 6) {
-                Some(hex) if hex.iter().all(u8::is_ascii_hexdigit) => i += 6,
-                _ => return i,
-            },
-            _ => return i,
+        // An escape as the scanner takes it, else the text ends.
+        match s.get(i..).and_then(escape_len) {
+            Some(len) => i += len,
+            None => return i,
         }
     }
 }

@@ -21,7 +21,7 @@ use super::{
     scan_event_to, shapes, ChoiceInfo, ChunkInfo, ChunkKind, CountSpans, EventScan, OutputSpans,
     TokenLog,
 };
-use crate::scan::{plain_run, plain_run_in_a_word};
+use crate::scan::{escape_len, plain_run, plain_run_in_a_word};
 
 /// Output spans kept per template (a chunk has one per choice; vLLM streams one choice).
 const MAX_SPANS: usize = OutputSpans::MAX;
@@ -629,8 +629,9 @@ impl RepeatCache {
 }
 
 /// How many bytes at the start of `s` are JSON string text: plain bytes (no quote, backslash
-/// or control character: `scan::plain_run`, eight at a time) and escapes as the scanner takes them (`scan::Cursor::escape`). It stops at the first byte that is neither (a
-/// closing quote where `s` is a string's text) or at a backslash that opens no escape.
+/// or control character: `scan::plain_run`, eight at a time) and escapes as the scanner takes
+/// them (`scan::escape_len`). It stops at the first byte that is neither (a closing quote
+/// where `s` is a string's text) or at a backslash that opens no escape.
 #[inline(always)]
 pub(super) fn text_len(s: &[u8]) -> usize {
     // A token's text most often ends at a quote inside the first eight bytes: one step.
@@ -645,13 +646,9 @@ pub(super) fn text_len(s: &[u8]) -> usize {
         if s.get(i) != Some(&b'\\') {
             return i;
         }
-        match s.get(i + 1) {
-            Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => i += 2,
-            Some(b'u') => match s.get(i + 2..i + 6) {
-                Some(hex) if hex.iter().all(u8::is_ascii_hexdigit) => i += 6,
-                _ => return i,
-            },
-            _ => return i,
+        match s.get(i..).and_then(escape_len) {
+            Some(len) => i += len,
+            None => return i,
         }
     }
 }
