@@ -428,7 +428,8 @@ async fn the_stall_slo_is_part_of_goodput_only_when_set() {
         std::fs::read_to_string(&sink)
             .unwrap_or_default()
             .lines()
-            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            // The sink may be writing the last line: a partial line is no record yet.
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
             .collect::<Vec<_>>()
     };
     assert!(eventually(SLOW, || records().len() == cases.len()).await);

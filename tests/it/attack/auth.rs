@@ -60,15 +60,18 @@ fn with_header(
     req
 }
 
-/// Waits for `n` lines in the JSONL sink and returns them.
+/// Waits for `n` whole lines in the JSONL sink and returns the whole ones (ended by their
+/// newline: the sink's writer thread may be in the middle of the next).
 async fn records(path: &std::path::Path, n: usize) -> Vec<serde_json::Value> {
     let read = || std::fs::read_to_string(path).unwrap_or_default();
     assert!(
-        eventually(SLOW, || read().lines().count() >= n).await,
+        eventually(SLOW, || read().matches('\n').count() >= n).await,
         "{}",
         read()
     );
-    read()
+    let text = read();
+    let whole = text.rfind('\n').map_or("", |end| &text[..end]);
+    whole
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()

@@ -83,15 +83,21 @@ pub async fn wait_requests(proxy: &Proxy, n: u64) -> serde_json::Value {
     }
 }
 
-/// The JSONL sink's lines once it holds `n` (fails with what it holds after [`SLOW`]).
+/// The JSONL sink's lines once it holds `n` whole ones (fails with what it holds after
+/// [`SLOW`]). Whole: ended by their newline, since the sink's writer thread may be in the middle
+/// of a line when the file is read (a last line counted without its end failed to parse).
 pub async fn sink_lines(path: &Path, n: usize) -> Vec<String> {
     let read = || std::fs::read_to_string(path).unwrap_or_default();
     assert!(
-        eventually(SLOW, || read().lines().count() == n).await,
+        eventually(SLOW, || read().matches('\n').count() == n).await,
         "{}",
         read()
     );
-    read().lines().map(String::from).collect()
+    read()
+        .split_terminator('\n')
+        .take(n)
+        .map(String::from)
+        .collect()
 }
 
 /// [`sink_lines`], each read as JSON.
