@@ -221,10 +221,12 @@ async fn through_the_proxy_outcomes_equal_faults_and_client_and_proxy_agree() {
                 "{phase} {metric} p50 proxy-client {d}"
             );
         }
-        // The client's TTFT is the configured one (plus loopback and scheduling noise).
+        // The client's TTFT is the configured one (plus loopback and scheduling noise). The
+        // upper bound only catches a wrong delay (none, or one counted twice): in CI the soak
+        // shares the two cores and a phase's median came 41 ms late once (CI of 389b950).
         let ttft = row(c, phase, "ttft", "client exact").p50.unwrap() * 1000.0;
         assert!(
-            (TTFT_MS - 1.0..TTFT_MS + 40.0).contains(&ttft),
+            (TTFT_MS - 1.0..TTFT_MS + 70.0).contains(&ttft),
             "{phase}: TTFT p50 {ttft}"
         );
         // The proxy's E2E histogram counted each request of the phase once (phases drain).
