@@ -92,15 +92,19 @@ impl<B, G> DeadlineBody<B, G> {
 /// `fut`'s output, or `None` when `timer` fires first: `tokio::time::timeout_at` with the
 /// caller's timer, which outlives the wait (a response body's deadlines go on with it,
 /// [`DeadlineBody::with_timer`]). The future is polled first, so one that is ready wins.
-pub async fn until<F: Future>(fut: F, mut timer: Pin<&mut Sleep>) -> Option<F::Output> {
-    let mut fut = std::pin::pin!(fut);
-    std::future::poll_fn(|cx| {
+/// Both are pinned where the caller keeps them: taken by value, the future (forwarding's send,
+/// about 1.5 KiB) was moved into this wait and again into its pinned place, two copies a
+/// request, and held twice in the caller's own state.
+pub fn until<'a, F: Future + ?Sized>(
+    mut fut: Pin<&'a mut F>,
+    mut timer: Pin<&'a mut Sleep>,
+) -> impl Future<Output = Option<F::Output>> + 'a {
+    std::future::poll_fn(move |cx| {
         if let Poll::Ready(out) = fut.as_mut().poll(cx) {
             return Poll::Ready(Some(out));
         }
         timer.as_mut().poll(cx).map(|()| None)
     })
-    .await
 }
 
 impl<B, G> Body for DeadlineBody<B, G>
@@ -175,6 +179,7 @@ mod tests {
     use super::*;
     use futures_util::stream;
     use http_body_util::{BodyExt, StreamBody};
+    use std::pin::pin;
 
     type Item = Result<Frame<Bytes>, std::convert::Infallible>;
 
@@ -212,7 +217,7 @@ mod tests {
         let mut body = if timer {
             let mut timer = Box::pin(tokio::time::sleep_until(first_by));
             // The head came at once: the timer was polled (registered) and is still running.
-            let head = until(std::future::ready(()), timer.as_mut()).await;
+            let head = until(pin!(std::future::ready(())), timer.as_mut()).await;
             assert_eq!(head, Some(()));
             DeadlineBody::with_timer(delayed(delays), first_by, idle, total, (), timer)
         } else {
@@ -272,18 +277,21 @@ mod tests {
         let by = |ms| Instant::now() + Duration::from_millis(ms);
         let mut timer = Box::pin(tokio::time::sleep_until(by(50)));
         let slow = tokio::time::sleep(Duration::from_millis(60));
-        assert_eq!(until(slow, timer.as_mut()).await, None);
+        assert_eq!(until(pin!(slow), timer.as_mut()).await, None);
         let mut timer = Box::pin(tokio::time::sleep_until(by(50)));
         let quick = async {
             tokio::time::sleep(Duration::from_millis(40)).await;
             7
         };
-        assert_eq!(until(quick, timer.as_mut()).await, Some(7));
+        assert_eq!(until(pin!(quick), timer.as_mut()).await, Some(7));
         // A ready future wins over a timer that has fired already.
         tokio::time::sleep(Duration::from_millis(20)).await;
-        assert_eq!(until(std::future::ready(8), timer.as_mut()).await, Some(8));
         assert_eq!(
-            until(std::future::pending::<u8>(), timer.as_mut()).await,
+            until(pin!(std::future::ready(8)), timer.as_mut()).await,
+            Some(8)
+        );
+        assert_eq!(
+            until(pin!(std::future::pending::<u8>()), timer.as_mut()).await,
             None
         );
     }

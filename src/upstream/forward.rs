@@ -192,7 +192,8 @@ async fn forward(
         // One timer for the first byte: it waits for the head here, then the response body
         // goes on with it (`DeadlineBody::with_timer`).
         let mut timer = Box::pin(tokio::time::sleep_until(first_byte_by));
-        let result = until(lane::send(&up, lane, replica, out, sent), timer.as_mut()).await;
+        let send = std::pin::pin!(lane::send(&up, lane, replica, out, sent));
+        let result = until(send, timer.as_mut()).await;
         let resp = match result {
             None => {
                 return Err(ProxyError::FirstByteTimeout {
