@@ -13,6 +13,27 @@ done
 [[ -x "$PROXY_BIN" ]] || cargo build --bin goodput-proxy
 promtool check rules config/prometheus-rules.yml
 promtool test rules config/prometheus-rules.test.yml
-# vLLM replicas (V1 and v0 names), then a fleet mixing the five engine personalities.
-python3 scripts/lib/dashboard_check.py --proxy "$PROXY_BIN" --fleet vllm "$@"
-python3 scripts/lib/dashboard_check.py --proxy "$PROXY_BIN" --fleet mixed "$@"
+# vLLM replicas (V1 and v0 names) and a fleet mixing the five engine personalities, side by
+# side: each takes its own free ports and temporary directory, and mostly waits on scrapes
+# (about 14 s each), so together they take the time of one. Each one's output is shown whole,
+# after both end.
+logs="$(mktemp -d)"
+trap 'rm -rf "$logs"' EXIT
+fleets=(vllm mixed)
+pids=()
+for fleet in "${fleets[@]}"; do
+    python3 scripts/lib/dashboard_check.py --proxy "$PROXY_BIN" --fleet "$fleet" "$@" \
+        >"$logs/$fleet.log" 2>&1 &
+    pids+=("$!")
+done
+rc=0
+for i in "${!fleets[@]}"; do
+    fleet_rc=0
+    wait "${pids[$i]}" || fleet_rc=$?
+    cat "$logs/${fleets[$i]}.log"
+    if [[ $fleet_rc != 0 ]]; then
+        echo "dashboard-check: the ${fleets[$i]} fleet failed (exit $fleet_rc)" >&2
+        rc=$fleet_rc
+    fi
+done
+exit "$rc"

@@ -20,8 +20,9 @@
 # Needs root (podman with the runc runtime: crun refuses this machine's cgroups; explicit
 # ulimits within the hard limits) and installs podman, runc and mmdebstrap from Debian's
 # packages when missing. Environment: IMAGE (tag, default localhost/goodput-proxy:local),
-# IMAGE_OUT (logs, default target/image), IMAGE_PULL=0 (never try a registry), IMAGE_CPU_SHARES (the build's CPU weight),
-# DEBIAN_MIRROR (default http://deb.debian.org/debian).
+# IMAGE_OUT (logs, default target/image), IMAGE_PULL=0 (never try a registry),
+# IMAGE_CPU_SHARES (the build's CPU weight, podman's --cpu-shares), DEBIAN_MIRROR (default
+# http://deb.debian.org/debian).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
