@@ -122,17 +122,31 @@ impl Service<Request<Bytes>> for Forward {
     }
 }
 
-async fn forward(
+/// The request taken apart before the future is made, which then holds its parts once (an
+/// `async fn` keeps its arguments apart from its locals: the request was held twice, as the
+/// argument and as its parts, and every byte of the future is copied into its box).
+fn forward(
     up: Arc<Upstreams>,
     forwarded: Forwarded,
     readers: Readers,
     req: Request<Bytes>,
-) -> Result<Response<ProxyBody>, ProxyError> {
+) -> impl Future<Output = Result<Response<ProxyBody>, ProxyError>> + Send {
     let (mut parts, body) = req.into_parts();
     // The body with usage injected, sent only to a replica whose engine takes it.
     let offer = parts.extensions.remove::<UsageOffer>();
+    async move { forward_parts(&up, forwarded, readers, &parts, &body, offer.as_ref()).await }
+}
+
+async fn forward_parts(
+    up: &Arc<Upstreams>,
+    forwarded: Forwarded,
+    readers: Readers,
+    parts: &http::request::Parts,
+    body: &Bytes,
+    offer: Option<&UsageOffer>,
+) -> Result<Response<ProxyBody>, ProxyError> {
     let headers = |body_len| {
-        let mut headers = upstream_headers(&parts, forwarded, body_len);
+        let mut headers = upstream_headers(parts, forwarded, body_len);
         if let Some(key) = &up.config.authorization {
             // `upstream.api_key` replaces whatever credential the client sent.
             headers.insert(header::AUTHORIZATION, key.clone());
@@ -145,7 +159,7 @@ async fn forward(
     let lane = parts.extensions.get::<Lane>();
     let first_byte = up.config.first_byte_timeout;
     let balancer = &up.balancer;
-    let shape = Shape::of(&body, balancer.cfg.prefix_block_bytes);
+    let shape = Shape::of(body, balancer.cfg.prefix_block_bytes);
 
     let mut excluded: Vec<usize> = Vec::new();
     let mut earlier: Vec<Arc<str>> = Vec::new();
@@ -174,8 +188,8 @@ async fn forward(
             .request_uri(path_and_query)
             .map_err(|e| ProxyError::Upstream { source: e.into() })?;
         let usage = usage_for(replica.engine_kind(), replica.usage_unasked());
-        let injected = offer.as_ref().filter(|_| usage == Usage::Inject);
-        let sent_body = injected.map_or(&body, |o| &o.0);
+        let injected = offer.filter(|_| usage == Usage::Inject);
+        let sent_body = injected.map_or(body, |o| &o.0);
         let mut out = Request::new(Full::new(sent_body.clone()));
         *out.method_mut() = parts.method.clone();
         *out.uri_mut() = uri;
@@ -192,8 +206,12 @@ async fn forward(
         // One timer for the first byte: it waits for the head here, then the response body
         // goes on with it (`DeadlineBody::with_timer`).
         let mut timer = Box::pin(tokio::time::sleep_until(first_byte_by));
-        let send = std::pin::pin!(lane::send(&up, lane, replica, out, sent));
-        let result = until(send, timer.as_mut()).await;
+        // In a block of its own: the send is gone before anything else is awaited (a held
+        // first event), which then needs no room beside it in this future.
+        let result = {
+            let send = std::pin::pin!(lane::send(up, lane, replica, out, sent));
+            until(send, timer.as_mut()).await
+        };
         let resp = match result {
             None => {
                 return Err(ProxyError::FirstByteTimeout {

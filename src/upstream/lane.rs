@@ -281,49 +281,184 @@ impl std::fmt::Display for SendError {
 /// Sends `req` (absolute URI, `Host` set) to `replica`: on the client connection's lane when
 /// it has one for this replica, else through the pooled client. The response body is the
 /// lane's when the lane carried it.
-pub(super) async fn send(
-    up: &Upstreams,
+///
+/// What can be done at once is done here, before anything waits: the lane's idle connection
+/// takes the request now (hyper queues it on the connection), the pooled client likewise. The
+/// future then holds only what waits for the head; the request itself is held once, by hyper.
+/// (As an `async fn`, the request was kept as its argument, as a local and again in each
+/// callee's state: the future was about 1.5 KiB, moved into its caller's pinned place and
+/// boxed with the caller's state.)
+pub(super) fn send<'a>(
+    up: &'a Upstreams,
     lane: Option<&Lane>,
     replica: &Replica,
     req: Request<Full<Bytes>>,
     now: Instant,
-) -> Result<Response<LaneBody>, SendError> {
+) -> Sending<'a, impl Future<Output = Answer>> {
     let lease = lane
         .filter(|_| replica.host.is_some() && req.method() != Method::CONNECT)
         .and_then(|l| l.take(replica, now, up.config.pool_idle_timeout));
-    let req = match lease {
-        Some(lease) => match on_lane(&up.opener, lease, req).await? {
-            Ok(resp) => return Ok(resp),
-            // The reused connection closed before it took the request: hyper gave it back.
-            Err(req) => req,
+    let state = match lease {
+        Some(mut lease) => match lease.conn.as_mut() {
+            Some(driven) => {
+                let absolute = req.uri().clone();
+                State::Lane {
+                    response: driven.write(req, &absolute),
+                    lease: Some(lease),
+                    absolute,
+                }
+            }
+            // A lane without a connection opens one first: once per client connection and
+            // replica, so that path is boxed rather than carried in every request's state.
+            None => State::Opening {
+                fut: Box::pin(open_and_send(&up.opener, lease, req)),
+            },
         },
-        None => req,
+        None => State::Pooled {
+            fut: up.client.request(req),
+        },
     };
-    match up.client.request(req).await {
-        Ok(resp) => Ok(resp.map(|inner| LaneBody::new(inner, None))),
-        Err(e) => Err(SendError {
-            connect: e.is_connect(),
-            source: e.into(),
-        }),
+    Sending { up, state }
+}
+
+/// What the lane's connection answers a request: `Err` gives the request back when the
+/// connection took none of it.
+type Answer = Result<Response<Incoming>, hyper::client::conn::TrySendError<Request<Full<Bytes>>>>;
+
+type Opened<'a> = Pin<Box<dyn Future<Output = Result<Response<LaneBody>, SendError>> + Send + 'a>>;
+
+pin_project_lite::pin_project! {
+    /// A request sent to a replica, until its response head (see [`send`]). `F`: what the
+    /// lane's connection answers.
+    pub(super) struct Sending<'a, F> {
+        up: &'a Upstreams,
+        #[pin]
+        state: State<'a, F>,
     }
 }
 
-/// The request on `lease`'s connection (opened first when it has none). `Ok(Err(req))`: a
-/// reused connection had closed before the request was written; it was not sent.
-async fn on_lane(
+pin_project_lite::pin_project! {
+    #[project = StateProj]
+    enum State<'a, F> {
+        /// Written to the lane's idle connection, which is driven here until the head comes.
+        Lane {
+            // Unconstrained: polled without a waker of its own (`Driven::consume`), it must
+            // never be the one future tokio's budget turns away (that would wait for a wake
+            // nobody sends).
+            #[pin]
+            response: tokio::task::Unconstrained<F>,
+            // Holds the connection; taken when the head is handed over with the body.
+            lease: Option<Lease>,
+            // The request's target, for the pooled client when the connection gives it back.
+            absolute: Uri,
+        },
+        /// A connection being opened for the lane, then the request on it.
+        Opening { fut: Opened<'a> },
+        /// Through the pooled client.
+        Pooled { fut: hyper_util::client::legacy::ResponseFuture },
+        /// The head was handed over.
+        Done,
+    }
+}
+
+impl<F: Future<Output = Answer>> Future for Sending<'_, F> {
+    type Output = Result<Response<LaneBody>, SendError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            let back = match this.state.as_mut().project() {
+                StateProj::Lane {
+                    response,
+                    lease,
+                    absolute,
+                } => {
+                    // Always there: the lease came with its connection, and goes only with the
+                    // state.
+                    let Some(driven) = lease.as_mut().and_then(|l| l.conn.as_mut()) else {
+                        return Poll::Ready(Err(done_error()));
+                    };
+                    driven.drive(cx);
+                    let answer = std::task::ready!(driven.consume(|cx| response.poll(cx)));
+                    match answer {
+                        Ok(resp) => {
+                            let lease = lease.take();
+                            this.state.set(State::Done);
+                            return Poll::Ready(Ok(resp.map(|inner| LaneBody::new(inner, lease))));
+                        }
+                        Err(mut e) => match e.take_message() {
+                            // The reused connection closed before it took the request: hyper
+                            // gave it back, and the pooled client sends it.
+                            Some(mut req) if lease.as_ref().is_some_and(|l| l.reused) => {
+                                *req.uri_mut() = std::mem::take(absolute);
+                                req
+                            }
+                            _ => {
+                                this.state.set(State::Done);
+                                return Poll::Ready(Err(SendError {
+                                    connect: false,
+                                    source: e.into_error().into(),
+                                }));
+                            }
+                        },
+                    }
+                }
+                StateProj::Opening { fut } => {
+                    let out = std::task::ready!(fut.as_mut().poll(cx));
+                    this.state.set(State::Done);
+                    return Poll::Ready(out);
+                }
+                StateProj::Pooled { fut } => {
+                    let out = std::task::ready!(Pin::new(fut).poll(cx));
+                    this.state.set(State::Done);
+                    return Poll::Ready(match out {
+                        Ok(resp) => Ok(resp.map(|inner| LaneBody::new(inner, None))),
+                        Err(e) => Err(SendError {
+                            connect: e.is_connect(),
+                            source: e.into(),
+                        }),
+                    });
+                }
+                StateProj::Done => return Poll::Ready(Err(done_error())),
+            };
+            // The lane is let go (its connection closed) before the pooled client goes on.
+            this.state.set(State::Pooled {
+                fut: this.up.client.request(back),
+            });
+        }
+    }
+}
+
+fn done_error() -> SendError {
+    SendError {
+        connect: false,
+        source: "upstream request polled after its answer".into(),
+    }
+}
+
+impl Driven {
+    /// Hands `req` to the connection (queued at once, written as the connection is driven),
+    /// in origin form; `absolute`: its target.
+    fn write(
+        &mut self,
+        mut req: Request<Full<Bytes>>,
+        absolute: &Uri,
+    ) -> tokio::task::Unconstrained<impl Future<Output = Answer>> {
+        *req.uri_mut() = origin_form(absolute);
+        tokio::task::unconstrained(self.send.try_send_request(req))
+    }
+}
+
+/// A new connection for `lease`'s lane, and the request on it. A new connection never gives
+/// the request back.
+async fn open_and_send(
     opener: &Opener,
     mut lease: Lease,
-    mut req: Request<Full<Bytes>>,
-) -> Result<Result<Response<LaneBody>, Request<Full<Bytes>>>, SendError> {
+    req: Request<Full<Bytes>>,
+) -> Result<Response<LaneBody>, SendError> {
     let absolute = req.uri().clone();
-    let mut driven = match lease.conn.take() {
-        Some(d) => d,
-        None => open(opener, absolute.clone()).await?,
-    };
-    *req.uri_mut() = origin_form(&absolute);
-    // Unconstrained: polled without a waker of its own (`Driven::consume`), it must never
-    // be the one future tokio's budget turns away (that would wait for a wake nobody sends).
-    let response = tokio::task::unconstrained(driven.send.try_send_request(req));
+    let mut driven = open(opener, absolute.clone()).await?;
+    let response = driven.write(req, &absolute);
     let mut response = std::pin::pin!(response);
     let result = poll_fn(|cx| {
         driven.drive(cx);
@@ -333,18 +468,12 @@ async fn on_lane(
     match result {
         Ok(resp) => {
             lease.conn = Some(driven);
-            Ok(Ok(resp.map(|inner| LaneBody::new(inner, Some(lease)))))
+            Ok(resp.map(|inner| LaneBody::new(inner, Some(lease))))
         }
-        Err(mut e) => match e.take_message() {
-            Some(mut req) if lease.reused => {
-                *req.uri_mut() = absolute;
-                Ok(Err(req))
-            }
-            _ => Err(SendError {
-                connect: false,
-                source: e.into_error().into(),
-            }),
-        },
+        Err(e) => Err(SendError {
+            connect: false,
+            source: e.into_error().into(),
+        }),
     }
 }
 
