@@ -6,12 +6,15 @@
 //! connect failure can only be retried on another replica if the body can be sent again.
 //! OpenAI request bodies are small next to the responses, so the cost is a copy of kilobytes.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, Request, Response};
 use http_body::Body;
-use http_body_util::BodyExt;
+use tokio::time::{Instant, Sleep};
 use tower::{Layer, Service};
 
 use super::{Around, ResponseFuture, Wrapped};
@@ -74,16 +77,18 @@ where
         let clone = inner.clone();
         let mut inner = std::mem::replace(inner, clone);
         let (limit, idle, facts) = (self.limit, self.idle, self.facts);
+        // Taken apart before the future is made, which then holds the parts once (taken apart
+        // inside, the request was held twice: as captured and as its parts).
+        let (parts, body) = req.into_parts();
+        let declared = parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > limit) {
+            return super::reject(ProxyError::BodyTooLarge { limit });
+        }
         Box::pin(async move {
-            let (parts, body) = req.into_parts();
-            let declared = parts
-                .headers
-                .get(header::CONTENT_LENGTH)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse::<u64>().ok());
-            if declared.is_some_and(|n| n > limit) {
-                return Err(ProxyError::BodyTooLarge { limit });
-            }
             let bytes = read_body(body, limit, idle).await?;
             if let Some(ctx) = RequestContext::of(&parts.extensions).filter(|_| facts) {
                 ctx.set_facts(read_facts(&bytes));
@@ -127,20 +132,42 @@ where
     B::Error: Into<BoxError>,
 {
     let mut body = std::pin::pin!(body);
+    // Armed only while a frame is awaited, from the poll that found none: a frame that is
+    // ready when asked for (a small body comes with the head) costs no clock read and no
+    // timer. Boxed: most requests never make one.
+    let mut timer: Option<Pin<Box<Sleep>>> = None;
+    let mut waiting = false;
     // Most bodies come in one frame: it is the body (no vector for it); more are joined.
     let mut first: Option<Bytes> = None;
     let mut more: Vec<Bytes> = Vec::new();
     let mut total: u64 = 0;
     loop {
-        let frame = match tokio::time::timeout(idle, body.frame()).await {
-            Err(_) => {
+        let next = std::future::poll_fn(|cx| {
+            if let Poll::Ready(frame) = body.as_mut().poll_frame(cx) {
+                waiting = false;
+                return Poll::Ready(Some(frame));
+            }
+            let by = Instant::now() + idle;
+            let t = match timer.as_mut() {
+                Some(t) if waiting => t,
+                Some(t) => {
+                    t.as_mut().reset(by);
+                    t
+                }
+                None => timer.insert(Box::pin(tokio::time::sleep_until(by))),
+            };
+            waiting = true;
+            t.as_mut().poll(cx).map(|()| None)
+        });
+        let frame = match next.await {
+            None => {
                 return Err(ProxyError::BodyTimeout {
                     ms: idle.as_millis() as u64,
                 })
             }
-            Ok(None) => break,
-            Ok(Some(Err(e))) => return Err(ProxyError::ClientBody(e.into())),
-            Ok(Some(Ok(frame))) => frame,
+            Some(None) => break,
+            Some(Some(Err(e))) => return Err(ProxyError::ClientBody(e.into())),
+            Some(Some(Ok(frame))) => frame,
         };
         if let Ok(data) = frame.into_data() {
             total = total.saturating_add(data.len() as u64);

@@ -145,14 +145,6 @@ async fn forward_parts(
     body: &Bytes,
     offer: Option<&UsageOffer>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
-    let headers = |body_len| {
-        let mut headers = upstream_headers(parts, forwarded, body_len);
-        if let Some(key) = &up.config.authorization {
-            // `upstream.api_key` replaces whatever credential the client sent.
-            headers.insert(header::AUTHORIZATION, key.clone());
-        }
-        headers
-    };
     let path_and_query = parts.uri.path_and_query();
     // The client connection's own upstream connection (absent when the request came from no
     // listener, e.g. a test calling the stack).
@@ -190,16 +182,9 @@ async fn forward_parts(
         let usage = usage_for(replica.engine_kind(), replica.usage_unasked());
         let injected = offer.filter(|_| usage == Usage::Inject);
         let sent_body = injected.map_or(body, |o| &o.0);
-        let mut out = Request::new(Full::new(sent_body.clone()));
-        *out.method_mut() = parts.method.clone();
-        *out.uri_mut() = uri;
-        *out.version_mut() = Version::HTTP_11;
-        // Built again for the rare second attempt rather than cloned for every first one.
-        *out.headers_mut() = headers(sent_body.len());
-        if let Some(host) = &replica.host {
-            // Last, where the pooled client would append the one it formats per request.
-            out.headers_mut().insert(header::HOST, host.clone());
-        }
+        // Built by a function of its own: built here, borrowed while it is built, the request
+        // would keep its room in this future's state after it went to the send.
+        let out = outgoing(up, forwarded, parts, replica, uri, sent_body);
 
         let sent = tokio::time::Instant::now();
         let first_byte_by = sent + first_byte;
@@ -302,6 +287,33 @@ async fn forward_parts(
         }
         return Ok(Response::from_parts(rparts, body));
     }
+}
+
+/// The request for `replica` at `uri`, with `body`. Built again for the rare second attempt
+/// rather than cloned for every first one.
+fn outgoing(
+    up: &Upstreams,
+    forwarded: Forwarded,
+    parts: &http::request::Parts,
+    replica: &Replica,
+    uri: http::Uri,
+    body: &Bytes,
+) -> Request<Full<Bytes>> {
+    let mut out = Request::new(Full::new(body.clone()));
+    *out.method_mut() = parts.method.clone();
+    *out.uri_mut() = uri;
+    *out.version_mut() = Version::HTTP_11;
+    let headers = out.headers_mut();
+    *headers = upstream_headers(parts, forwarded, body.len());
+    if let Some(key) = &up.config.authorization {
+        // `upstream.api_key` replaces whatever credential the client sent.
+        headers.insert(header::AUTHORIZATION, key.clone());
+    }
+    if let Some(host) = &replica.host {
+        // Last, where the pooled client would append the one it formats per request.
+        headers.insert(header::HOST, host.clone());
+    }
+    out
 }
 
 /// Replicas one request may try when engines reject it at admission.
