@@ -343,11 +343,14 @@ impl Timeline {
             .filter(|c| c.seen)
     }
 
+    /// An event the parser completed. `missed`: the template is known not to answer it
+    /// (see [`Timeline::look`]).
     fn on_event(
         &mut self,
         repeat: &mut RepeatCache,
         t: Instant,
         ev: SseEvent<'_>,
+        missed: bool,
         on_gap: &mut impl FnMut(Duration),
     ) {
         if ev.event == Some(b"error") {
@@ -358,7 +361,7 @@ impl Timeline {
             return;
         }
         let mut scan = EventScan::unknown();
-        self.look(repeat, ev.data, false, &mut scan);
+        self.look(repeat, ev.data, missed, &mut scan);
         self.on_info(t, &scan.info, ev.data, on_gap);
     }
 
@@ -970,20 +973,25 @@ impl StreamMeter {
         let (tl, repeat) = (&mut self.tl, &mut self.repeat);
         if !tl.cacheable() {
             self.parser
-                .feed(bytes, |ev| tl.on_event(repeat, t, ev, on_gap));
+                .feed(bytes, |ev| tl.on_event(repeat, t, ev, false, on_gap));
             return;
         }
         while !bytes.is_empty() {
+            // The template's check failed on `bytes` (an event's start): see `missed_at`.
+            let mut tried = false;
             if self.parser.at_event_start() {
                 let len = tl.on_repeats_at(repeat, t, bytes, on_gap);
                 if len > 0 {
                     bytes = &bytes[len..];
                     continue;
                 }
+                tried = repeat.template_frames_one_line();
             }
-            let took = self
-                .parser
-                .feed_one(bytes, |ev| tl.on_event(repeat, t, ev, on_gap));
+            let rest = bytes;
+            let took = self.parser.feed_one(rest, |ev| {
+                let missed = tried && strip::missed_at(rest, ev.data);
+                tl.on_event(repeat, t, ev, missed, on_gap);
+            });
             bytes = &bytes[took..];
         }
     }
@@ -1027,7 +1035,7 @@ impl StreamMeter {
             let (tl, repeat) = (&mut self.tl, &mut self.repeat);
             let t = self.last_frame.unwrap_or(t_end);
             self.parser
-                .finish(|ev| tl.on_event(repeat, t, ev, &mut noop));
+                .finish(|ev| tl.on_event(repeat, t, ev, false, &mut noop));
         }
         m.outcome = match self.status {
             Some(s) if s >= 500 => Outcome::UpstreamError,

@@ -209,18 +209,25 @@ fn meter_held_now(
     let Some(held) = strip.held.as_ref() else {
         return;
     };
-    strip.spare_log.detail = tl.log.detail;
-    std::mem::swap(&mut tl.log, &mut strip.spare_log);
+    // An empty log (most events log nothing) needs no keeping aside: metering the held chunk
+    // leaves the log empty again.
+    let aside = !tl.log.is_empty();
+    if aside {
+        strip.spare_log.detail = tl.log.detail;
+        std::mem::swap(&mut tl.log, &mut strip.spare_log);
+    }
     if let Some(info) = &strip.held_info {
         // Its log was empty, so nothing reads its payload: the bytes stand in for it.
         tl.on_info(t, info, held, on_gap);
         strip.held_info = None;
     } else {
         let mut parser = SseParser::new();
-        parser.feed(held, |ev| tl.on_event(repeat, t, ev, on_gap));
-        parser.finish(|ev| tl.on_event(repeat, t, ev, on_gap));
+        parser.feed(held, |ev| tl.on_event(repeat, t, ev, false, on_gap));
+        parser.finish(|ev| tl.on_event(repeat, t, ev, false, on_gap));
     }
-    std::mem::swap(&mut tl.log, &mut strip.spare_log);
+    if aside {
+        std::mem::swap(&mut tl.log, &mut strip.spare_log);
+    }
 }
 
 /// `,"<key>":<value>` for each field, in order, before the last `}` of the event (its JSON
@@ -326,12 +333,13 @@ impl StreamMeter {
             // is held or partial, passes as one range (a frame of only such events: the frame
             // itself, handed on whole).
             let run = self.pass_repeats(t, &frame[start..], on_gap);
-            if run > 0 {
+            if let Some(run @ 1..) = run {
                 acc.range(&frame, start, start + run);
                 start += run;
                 continue;
             }
-            start = self.strip_next(t, &frame, start, &mut acc, on_gap);
+            // `Some(0)`: the template was tried here and missed; nothing changed since.
+            start = self.strip_next(t, &frame, start, run == Some(0), &mut acc, on_gap);
         }
         let Some(strip) = self.strip.as_deref_mut() else {
             return acc.finish(frame);
@@ -351,34 +359,35 @@ impl StreamMeter {
     /// The events at the start of `rest` (a frame from an event's start) that repeat the
     /// template, framed, judged (ordinary output events: they pass) and metered in one look
     /// each, as [`StreamMeter::strip_next`] takes them, when nothing is held, partial or
-    /// pending (no `\r` of a line end): returns how many bytes they span.
+    /// pending (no `\r` of a line end): returns how many bytes they span, `None` when the
+    /// template was not tried (so `Some(0)`: [`RepeatCache::repeats_event`] missed on `rest`).
     #[inline]
     fn pass_repeats(
         &mut self,
         t: Instant,
         rest: &[u8],
         on_gap: &mut impl FnMut(Duration),
-    ) -> usize {
-        let Some(strip) = self.strip.as_deref() else {
-            return 0;
-        };
+    ) -> Option<usize> {
+        let strip = self.strip.as_deref()?;
         let quiet = strip.trailing_cr.is_none()
             && strip.partial.is_empty()
             && strip.held.is_none()
             && strip.held_comments.is_empty();
         if !(quiet && self.tl.cacheable() && self.parser.at_event_start()) {
-            return 0;
+            return None;
         }
-        self.tl.on_repeats_at(&mut self.repeat, t, rest, on_gap)
+        Some(self.tl.on_repeats_at(&mut self.repeat, t, rest, on_gap))
     }
 
     /// The next event of `frame` from `start`: framed, metered and judged; returns where the
-    /// rest begins.
+    /// rest begins. `known_miss`: [`StreamMeter::pass_repeats`] just tried the template at
+    /// `start` and it missed (a miss changes nothing, so trying again would miss again).
     fn strip_next(
         &mut self,
         t: Instant,
         frame: &Bytes,
         start: usize,
+        known_miss: bool,
         acc: &mut Out<'_>,
         on_gap: &mut impl FnMut(Duration),
     ) -> usize {
@@ -391,7 +400,12 @@ impl StreamMeter {
         let mut tried = false;
         if strip.partial.is_empty() && tl.cacheable() && self.parser.at_event_start() {
             tried = repeat.template_frames_one_line();
-            if let Some((len, data)) = repeat.repeats_event(rest) {
+            let hit = if known_miss {
+                None
+            } else {
+                repeat.repeats_event(rest)
+            };
+            if let Some((len, data)) = hit {
                 // An ordinary output event: what the template said, and it passes.
                 if strip.held.is_some() || !strip.held_comments.is_empty() {
                     meter_held(tl, repeat, strip, t, on_gap);
@@ -496,7 +510,7 @@ impl StreamMeter {
 /// does not repeat the template: `repeats_event` on those bytes finds exactly the payloads
 /// that [`RepeatCache::repeats`] finds (its docs), so it is not tried again. (Were it tried,
 /// a miss would only cost a scan, whose answer is the same: skipping it cannot change one.)
-fn missed_at(rest: &[u8], data: &[u8]) -> bool {
+pub(super) fn missed_at(rest: &[u8], data: &[u8]) -> bool {
     const LEAD: &[u8] = b"data: ";
     let (at, len) = (LEAD.len(), data.len());
     rest.starts_with(LEAD)
