@@ -283,6 +283,8 @@ struct Timeline {
     repeat_on: bool,
     /// Events framed and judged by the template in one look (`Timeline::on_repeats_at`).
     one_look: u64,
+    /// Events framed and read by a shape (`Timeline::look_framed`).
+    shape_framed: u64,
 }
 
 impl Timeline {
@@ -317,6 +319,7 @@ impl Timeline {
             trace: None,
             repeat_on: true,
             one_look: 0,
+            shape_framed: 0,
         }
     }
 
@@ -410,6 +413,30 @@ impl Timeline {
         if self.log.is_empty() && self.cacheable() {
             repeat.learn_scanned(data, scan);
         }
+    }
+
+    /// [`Timeline::look`] of the event at `buf`'s start (an event's start the template
+    /// missed) when a shape frames and reads it ([`RepeatCache::scan_framed`]): one pass over
+    /// its bytes, not the parser's search for its line end and then the shape's compare.
+    /// Returns its length and its payload's range in `buf`; `scan` (the caller's
+    /// [`EventScan::unknown`]) untouched on `None`.
+    #[inline]
+    fn look_framed(
+        &mut self,
+        repeat: &mut RepeatCache,
+        buf: &[u8],
+        scan: &mut EventScan,
+    ) -> Option<(usize, std::ops::Range<usize>)> {
+        if !self.cacheable() {
+            return None;
+        }
+        let (len, data) = repeat.scan_framed(buf, &mut self.log, scan)?;
+        // As `look` does after a scan (a shape's answer logs nothing).
+        if self.log.is_empty() {
+            repeat.learn_scanned(buf.get(data.clone()).unwrap_or_default(), scan);
+        }
+        self.shape_framed += 1;
+        Some((len, data))
     }
 
     /// The events at `buf`'s start that repeat the template, each framed and checked in one

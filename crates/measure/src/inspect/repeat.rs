@@ -22,6 +22,7 @@ use super::{
     TokenLog,
 };
 use crate::scan::{escape_len, plain_run, plain_run_in_a_word};
+use crate::sse::MAX_LINE_BYTES;
 
 /// Output spans kept per template (a chunk has one per choice; vLLM streams one choice).
 const MAX_SPANS: usize = OutputSpans::MAX;
@@ -364,6 +365,8 @@ pub struct RepeatCache {
     /// ([`RepeatCache::scan_logged`]). Kept in place: the event path allocates nothing.
     prefix: [u8; PREFIX_ROOM],
     prefix_len: usize,
+    /// The plain prefix holds no line end ([`RepeatCache::scan_framed`] may frame by it).
+    prefix_one_line: bool,
 }
 
 impl Default for RepeatCache {
@@ -389,6 +392,7 @@ impl RepeatCache {
             single_counted: None,
             prefix: [0; PREFIX_ROOM],
             prefix_len: 0,
+            prefix_one_line: false,
         }
     }
 
@@ -468,7 +472,38 @@ impl RepeatCache {
         if let (0, Some(slot), Some(bytes)) = (p, self.prefix.get_mut(..plain), data.get(..plain)) {
             slot.copy_from_slice(bytes);
             self.prefix_len = plain;
+            self.prefix_one_line = memchr::memchr2(b'\n', b'\r', bytes).is_none();
         }
+    }
+
+    /// The SSE event at `buf`'s start (`buf` from an event's start), framed and read by a
+    /// shape this thread kept ([`shapes::answer_framed`]) past the plain prefix this cache
+    /// holds: `data: <payload>\n\n`. Returns its length and the payload's range in `buf`;
+    /// the payload's scan is in `scan` (as [`EventScan::unknown`] made it), what
+    /// [`RepeatCache::scan_logged_to`] says of the payload. An SSE parser cuts the same event
+    /// there and hands over the same payload: it is one line (the prefix holds no line end,
+    /// nor does what the shape frames) no longer than the parser keeps, and a blank line
+    /// follows. `None`: no shape frames it (nothing changed; a traced request's log notes
+    /// every text, so it is never framed here).
+    #[inline]
+    pub fn scan_framed(
+        &mut self,
+        buf: &[u8],
+        log: &mut TokenLog,
+        scan: &mut EventScan,
+    ) -> Option<(usize, std::ops::Range<usize>)> {
+        let p = self.prefix_len;
+        let payload = buf.strip_prefix(LEAD)?;
+        if p == 0
+            || log.detail
+            || !self.prefix_one_line
+            || payload.get(..p) != Some(self.plain_prefix())
+        {
+            return None;
+        }
+        let max = MAX_LINE_BYTES - LEAD.len();
+        let n = shapes::answer_framed(payload, p, max, Some(log), scan)?;
+        Some((LEAD.len() + n + TRAIL.len(), LEAD.len()..LEAD.len() + n))
     }
 
     /// The template's answer when `data` repeats it (with a template with counts, the counts

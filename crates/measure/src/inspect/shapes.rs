@@ -51,6 +51,8 @@ struct Shape {
     /// The slot that answered right after this one last time: tried first after it (a
     /// stream's events come in their engine's order: role, first output, finish, usage).
     next: usize,
+    /// `bytes` hold no line end (`\n`, `\r`): the shape may frame an event ([`answer_framed`]).
+    one_line: bool,
 }
 
 #[derive(Debug)]
@@ -72,17 +74,34 @@ thread_local! {
 }
 
 /// Where `rem` repeats `bytes` but for other non-empty string text in one of `spans`: that
-/// span's index and where its text ends in `rem`.
-#[inline]
-fn repeat_span(bytes: &[u8], spans: &[(usize, usize)], rem: &[u8]) -> Option<(usize, usize)> {
+/// span's index, where its text ends in `rem`, and the length of the remainder that repeats:
+/// all of `rem`, or with `framed`, `rem` up to where the shape's bytes end in it (`rem` goes
+/// on past them; the text ends at its first byte that is not string text, which must open the
+/// shape's bytes after the span, as in `Template::match_prefix`).
+#[inline(always)]
+fn repeat_span(
+    bytes: &[u8],
+    spans: &[(usize, usize)],
+    rem: &[u8],
+    framed: bool,
+) -> Option<(usize, usize, usize)> {
     spans.iter().enumerate().find_map(|(k, &(a, b))| {
+        if framed {
+            let tail = bytes.get(b..)?;
+            if rem.get(..a) != bytes.get(..a) {
+                return None;
+            }
+            let end = a + text_len(rem.get(a..)?);
+            let hit = end > a && rem.get(end..end + tail.len()) == Some(tail);
+            return hit.then_some((k, end, end + tail.len()));
+        }
         let tail = bytes.len().checked_sub(b)?;
         let end = rem.len().checked_sub(tail)?;
         let hit = end > a
             && rem.get(..a) == bytes.get(..a)
             && rem.get(end..) == bytes.get(b..)
             && text_len(rem.get(a..end)?) == end - a;
-        hit.then_some((k, end))
+        hit.then_some((k, end, rem.len()))
     })
 }
 
@@ -114,9 +133,15 @@ impl Moves {
 
 /// Where `rem` repeats `bytes` but for other digits in each of `counts` (see [`CountSpans`]:
 /// each a run of 1 to 19 digits that opens with `1`-`9`, or `0` alone): how the two line up
-/// and the value of each run. Outside the runs the bytes are the same.
-#[inline]
-fn repeat_counts(bytes: &[u8], counts: &CountSpans, rem: &[u8]) -> Option<Moves> {
+/// and the value of each run. Outside the runs the bytes are the same. With the length of the
+/// remainder that repeats, as [`repeat_span`] says it (`framed`: `rem` goes on past it).
+#[inline(always)]
+fn repeat_counts(
+    bytes: &[u8],
+    counts: &CountSpans,
+    rem: &[u8],
+    framed: bool,
+) -> Option<(Moves, usize)> {
     let mut moves = Moves::default();
     let (mut t, mut r) = (0, 0);
     for (k, &(a, b, _)) in counts.as_slice().iter().enumerate() {
@@ -141,7 +166,9 @@ fn repeat_counts(bytes: &[u8], counts: &CountSpans, rem: &[u8]) -> Option<Moves>
         (t, r) = (b, start + len);
         moves.push(b, r)?;
     }
-    (rem.get(r..)? == bytes.get(t..)?).then_some(moves)
+    let tail = bytes.get(t..)?;
+    let len = if framed { r + tail.len() } else { rem.len() };
+    (rem.get(r..len)? == tail).then_some((moves, len))
 }
 
 /// The scan of `data` resumed at `from` (the end of a plain prefix: see
@@ -157,26 +184,80 @@ pub(super) fn answer(
         return false;
     };
     SHAPES.with_borrow_mut(|shapes| {
-        // The successor of the last answer first, then the others in order.
-        let first = shapes.slots.get(shapes.last).map_or(0, |s| s.next);
-        let n = shapes.slots.len();
-        let Some((i, lined)) = std::iter::once(first)
-            .chain((0..n).filter(|&i| i != first))
-            .find_map(|i| Some((i, line_up(shapes.slots.get(i)?, rem)?)))
-        else {
+        let Some((i, lined, _)) = shapes.find(rem, false) else {
             return false;
         };
-        shapes.clock += 1;
-        if let Some(last) = shapes.slots.get_mut(shapes.last) {
+        shapes.answer_by(i, &lined, data, from, log, scan);
+        true
+    })
+}
+
+/// [`answer`] of the payload that opens `buf` (a payload and what follows it), framed by the
+/// shape that answers it: the payload is `buf[..n]`, one line (the plain prefix before `from`
+/// holds no line end, the caller checked) followed by a blank line `\n\n`, and `n <= max`;
+/// returns `n`. That is where an SSE parser cuts the event: the shape's bytes hold no line
+/// end, nor does a text that repeats one of its spans (string text holds no control byte) or
+/// a run of digits. And it is [`answer`] of `buf[..n]` to the last bit of the bookkeeping: a
+/// shape answers such a payload framed exactly when it answers it whole (its text or digits
+/// end where the shape's bytes after them start), and a shape with a line end answers no
+/// one-line payload. `None`: no shape frames it (nothing changed).
+pub(super) fn answer_framed(
+    buf: &[u8],
+    from: usize,
+    max: usize,
+    log: Option<&mut TokenLog>,
+    scan: &mut EventScan,
+) -> Option<usize> {
+    let rest = buf.get(from..)?;
+    SHAPES.with_borrow_mut(|shapes| {
+        let (i, lined, len) = shapes.find(rest, true)?;
+        let n = from + len;
+        if n > max || buf.get(n..n + 2) != Some(&b"\n\n"[..]) {
+            return None;
+        }
+        shapes.answer_by(i, &lined, buf.get(..n)?, from, log, scan);
+        Some(n)
+    })
+}
+
+impl Shapes {
+    /// The slot that answers `rem` (see [`line_up`]): the successor of the last answer
+    /// first, then the others in order.
+    #[inline(always)]
+    fn find(&self, rem: &[u8], framed: bool) -> Option<(usize, Lined, usize)> {
+        let first = self.slots.get(self.last).map_or(0, |s| s.next);
+        let n = self.slots.len();
+        std::iter::once(first)
+            .chain((0..n).filter(|&i| i != first))
+            .find_map(|i| {
+                let (lined, len) = line_up(self.slots.get(i)?, rem, framed)?;
+                Some((i, lined, len))
+            })
+    }
+
+    /// Slot `i`, lined up with the remainder of `data` from `from` as `lined`, answers it:
+    /// its scan, moved, into `scan`.
+    #[inline(always)]
+    fn answer_by(
+        &mut self,
+        i: usize,
+        lined: &Lined,
+        data: &[u8],
+        from: usize,
+        log: Option<&mut TokenLog>,
+        scan: &mut EventScan,
+    ) {
+        self.clock += 1;
+        if let Some(last) = self.slots.get_mut(self.last) {
             last.next = i;
         }
-        shapes.last = i;
-        let Some(shape) = shapes.slots.get_mut(i) else {
-            return false;
+        self.last = i;
+        let Some(shape) = self.slots.get_mut(i) else {
+            return;
         };
-        shape.used = shapes.clock;
+        shape.used = self.clock;
         let at = |pos: usize| {
-            from + match &lined {
+            from + match lined {
                 Lined::Same => pos,
                 Lined::Text { b, end } if pos >= *b => pos - b + end,
                 Lined::Text { .. } => pos,
@@ -190,7 +271,7 @@ pub(super) fn answer(
         scan.plain_prefix = at(s.plain_prefix);
         scan.output_spans = s.output_spans.map(at);
         scan.counts = s.counts.map(at);
-        if let (Lined::Counts(m), Some(u)) = (&lined, scan.info.usage.as_mut()) {
+        if let (Lined::Counts(m), Some(u)) = (lined, scan.info.usage.as_mut()) {
             // A count shape: the counts are the remainder's own.
             for (&(_, _, what), &v) in s.counts.as_slice().iter().zip(&m.values) {
                 match what {
@@ -205,8 +286,7 @@ pub(super) fn answer(
             l.lead = data.len() - data.trim_ascii_start().len();
             l.body = false;
         }
-        true
-    })
+    }
 }
 
 /// How a remainder lines up with a shape that answers it.
@@ -222,21 +302,25 @@ enum Lined {
 
 /// How `rem` lines up with `shape` when the shape answers it: other text in one output span
 /// (a shape with output spans), other digits in its counts (a shape with counts only), else
-/// the same bytes.
-#[inline]
-fn line_up(shape: &Shape, rem: &[u8]) -> Option<Lined> {
+/// the same bytes; and the length of the remainder that repeats it (see [`repeat_span`]:
+/// `framed`, `rem` goes on past it, and only a shape without line ends frames).
+#[inline(always)]
+fn line_up(shape: &Shape, rem: &[u8], framed: bool) -> Option<(Lined, usize)> {
+    if framed && !shape.one_line {
+        return None;
+    }
     let spans = shape.scan.output_spans.as_slice();
     if !spans.is_empty() {
-        let (k, end) = repeat_span(&shape.bytes, spans, rem)?;
-        return Some(Lined::Text {
-            b: spans.get(k)?.1,
-            end,
-        });
+        let (k, end, len) = repeat_span(&shape.bytes, spans, rem, framed)?;
+        let b = spans.get(k)?.1;
+        return Some((Lined::Text { b, end }, len));
     }
     if !shape.scan.counts.is_empty() {
-        return repeat_counts(&shape.bytes, &shape.scan.counts, rem).map(Lined::Counts);
+        let (moves, len) = repeat_counts(&shape.bytes, &shape.scan.counts, rem, framed)?;
+        return Some((Lined::Counts(moves), len));
     }
-    (rem == shape.bytes.as_slice()).then_some(Lined::Same)
+    let len = if framed { shape.bytes.len() } else { rem.len() };
+    (rem.get(..len) == Some(shape.bytes.as_slice())).then_some((Lined::Same, len))
 }
 
 /// `scan` is the scan of `data` resumed at `from` (see [`answer`]), which logged nothing:
@@ -285,6 +369,7 @@ pub(super) fn learn(data: &[u8], from: usize, scan: &EventScan, first: bool) {
                 scan: EventScan::unknown(),
                 used: 0, // the least recently used: filled next
                 next: 0,
+                one_line: false,
             });
         }
         let Some(slot) = shapes.slots.iter_mut().min_by_key(|s| s.used) else {
@@ -292,6 +377,7 @@ pub(super) fn learn(data: &[u8], from: usize, scan: &EventScan, first: bool) {
         };
         slot.bytes.clear();
         slot.bytes.extend_from_slice(rem);
+        slot.one_line = memchr::memchr2(b'\n', b'\r', rem).is_none();
         slot.scan = kept;
         slot.used = used;
     });
@@ -306,7 +392,9 @@ mod tests {
 
     /// What the meter's path does with `data` (see `RepeatCache::scan_to`), with `from` the end
     /// of a plain prefix: the shape's answer, else the scan resumed there (then learned). Checks
-    /// the answer against the scan of `data` whole; returns whether a shape answered.
+    /// the answer against the scan of `data` whole; returns whether a shape answered. Framed
+    /// first (`data` followed by a blank line and more, see [`check_framed`]): a shape that
+    /// frames the event answers it.
     fn check(data: &[u8], from: usize, first: bool) -> bool {
         let whole = scan_event_from(data, 0, None);
         let resumed = scan_event_from(data, from, None);
@@ -316,14 +404,53 @@ mod tests {
             "resumed at {from}: {:?}",
             String::from_utf8_lossy(data)
         );
+        let framed = [&b""[..], b"\n", b"\r\n", b"data: {}\n\n"]
+            .map(|after| check_framed(data, from, after));
         let mut got = EventScan::unknown();
         if answer(data, from, None, &mut got) {
             assert_eq!(got, whole, "{:?}", String::from_utf8_lossy(data));
+            FRAMED.with(|f| f.set(f.get() + usize::from(framed[0])));
             return true;
+        }
+        // A payload with a line end may hold an event a shape frames before it: only a
+        // one-line payload is the event framed.
+        if memchr::memchr2(b'\n', b'\r', data).is_none() {
+            assert_eq!(framed, [false; 4], "{:?}", String::from_utf8_lossy(data));
         }
         assert_eq!(got, EventScan::unknown());
         learn(data, from, &resumed, first);
         false
+    }
+
+    std::thread_local! {
+        /// Events [`check`] saw framed by a shape on this thread.
+        static FRAMED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    /// `answer_framed` of `data` (a payload with a plain prefix up to `from`) followed by a
+    /// blank line and `after`: when a shape frames an event there, it is where an SSE parser
+    /// cuts one (a payload without line ends, followed by `\n\n`) and the answer is the whole
+    /// scan of that payload; else nothing changed. Returns whether a shape framed it.
+    fn check_framed(data: &[u8], from: usize, after: &[u8]) -> bool {
+        let buf = [data, b"\n\n", after].concat();
+        let mut got = EventScan::unknown();
+        let Some(n) = answer_framed(&buf, from, usize::MAX, None, &mut got) else {
+            assert_eq!(got, EventScan::unknown());
+            return false;
+        };
+        let lossy = String::from_utf8_lossy(&buf);
+        let payload = &buf[..n];
+        assert!(
+            memchr::memchr2(b'\n', b'\r', &payload[from..]).is_none(),
+            "{lossy:?}"
+        );
+        assert_eq!(buf.get(n..n + 2), Some(&b"\n\n"[..]), "{lossy:?}");
+        assert_eq!(got, scan_event_from(payload, 0, None), "{lossy:?}");
+        // One line with a blank line after it: `data` itself, where `data` is one line.
+        if memchr::memchr2(b'\n', b'\r', data).is_none() {
+            assert_eq!(n, data.len(), "{lossy:?}");
+        }
+        true
     }
 
     /// On every event of every capture, twice (the second time from the shapes the first
@@ -343,6 +470,9 @@ mod tests {
             }
         }
         assert!(hits > 100, "{hits} answers");
+        // Not vacuous: most answers were framed too (captures are one line per event).
+        let framed = FRAMED.with(std::cell::Cell::get);
+        assert!(framed * 10 > hits * 8, "{framed} of {hits} answers framed");
     }
 
     proptest! {
@@ -456,6 +586,17 @@ mod tests {
             assert!(answer(e.as_bytes(), from, None, &mut got), "{text}");
             assert_eq!(got, scan_event_from(e.as_bytes(), from, None), "{text}");
             assert_eq!(got.info, scan_event_from(e.as_bytes(), 0, None).info);
+            // Framed: the same answer, and no payload longer than the caller allows.
+            let framed = format!("{e}\n\ndata: {e}\n\n");
+            let mut again = EventScan::unknown();
+            let n = answer_framed(framed.as_bytes(), from, e.len(), None, &mut again);
+            assert_eq!((n, &again), (Some(e.len()), &got), "{text}");
+            let mut short = EventScan::unknown();
+            assert_eq!(
+                answer_framed(framed.as_bytes(), from, e.len() - 1, None, &mut short),
+                None
+            );
+            assert_eq!(short, EventScan::unknown());
         }
         for miss in [
             event("", "null"),

@@ -398,6 +398,11 @@ impl StreamMeter {
         let rest = &frame[start..];
         // The template's check failed on `rest` (an event's start): see `missed_at`.
         let mut tried = false;
+        // What the event is (untouched until a shape or a scan says).
+        let mut scan = EventScan::unknown();
+        // `None`: the block dispatched no event (comments, fields without data).
+        let mut class = None;
+        let mut framed = None;
         if strip.partial.is_empty() && tl.cacheable() && self.parser.at_event_start() {
             tried = repeat.template_frames_one_line();
             let hit = if known_miss {
@@ -416,20 +421,31 @@ impl StreamMeter {
                 acc.range(frame, start, start + len);
                 return start + len;
             }
+            // Not a repeat: a shape may frame and read it, without the parser (which stays
+            // at an event's start, as it would after this one).
+            if let Some((len, data)) = tl.look_framed(repeat, rest, &mut scan) {
+                let data = rest.get(data).unwrap_or_default();
+                class = Some(judge_scanned(tl, repeat, strip, t, data, &scan, on_gap));
+                framed = Some(start + len);
+            }
         }
-        let blocks = self.parser.blocks();
-        // `None`: the block dispatched no event (comments, fields without data).
-        let mut class = None;
-        let took = self.parser.feed_one(rest, |ev| {
-            let missed = tried && missed_at(rest, ev.data);
-            class = Some(judge(tl, repeat, strip, t, ev, missed, on_gap));
-        });
-        let end = start + took;
-        if self.parser.blocks() == blocks {
-            // No event ends in this frame: its bytes wait for the rest of it.
-            strip.partial.extend_from_slice(&frame[start..end]);
-            return end;
-        }
+        let end = match framed {
+            Some(end) => end,
+            None => {
+                let blocks = self.parser.blocks();
+                let took = self.parser.feed_one(rest, |ev| {
+                    let missed = tried && missed_at(rest, ev.data);
+                    class = Some(judge(tl, repeat, strip, t, ev, missed, &mut scan, on_gap));
+                });
+                let end = start + took;
+                if self.parser.blocks() == blocks {
+                    // No event ends in this frame: its bytes wait for the rest of it.
+                    strip.partial.extend_from_slice(&frame[start..end]);
+                    return end;
+                }
+                end
+            }
+        };
         let event = if strip.partial.is_empty() {
             None
         } else {
@@ -524,6 +540,8 @@ pub(super) fn missed_at(rest: &[u8], data: &[u8]) -> bool {
 /// strip's decision (`missed`: the template is known not to answer it, see `missed_at`). An
 /// ordinary event is metered now (after a held chunk it releases); a finish chunk waits
 /// (metered when released); the usage chunk's usage goes to the timeline.
+/// `scan`: the caller's [`EventScan::unknown`].
+#[allow(clippy::too_many_arguments)]
 fn judge(
     tl: &mut Timeline,
     repeat: &mut RepeatCache,
@@ -531,6 +549,7 @@ fn judge(
     t: Instant,
     ev: crate::sse::SseEvent<'_>,
     missed: bool,
+    scan: &mut EventScan,
     on_gap: &mut impl FnMut(Duration),
 ) -> Class {
     if ev.event == Some(b"error") {
@@ -544,8 +563,21 @@ fn judge(
         tl.done_at_once(ev.data);
         return Class::Other;
     }
-    let mut scan = EventScan::unknown();
-    tl.look(repeat, ev.data, missed, &mut scan);
+    tl.look(repeat, ev.data, missed, scan);
+    judge_scanned(tl, repeat, strip, t, ev.data, scan, on_gap)
+}
+
+/// [`judge`] of an event with payload `data` once `scan` says what it is (see
+/// [`Timeline::look`]).
+fn judge_scanned(
+    tl: &mut Timeline,
+    repeat: &mut RepeatCache,
+    strip: &mut Strip,
+    t: Instant,
+    data: &[u8],
+    scan: &EventScan,
+    on_gap: &mut impl FnMut(Duration),
+) -> Class {
     let info = &scan.info;
     if info.kind == ChunkKind::Chunk && info.choice_count > 0 && info.usage.is_some() {
         strip.engine_usage = true;
@@ -568,7 +600,7 @@ fn judge(
     match class {
         Class::Other => {
             meter_held(tl, repeat, strip, t, on_gap);
-            tl.on_info(t, info, ev.data, on_gap);
+            tl.on_info(t, info, data, on_gap);
         }
         Class::Finish { .. } | Class::Usage | Class::UsagePasses => {
             // Not metered now: the log is the held chunk's to fill again on release (unless
@@ -583,9 +615,8 @@ fn judge(
                     tl.on_reported(info);
                     // The held chunk (metered as it came: the fields change nothing it says)
                     // takes back what injection moved to this chunk.
-                    let fp =
-                        raw(ev.data, &scan.fingerprint).filter(|_| !strip.held_has_fingerprint);
-                    let timings = raw(ev.data, &scan.timings);
+                    let fp = raw(data, &scan.fingerprint).filter(|_| !strip.held_has_fingerprint);
+                    let timings = raw(data, &scan.timings);
                     strip.held = strip.held.take().map(|h| {
                         insert_fields(h, &[(b"system_fingerprint", fp), (b"timings", timings)])
                     });
