@@ -347,13 +347,14 @@ impl Timeline {
     }
 
     /// An event the parser completed. `missed`: the template is known not to answer it
-    /// (see [`Timeline::look`]).
+    /// (see [`Timeline::look`]); `scan`: the caller's [`EventScan::unknown`].
     fn on_event(
         &mut self,
         repeat: &mut RepeatCache,
         t: Instant,
         ev: SseEvent<'_>,
         missed: bool,
+        scan: &mut EventScan,
         on_gap: &mut impl FnMut(Duration),
     ) {
         if ev.event == Some(b"error") {
@@ -363,8 +364,7 @@ impl Timeline {
         if self.done_at_once(ev.data) {
             return;
         }
-        let mut scan = EventScan::unknown();
-        self.look(repeat, ev.data, missed, &mut scan);
+        self.look(repeat, ev.data, missed, scan);
         self.on_info(t, &scan.info, ev.data, on_gap);
     }
 
@@ -999,28 +999,56 @@ impl StreamMeter {
     fn feed(&mut self, t: Instant, mut bytes: &[u8], on_gap: &mut impl FnMut(Duration)) {
         let (tl, repeat) = (&mut self.tl, &mut self.repeat);
         if !tl.cacheable() {
-            self.parser
-                .feed(bytes, |ev| tl.on_event(repeat, t, ev, false, on_gap));
+            self.parser.feed(bytes, |ev| {
+                tl.on_event(repeat, t, ev, false, &mut EventScan::unknown(), on_gap);
+            });
             return;
         }
         while !bytes.is_empty() {
-            // The template's check failed on `bytes` (an event's start): see `missed_at`.
-            let mut tried = false;
             if self.parser.at_event_start() {
                 let len = tl.on_repeats_at(repeat, t, bytes, on_gap);
                 if len > 0 {
                     bytes = &bytes[len..];
                     continue;
                 }
-                tried = repeat.template_frames_one_line();
+                let took = Self::feed_unrepeated(&mut self.parser, tl, repeat, t, bytes, on_gap);
+                bytes = &bytes[took..];
+                continue;
             }
-            let rest = bytes;
-            let took = self.parser.feed_one(rest, |ev| {
-                let missed = tried && strip::missed_at(rest, ev.data);
-                tl.on_event(repeat, t, ev, missed, on_gap);
+            let took = self.parser.feed_one(bytes, |ev| {
+                tl.on_event(repeat, t, ev, false, &mut EventScan::unknown(), on_gap);
             });
             bytes = &bytes[took..];
         }
+    }
+
+    /// The event at `bytes`' start (an event's start) that the template missed: framed and
+    /// read by a shape in one pass when one does ([`Timeline::look_framed`]), else by the
+    /// parser; returns the bytes taken. Out of line: most events of a stream are repeats, and
+    /// their loop stays as small without it.
+    #[inline(never)]
+    fn feed_unrepeated(
+        parser: &mut SseParser,
+        tl: &mut Timeline,
+        repeat: &mut RepeatCache,
+        t: Instant,
+        bytes: &[u8],
+        on_gap: &mut impl FnMut(Duration),
+    ) -> usize {
+        // The template's check failed on `bytes`: see `missed_at`.
+        let tried = repeat.template_frames_one_line();
+        // What the event is (untouched until a shape or a scan says).
+        let mut scan = EventScan::unknown();
+        // A shape may frame and read it, without the parser (which stays at an event's
+        // start, as it would after this one).
+        if let Some((len, data)) = tl.look_framed(repeat, bytes, &mut scan) {
+            tl.on_info(t, &scan.info, bytes.get(data).unwrap_or_default(), on_gap);
+            return len;
+        }
+        parser.feed_one(bytes, |ev| {
+            let missed = tried && strip::missed_at(bytes, ev.data);
+            tl.on_event(repeat, t, ev, missed, &mut scan, on_gap);
+        })
     }
 
     /// Output tokens counted so far (per event: continuous usage growth, logprobs entries,
@@ -1061,8 +1089,9 @@ impl StreamMeter {
             let mut noop = |_| {};
             let (tl, repeat) = (&mut self.tl, &mut self.repeat);
             let t = self.last_frame.unwrap_or(t_end);
-            self.parser
-                .finish(|ev| tl.on_event(repeat, t, ev, false, &mut noop));
+            self.parser.finish(|ev| {
+                tl.on_event(repeat, t, ev, false, &mut EventScan::unknown(), &mut noop)
+            });
         }
         m.outcome = match self.status {
             Some(s) if s >= 500 => Outcome::UpstreamError,

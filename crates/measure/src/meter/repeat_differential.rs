@@ -57,6 +57,33 @@ fn framed_by_template(body: &[u8]) -> usize {
     m.tl.one_look as usize
 }
 
+/// A second stream of one engine on a thread: the events its template does not answer (its
+/// first output and finish chunks, the usage chunk when asked) are framed and read by the
+/// shapes the first stream left, in one pass, and measure as the reference does.
+#[test]
+fn a_second_stream_frames_what_the_template_misses_by_the_shapes() {
+    // A thread of its own: no shape kept before the first stream.
+    std::thread::spawn(|| {
+        for (name, least) in [("stream-chat.txt", 2), ("stream-chat-usage.txt", 3)] {
+            let body = capture(name).body;
+            let by_shapes = || {
+                let t0 = Instant::now();
+                let mut m = StreamMeter::new(t0, true);
+                m.on_head(t0, 200);
+                m.on_frame(t0, body, |_| {});
+                m.tl.shape_framed
+            };
+            by_shapes();
+            let framed = by_shapes();
+            assert!(framed >= least, "{name}: {framed}");
+            let whole: &[&[u8]] = &[body];
+            assert_eq!(measure(whole, true), measure(whole, false), "{name}");
+        }
+    })
+    .join()
+    .unwrap();
+}
+
 #[test]
 fn most_events_of_a_plain_stream_are_framed_by_the_template() {
     let body = capture("stream-chat.txt").body;

@@ -222,8 +222,12 @@ fn meter_held_now(
         strip.held_info = None;
     } else {
         let mut parser = SseParser::new();
-        parser.feed(held, |ev| tl.on_event(repeat, t, ev, false, on_gap));
-        parser.finish(|ev| tl.on_event(repeat, t, ev, false, on_gap));
+        parser.feed(held, |ev| {
+            tl.on_event(repeat, t, ev, false, &mut EventScan::unknown(), on_gap);
+        });
+        parser.finish(|ev| {
+            tl.on_event(repeat, t, ev, false, &mut EventScan::unknown(), on_gap);
+        });
     }
     if aside {
         std::mem::swap(&mut tl.log, &mut strip.spare_log);

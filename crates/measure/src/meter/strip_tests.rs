@@ -205,6 +205,35 @@ fn most_events_of_a_capture_pass_by_the_one_look_path() {
     }
 }
 
+/// A second stream on a thread: its first output chunk, its finish chunk (held) and the
+/// injected usage chunk (dropped) are framed and read by the shapes the first stream left,
+/// and the client gets what the reference strip gives, measured alike.
+#[test]
+fn a_second_stream_strips_what_the_shapes_frame_as_the_reference() {
+    // A thread of its own: no shape kept before the first stream.
+    std::thread::spawn(|| {
+        let (usage, plain) = chat_pair();
+        let by_shapes = || {
+            let t0 = Instant::now();
+            let mut m = StreamMeter::new(t0, true).strip_usage();
+            m.on_head(t0, 200);
+            let mut out = VecDeque::new();
+            m.on_upstream_frame(t0, Bytes::copy_from_slice(&usage), &mut out, |_| {});
+            m.end_of_upstream(t0, &mut out, |_| {});
+            let got: Vec<u8> = out.iter().flat_map(|b| b.iter().copied()).collect();
+            assert_eq!(got, plain);
+            m.tl.shape_framed
+        };
+        by_shapes();
+        let framed = by_shapes();
+        assert!(framed >= 3, "{framed}");
+        let whole: &[&[u8]] = &[&usage];
+        assert_eq!(strip_by(whole, true), strip_by(whole, false));
+    })
+    .join()
+    .unwrap();
+}
+
 #[test]
 fn whole_event_frames_pass_without_copy() {
     let t0 = Instant::now();
