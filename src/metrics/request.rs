@@ -195,6 +195,13 @@ impl ItlBuffer {
         }
     }
 
+    /// The request's end: every buffered gap reaches the histogram (before its record). The
+    /// buffer is dropped (dropping flushes it), so that nothing is flushed twice.
+    pub fn finish(&mut self) {
+        self.gaps = None;
+        self.pending = 0;
+    }
+
     /// A frame has been metered: flush when [`ITL_FLUSH_GAPS`] gaps wait.
     #[inline]
     pub fn settle(&mut self) {
@@ -283,10 +290,20 @@ impl RequestMetrics {
     /// outcome, as vLLM does for TTFT); E2E for every outcome except `rejected`. ITL gaps are
     /// observed as they happen (see [`RequestMetrics::itl_buffer`]). `end`: when the request
     /// finished (the goodput window counts it there).
-    pub fn finish(mut self, m: &Measurement, v: &SloVerdict, end: Instant) {
-        let (model_label, upstream_label) = (self.model.clone(), self.upstream.clone());
-        let (model, upstream) = (&*model_label, &*upstream_label);
-        let sh = self.shared.clone();
+    ///
+    /// By reference: the recorder finishes the request where its state lives (in the
+    /// response body's box), without moving it out first. Called once per request.
+    pub fn finish(&mut self, m: &Measurement, v: &SloVerdict, end: Instant) {
+        // The handles taken out rather than borrowed through `&mut self`: the labels and the
+        // shared state are then read in place, not cloned (three shared reference counts
+        // touched by every request of the model).
+        let h = match self.handles.take() {
+            Some(h) => h,
+            None => self
+                .shared
+                .handles(&self.per_model, &self.model, &self.upstream),
+        };
+        let (model, upstream, sh) = (&*self.model, &*self.upstream, &*self.shared);
         let f = &sh.families;
         let finished = Finished {
             model,
@@ -294,8 +311,7 @@ impl RequestMetrics {
             outcome: m.outcome,
             finish_reason: m.finish_reason,
         };
-        self.handles()
-            .requests
+        h.requests
             .get(m.outcome, m.finish_reason, || f.requests.get(&finished))
             .inc();
         if let Some(a) = &m.agent {
@@ -321,10 +337,9 @@ impl RequestMetrics {
         }
         if !rejected_by_client(m.outcome, m.status) {
             if let Ok(mut w) = sh.window.lock() {
-                w.add(&model_label, v.good, end);
+                w.add(&self.model, v.good, end);
             }
         }
-        let h = self.handles();
         if v.good {
             h.goodput.inc();
         }
@@ -350,14 +365,19 @@ impl RequestMetrics {
         if m.sse_discarded > 0 {
             f.sse_discarded.inc_by(m.sse_discarded);
         }
-        // Drop takes it out of flight.
+        self.handles = Some(h);
+        self.out_of_flight();
+    }
+
+    fn out_of_flight(&mut self) {
+        if std::mem::take(&mut self.in_flight) {
+            self.per_model.in_flight.dec();
+        }
     }
 }
 
 impl Drop for RequestMetrics {
     fn drop(&mut self) {
-        if std::mem::take(&mut self.in_flight) {
-            self.per_model.in_flight.dec();
-        }
+        self.out_of_flight();
     }
 }

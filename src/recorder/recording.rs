@@ -222,21 +222,23 @@ impl Finish {
 
     /// The request's record: metrics, the tenant's token budget, the balancer's view of its
     /// replica, sinks and the ring. `end`: when the request finished (the meter's end).
-    pub fn record(self, mut m: Measurement, end: Instant) {
+    /// Called once; by reference, so that the body finishes it in its box (moving it out
+    /// was a copy of a few hundred bytes).
+    pub fn record(&mut self, mut m: Measurement, end: Instant) {
         let Started {
             rm,
             slo,
             tenant,
             start_unix_ms,
-        } = self.started;
-        let v = judge(&m, &slo);
+        } = &mut self.started;
+        let v = judge(&m, slo);
         let tenant_name = tenant.as_ref().map(|t| t.name.clone());
         let tokens = m.prompt_tokens.unwrap_or(0) + m.completion_tokens.unwrap_or(0);
         if let Some(t) = &tenant {
             // The token budget is charged with what the request used (see auth::tenant).
             t.charge(tokens, end);
         }
-        let recorder = self.recorder;
+        let recorder = &*self.recorder;
         recorder.metrics.tenant_finished(
             tenant_name.as_ref().unwrap_or(&recorder.no_tenant),
             m.outcome,
@@ -257,7 +259,7 @@ impl Finish {
             );
         }
         rm.finish(&m, &v, end);
-        let (route_reason, retried_from) = match self.routed {
+        let (route_reason, retried_from) = match &mut self.routed {
             Some(r) => {
                 // What this replica's clients got feeds the balancer's goodput view.
                 if !by_client {
@@ -283,7 +285,10 @@ impl Finish {
                     };
                     r.replica.set_usage_unasked(learned);
                 }
-                (Some(r.reason), r.earlier.into_boxed_slice())
+                (
+                    Some(r.reason),
+                    std::mem::take(&mut r.earlier).into_boxed_slice(),
+                )
             }
             None => (None, Box::default()),
         };
@@ -293,10 +298,10 @@ impl Finish {
         // Built whole, in one expression: a record built step by step (`RequestRecord::new`
         // and its `with_*` builders) was copied at each step.
         let rec = RequestRecord {
-            id: self.id,
+            id: self.id.clone(),
             model,
-            upstream: self.upstream,
-            start_unix_ms,
+            upstream: self.upstream.take(),
+            start_unix_ms: *start_unix_ms,
             measured: m,
             slo: v,
             instance: recorder.instance.clone(),
