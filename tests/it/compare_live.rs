@@ -81,7 +81,12 @@ async fn compare_after_a_load_through_two_simulators() {
 
     let admin_url = proxy.admin_url("");
     let by_model = tokio::spawn(async move {
-        let admin = Admin::new(&admin_url).unwrap();
+        // Gauges sampled as often as the proxy scrapes the engines: at the default (1 s), the
+        // load (1-2 s) gave one or two samples, and in CI they once found one replica's batch
+        // empty.
+        let admin = Admin::new(&admin_url)
+            .unwrap()
+            .with_gauge_interval(Duration::from_millis(100));
         admin.window(WINDOW, true).await.unwrap()
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
