@@ -16,11 +16,15 @@ RUN apt-get update \
 WORKDIR /src
 COPY . .
 # The cache mounts keep downloaded crates and the build directory between builds (BuildKit,
-# podman): a rebuild compiles only what changed. Neither is part of any image.
+# podman): a rebuild compiles only what changed. Neither is part of any image. `COPY` gives
+# every file a new mtime, which would make cargo recompile all four crates each time:
+# image-mtimes.sh gives unchanged files the mtime of the build that compiled them.
 RUN --mount=type=cache,id=goodput-proxy-cargo-registry,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,id=goodput-proxy-target,target=/src/target,sharing=locked \
-    CARGO_PROFILE_RELEASE_DEBUG=false \
+    sh scripts/image-mtimes.sh restore \
+ && CARGO_PROFILE_RELEASE_DEBUG=false \
     cargo build --release --locked -p goodput-proxy --bin goodput-proxy --features jemalloc \
+ && sh scripts/image-mtimes.sh save \
  && cp target/release/goodput-proxy /goodput-proxy
 # Without debug info: the release profile keeps line tables for profiling, which the image
 # would only strip again (about 100 MB); its symbols stay, enough for named backtraces, and the
