@@ -109,6 +109,24 @@ impl ChunkInfo {
         }
     }
 
+    /// `*self = *other`, copying the choices only as far as either keeps any: past its
+    /// `kept`, every `ChunkInfo` holds default choices (a scan writes the next one and clears
+    /// the kept ones, nothing else writes them), so the rest is equal already. A shape's
+    /// answer copies about a tenth of the inline array this way (one choice in a stream).
+    #[inline]
+    pub(crate) fn assign(&mut self, other: &ChunkInfo) {
+        let n = usize::from(self.kept.max(other.kept)).min(MAX_CHOICES_PER_CHUNK);
+        self.choices[..n].copy_from_slice(&other.choices[..n]);
+        self.kind = other.kind;
+        self.choice_count = other.choice_count;
+        self.finished_count = other.finished_count;
+        self.output = other.output;
+        self.tokens = other.tokens;
+        self.usage = other.usage;
+        self.timings = other.timings;
+        self.kept = other.kept;
+    }
+
     /// The choice entries (at most [`MAX_CHOICES_PER_CHUNK`]).
     pub fn choices(&self) -> &[ChoiceInfo] {
         &self.choices[..self.kept as usize]
@@ -233,6 +251,16 @@ impl OutputSpans {
         self
     }
 
+    /// `*self = from.map(f)` in place, for a `self` with no span (as `default` made it):
+    /// only `from`'s spans are written (past them both hold zeros, as `note` leaves them).
+    #[inline(always)]
+    pub(crate) fn set_mapped(&mut self, from: &Self, f: impl Fn(usize) -> usize) {
+        for (d, s) in self.spans.iter_mut().zip(from.as_slice()) {
+            *d = (f(s.0), f(s.1));
+        }
+        self.n = from.n;
+    }
+
     /// [`OutputSpans::map`], `None` when `f` is for some start or end.
     fn try_map(mut self, f: impl Fn(usize) -> Option<usize>) -> Option<Self> {
         for s in &mut self.spans[..self.n] {
@@ -303,6 +331,16 @@ impl CountSpans {
             *s = (f(s.0), f(s.1), s.2);
         }
         self
+    }
+
+    /// `*self = from.map(f)` in place, for a `self` with no span (as `default` made it):
+    /// only `from`'s spans are written (past them both hold zeros, as `note` leaves them).
+    #[inline(always)]
+    pub(crate) fn set_mapped(&mut self, from: &Self, f: impl Fn(usize) -> usize) {
+        for (d, s) in self.spans.iter_mut().zip(from.as_slice()) {
+            *d = (f(s.0), f(s.1), s.2);
+        }
+        self.n = from.n;
     }
 
     /// [`CountSpans::map`], `None` when `f` is for some start or end.

@@ -57,10 +57,13 @@ pub fn rejected_by_client(outcome: Outcome, status: Option<u16>) -> bool {
 }
 
 /// A choice's `finish_reason`, folded into a bounded set (anything unknown is `Other`).
+// Numbered from 1 so that `None` of `Option<FinishReason>` is the zero byte (rustc puts the
+// niche there): a `ChoiceInfo::default()` is then all zeros, and a scan's 16 inline choices
+// start as one zeroed block, not a store per field (every non-repeat event starts one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FinishReason {
-    Stop,
+    Stop = 1,
     Length,
     ToolCalls,
     ContentFilter,

@@ -123,6 +123,7 @@ impl Moves {
     }
 
     /// Where `pos`, a position of the shape's remainder, is in the remainder that repeats it.
+    #[inline]
     fn at(&self, pos: usize) -> usize {
         match self.ends[..self.n].iter().rev().find(|(b, _)| pos >= *b) {
             Some(&(b, e)) => pos - b + e,
@@ -265,12 +266,13 @@ impl Shapes {
             }
         };
         let s = &shape.scan;
-        scan.info = s.info;
+        scan.info.assign(&s.info);
         scan.fingerprint = s.fingerprint.as_ref().map(|r| at(r.start)..at(r.end));
         scan.timings = s.timings.as_ref().map(|r| at(r.start)..at(r.end));
         scan.plain_prefix = at(s.plain_prefix);
-        scan.output_spans = s.output_spans.map(at);
-        scan.counts = s.counts.map(at);
+        // In place: `scan` has no span yet (as `EventScan::unknown` made it).
+        scan.output_spans.set_mapped(&s.output_spans, at);
+        scan.counts.set_mapped(&s.counts, at);
         if let (Lined::Counts(m), Some(u)) = (lined, scan.info.usage.as_mut()) {
             // A count shape: the counts are the remainder's own.
             for (&(_, _, what), &v) in s.counts.as_slice().iter().zip(&m.values) {
