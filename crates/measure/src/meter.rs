@@ -997,6 +997,7 @@ impl StreamMeter {
     /// over, so the parser is not needed for it (`meter/repeat_differential.rs` splits streams
     /// anywhere and holds this against the parser alone).
     fn feed(&mut self, t: Instant, mut bytes: &[u8], on_gap: &mut impl FnMut(Duration)) {
+        self.parser.past_bom(bytes);
         let (tl, repeat) = (&mut self.tl, &mut self.repeat);
         if !tl.cacheable() {
             self.parser.feed(bytes, |ev| {
@@ -1035,6 +1036,11 @@ impl StreamMeter {
         bytes: &[u8],
         on_gap: &mut impl FnMut(Duration),
     ) -> usize {
+        if let Some(len) = done_event(bytes) {
+            // As `Timeline::on_event` takes the parser's `[DONE]`.
+            tl.done_at_once(DONE);
+            return len;
+        }
         // The template's check failed on `bytes`: see `missed_at`.
         let tried = repeat.template_frames_one_line();
         // What the event is (untouched until a shape or a scan says).
@@ -1200,6 +1206,19 @@ impl StreamMeter {
 /// `scanned` (its `logprobs` entries, else 1 for an output event). The first running count of
 /// a choice has nothing to grow from (an engine that sends usage only on its last chunk looks
 /// the same), and a count that went down is no running count of this choice: both fall back.
+/// The payload of the stream's end event.
+const DONE: &[u8] = b"[DONE]";
+
+/// `buf`, from an event's start, opens with the event `data: [DONE]` and a blank line `\n\n`:
+/// its length. Exactly where the SSE parser cuts there, handing over the payload `[DONE]` and
+/// no `event:` field (`SseParser::one_line_event`: a `data: ` line, its first line end a `\n`
+/// followed by another), and the parser stays at an event's start, as it would after it.
+#[inline]
+fn done_event(buf: &[u8]) -> Option<usize> {
+    const EVENT: &[u8] = b"data: [DONE]\n\n";
+    buf.starts_with(EVENT).then_some(EVENT.len())
+}
+
 fn event_tokens(running: Option<u64>, before: Option<u64>, scanned: u32) -> u64 {
     match (running, before) {
         (Some(now), Some(before)) if now >= before => now - before,

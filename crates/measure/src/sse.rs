@@ -128,6 +128,18 @@ impl SseParser {
             && self.bom.is_none()
     }
 
+    /// At the stream's start (no byte of a BOM seen yet), `bytes`, the next ones, open with a
+    /// byte that is no BOM's: the stream's start is past, as [`SseParser::feed`] of them would
+    /// find (it drops a BOM that is not there and parses the same bytes), and
+    /// [`SseParser::at_event_start`] holds for the first event, so the meter's one-look paths
+    /// may frame it.
+    #[inline]
+    pub fn past_bom(&mut self, bytes: &[u8]) {
+        if self.bom == Some(0) && bytes.first().is_some_and(|&b| b != BOM[0]) {
+            self.bom = None;
+        }
+    }
+
     fn feed_until(
         &mut self,
         bytes: &[u8],

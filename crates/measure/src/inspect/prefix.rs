@@ -58,6 +58,8 @@ struct PrefixShape {
     n: usize,
     /// Where the prefix ends in `bytes` (the quote of the key after it).
     end: usize,
+    /// `bytes` hold no line end (`\n`, `\r`): [`prefix_end_framed`] may answer by it.
+    one_line: bool,
 }
 
 thread_local! {
@@ -83,15 +85,32 @@ pub(crate) fn prefix_end(data: &[u8]) -> Option<usize> {
                 values: [(0, 0, false); MAX_VALUES],
                 n: 0,
                 end: 0,
+                one_line: false,
             });
             p.bytes.clear();
             p.bytes.extend_from_slice(bytes);
             p.values = notes.values;
             p.n = notes.n;
             p.end = end;
+            p.one_line = memchr::memchr2(b'\n', b'\r', bytes).is_none();
         });
     }
     Some(end)
+}
+
+/// [`prefix_end`] of a payload that opens `buf` (and `buf` goes on past it, with its line
+/// end), answered by the last prefix read on this thread alone: `None` when that one does not
+/// answer (nothing is read or kept then) or holds a line end. Its answer is the payload's:
+/// every byte it compares is one of the kept prefix's (no line end) and every value it skips
+/// is string text or digits (no line end either), so all it reads lies before the payload's
+/// line end, and so does the prefix (the line end is no byte of it).
+#[inline]
+pub(crate) fn prefix_end_framed(buf: &[u8]) -> Option<usize> {
+    LAST.with_borrow(|last| {
+        last.as_ref()
+            .filter(|p| p.one_line)
+            .and_then(|p| p.repeats(buf))
+    })
 }
 
 impl PrefixShape {

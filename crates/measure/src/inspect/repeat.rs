@@ -468,8 +468,16 @@ impl RepeatCache {
             }
             None => scan_event_to(data, 0, log, scan),
         }
-        let plain = scan.plain_prefix;
-        if let (0, Some(slot), Some(bytes)) = (p, self.prefix.get_mut(..plain), data.get(..plain)) {
+        if p == 0 {
+            self.keep_prefix(data, scan.plain_prefix);
+        }
+    }
+
+    /// The stream's first scanned event (payload `data`, its plain prefix `plain` bytes long):
+    /// its plain prefix is kept when it fits.
+    #[inline]
+    fn keep_prefix(&mut self, data: &[u8], plain: usize) {
+        if let (Some(slot), Some(bytes)) = (self.prefix.get_mut(..plain), data.get(..plain)) {
             slot.copy_from_slice(bytes);
             self.prefix_len = plain;
             self.prefix_one_line = memchr::memchr2(b'\n', b'\r', bytes).is_none();
@@ -478,7 +486,8 @@ impl RepeatCache {
 
     /// The SSE event at `buf`'s start (`buf` from an event's start), framed and read by a
     /// shape this thread kept ([`shapes::answer_framed`]) past the plain prefix this cache
-    /// holds: `data: <payload>\n\n`. Returns its length and the payload's range in `buf`;
+    /// holds (before it holds one, past the prefix of the thread's last stream:
+    /// [`RepeatCache::scan_first_framed`]): `data: <payload>\n\n`. Returns its length and the payload's range in `buf`;
     /// the payload's scan is in `scan` (as [`EventScan::unknown`] made it), what
     /// [`RepeatCache::scan_logged_to`] says of the payload. An SSE parser cuts the same event
     /// there and hands over the same payload: it is one line (the prefix holds no line end,
@@ -494,15 +503,39 @@ impl RepeatCache {
     ) -> Option<(usize, std::ops::Range<usize>)> {
         let p = self.prefix_len;
         let payload = buf.strip_prefix(LEAD)?;
-        if p == 0
-            || log.detail
-            || !self.prefix_one_line
-            || payload.get(..p) != Some(self.plain_prefix())
-        {
+        let max = MAX_LINE_BYTES - LEAD.len();
+        if log.detail {
             return None;
         }
-        let max = MAX_LINE_BYTES - LEAD.len();
+        if p == 0 {
+            return self.scan_first_framed(payload, log, scan);
+        }
+        if !self.prefix_one_line || payload.get(..p) != Some(self.plain_prefix()) {
+            return None;
+        }
         let n = shapes::answer_framed(payload, p, max, Some(log), scan)?;
+        Some((LEAD.len() + n + TRAIL.len(), LEAD.len()..LEAD.len() + n))
+    }
+
+    /// [`RepeatCache::scan_framed`] of the stream's first scanned event (no plain prefix kept
+    /// yet: vLLM's role chunk), past the prefix the thread's last stream had
+    /// ([`super::prefix::prefix_end_framed`], one line) and by a shape: what `scan_to` does
+    /// for the parser's payload when both answer (the same prefix end, the same shape's answer,
+    /// and its plain prefix kept), without the parser's search for the line end. The payload
+    /// is one line: the prefix holds no line end, nor does what the shape frames. `None`:
+    /// either does not answer (nothing changed; the parser frames it, and `scan_to` reads it).
+    /// Out of line: once a stream, and `scan_framed` stays small for the others.
+    #[inline(never)]
+    fn scan_first_framed(
+        &mut self,
+        payload: &[u8],
+        log: &mut TokenLog,
+        scan: &mut EventScan,
+    ) -> Option<(usize, std::ops::Range<usize>)> {
+        let max = MAX_LINE_BYTES - LEAD.len();
+        let end = super::prefix::prefix_end_framed(payload)?;
+        let n = shapes::answer_framed(payload, end, max, Some(log), scan)?;
+        self.keep_prefix(payload.get(..n)?, scan.plain_prefix);
         Some((LEAD.len() + n + TRAIL.len(), LEAD.len()..LEAD.len() + n))
     }
 

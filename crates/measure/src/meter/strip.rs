@@ -315,6 +315,7 @@ impl StreamMeter {
             return None; // keeps a pending `\r`: the `\n` of its line end may open the next frame
         }
         self.last_frame = Some(t);
+        self.parser.past_bom(&frame);
         let on_gap = &mut on_gap;
         let mut acc = Out::new(out);
         let mut start = 0;
@@ -425,9 +426,15 @@ impl StreamMeter {
                 acc.range(frame, start, start + len);
                 return start + len;
             }
-            // Not a repeat: a shape may frame and read it, without the parser (which stays
-            // at an event's start, as it would after this one).
-            if let Some((len, data)) = tl.look_framed(repeat, rest, &mut scan) {
+            // Not a repeat: `[DONE]`, or a shape, may frame and read it, without the parser
+            // (which stays at an event's start, as it would after this one).
+            if let Some(len) = super::done_event(rest) {
+                // As `judge` takes the parser's `[DONE]`: it passes, releasing a held chunk.
+                meter_held(tl, repeat, strip, t, on_gap);
+                tl.done_at_once(super::DONE);
+                class = Some(Class::Other);
+                framed = Some(start + len);
+            } else if let Some((len, data)) = tl.look_framed(repeat, rest, &mut scan) {
                 let data = rest.get(data).unwrap_or_default();
                 class = Some(judge_scanned(tl, repeat, strip, t, data, &scan, on_gap));
                 framed = Some(start + len);
