@@ -544,6 +544,17 @@ mod tests {
         ];
         for (name, chunks, want) in cases {
             assert_eq!(&events(chunks), want, "case {name}");
+            // Settled by each chunk's first byte first, as the meter does: the same events.
+            let mut p = SseParser::new();
+            let mut got = Vec::new();
+            for c in chunks.iter() {
+                p.past_bom(c);
+                p.feed(c, |e| {
+                    got.push((e.event.map(<[u8]>::to_vec), e.data.to_vec()))
+                });
+            }
+            p.finish(|e| got.push((e.event.map(<[u8]>::to_vec), e.data.to_vec())));
+            assert_eq!(&got, want, "case {name}, BOM settled first");
         }
     }
 

@@ -64,7 +64,9 @@ fn framed_by_template(body: &[u8]) -> usize {
 fn a_second_stream_frames_what_the_template_misses_by_the_shapes() {
     // A thread of its own: no shape kept before the first stream.
     std::thread::spawn(|| {
-        for (name, least) in [("stream-chat.txt", 2), ("stream-chat-usage.txt", 3)] {
+        // Its role chunk (the stream's first event, past the last stream's prefix), first
+        // output and finish chunks, and the usage chunk when asked.
+        for (name, least) in [("stream-chat.txt", 3), ("stream-chat-usage.txt", 4)] {
             let body = capture(name).body;
             let by_shapes = || {
                 let t0 = Instant::now();
@@ -78,6 +80,33 @@ fn a_second_stream_frames_what_the_template_misses_by_the_shapes() {
             assert!(framed >= least, "{name}: {framed}");
             let whole: &[&[u8]] = &[body];
             assert_eq!(measure(whole, true), measure(whole, false), "{name}");
+        }
+    })
+    .join()
+    .unwrap();
+}
+
+/// A stream that opens with a UTF-8 BOM (dropped by the parser), in one frame or with the BOM
+/// split anywhere, and one whose first byte only looks like a BOM's: the fast paths, which
+/// frame from the first event on once the first byte settles the BOM, measure as the
+/// reference, on a thread whose shapes and prefix are warm.
+#[test]
+fn a_stream_that_opens_with_a_bom_measures_as_the_reference() {
+    std::thread::spawn(|| {
+        let body = capture("stream-chat-usage.txt").body;
+        let whole: &[&[u8]] = &[body];
+        measure(whole, true);
+        for lead in [&b"\xEF\xBB\xBF"[..], b"\xEF", b"\xEF\xBB", b"\xEF\n"] {
+            let mut stream = lead.to_vec();
+            stream.extend_from_slice(body);
+            for split in 0..=lead.len() + 1 {
+                let frames: &[&[u8]] = &[&stream[..split], &stream[split..]];
+                assert_eq!(
+                    measure(frames, true),
+                    measure(frames, false),
+                    "{lead:?} {split}"
+                );
+            }
         }
     })
     .join()
