@@ -997,7 +997,6 @@ impl StreamMeter {
     /// over, so the parser is not needed for it (`meter/repeat_differential.rs` splits streams
     /// anywhere and holds this against the parser alone).
     fn feed(&mut self, t: Instant, mut bytes: &[u8], on_gap: &mut impl FnMut(Duration)) {
-        self.parser.past_bom(bytes);
         let (tl, repeat) = (&mut self.tl, &mut self.repeat);
         if !tl.cacheable() {
             self.parser.feed(bytes, |ev| {
@@ -1016,11 +1015,31 @@ impl StreamMeter {
                 bytes = &bytes[took..];
                 continue;
             }
-            let took = self.parser.feed_one(bytes, |ev| {
-                tl.on_event(repeat, t, ev, false, &mut EventScan::unknown(), on_gap);
-            });
+            let took = Self::feed_inside(&mut self.parser, tl, repeat, t, bytes, on_gap);
             bytes = &bytes[took..];
         }
+    }
+
+    /// `bytes` where the parser is at no event's start: the rest of an event an earlier frame
+    /// began, framed by the parser, or the stream's first bytes. There the parser is at no
+    /// event's start until a first byte settles its BOM check: settled here, the first event
+    /// takes the one-look paths too. Returns the bytes taken. Out of line, as
+    /// [`StreamMeter::feed_unrepeated`].
+    #[inline(never)]
+    fn feed_inside(
+        parser: &mut SseParser,
+        tl: &mut Timeline,
+        repeat: &mut RepeatCache,
+        t: Instant,
+        bytes: &[u8],
+        on_gap: &mut impl FnMut(Duration),
+    ) -> usize {
+        if parser.past_bom(bytes) {
+            return 0; // at an event's start now
+        }
+        parser.feed_one(bytes, |ev| {
+            tl.on_event(repeat, t, ev, false, &mut EventScan::unknown(), on_gap);
+        })
     }
 
     /// The event at `bytes`' start (an event's start) that the template missed: framed and

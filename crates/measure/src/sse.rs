@@ -132,12 +132,14 @@ impl SseParser {
     /// byte that is no BOM's: the stream's start is past, as [`SseParser::feed`] of them would
     /// find (it drops a BOM that is not there and parses the same bytes), and
     /// [`SseParser::at_event_start`] holds for the first event, so the meter's one-look paths
-    /// may frame it.
+    /// may frame it. Returns whether it was settled now.
     #[inline]
-    pub fn past_bom(&mut self, bytes: &[u8]) {
-        if self.bom == Some(0) && bytes.first().is_some_and(|&b| b != BOM[0]) {
+    pub fn past_bom(&mut self, bytes: &[u8]) -> bool {
+        let past = self.bom == Some(0) && bytes.first().is_some_and(|&b| b != BOM[0]);
+        if past {
             self.bom = None;
         }
+        past
     }
 
     fn feed_until(

@@ -315,7 +315,6 @@ impl StreamMeter {
             return None; // keeps a pending `\r`: the `\n` of its line end may open the next frame
         }
         self.last_frame = Some(t);
-        self.parser.past_bom(&frame);
         let on_gap = &mut on_gap;
         let mut acc = Out::new(out);
         let mut start = 0;
@@ -401,6 +400,10 @@ impl StreamMeter {
         };
         let (tl, repeat) = (&mut self.tl, &mut self.repeat);
         let rest = &frame[start..];
+        // At the stream's start the parser is at no event's start until a first byte settles
+        // its BOM check: settled here (an event the template did not frame), the first event
+        // takes the one-look paths too.
+        self.parser.past_bom(rest);
         // The template's check failed on `rest` (an event's start): see `missed_at`.
         let mut tried = false;
         // What the event is (untouched until a shape or a scan says).
