@@ -68,8 +68,10 @@ struct Stripping {
 /// See the module docs.
 pub struct MeteredBody {
     inner: ProxyBody,
-    /// Boxed: the meter (a few kilobytes) is set up where it lives and never moved again.
-    active: Option<Box<Active>>,
+    /// `Some` until the record is finished. Boxed: the meter (a few kilobytes) is set up
+    /// where it lives and never moved again. The box is made empty and then filled (see
+    /// `MeteredBody::new`), hence the inner `Option`: it is `Some` from then on.
+    active: Option<Box<Option<Active>>>,
     /// `Some` in the stripping configuration.
     stripping: Option<Box<Stripping>>,
 }
@@ -88,25 +90,35 @@ impl MeteredBody {
         setup: impl FnOnce(&mut StreamMeter),
     ) -> Self {
         let progress = finish.progress().map(|p| (p, finish.judging()));
-        // The meter is made in the box's expression: one copy into the box (the body itself
-        // holding the meter cost two, the body's and the response box's).
-        let mut active = Box::new(Active {
+        // The box is allocated first and the meter written into it: `Box::new(Active { .. })`
+        // builds the value (2.7 KB) on the stack before it allocates, then copies it in.
+        let mut slot: Box<Option<Active>> = Box::default();
+        *slot = Some(Active {
             meter: StreamMeter::new(t0, streaming),
             itl,
             finish,
             progress,
         });
-        setup(&mut active.meter);
-        let stripping = active.meter.strips().then(Box::default);
+        let stripping = match slot.as_mut() {
+            Some(a) => {
+                setup(&mut a.meter);
+                a.meter.strips().then(Box::default)
+            }
+            None => None,
+        };
         Self {
             inner,
-            active: Some(active),
+            active: Some(slot),
             stripping,
         }
     }
 
     fn finish(&mut self, ending: Ending) {
-        let Some(mut a) = self.active.take() else {
+        // Taken first: a record is finished once, even if this call does not return.
+        let Some(mut slot) = self.active.take() else {
+            return;
+        };
+        let Some(a) = slot.as_mut() else {
             return;
         };
         // Finished in its box: moving the meter (about a kilobyte) or what finishes the record
@@ -114,7 +126,7 @@ impl MeteredBody {
         // was copied into the argument).
         let end = Instant::now();
         a.itl.finish(); // its buffered gaps reach the histogram before the record
-        let Active { meter, finish, .. } = &mut *a;
+        let Active { meter, finish, .. } = a;
         finish.record(meter.finish(end, ending), end);
     }
 
@@ -144,7 +156,7 @@ impl MeteredBody {
             }
             let polled = ready!(Pin::new(&mut self.inner).poll_frame(cx));
             let t = Instant::now();
-            let Some(a) = self.active.as_mut() else {
+            let Some(a) = active(&mut self.active) else {
                 // Finished already (cannot happen before `done`): pass the rest through.
                 return Poll::Ready(polled);
             };
@@ -175,6 +187,11 @@ impl MeteredBody {
     }
 }
 
+/// The body's meter and what finishes its record, until the record is finished.
+fn active(slot: &mut Option<Box<Option<Active>>>) -> Option<&mut Active> {
+    slot.as_deref_mut().and_then(Option::as_mut)
+}
+
 impl Drop for MeteredBody {
     fn drop(&mut self) {
         // A body that was already at its end and is dropped unpolled (hyper does that for
@@ -201,7 +218,7 @@ impl Body for MeteredBody {
             return this.poll_stripped(cx);
         }
         let polled = ready!(Pin::new(&mut this.inner).poll_frame(cx));
-        let Some(a) = this.active.as_mut() else {
+        let Some(a) = active(&mut this.active) else {
             return Poll::Ready(polled); // finished already: pass the rest through
         };
         match &polled {
