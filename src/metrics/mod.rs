@@ -12,7 +12,6 @@ use prometheus::{Histogram, IntCounter, Registry};
 use tokio::time::Instant;
 
 use goodput_measure::outcome::Outcome;
-use goodput_measure::window::RatioWindow;
 use request::HandleCache;
 
 mod agent;
@@ -22,6 +21,7 @@ pub mod family;
 mod gap_histogram;
 pub mod labels;
 mod request;
+pub mod window;
 
 pub use agent::AgentFamilies;
 mod engine_view;
@@ -34,6 +34,7 @@ pub use family::{Counters, GapHistograms, Gauges, Histograms, IntGauges, LabelSe
 pub use request::{ItlBuffer, RequestMetrics, ITL_FLUSH_GAPS};
 
 use labels::{ByModel, ByTenant, Finished, Served, Sink, TenantFinished, Violation};
+use window::{KeyedRings, SecondClock};
 
 pub const TTFT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -201,11 +202,33 @@ impl Families {
 struct Shared {
     families: Families,
     upstreams: UpstreamLabels,
-    window: Mutex<RatioWindow>,
+    window: Mutex<GoodputWindow>,
     /// Every request's handles, resolved once per label value (see `request::HandleCache`).
     cache: HandleCache,
     /// `upstream="none"`, allocated once.
     none: Arc<str>,
+}
+
+/// `goodput_proxy_goodput_ratio`'s sliding window, per model and overall.
+struct GoodputWindow {
+    clock: SecondClock,
+    ratios: KeyedRings<1>,
+}
+
+impl GoodputWindow {
+    fn new(window: Duration, origin: Instant) -> Self {
+        Self {
+            clock: SecondClock::new(origin),
+            ratios: KeyedRings::new([window]).with_overall(),
+        }
+    }
+
+    /// One eligible finished request of `model` at `end`.
+    #[inline]
+    fn add(&mut self, model: &Arc<str>, good: bool, end: Instant) {
+        let s = self.clock.second(end);
+        self.ratios.add(model, good, s);
+    }
 }
 
 /// The proxy's measurement metrics: the families (read through `Deref`), the bounded label
@@ -233,7 +256,7 @@ impl Metrics {
             shared: Arc::new(Shared {
                 families: Families::register(registry)?,
                 upstreams,
-                window: Mutex::new(RatioWindow::new(DEFAULT_GOODPUT_WINDOW, Instant::now())),
+                window: Mutex::new(GoodputWindow::new(DEFAULT_GOODPUT_WINDOW, Instant::now())),
                 cache: HandleCache::default(),
                 none: Arc::from(NO_UPSTREAM),
             }),
@@ -249,7 +272,7 @@ impl Metrics {
     /// counts so far are dropped).
     pub fn set_goodput_window(&self, window: Duration) {
         if let Ok(mut w) = self.shared.window.lock() {
-            *w = RatioWindow::new(window, Instant::now());
+            *w = GoodputWindow::new(window, Instant::now());
         }
     }
 
@@ -260,12 +283,13 @@ impl Metrics {
         let Ok(w) = self.shared.window.lock() else {
             return;
         };
-        for (model, ratio) in w.per_key(now) {
+        let s = w.clock.second_at(now);
+        for (model, ratio) in w.ratios.per_key(0, s) {
             self.goodput_ratio
                 .set_or_remove(&ByModel { model: &model }, ratio);
         }
         self.goodput_ratio_overall
-            .set_or_remove(&(), w.overall(now));
+            .set_or_remove(&(), w.ratios.overall(0, s));
     }
 
     /// Resolve one request's per-model handles (once, at the request head); counts it in

@@ -4,14 +4,13 @@
 use std::sync::{Arc, Mutex};
 
 use prometheus::Registry;
-use tokio::time::Instant;
 
 use super::{Estimate, InFlight};
 use crate::metrics::labels::{
     ByModel, ByUpstream, PendingTokens, TokenPhase, WindowModel, WindowTenant, WindowUpstream,
 };
+use crate::metrics::window::KeyedRings;
 use crate::metrics::{Gauges as Family, Registrar};
-use goodput_measure::window::RatioWindow;
 
 pub(super) struct Gauges {
     windows: [String; 2],
@@ -86,31 +85,31 @@ impl Gauges {
         &self.windows[i]
     }
 
-    /// Window `i`'s attainment series at `now`.
+    /// Window `i`'s attainment series at second `now` of the rings.
     pub(super) fn set_attainment(
         &self,
         i: usize,
-        model: &RatioWindow,
-        tenant: &RatioWindow,
-        upstream: &RatioWindow,
-        now: Instant,
+        model: &KeyedRings<2>,
+        tenant: &KeyedRings<2>,
+        upstream: &KeyedRings<2>,
+        now: u64,
     ) {
         let window = &*self.windows[i];
-        for (model, ratio) in model.per_key(now) {
+        for (model, ratio) in model.per_key(i, now) {
             let series = WindowModel {
                 window,
                 model: &model,
             };
             self.attainment_model.set_or_remove(&series, ratio);
         }
-        for (tenant, ratio) in tenant.per_key(now) {
+        for (tenant, ratio) in tenant.per_key(i, now) {
             let series = WindowTenant {
                 window,
                 tenant: &tenant,
             };
             self.attainment_tenant.set_or_remove(&series, ratio);
         }
-        for (upstream, ratio) in upstream.per_key(now) {
+        for (upstream, ratio) in upstream.per_key(i, now) {
             let series = WindowUpstream {
                 window,
                 upstream: &upstream,

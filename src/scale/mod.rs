@@ -27,10 +27,10 @@ use tokio::time::Instant;
 
 use crate::auth::NO_TENANT;
 use crate::config::ScaleConfig;
+use crate::metrics::window::{KeyedRings, SecondClock};
 use crate::upstream::TokensPending;
 use estimate::Curve;
 use gauges::Gauges;
-use goodput_measure::window::RatioWindow;
 use pending::Pending;
 
 /// Lowest load bin edges: a tenth of a stream, one token per second.
@@ -75,20 +75,26 @@ pub struct Estimate {
     pub desired_replicas: Option<f64>,
 }
 
-/// Attainment windows of one length, by dimension.
-struct Windows {
-    model: RatioWindow,
-    tenant: RatioWindow,
-    upstream: RatioWindow,
+/// What every finished request counts, behind one lock: its attainment per dimension over
+/// both windows (short, long), and its place in the next tick's curves.
+struct Counting {
+    clock: SecondClock,
+    model: KeyedRings<2>,
+    tenant: KeyedRings<2>,
+    upstream: KeyedRings<2>,
+    /// Finished since the last tick, per (model, upstream).
+    pending: Pending<Finished>,
 }
 
-impl Windows {
-    fn new(window: Duration, origin: Instant) -> Self {
+impl Counting {
+    fn new(windows: [Duration; 2], origin: Instant) -> Self {
         // The scale reads each key's ratio, never the overall one.
-        Windows {
-            model: RatioWindow::new(window, origin).keyed_only(),
-            tenant: RatioWindow::new(window, origin).keyed_only(),
-            upstream: RatioWindow::new(window, origin).keyed_only(),
+        Counting {
+            clock: SecondClock::new(origin),
+            model: KeyedRings::new(windows),
+            tenant: KeyedRings::new(windows),
+            upstream: KeyedRings::new(windows),
+            pending: Pending::default(),
         }
     }
 }
@@ -152,8 +158,9 @@ impl Model {
 
 #[derive(Default)]
 struct State {
-    /// Finished since the last tick, per (model, upstream).
-    pending: Pending<Finished>,
+    /// The list the requests finished before the last tick were taken in: swapped with the
+    /// one they are counted in at each tick, so that both keep their room.
+    spare: Pending<Finished>,
     /// Each replica's raw load at its recent ticks, oldest first.
     history: HashMap<Arc<str>, std::collections::VecDeque<(Instant, Load)>>,
     /// Each replica's `tokens_sent` at the last tick.
@@ -169,7 +176,7 @@ struct State {
 /// The autoscaling signals of one proxy.
 pub struct Scale {
     config: ScaleConfig,
-    windows: Mutex<[Windows; 2]>,
+    counting: Mutex<Counting>,
     state: Mutex<State>,
     gauges: Gauges,
     /// The `tenant` label of requests without one, allocated once.
@@ -187,7 +194,7 @@ impl Scale {
         let long = Duration::from_secs(config.long_window_s);
         Ok(Scale {
             config: config.clone(),
-            windows: Mutex::new([Windows::new(short, origin), Windows::new(long, origin)]),
+            counting: Mutex::new(Counting::new([short, long], origin)),
             state: Mutex::new(State::default()),
             gauges: Gauges::register(registry, [window_label(short), window_label(long)])?,
             no_tenant: Arc::from(NO_TENANT),
@@ -215,19 +222,17 @@ impl Scale {
         if !eligible {
             return;
         }
-        if let Ok(mut ws) = self.windows.lock() {
-            // One origin for all: the second is computed once.
-            let s = ws[0].model.second_of(at);
-            for w in ws.iter_mut() {
-                w.model.add_in(model, good, s);
-                w.tenant.add_in(tenant.unwrap_or(&self.no_tenant), good, s);
-                w.upstream.add_in(upstream, good, s);
-            }
-        }
-        let Ok(mut st) = self.state.lock() else {
+        // One lock for all of it; the second is found once, and each key once for both
+        // windows.
+        let Ok(mut c) = self.counting.lock() else {
             return;
         };
-        st.pending.push(
+        let c = &mut *c;
+        let s = c.clock.second(at);
+        c.model.add(model, good, s);
+        c.tenant.add(tenant.unwrap_or(&self.no_tenant), good, s);
+        c.upstream.add(upstream, good, s);
+        c.pending.push(
             model,
             upstream,
             Finished {
@@ -256,7 +261,11 @@ impl Scale {
         st.last_tick = Some(now);
         let dt_s = dt.as_secs_f64().max(1e-3);
         let alpha = (dt_s * 1e3 / self.config.load_window_ms as f64).min(1.0);
-        let pending = st.pending.take_grouped();
+        // The requests' list is swapped out under the counting lock, grouped outside it.
+        if let Ok(mut c) = self.counting.lock() {
+            std::mem::swap(&mut c.pending, &mut st.spare);
+        }
+        let pending = st.spare.take_grouped();
         let mut sent = std::mem::take(&mut st.sent);
         let mut smoothed: HashMap<Arc<str>, Load> = HashMap::with_capacity(replicas.len());
         let mut history = std::mem::take(&mut st.history);
@@ -389,12 +398,13 @@ impl Scale {
 
     /// Each model's attainment at `now` over each window: (window label, model, share).
     pub fn model_attainment(&self, now: Instant) -> Vec<(String, Arc<str>, f64)> {
-        let Ok(ws) = self.windows.lock() else {
+        let Ok(c) = self.counting.lock() else {
             return Vec::new();
         };
+        let s = c.clock.second_at(now);
         let mut out = Vec::new();
-        for (i, w) in ws.iter().enumerate() {
-            for (model, a) in w.model.per_key(now) {
+        for i in 0..2 {
+            for (model, a) in c.model.per_key(i, s) {
                 if let Some(a) = a {
                     out.push((self.gauges.window(i).to_string(), model, a));
                 }
@@ -414,10 +424,11 @@ impl Scale {
     /// Sets the gauges (right before a scrape): attainment from the windows at `now`, the
     /// rest from the last tick. A figure not known has no series (never a made-up one).
     pub fn refresh(&self, now: Instant) {
-        if let Ok(ws) = self.windows.lock() {
-            for (i, w) in ws.iter().enumerate() {
+        if let Ok(c) = self.counting.lock() {
+            let s = c.clock.second_at(now);
+            for i in 0..2 {
                 self.gauges
-                    .set_attainment(i, &w.model, &w.tenant, &w.upstream, now);
+                    .set_attainment(i, &c.model, &c.tenant, &c.upstream, s);
             }
         }
         let Ok(st) = self.state.lock() else {
