@@ -105,7 +105,21 @@ impl Curve {
     /// One replica over one tick: it carried `load` and finished `total` requests, `good` of
     /// which met every SLO, taking `seconds` together (start to end, summed).
     pub fn observe(&mut self, load: f64, good: u64, total: u64, seconds: f64) {
-        if total == 0 || !load.is_finite() || load < 0.0 {
+        if let Some(k) = self.bin(load) {
+            self.observe_in(k, good, total, seconds);
+        }
+    }
+
+    /// The bin [`Curve::observe`] counts `load` in; `None` for a load it ignores (negative
+    /// or not finite). Curves made alike (the same `lo` and bins) put a load in the same bin.
+    pub fn bin(&self, load: f64) -> Option<usize> {
+        (load.is_finite() && load >= 0.0).then(|| self.bin_of(load))
+    }
+
+    /// [`Curve::observe`] of a load in bin `k` ([`Curve::bin`]), found once for requests that
+    /// carried the same load.
+    pub fn observe_in(&mut self, k: usize, good: u64, total: u64, seconds: f64) {
+        if total == 0 {
             return;
         }
         let seconds = if seconds.is_finite() {
@@ -113,9 +127,10 @@ impl Curve {
         } else {
             0.0
         };
-        let k = self.bin_of(load);
         let memory = self.memory;
-        let b = &mut self.bins[k];
+        let Some(b) = self.bins.get_mut(k) else {
+            return;
+        };
         let (g, t) = (good.min(total) as f64, total as f64);
         // Keep at most `memory` requests: the old ones shrink to make room for the new.
         let keep = if b.total + t > memory {

@@ -311,17 +311,20 @@ impl Scale {
                     finished: 0.0,
                 })
             });
+            let mut lived = h.map(Lived::new);
             for f in done {
                 let took = f.end.saturating_duration_since(f.start).as_secs_f64();
                 r.0 += took;
                 r.1 += 1.0;
-                let (Some(h), Some(m)) = (h, m.as_deref_mut()) else {
+                let (Some(lived), Some(m)) = (lived.as_mut(), m.as_deref_mut()) else {
                     continue;
                 };
-                if let Some(load) = lived_through(h, f.start, f.end) {
+                if let Some((_, bins)) = lived.load(f.start, f.end, &m.curves) {
                     let good = u64::from(f.good);
-                    for (c, l) in m.curves.iter_mut().zip(load) {
-                        c.observe(l, good, 1, took);
+                    for (c, k) in m.curves.iter_mut().zip(bins) {
+                        if let Some(k) = k {
+                            c.observe_in(k, good, 1, took);
+                        }
                     }
                 }
             }
@@ -443,13 +446,34 @@ impl Scale {
 /// tick at or before its end. The history is in tick order (the ticks' instants never go
 /// back): both ends are found by bisection, not by a pass over all [`HISTORY_TICKS`] ticks
 /// for every finished request.
+#[cfg(test)]
 fn lived_through(
     h: &std::collections::VecDeque<(Instant, Load)>,
     start: Instant,
     end: Instant,
 ) -> Option<Load> {
-    let from = h.partition_point(|(t, _)| *t < start);
-    let to = h.partition_point(|(t, _)| *t <= end);
+    let (from, to) = span(h, start, end);
+    mean_load(h, from, to)
+}
+
+/// The ticks of `h` in `[start, end]`, as `from..to`.
+fn span(
+    h: &std::collections::VecDeque<(Instant, Load)>,
+    start: Instant,
+    end: Instant,
+) -> (usize, usize) {
+    (
+        h.partition_point(|(t, _)| *t < start),
+        h.partition_point(|(t, _)| *t <= end),
+    )
+}
+
+/// The mean load of ticks `from..to` of `h`; when there are none, the last tick before `to`.
+fn mean_load(
+    h: &std::collections::VecDeque<(Instant, Load)>,
+    from: usize,
+    to: usize,
+) -> Option<Load> {
     if from >= to {
         return to.checked_sub(1).and_then(|i| h.get(i)).map(|(_, l)| *l);
     }
@@ -461,6 +485,53 @@ fn lived_through(
     }
     let n = to - from;
     Some(sum.map(|s| s / n as f64))
+}
+
+/// The load each request of one replica lived through, and its bins in a model's curves, the
+/// last span kept: a tick's requests mostly start and end between the same two ticks as the
+/// one before (every JSON answer and short stream does), and then lived through the same load,
+/// found by four comparisons instead of two bisections, a mean and a bin per curve.
+struct Lived<'h> {
+    h: &'h std::collections::VecDeque<(Instant, Load)>,
+    /// The last span (`from..to`) and what it gave: the load and its bin in each curve.
+    last: Option<(usize, usize, Option<(Load, [Option<usize>; UNITS])>)>,
+}
+
+impl<'h> Lived<'h> {
+    fn new(h: &'h std::collections::VecDeque<(Instant, Load)>) -> Self {
+        Lived { h, last: None }
+    }
+
+    /// [`mean_load`] of the request's span and its bins ([`Curve::bin`]) in `curves`: the
+    /// same for every request of one group (one model's curves).
+    fn load(
+        &mut self,
+        start: Instant,
+        end: Instant,
+        curves: &[Curve; UNITS],
+    ) -> Option<(Load, [Option<usize>; UNITS])> {
+        if let Some((from, to, found)) = self.last {
+            if self.holds(from, to, start, end) {
+                return found;
+            }
+        }
+        let (from, to) = span(self.h, start, end);
+        let found = mean_load(self.h, from, to)
+            .map(|load| (load, std::array::from_fn(|i| curves[i].bin(load[i]))));
+        self.last = Some((from, to, found));
+        found
+    }
+
+    /// Whether `from..to` is [`span`]'s answer for `[start, end]`: `from` is the first tick
+    /// not before `start`, `to` the first after `end`.
+    fn holds(&self, from: usize, to: usize, start: Instant, end: Instant) -> bool {
+        let at = |i: usize| self.h.get(i).map(|(t, _)| *t);
+        let before = |i: usize| i.checked_sub(1).and_then(at);
+        before(from).is_none_or(|t| t < start)
+            && at(from).is_none_or(|t| t >= start)
+            && before(to).is_none_or(|t| t <= end)
+            && at(to).is_none_or(|t| t > end)
+    }
 }
 
 /// `30s`, `5m`, `2h`: the `window` label of a window length.

@@ -293,3 +293,36 @@ proptest::proptest! {
         proptest::prop_assert_eq!(a.map(|l| l.map(f64::to_bits)), b.map(|l| l.map(f64::to_bits)));
     }
 }
+
+proptest::proptest! {
+    /// Any history in tick order (ties included), any run of requests: the load each lived
+    /// through, with its last span kept, is the pass's bit for bit, and its bins are the
+    /// curves' own for that load.
+    #[test]
+    fn lived_with_the_last_span_kept_is_the_pass_for_every_request(
+        steps in proptest::collection::vec((0u64..3, proptest::array::uniform4(0.0f64..1e4)), 0..40),
+        requests in proptest::collection::vec((0u64..60, 0u64..40), 1..40),
+    ) {
+        let t0 = Instant::now();
+        let mut at = t0;
+        let mut h = std::collections::VecDeque::new();
+        for (gap, load) in steps {
+            at += Duration::from_millis(gap);
+            h.push_back((at, load));
+        }
+        let curves = [Unit::Streams, Unit::TokensPerS, Unit::Prefill, Unit::Decode]
+            .map(|u| Curve::new(u.lo(), BINS, 400.0));
+        let mut lived = Lived::new(&h);
+        for (start_ms, len_ms) in requests {
+            let start = t0 + Duration::from_millis(start_ms);
+            let end = start + Duration::from_millis(len_ms);
+            let got = lived.load(start, end, &curves);
+            let want = lived_through_by_pass(&h, start, end)
+                .map(|l| (l, std::array::from_fn::<_, UNITS, _>(|i| curves[i].bin(l[i]))));
+            proptest::prop_assert_eq!(
+                got.map(|(l, b)| (l.map(f64::to_bits), b)),
+                want.map(|(l, b)| (l.map(f64::to_bits), b))
+            );
+        }
+    }
+}
