@@ -1,12 +1,13 @@
 //! The requests finished since the last tick, by (model, upstream).
 //!
-//! A finished request is only pushed (its label values are `Arc`s: two reference counts, no
-//! hashing); the tick groups them. Label values are one `Arc` per model and per replica, so a
-//! run of requests of one pair is grouped by pointer comparison and the pair's text is hashed
-//! once per run, not once per request. The groups come out as a map filled request by request
-//! would hold them: the same pairs (by text) in that map's iteration order, each pair's
-//! requests in the order they finished, so the curves are fed in the same order (their sums
-//! are of floats).
+//! A finished request is put in its pair's group at once: label values are one `Arc` per
+//! model and per replica, so its group is found by pointer comparison (the last group first:
+//! runs of one pair are the rule), no reference count is touched and nothing is hashed; a
+//! pair of new `Arc`s is compared by text with the groups there are (another `Arc` of a known
+//! text joins that text's group, in finish order) and then found by pointer too. The tick takes
+//! the groups out as a map filled request by request would hold them: the same pairs (by
+//! text) in that map's iteration order, each pair's requests in the order they finished, so
+//! the curves are fed in the same order (their sums are of floats).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,12 +20,21 @@ pub(super) type Pair = (Arc<str>, Arc<str>);
 /// See the module docs.
 #[derive(Debug)]
 pub(super) struct Pending<T> {
-    done: Vec<(Pair, T)>,
+    /// Each pair's requests, pairs in order of first appearance (by text).
+    groups: Vec<(Pair, Vec<T>)>,
+    /// The `Arc`s each group has been found by (its own first), with the group's index.
+    by_pointer: Vec<(Pair, usize)>,
+    /// The index in `by_pointer` of the last request's pair.
+    last: usize,
 }
 
 impl<T> Default for Pending<T> {
     fn default() -> Self {
-        Self { done: Vec::new() }
+        Self {
+            groups: Vec::new(),
+            by_pointer: Vec::new(),
+            last: 0,
+        }
     }
 }
 
@@ -32,34 +42,49 @@ impl<T> Pending<T> {
     /// One finished request of (`model`, `upstream`).
     #[inline]
     pub(super) fn push(&mut self, model: &Arc<str>, upstream: &Arc<str>, finished: T) {
-        self.done
-            .push(((model.clone(), upstream.clone()), finished));
+        let same = |((m, u), _): &(Pair, usize)| Arc::ptr_eq(m, model) && Arc::ptr_eq(u, upstream);
+        let g = match self.by_pointer.get(self.last) {
+            Some(p) if same(p) => p.1,
+            _ => match self.by_pointer.iter().position(same) {
+                Some(i) => {
+                    self.last = i;
+                    self.by_pointer[i].1
+                }
+                None => self.found_by_text(model, upstream),
+            },
+        };
+        if let Some((_, done)) = self.groups.get_mut(g) {
+            done.push(finished);
+        }
     }
 
-    /// Everything pushed since the last call, grouped (see the module docs); keeps the room.
-    pub(super) fn take_grouped(&mut self) -> Vec<(Pair, Vec<T>)> {
-        // Keyed by text (Arcs of one text are one pair), iterated as a map keyed the same way
-        // and filled in the same order of first appearance: its layout does not depend on
-        // the values it holds.
-        let mut index: HashMap<Pair, usize, FixedState> = HashMap::default();
-        let mut groups: Vec<Vec<T>> = Vec::new();
-        let mut last: Option<(Pair, usize)> = None;
-        for (pair, finished) in self.done.drain(..) {
-            let i = match &last {
-                Some(((m, u), i)) if Arc::ptr_eq(m, &pair.0) && Arc::ptr_eq(u, &pair.1) => *i,
-                _ => {
-                    let n = groups.len();
-                    let i = *index.entry(pair.clone()).or_insert(n);
-                    if i == n {
-                        groups.push(Vec::new());
-                    }
-                    last = Some((pair, i));
-                    i
-                }
-            };
-            if let Some(g) = groups.get_mut(i) {
-                g.push(finished);
+    /// The group of a pair of `Arc`s not seen since the last tick: that text's, else a new one.
+    #[inline(never)]
+    fn found_by_text(&mut self, model: &Arc<str>, upstream: &Arc<str>) -> usize {
+        let pair = (model.clone(), upstream.clone());
+        let g = match self.groups.iter().position(|(p, _)| *p == pair) {
+            Some(g) => g,
+            None => {
+                self.groups.push((pair.clone(), Vec::new()));
+                self.groups.len() - 1
             }
+        };
+        self.by_pointer.push((pair, g));
+        self.last = self.by_pointer.len() - 1;
+        g
+    }
+
+    /// Everything pushed since the last call, grouped (see the module docs).
+    pub(super) fn take_grouped(&mut self) -> Vec<(Pair, Vec<T>)> {
+        self.by_pointer.clear();
+        self.last = 0;
+        // Iterated as a map keyed by text and filled in the same order of first appearance:
+        // its layout does not depend on the values it holds.
+        let mut index: HashMap<Pair, usize, FixedState> = HashMap::default();
+        let mut groups: Vec<Vec<T>> = Vec::with_capacity(self.groups.len());
+        for (pair, done) in self.groups.drain(..) {
+            index.insert(pair, groups.len());
+            groups.push(done);
         }
         index
             .into_iter()
