@@ -16,7 +16,8 @@
 pub mod body;
 mod recording;
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::Notify;
@@ -197,9 +198,90 @@ impl Recorder {
 }
 
 /// Wall-clock milliseconds at the monotonic instant `t0` (for humans and log joins only).
+///
+/// Read as the wall clock's offset from the monotonic one, taken again whenever the instant
+/// asked about is more than [`WALL_REREAD`] from the last reading: a request then costs one
+/// subtraction instead of reading both clocks, and a step of the wall clock (or its slewing)
+/// shows within a second.
 fn unix_ms_at(t0: Instant) -> u64 {
-    let now = SystemTime::now()
+    WALL.unix_ms_at(t0)
+}
+
+/// How far (in the monotonic clock) an instant may be from the last reading of the wall clock.
+const WALL_REREAD: Duration = Duration::from_secs(1);
+
+static WALL: WallClock = WallClock {
+    origin: OnceLock::new(),
+    read_at_ns: AtomicU64::new(0),
+    offset_ns: AtomicU64::new(0),
+};
+
+/// The wall clock at monotonic instants; see [`unix_ms_at`].
+struct WallClock {
+    /// The monotonic instants are measured from here (the first one asked about).
+    origin: OnceLock<Instant>,
+    /// Nanoseconds from `origin` to the last reading.
+    read_at_ns: AtomicU64,
+    /// Wall-clock nanoseconds (Unix) at `origin`, by the last reading; 0 before the first.
+    /// The two are stored apart: either reading's offset is a true one, a second old at most.
+    offset_ns: AtomicU64,
+}
+
+impl WallClock {
+    fn unix_ms_at(&self, t0: Instant) -> u64 {
+        let origin = *self.origin.get_or_init(|| t0);
+        let Some(since) = t0.checked_duration_since(origin) else {
+            // Before the origin (a request that started before the first asked about).
+            return read_unix_ms_at(t0);
+        };
+        let since = since.as_nanos() as u64;
+        let mut offset = self.offset_ns.load(Ordering::Relaxed);
+        let read_at = self.read_at_ns.load(Ordering::Relaxed);
+        if offset == 0 || since.abs_diff(read_at) > WALL_REREAD.as_nanos() as u64 {
+            let (now, wall) = (Instant::now(), unix_now());
+            let read_at = now.saturating_duration_since(origin).as_nanos() as u64;
+            offset = (wall.as_nanos() as u64).saturating_sub(read_at).max(1);
+            self.offset_ns.store(offset, Ordering::Relaxed);
+            self.read_at_ns.store(read_at, Ordering::Relaxed);
+        }
+        offset.saturating_add(since) / 1_000_000
+    }
+}
+
+/// The wall clock now, as a duration since the Unix epoch (0 before it).
+fn unix_now() -> Duration {
+    SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    now.saturating_sub(t0.elapsed()).as_millis() as u64
+        .unwrap_or_default()
+}
+
+/// [`unix_ms_at`] by reading both clocks.
+fn read_unix_ms_at(t0: Instant) -> u64 {
+    unix_now().saturating_sub(t0.elapsed()).as_millis() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The offset's reading is the two clocks read now, within a few milliseconds (the reads
+    /// are not at one instant), for instants at, near and far from the last reading, and
+    /// before the origin.
+    #[test]
+    fn wall_clock_at_an_instant_is_both_clocks_read_now() {
+        let clock = WallClock {
+            origin: OnceLock::new(),
+            read_at_ns: AtomicU64::new(0),
+            offset_ns: AtomicU64::new(0),
+        };
+        let now = Instant::now();
+        let s = Duration::from_secs;
+        for at in [now, now - s(5), now - s(1), now, now - s(3), now] {
+            let (got, want) = (clock.unix_ms_at(at), read_unix_ms_at(at));
+            assert!(got.abs_diff(want) <= 5, "{got} vs {want}");
+        }
+        assert!(clock.origin.get() == Some(&now));
+        let earlier = now - s(60);
+        assert!(clock.unix_ms_at(earlier).abs_diff(read_unix_ms_at(earlier)) <= 5);
+    }
 }
