@@ -487,14 +487,17 @@ fn mean_load(
     Some(sum.map(|s| s / n as f64))
 }
 
+/// A load a request lived through and its bin in each of a model's curves.
+type LoadBins = (Load, [Option<usize>; UNITS]);
+
 /// The load each request of one replica lived through, and its bins in a model's curves, the
 /// last span kept: a tick's requests mostly start and end between the same two ticks as the
 /// one before (every JSON answer and short stream does), and then lived through the same load,
 /// found by four comparisons instead of two bisections, a mean and a bin per curve.
 struct Lived<'h> {
     h: &'h std::collections::VecDeque<(Instant, Load)>,
-    /// The last span (`from..to`) and what it gave: the load and its bin in each curve.
-    last: Option<(usize, usize, Option<(Load, [Option<usize>; UNITS])>)>,
+    /// The last span (`from..to`) and what it gave.
+    last: Option<(usize, usize, Option<LoadBins>)>,
 }
 
 impl<'h> Lived<'h> {
@@ -504,12 +507,7 @@ impl<'h> Lived<'h> {
 
     /// [`mean_load`] of the request's span and its bins ([`Curve::bin`]) in `curves`: the
     /// same for every request of one group (one model's curves).
-    fn load(
-        &mut self,
-        start: Instant,
-        end: Instant,
-        curves: &[Curve; UNITS],
-    ) -> Option<(Load, [Option<usize>; UNITS])> {
+    fn load(&mut self, start: Instant, end: Instant, curves: &[Curve; UNITS]) -> Option<LoadBins> {
         if let Some((from, to, found)) = self.last {
             if self.holds(from, to, start, end) {
                 return found;
