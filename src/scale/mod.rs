@@ -299,7 +299,7 @@ impl Scale {
         let memory = self.config.memory as f64;
         // Every model's recent request time decays; what finished this tick adds to it.
         let mut recent: HashMap<Arc<str>, (f64, f64)> = HashMap::new();
-        for ((model, upstream), done) in pending {
+        for ((model, upstream), mut done) in pending {
             let r = recent.entry(model.clone()).or_default();
             // A model's curves are made once a replica it finished on has a load history.
             let h = st.history.get(&upstream);
@@ -312,7 +312,7 @@ impl Scale {
                 })
             });
             let mut lived = h.map(Lived::new);
-            for f in done {
+            for f in done.drain(..) {
                 let took = f.end.saturating_duration_since(f.start).as_secs_f64();
                 r.0 += took;
                 r.1 += 1.0;
@@ -328,6 +328,7 @@ impl Scale {
                     }
                 }
             }
+            st.spare.give_back(done);
         }
         for (model, m) in st.models.iter_mut() {
             let (seconds, finished) = recent.get(model).copied().unwrap_or_default();

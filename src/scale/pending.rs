@@ -26,6 +26,9 @@ pub(super) struct Pending<T> {
     by_pointer: Vec<(Pair, usize)>,
     /// The index in `by_pointer` of the last request's pair.
     last: usize,
+    /// Emptied groups given back by the tick ([`Pending::give_back`]), with their room: a
+    /// group of a tick's requests grows to its size once, not again at every tick.
+    emptied: Vec<Vec<T>>,
 }
 
 impl<T> Default for Pending<T> {
@@ -34,6 +37,7 @@ impl<T> Default for Pending<T> {
             groups: Vec::new(),
             by_pointer: Vec::new(),
             last: 0,
+            emptied: Vec::new(),
         }
     }
 }
@@ -65,13 +69,23 @@ impl<T> Pending<T> {
         let g = match self.groups.iter().position(|(p, _)| *p == pair) {
             Some(g) => g,
             None => {
-                self.groups.push((pair.clone(), Vec::new()));
+                let done = self.emptied.pop().unwrap_or_default();
+                self.groups.push((pair.clone(), done));
                 self.groups.len() - 1
             }
         };
         self.by_pointer.push((pair, g));
         self.last = self.by_pointer.len() - 1;
         g
+    }
+
+    /// A group taken out by [`Pending::take_grouped`], its requests consumed: its room serves
+    /// a later group (at most as many are kept as there were groups).
+    pub(super) fn give_back(&mut self, mut done: Vec<T>) {
+        done.clear();
+        if self.emptied.len() < self.groups.capacity().max(1) {
+            self.emptied.push(done);
+        }
     }
 
     /// Everything pushed since the last call, grouped (see the module docs).
@@ -136,7 +150,11 @@ mod tests {
                 }
                 let got = pending.take_grouped();
                 let want: Vec<(Pair, Vec<u32>)> = reference.into_iter().collect();
-                prop_assert_eq!(got, want);
+                prop_assert_eq!(&got, &want);
+                // The tick gives the groups back emptied; later groups reuse them.
+                for (_, done) in got {
+                    pending.give_back(done);
+                }
             }
         }
     }
