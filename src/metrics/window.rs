@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use foldhash::fast::FixedState;
+use goodput_measure::window::SecondRing;
 use tokio::time::Instant;
 
 /// The second since an origin that an instant falls in, the last one found kept.
@@ -61,52 +62,6 @@ impl SecondClock {
     }
 }
 
-#[derive(Debug, Clone, Copy, Default)]
-struct Slot {
-    /// The second this slot holds counts for.
-    second: u64,
-    good: u64,
-    eligible: u64,
-}
-
-/// One window's ring of one-second slots.
-#[derive(Debug, Clone)]
-struct Ring(Box<[Slot]>);
-
-impl Ring {
-    fn new(n: usize) -> Self {
-        // Second 0 with zero counts is indistinguishable from an empty slot.
-        Self(vec![Slot::default(); n.max(1)].into_boxed_slice())
-    }
-
-    #[inline]
-    fn add(&mut self, second: u64, good: bool) {
-        let n = self.0.len() as u64;
-        if let Some(s) = self.0.get_mut((second % n) as usize) {
-            if s.second != second {
-                *s = Slot {
-                    second,
-                    good: 0,
-                    eligible: 0,
-                };
-            }
-            s.good += u64::from(good);
-            s.eligible += 1;
-        }
-    }
-
-    /// The ratio over the slots of seconds `(now - n, now]`; `None` when none is eligible.
-    fn ratio(&self, now: u64) -> Option<f64> {
-        let n = self.0.len() as u64;
-        let (good, eligible) = self
-            .0
-            .iter()
-            .filter(|s| s.second <= now && s.second + n > now)
-            .fold((0, 0), |(g, e), s| (g + s.good, e + s.eligible));
-        (eligible > 0).then(|| good as f64 / eligible as f64)
-    }
-}
-
 /// Keys a table finds by pointer (a proxy serves a few models, tenants and replicas).
 const BY_POINTER: usize = 8;
 
@@ -116,14 +71,14 @@ const BY_POINTER: usize = 8;
 pub struct KeyedRings<const H: usize> {
     /// Each window's length in seconds.
     lens: [usize; H],
-    overall: Option<[Ring; H]>,
+    overall: Option<[SecondRing; H]>,
     /// Each key's index in `rings`, by text: the fixed-seed fast hash of the reference.
     by_text: HashMap<Arc<str>, usize, FixedState>,
     /// The first keys counted, by pointer: a label value is one `Arc` for every request of
     /// its model (tenant, replica), so a pointer comparison finds its rings without hashing
     /// the text. Another `Arc` of the same text is found by the hash.
     by_pointer: Vec<(Arc<str>, usize)>,
-    rings: Vec<[Ring; H]>,
+    rings: Vec<[SecondRing; H]>,
 }
 
 impl<const H: usize> KeyedRings<H> {
@@ -141,7 +96,7 @@ impl<const H: usize> KeyedRings<H> {
     /// Counts overall too ([`KeyedRings::overall`]).
     pub fn with_overall(mut self) -> Self {
         let lens = self.lens;
-        self.overall = Some(std::array::from_fn(|h| Ring::new(lens[h])));
+        self.overall = Some(std::array::from_fn(|h| SecondRing::new(lens[h])));
         self
     }
 
@@ -178,7 +133,8 @@ impl<const H: usize> KeyedRings<H> {
             return i;
         }
         let lens = self.lens;
-        self.rings.push(std::array::from_fn(|h| Ring::new(lens[h])));
+        self.rings
+            .push(std::array::from_fn(|h| SecondRing::new(lens[h])));
         let i = self.rings.len() - 1;
         self.by_text.insert(key.clone(), i);
         // The `Arc` a text was first counted with (the label's own, kept by the label set).

@@ -21,37 +21,48 @@ struct Slot {
     eligible: u64,
 }
 
-/// One key's ring of one-second slots.
+/// One key's ring of one-second slots: good / eligible counted in the second a request
+/// finished, summed over the seconds a window spans. [`RatioWindow`] and the proxy's windows
+/// (one per key and length) count in it.
 #[derive(Debug, Clone)]
-struct Slots(Vec<Slot>);
+pub struct SecondRing(Box<[Slot]>);
 
-impl Slots {
-    fn new(n: usize) -> Self {
+impl SecondRing {
+    /// A ring of `n` seconds (at least one).
+    pub fn new(n: usize) -> Self {
         // `second` 0 with zero counts is indistinguishable from an empty slot.
-        Self(vec![Slot::default(); n])
+        Self(vec![Slot::default(); n.max(1)].into_boxed_slice())
     }
 
-    fn add(&mut self, second: u64, good: bool) {
+    /// Counts one request that finished in `second` (since the origin).
+    #[inline]
+    pub fn add(&mut self, second: u64, good: bool) {
         let n = self.0.len() as u64;
-        let s = &mut self.0[(second % n) as usize];
-        if s.second != second {
-            *s = Slot {
-                second,
-                good: 0,
-                eligible: 0,
-            };
+        if let Some(s) = self.0.get_mut((second % n) as usize) {
+            if s.second != second {
+                *s = Slot {
+                    second,
+                    good: 0,
+                    eligible: 0,
+                };
+            }
+            s.good += u64::from(good);
+            s.eligible += 1;
         }
-        s.good += u64::from(good);
-        s.eligible += 1;
     }
 
     /// (good, eligible) over the slots of seconds `(now - n, now]`.
-    fn sum(&self, now: u64) -> (u64, u64) {
+    pub fn sum(&self, now: u64) -> (u64, u64) {
         let n = self.0.len() as u64;
         self.0
             .iter()
             .filter(|s| s.second <= now && s.second + n > now)
             .fold((0, 0), |(g, e), s| (g + s.good, e + s.eligible))
+    }
+
+    /// The ratio over [`SecondRing::sum`]; `None` when none is eligible.
+    pub fn ratio(&self, now: u64) -> Option<f64> {
+        ratio(self.sum(now))
     }
 }
 
@@ -71,12 +82,12 @@ pub struct RatioWindow {
     slots: usize,
     /// The overall ring; `None` in a window made [`RatioWindow::keyed_only`] (a reader of
     /// keys alone need not pay for it on every add).
-    all: Option<Slots>,
+    all: Option<SecondRing>,
     /// Keys are label values from bounded sets (models, tenants, replicas): a fixed-seed fast
     /// hash is enough (SipHash was most of a finished request's cost here). Each key's
     /// index in `keyed`.
     by_key: HashMap<Arc<str>, usize, FixedState>,
-    keyed: Vec<Slots>,
+    keyed: Vec<SecondRing>,
     /// The first keys counted, by pointer, with their index: a label value is one `Arc` for
     /// every request of its model (tenant, replica), so a pointer comparison finds its slots
     /// without hashing the text. Another `Arc` of the same text is found by the hash. Up to
@@ -95,7 +106,7 @@ impl RatioWindow {
         Self {
             origin,
             slots,
-            all: Some(Slots::new(slots)),
+            all: Some(SecondRing::new(slots)),
             by_key: HashMap::default(),
             keyed: Vec::new(),
             by_pointer: Vec::new(),
@@ -172,7 +183,7 @@ impl RatioWindow {
         if let Some(&i) = self.by_key.get(key) {
             return i;
         }
-        self.keyed.push(Slots::new(self.slots));
+        self.keyed.push(SecondRing::new(self.slots));
         let i = self.keyed.len() - 1;
         self.by_key.insert(key.clone(), i);
         // The `Arc` a text was first counted with (the label's own, kept by the label set; a
