@@ -11,7 +11,7 @@
 #       --max-model-len 2048 leaves room for)
 #
 # Needs ../shared/real-vllm (serve.sh, stop.sh) and a built proxy (target/debug or
-# target/release goodput-proxy). Run it under /work/bin/quiet: the replicas take both cores.
+# target/release goodput-proxy). Run it under scripts/slot.sh quiet: the replicas take both cores.
 # Ports: PORT_BASE (default 8090) + 1, + 2 for the engines, + 0 and + 3 for the proxy.
 set -euo pipefail
 cd "$(dirname "$0")/.."
