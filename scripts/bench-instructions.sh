@@ -12,6 +12,9 @@
 # streamed tool call: tools + named tool_choice + x-sim-fault tool-call=valid), `logprobs`
 # (64-token stream, logprobs top 2), `traced` (the same with x-goodput-trace: 1) and `cusage`
 # (64-token stream with continuous usage: usage on every chunk).
+# SIM_TPOT_MS (default 0): the simulator's time per output token. At 0 a stream's 66 events
+# reach the proxy in one or two reads (plain forwarding passes them on as one or two frames);
+# at 1 or more each event comes on its own, as from an engine streaming token by token.
 # Each dump is kept as OUT/KIND.BIN.PID.cg (OUT=/tmp/goodput-instructions; callgrind_annotate FILE).
 #   scripts/bench-instructions.sh [BIN...]     # default: target/bench-build/goodput-proxy
 #   KINDS="stream tool logprobs traced" SECS=6 scripts/bench-instructions.sh OLD NEW
@@ -32,7 +35,7 @@ cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
 trap cleanup EXIT INT TERM
 sim_bin=$(printf '%s\n' "${bins[@]}" | grep -vx nginx | head -1)
 [[ -n $sim_bin ]] || sim_bin=target/bench-build/goodput-proxy
-"$sim_bin" sim --listen "127.0.0.1:$SIM" --ttft-ms 0 --tpot-ms 0 --prefill-ms-per-token 0 \
+"$sim_bin" sim --listen "127.0.0.1:$SIM" --ttft-ms 0 --tpot-ms "${SIM_TPOT_MS:-0}" --prefill-ms-per-token 0 \
     --tpot-ms-per-seq 0 --max-num-seqs 4096 >"$W/sim.log" 2>&1 & pids+=($!)
 ready() { for _ in $(seq 1 300); do curl -fsS -o /dev/null "127.0.0.1:$1/v1/models" 2>/dev/null && return; sleep 0.2; done; echo "port $1 not ready" >&2; exit 1; }
 ready "$SIM"
