@@ -43,8 +43,9 @@ def inclusive(path: str) -> dict:
         # Callers' lines (`=> file:fn (Nx)`) and the header are not functions of their own.
         if fn.startswith("=>") or fn == "events annotated":
             continue
-        # The same function under two object files (inlined copies) adds up.
-        costs[fn] = costs.get(fn, 0) + int(m.group(1).replace(",", ""))
+        # callgrind_annotate lists a function once per source file its code came from (inlined
+        # code keeps its own file): the same inclusive cost seen twice, not two costs.
+        costs[fn] = max(costs.get(fn, 0), int(m.group(1).replace(",", "")))
     return costs
 
 
