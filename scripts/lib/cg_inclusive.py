@@ -24,8 +24,8 @@ LINE = re.compile(r"^\s*([\d,]+)\s+\(\s*[\d.]+%\)\s+(.*)$")
 def short(name: str) -> str:
     """Drops the file part and the symbol hash, keeps the last three path segments."""
     name = name.split(":", 1)[1] if re.match(r"^[^ ]*\.(rs|c|h|S):", name) else name
-    name = re.sub(r"::h[0-9a-f]{16}$", "", name)
     name = re.sub(r"\s*\[[^\]]*\]$", "", name)  # callgrind's "[object]" suffix
+    name = re.sub(r"::h[0-9a-f]{16}$", "", name)
     return name.strip()
 
 
@@ -34,6 +34,11 @@ def inclusive(path: str) -> dict:
         ["callgrind_annotate", "--inclusive=yes", "--threshold=100", path],
         check=True, capture_output=True, text=True, errors="replace",
     ).stdout
+    return parse(out)
+
+
+def parse(out: str) -> dict:
+    """Inclusive cost by shortened function name, from callgrind_annotate's text."""
     costs: dict = {}
     for line in out.splitlines():
         m = LINE.match(line)
@@ -41,7 +46,7 @@ def inclusive(path: str) -> dict:
             continue
         fn = short(m.group(2))
         # Callers' lines (`=> file:fn (Nx)`) and the header are not functions of their own.
-        if fn.startswith("=>") or fn == "events annotated":
+        if fn.startswith(("=>", "> ", "< ", "* ")) or fn == "events annotated":
             continue
         # callgrind_annotate lists a function once per source file its code came from (inlined
         # code keeps its own file): the same inclusive cost seen twice, not two costs.
