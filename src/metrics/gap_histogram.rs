@@ -36,9 +36,9 @@ impl GapHistogram {
     /// A buffer for one request's gaps (see [`GapBuffer`]).
     pub fn buffer(&self) -> GapBuffer {
         GapBuffer {
-            local: self.inner.local(),
+            series: self.clone(),
+            local: None,
             zeros: 0,
-            series_zeros: self.zeros.clone(),
         }
     }
 
@@ -74,12 +74,14 @@ impl Metric for GapHistogram {
 }
 
 /// One request's gaps on their way to a [`GapHistogram`]: zeros counted, the others in a
-/// [`LocalHistogram`]; both reach the series on [`GapBuffer::flush`] and when dropped.
+/// [`LocalHistogram`]; both reach the series on [`GapBuffer::flush`] and when dropped. The local
+/// histogram (an allocation, and a flush over every bucket) is made at the first gap that is
+/// not zero: a stream whose events all came packed in one read has none.
 #[derive(Debug)]
 pub struct GapBuffer {
-    local: LocalHistogram,
+    series: GapHistogram,
+    local: Option<LocalHistogram>,
     zeros: u64,
-    series_zeros: Arc<AtomicU64>,
 }
 
 impl GapBuffer {
@@ -88,7 +90,10 @@ impl GapBuffer {
         if gap.is_zero() {
             self.zeros += 1;
         } else {
-            self.local.observe(gap.as_secs_f64());
+            let series = &self.series.inner;
+            self.local
+                .get_or_insert_with(|| series.local())
+                .observe(gap.as_secs_f64());
         }
     }
 
@@ -99,9 +104,11 @@ impl GapBuffer {
     }
 
     pub fn flush(&mut self) {
-        self.local.flush();
+        if let Some(local) = &self.local {
+            local.flush();
+        }
         if self.zeros > 0 {
-            self.series_zeros.fetch_add(self.zeros, Ordering::Relaxed);
+            self.series.zeros.fetch_add(self.zeros, Ordering::Relaxed);
             self.zeros = 0;
         }
     }

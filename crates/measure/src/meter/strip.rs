@@ -96,6 +96,9 @@ pub(super) struct Strip {
     pub(super) gave_up: bool,
     /// The scan log of the current event while a released held chunk is metered before it.
     spare_log: TokenLog,
+    /// The held chunk as the usage chunk rewrote it (then `held` is `None`), released with it:
+    /// set and released in one pass over that event.
+    rewritten: Option<BytesMut>,
 }
 
 /// The output of one frame: one slice of the frame when possible, else pieces (slices of the
@@ -114,6 +117,10 @@ enum Pieces {
     Range(usize, usize),
     /// Appended to the queue already (each later range a piece of its own).
     Queued,
+    /// A held chunk the strip rewrote (its own bytes), not appended yet: a range after it
+    /// that fits in its spare room is copied in, so that both go out as one piece (most
+    /// often the `[DONE]` event right after the usage chunk: one write to the client less).
+    Owned(BytesMut),
 }
 
 impl<'q> Out<'q> {
@@ -129,9 +136,12 @@ impl<'q> Out<'q> {
         if a == b {
             return;
         }
-        match self.state {
+        match &mut self.state {
             Pieces::Empty => self.state = Pieces::Range(a, b),
-            Pieces::Range(x, y) if y == a => self.state = Pieces::Range(x, b),
+            Pieces::Range(x, y) if *y == a => self.state = Pieces::Range(*x, b),
+            Pieces::Owned(own) if b - a <= own.capacity() - own.len() => {
+                own.extend_from_slice(frame.get(a..b).unwrap_or_default());
+            }
             _ => self.piece(frame, frame.slice(a..b)),
         }
     }
@@ -140,20 +150,33 @@ impl<'q> Out<'q> {
         if piece.is_empty() {
             return;
         }
-        if let Pieces::Range(x, y) = self.state {
-            self.queue.push_back(frame.slice(x..y));
-        }
+        self.flush(frame);
         self.queue.push_back(piece);
         self.state = Pieces::Queued;
     }
 
+    /// A rewritten held chunk (see [`Pieces::Owned`]).
+    fn owned(&mut self, frame: &Bytes, own: BytesMut) {
+        self.flush(frame);
+        self.state = Pieces::Owned(own);
+    }
+
+    /// What is not appended yet is appended (the state is as if it were `Queued`).
+    fn flush(&mut self, frame: &Bytes) {
+        match std::mem::replace(&mut self.state, Pieces::Queued) {
+            Pieces::Range(x, y) => self.queue.push_back(frame.slice(x..y)),
+            Pieces::Owned(own) if !own.is_empty() => self.queue.push_back(own.freeze()),
+            Pieces::Empty => self.state = Pieces::Empty,
+            _ => {}
+        }
+    }
+
     /// The frame itself when it passes whole (then nothing was appended), else `None` (its
     /// pieces are in the queue).
-    fn finish(self, frame: Bytes) -> Option<Bytes> {
+    fn finish(mut self, frame: Bytes) -> Option<Bytes> {
         match self.state {
-            Pieces::Empty | Pieces::Queued => {}
             Pieces::Range(0, b) if b == frame.len() => return Some(frame),
-            Pieces::Range(a, b) => self.queue.push_back(frame.slice(a..b)),
+            _ => self.flush(&frame),
         }
         None
     }
@@ -172,8 +195,12 @@ impl Strip {
     }
 }
 
-/// The held finish chunk (`held`, possibly rewritten) and the comments held behind it go out.
+/// The held finish chunk (`held`, or the strip's rewrite of it) and the comments held
+/// behind it go out.
 fn release(strip: &mut Strip, held: Option<Bytes>, frame: &Bytes, acc: &mut Out<'_>) {
+    if let Some(own) = strip.rewritten.take() {
+        acc.owned(frame, own);
+    }
     if let Some(h) = held {
         acc.piece(frame, h);
     }
@@ -234,20 +261,25 @@ fn meter_held_now(
     }
 }
 
+/// Spare room of a rewritten finish chunk ([`Pieces::Owned`]): the `[DONE]` event, what
+/// follows the usage chunk. Exactly its length: a buffer filled to its capacity becomes
+/// [`Bytes`] without an allocation of its own.
+const REWRITE_ROOM: usize = b"data: [DONE]\n\n".len();
+
 /// `,"<key>":<value>` for each field, in order, before the last `}` of the event (its JSON
-/// object's end).
-fn insert_fields(event: Bytes, fields: &[(&[u8], Option<&[u8]>)]) -> Bytes {
+/// object's end); `Err`: the event as it is (no field, or no `}`).
+fn insert_fields(event: Bytes, fields: &[(&[u8], Option<&[u8]>)]) -> Result<BytesMut, Bytes> {
     let (Some(at), true) = (
         event.iter().rposition(|b| *b == b'}'),
         fields.iter().any(|(_, v)| v.is_some()),
     ) else {
-        return event;
+        return Err(event);
     };
     let extra: usize = fields
         .iter()
         .filter_map(|(k, v)| Some(k.len() + (*v)?.len() + 4))
         .sum();
-    let mut out = BytesMut::with_capacity(event.len() + extra);
+    let mut out = BytesMut::with_capacity(event.len() + extra + REWRITE_ROOM);
     out.extend_from_slice(&event[..at]);
     for (key, value) in fields {
         if let Some(v) = value {
@@ -258,7 +290,7 @@ fn insert_fields(event: Bytes, fields: &[(&[u8], Option<&[u8]>)]) -> Bytes {
         }
     }
     out.extend_from_slice(&event[at..]);
-    out.freeze()
+    Ok(out)
 }
 
 impl StreamMeter {
@@ -631,9 +663,13 @@ fn judge_scanned(
                     // takes back what injection moved to this chunk.
                     let fp = raw(data, &scan.fingerprint).filter(|_| !strip.held_has_fingerprint);
                     let timings = raw(data, &scan.timings);
-                    strip.held = strip.held.take().map(|h| {
-                        insert_fields(h, &[(b"system_fingerprint", fp), (b"timings", timings)])
-                    });
+                    if let Some(h) = strip.held.take() {
+                        let fields = [(&b"system_fingerprint"[..], fp), (b"timings", timings)];
+                        match insert_fields(h, &fields) {
+                            Ok(own) => strip.rewritten = Some(own),
+                            Err(h) => strip.held = Some(h),
+                        }
+                    }
                 }
                 _ => tl.on_reported(info),
             }

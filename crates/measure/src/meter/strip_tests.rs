@@ -619,3 +619,23 @@ fn a_frame_of_template_repeats_is_handed_back_whole() {
     let m = m.finish(t1, Ending::Complete);
     assert_eq!((m.output_events, m.itl_count), (5, 4));
 }
+
+/// A whole stream in one frame: what the client gets goes out in two pieces, the frame up to
+/// the finish chunk (a slice of it, not a copy) and the finish chunk as the strip rewrote it
+/// with the `[DONE]` event after it copied into its spare room (one write less).
+#[test]
+fn a_whole_stream_goes_out_in_two_pieces() {
+    let (usage, plain) = chat_pair();
+    let frame = Bytes::from(usage);
+    let t0 = Instant::now();
+    let mut m = StreamMeter::new(t0, true).strip_usage();
+    m.on_head(t0, 200);
+    let mut out = VecDeque::new();
+    assert!(m.strip_frame(t0, frame.clone(), &mut out, |_| {}).is_none());
+    m.end_of_upstream(t0, &mut out, |_| {});
+    let got: Vec<u8> = out.iter().flat_map(|b| b.iter().copied()).collect();
+    assert_eq!(got, plain);
+    assert_eq!(out.len(), 2, "{out:?}");
+    assert_eq!(out[0].as_ptr(), frame.as_ptr(), "not a copy");
+    assert!(out[1].ends_with(b"data: [DONE]\n\n"));
+}
