@@ -469,6 +469,27 @@ impl Timeline {
                     self.on_single_output_again(t, &c, again, on_gap);
                 }
             }
+            None if self.log.is_empty() && repeat.single_counted().is_some_and(|c| c.output) => {
+                // Continuous usage: each repeat has counts of its own, read as it is framed
+                // (by the run, else one at a time: an event the run leaves, `\r\n`-ended).
+                let c = repeat.single_counted().copied();
+                loop {
+                    at += repeat.counted_run(&buf[at..], |info| {
+                        if let (Some(c), Some(u)) = (&c, &info.usage) {
+                            self.one_look += 1;
+                            self.on_counted_again(t, c, u, on_gap);
+                        }
+                    });
+                    let Some((len, _)) = repeat.repeats_event(&buf[at..]) else {
+                        break;
+                    };
+                    at += len;
+                    if let (Some(c), Some(u)) = (&c, &repeat.info().usage) {
+                        self.one_look += 1;
+                        self.on_counted_again(t, c, u, on_gap);
+                    }
+                }
+            }
             _ => {
                 while let Some((len, data)) = repeat.repeats_event(&buf[at..]) {
                     let data = &buf[at + data.start..at + data.end];
@@ -478,6 +499,34 @@ impl Timeline {
             }
         }
         at
+    }
+
+    /// One more event like the one [`Timeline::on_single_counted`] just took in at `t` (the
+    /// same choice `c`, at the same instant) but with counts `u` of its own, as
+    /// [`Timeline::on_single_counted`] would take it: its usage as that one's, and, as
+    /// [`Timeline::on_single_output`] takes an event of the choice of the stream's last output
+    /// event at that event's instant, one zero gap of the choice and of the stream (so no
+    /// stall) and its tokens by its running count. `meter/repeat_differential.rs` holds it to
+    /// the parser's path.
+    #[inline]
+    fn on_counted_again(
+        &mut self,
+        t: Instant,
+        c: &ChoiceInfo,
+        u: &Usage,
+        on_gap: &mut impl FnMut(Duration),
+    ) {
+        let running = u.completion_tokens;
+        self.on_usage(u, running.is_none());
+        let ch = self.choice(c.index);
+        let tokens = event_tokens(running, ch.running, c.tokens);
+        ch.running = running.or(ch.running);
+        ch.tokens = ch.tokens.saturating_add(tokens);
+        ch.events += 1;
+        self.counted_tokens = self.counted_tokens.saturating_add(tokens);
+        self.output_events += 1;
+        self.on_itl(Duration::ZERO, on_gap);
+        self.agent.on_phases(t, c.phases);
     }
 
     /// An event (payload `data`) that repeats `repeat`'s template, framed by it: what the

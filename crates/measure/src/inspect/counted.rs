@@ -127,6 +127,43 @@ impl Holes {
     }
 }
 
+impl Holes {
+    /// The holes of a template whose text comes first (vLLM's: the choices before the
+    /// usage): `(start of the text, end of the last hole)` in the payload, `None` otherwise.
+    pub(super) fn text_first(&self) -> Option<(usize, usize)> {
+        let (&(a, _, which), &(_, b, _)) = (self.holes.first()?, self.holes.get(..self.n)?.last()?);
+        (which == TEXT && self.n > 0).then_some((a, b))
+    }
+
+    /// [`Holes::match_at`] from the start of the text of a template whose text comes first
+    /// ([`Holes::text_first`]) to the end of its last hole: `rest` opens with that text (the
+    /// payload's bytes before it matched already). What is left of `rest` after the last hole,
+    /// and the counts' values.
+    #[inline]
+    pub(super) fn fill<'a>(&self, t: &[u8], mut rest: &'a [u8]) -> Option<(&'a [u8], Values)> {
+        let mut values = [0; CountSpans::MAX];
+        let holes = self.holes.get(..self.n)?;
+        let mut ta = holes.first()?.0; // the first piece matched already
+        for &(a, b, which) in holes {
+            rest = rest.strip_prefix(t.get(ta..a)?)?;
+            let len = if which == TEXT {
+                let len = text_len(rest);
+                if len == 0 {
+                    return None;
+                }
+                len
+            } else {
+                let (len, value) = digit_run(rest)?;
+                *values.get_mut(which)? = value;
+                len
+            };
+            rest = rest.get(len..)?;
+            ta = b;
+        }
+        Some((rest, values))
+    }
+}
+
 /// [`Holes::match_at`] of the holes of `text` and `counts`.
 #[cfg(test)]
 pub(super) fn match_counted(

@@ -306,6 +306,46 @@ impl Template {
         (n, buf.len() - rest.len() - a)
     }
 
+    /// [`Template::run_one_span`] for a template with counts whose text comes first
+    /// ([`Holes::text_first`]): the events at `buf`'s start that repeat it, each ended by
+    /// `\n\n`, one after the other, as [`RepeatCache::repeats_event`] finds them; `each` gets
+    /// each one's counts as it is found. Returns the bytes they span. Between the last count
+    /// of one and the text of the next, the bytes are the template's own (the rest of its
+    /// payload, the blank line, `data: ` and its payload up to the text): one comparison for
+    /// both. An event ended by `\r\n\r\n` ends the run (`repeats_event` takes it).
+    #[inline]
+    fn run_counted(&self, buf: &[u8], mut each: impl FnMut(&Values)) -> usize {
+        let w = self.bytes.as_slice();
+        let t = self.payload();
+        let Some((a, b)) = self.holes.text_first() else {
+            return 0;
+        };
+        let (a, b) = (a + LEAD.len(), b + LEAD.len());
+        let (Some(head), Some(tail), Some(joint)) =
+            (w.get(..a), w.get(b..self.event_len), w.get(b..))
+        else {
+            return 0;
+        };
+        let Some(mut rest) = buf.strip_prefix(head) else {
+            return 0;
+        };
+        let mut taken = 0;
+        while let Some((after, values)) = self.holes.fill(t, rest) {
+            if let Some(next) = after.strip_prefix(joint) {
+                each(&values);
+                taken = buf.len() - next.len() - head.len();
+                rest = next;
+                continue;
+            }
+            if let Some(r) = after.strip_prefix(tail) {
+                each(&values);
+                taken = buf.len() - r.len();
+            }
+            break;
+        }
+        taken
+    }
+
     /// [`Template::match_prefix`] may frame by this template: it holds no line end but in a
     /// run at its end that ends with `\n`.
     pub fn frames(&self) -> bool {
@@ -604,6 +644,26 @@ impl RepeatCache {
         }
         let at = LEAD.len();
         Some((at + n + blank, at..at + n))
+    }
+
+    /// The events at `buf`'s start that repeat a template with counts, each as
+    /// [`RepeatCache::repeats_event`] finds it, one after the other (all of them, or fewer:
+    /// see [`Template::run_counted`]; 0 for any other template): `each` gets the answer for
+    /// each ([`RepeatCache::info`], its counts the event's) as it is found. Returns the bytes
+    /// they span.
+    #[inline]
+    pub fn counted_run(&mut self, buf: &[u8], mut each: impl FnMut(&ChunkInfo)) -> usize {
+        let t = &self.template;
+        if !(t.is_one_line() && t.n_spans == 1 && t.counted()) {
+            return 0;
+        }
+        let info = &mut self.info;
+        t.run_counted(buf, |values| {
+            if let Some(u) = info.usage.as_mut() {
+                patch(u, &t.counts, values);
+            }
+            each(info);
+        })
     }
 
     /// [`RepeatCache::repeats_event`] looks at events: the template holds no line end (else
@@ -1155,5 +1215,81 @@ mod tests {
                 assert_eq!(c.single_counted(), scan.info.choices().first());
             }
         }
+    }
+
+    /// A template with counts: its run takes events exactly as `repeats_event` takes them one
+    /// after the other (a prefix of them: never one it would not take, never another answer),
+    /// on runs of repeats with other texts and counts, ended by `\n\n` or `\r\n\r\n`, with
+    /// other events between them and bytes edited anywhere.
+    #[test]
+    fn a_counted_run_is_repeats_event_one_after_the_other() {
+        let chunk = |text: &str, p: &str, c: &str| {
+            format!(
+                r#"{{"id":"c","choices":[{{"index":0,"delta":{{"content":"{text}"}},"finish_reason":null}}],"usage":{{"prompt_tokens":{p},"total_tokens":9,"completion_tokens":{c}}}}}"#
+            )
+            .into_bytes()
+        };
+        let alphabet: &[u8] = b"ab0 \"\\:{}\n\r";
+        let taken = std::cell::Cell::new(0u64);
+        proptest!(ProptestConfig::with_cases(3000), |(
+            events in proptest::collection::vec((
+                prop_oneof![
+                    8 => prop_oneof![Just("a"), Just(" the"), Just("x\\ny"), Just("\\u00e9")],
+                    1 => prop_oneof![Just(""), Just("q\"")],
+                ],
+                prop_oneof![
+                    8 => prop_oneof![Just("5"), Just("12"), Just("0")],
+                    1 => prop_oneof![Just("07"), Just("1.5"), Just("null")],
+                ],
+                prop_oneof![
+                    8 => prop_oneof![Just("1"), Just("30"), Just("1234567890123456789")],
+                    1 => Just("12345678901234567890"),
+                ],
+                prop_oneof![6 => Just(false), 1 => Just(true)],
+                0u8..10,
+            ), 0..10),
+            edit in proptest::option::of((0usize..3000, 0usize..3, proptest::collection::vec(0usize..alphabet.len(), 0..3))),
+        )| {
+            let data = chunk("Hi", "5", "2");
+            let mut c = RepeatCache::new();
+            c.learn_scanned(&data, &crate::inspect::scan_event(&data));
+            prop_assert!(c.single_counted().is_some());
+            let mut buf = Vec::new();
+            for (text, p, n, crlf, kind) in &events {
+                let payload = match kind {
+                    0 => br#"{"choices":[]}"#.to_vec(),
+                    _ => chunk(text, p, n),
+                };
+                buf.extend_from_slice(b"data: ");
+                buf.extend_from_slice(&payload);
+                buf.extend_from_slice(if *crlf { b"\r\n\r\n" } else { b"\n\n" });
+            }
+            if let Some((at, cut, insert)) = edit {
+                let at = at % (buf.len() + 1);
+                let cut = cut.min(buf.len() - at);
+                buf.splice(at..at + cut, insert.iter().map(|&i| alphabet[i]));
+            }
+            let mut want = Vec::new();
+            let mut at = 0;
+            while let Some((len, _)) = c.repeats_event(&buf[at..]) {
+                at += len;
+                want.push((at, c.info().usage));
+            }
+            let mut got = Vec::new();
+            let run = c.counted_run(&buf, |info| got.push(info.usage));
+            prop_assert!(got.len() <= want.len());
+            prop_assert_eq!(run, got.len().checked_sub(1).map_or(0, |k| want[k].0));
+            for (k, usage) in got.iter().enumerate() {
+                prop_assert_eq!(*usage, want[k].1, "{}", String::from_utf8_lossy(&buf));
+            }
+            // It stops only where `repeats_event` stops or at a `\r\n`-ended event.
+            if got.len() < want.len() {
+                let next = got.len().checked_sub(1).map_or(0, |k| want[k].0);
+                let end = want[got.len()].0;
+                prop_assert!(buf[..end].ends_with(b"\r\n\r\n"), "{}", String::from_utf8_lossy(&buf[next..end]));
+            }
+            taken.set(taken.get() + got.len() as u64);
+        });
+        assert!(taken.get() > 2000, "{taken:?} taken by runs");
     }
 }
