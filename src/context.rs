@@ -3,8 +3,8 @@
 //! peer) and write-once cells for what inner layers learn on the way down (collect: the
 //! body's facts; auth: the tenant). What forwarding learns (the replica, when the request went
 //! to it) comes back up with the response instead (`upstream::forward::Routed`).
-//! Readers: the access log, the measure layer, forwarding (the id), tenant limits (the tenant
-//! auth accepted).
+//! Readers: the access log, the measure layer, forwarding (the id, the peer), tenant limits
+//! (the tenant auth accepted).
 //!
 //! The layer that creates it is `layer::context` (outermost: `t0` is taken before anything
 //! else spends time, and every response, including the proxy's own errors, carries the id).
@@ -25,7 +25,8 @@ pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// proxy alone: forwarding drops it.
 pub const X_GOODPUT_TRACE: HeaderName = HeaderName::from_static("x-goodput-trace");
 
-/// The client connection a request came on (the listener inserts it as an extension).
+/// The client connection a request came on (the listener inserts it as an extension; the
+/// context layer moves it into the [`RequestContext`]).
 #[derive(Debug, Clone)]
 pub struct ConnInfo {
     pub remote: SocketAddr,

@@ -132,8 +132,8 @@ pub fn build(
         access_log: config.log.access,
     };
     let forward = Forward::new(upstreams, forwarded, readers);
-    // Innermost, right before forwarding: it rewrites the collected body (usage injection) and
-    // marks a response whose usage chunk the recorder's body strips again. Not a boxed stage:
+    // Innermost, right before forwarding: it rewrites the collected body (usage injection);
+    // forwarding tells the recorder whether it was sent (`Routed`). Not a boxed stage:
     // collect clones its inner service for every request (it calls it after the body is
     // read), and a clone of these two is a reference count, where a boxed stage's clone is an
     // allocation (freed again at the request's end).

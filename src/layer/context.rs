@@ -72,7 +72,10 @@ where
             Some(s) => Arc::from(s),
             None => generate_id(),
         };
-        let peer = req.extensions().get::<ConnInfo>().cloned();
+        // Moved into the context, which every later reader looks up anyway (forwarding, for
+        // `X-Forwarded-For`): one extension fewer keeps the request's map at its first size
+        // (a fourth entry, usage injection's offer, made it grow: a new table a request).
+        let peer = req.extensions_mut().remove::<ConnInfo>();
         let ctx = Arc::new(RequestContext::new(id, t0, peer));
         // A client id passed `client_id`, a generated one is hex: both are valid header values.
         let header = ctx.id_header.clone();

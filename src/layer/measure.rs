@@ -12,10 +12,9 @@
 //! - the drop of its future before the head (the client went away).
 //!
 //! What inner layers learn on the way down (model, stream, tenant) comes through the
-//! [`RequestContext`]; what forwarding learns (the replica, when the request went to it) and
-//! that usage was injected come up with the response head, as its extensions
-//! ([`Routed`](crate::upstream::forward::Routed),
-//! [`UsageInjected`](crate::recorder::UsageInjected)).
+//! [`RequestContext`]; what forwarding learns (the replica, when the request went to it,
+//! whether usage was injected) comes up with the response head, as its extension
+//! ([`Routed`](crate::upstream::forward::Routed)).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -43,12 +42,25 @@ pub fn is_generation(path: &str) -> bool {
 /// `x-goodput-trace` asks for a trace: `1`, `true`, `yes` or `on` (any case), as the engine
 /// reads a boolean. Forwarding never sends the header upstream (`upstream/forward.rs`).
 fn trace_asked(headers: &http::HeaderMap) -> bool {
-    headers.get(X_GOODPUT_TRACE).is_some_and(|v| {
+    trace_header(headers).is_some_and(|v| {
         let v = v.as_bytes().trim_ascii();
         ["1", "true", "yes", "on"]
             .iter()
             .any(|t| v.eq_ignore_ascii_case(t.as_bytes()))
     })
+}
+
+/// Names a request may carry for [`trace_header`] to look at each of them rather than hash.
+const SCANNED_HEADERS: usize = 8;
+
+/// `x-goodput-trace`'s first value: among a few names (most API clients send under ten) by
+/// comparing each, which costs less than hashing the name; among more, by the hash.
+fn trace_header(headers: &http::HeaderMap) -> Option<&http::HeaderValue> {
+    if headers.keys_len() > SCANNED_HEADERS {
+        return headers.get(X_GOODPUT_TRACE);
+    }
+    let name = &X_GOODPUT_TRACE;
+    headers.iter().find(|(k, _)| *k == name).map(|(_, v)| v)
 }
 
 #[derive(Clone)]
@@ -379,6 +391,38 @@ mod tests {
         let fut = Box::pin(service(m.clone(), Inner::NoHead, None).oneshot(request("/health")));
         drop(fut);
         assert!(outcomes(&m).is_empty(), "forwarded, not measured");
+    }
+
+    /// The scan finds what the hash finds: the first value, whatever the names around it.
+    #[test]
+    fn the_trace_header_scanned_is_the_one_hashed() {
+        use http::header::{HeaderName, HeaderValue};
+        let names = [
+            "host",
+            "content-type",
+            "x-goodput-tracf",
+            "x-stainless-lang",
+            "authorization",
+            "accept",
+        ];
+        for n in 0..=SCANNED_HEADERS + 3 {
+            for trace_at in [None, Some(0), Some(n / 2), Some(n)] {
+                let mut h = http::HeaderMap::new();
+                for i in 0..=n {
+                    let name = if Some(i) == trace_at {
+                        X_GOODPUT_TRACE
+                    } else {
+                        let base = names[i % names.len()];
+                        HeaderName::from_bytes(format!("{base}-{i}").as_bytes()).unwrap()
+                    };
+                    h.append(name, HeaderValue::from_str(&format!("v{i}")).unwrap());
+                }
+                if trace_at.is_some() {
+                    h.append(X_GOODPUT_TRACE, HeaderValue::from_static("second"));
+                }
+                assert_eq!(trace_header(&h), h.get(X_GOODPUT_TRACE), "{n} {trace_at:?}");
+            }
+        }
     }
 
     #[test]

@@ -1,10 +1,11 @@
 //! Usage injection: for a streaming generation request whose client did not ask for usage, the
 //! collected body with `stream_options.include_usage` (see `measure::usage` for when it
 //! applies) is offered to forwarding ([`UsageOffer`]), which sends it or the client's body by
-//! the engine of the replica it picked (`upstream::usage::usage_for`) and says which
-//! ([`OfferTaken`]). A 2xx response to an injected request says so in its extensions
-//! ([`UsageInjected`]): the recorder's body then strips the usage chunk again, so the client
-//! gets the stream it asked for and the meter exact token counts.
+//! the engine of the replica it picked (`upstream::usage::usage_for`) and says which in the
+//! response's [`Routed`](crate::upstream::forward::Routed) (`Offered::Injected` for a 2xx
+//! answer to an injected request): the recorder's body then strips the usage chunk again, so
+//! the client gets the stream it asked for and the meter exact token counts. The response
+//! passes this layer untouched (no future of its own).
 //!
 //! Innermost, after collect (it rewrites the collected body) and right before forwarding.
 
@@ -17,8 +18,7 @@ use super::{Around, ResponseFuture, Wrapped};
 use crate::body::ProxyBody;
 use crate::context::RequestContext;
 use crate::error::ProxyError;
-use crate::recorder::UsageInjected;
-use crate::upstream::usage::{OfferTaken, UsageOffer};
+use crate::upstream::usage::UsageOffer;
 
 #[derive(Debug, Clone)]
 pub struct UsageLayer {
@@ -66,15 +66,6 @@ where
             return inner.call(req);
         };
         req.extensions_mut().insert(UsageOffer(Bytes::from(body)));
-        let fut = inner.call(req);
-        Box::pin(async move {
-            let mut resp = fut.await?;
-            let taken = resp.extensions().get::<OfferTaken>().is_some();
-            // An error body (4xx/5xx JSON) carries no usage chunk to strip.
-            if taken && resp.status().is_success() {
-                resp.extensions_mut().insert(UsageInjected);
-            }
-            Ok(resp)
-        })
+        inner.call(req)
     }
 }

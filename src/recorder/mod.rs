@@ -179,17 +179,15 @@ impl Recorder {
     /// The finished record goes to the sinks and the ring, its ITL `gaps` beside it in the
     /// ring. A traced request: the sinks get the record with its trace, the ring keeps the
     /// trace beside the record under its own bound.
-    fn store(&self, rec: RequestRecord, gaps: Vec<f32>, trace: Option<Arc<Trace>>) {
+    fn store(&self, rec: Arc<RequestRecord>, gaps: Vec<f32>, trace: Option<Arc<Trace>>) {
         match trace {
             Some(trace) => {
-                let plain = Arc::new(rec.clone());
-                let mut rec = rec;
-                rec.measured.trace = Some(trace.clone());
-                self.sinks.send(&Arc::new(rec));
-                self.ring.push_traced(plain, gaps, Some(trace));
+                let mut traced = RequestRecord::clone(&rec);
+                traced.measured.trace = Some(trace.clone());
+                self.sinks.send(&Arc::new(traced));
+                self.ring.push_traced(rec, gaps, Some(trace));
             }
             None => {
-                let rec = Arc::new(rec);
                 self.sinks.send(&rec);
                 self.ring.push(rec, gaps);
             }

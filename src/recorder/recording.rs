@@ -14,9 +14,8 @@ use crate::context::RequestContext;
 use crate::error::ProxyError;
 use crate::metrics::RequestMetrics;
 use crate::upstream::deadline::DeadlineError;
-use crate::upstream::forward::{Routed, ServedBy};
+use crate::upstream::forward::{Offered, Routed};
 use crate::upstream::goodput::Judging;
-use crate::upstream::usage::LearnsUnasked;
 use crate::upstream::usage::Unasked;
 use goodput_measure::meter::{Measurement, MeterSetup};
 use goodput_measure::outcome::{rejected_by_client, Ending, Outcome};
@@ -103,8 +102,8 @@ impl Recording {
     }
 
     /// The response head: a generation request's record is finished by its body from here.
-    /// When the response carries [`UsageInjected`], the body strips the injected usage chunk
-    /// on its way to the client.
+    /// When usage was injected ([`Routed`]'s `offered`, or [`UsageInjected`]), the body strips
+    /// the injected usage chunk on its way to the client.
     pub fn respond(mut self, resp: Response<ProxyBody>) -> Response<ProxyBody> {
         match self.open.take() {
             Some(open) if open.generation => open.respond(resp),
@@ -169,9 +168,14 @@ impl Open {
         let stream = facts.is_some_and(|f| f.stream);
         let (mut parts, body) = resp.into_parts();
         let tools = facts.and_then(|f| f.tools.clone());
-        finish.upstream = parts.extensions.get::<ServedBy>().map(|s| s.0.clone());
         finish.routed = parts.extensions.remove::<Routed>();
-        finish.learns_unasked = parts.extensions.get::<LearnsUnasked>().is_some();
+        // The replica that answered, by its URL (what the access log reads as `ServedBy`).
+        finish.upstream = finish.routed.as_ref().map(|r| r.replica.url.clone());
+        let offered = finish
+            .routed
+            .as_ref()
+            .map_or(Offered::Unused, |r| r.offered);
+        finish.learns_unasked = offered == Offered::Learns;
         // The proxy's own time: t0 until forwarding handed the attempt that answered to the
         // upstream client (its part of the TTFT split).
         let proxy_time = finish
@@ -182,13 +186,17 @@ impl Open {
             recorder.metrics.observe_overhead(d);
         }
         let setup = MeterSetup {
-            keep_gaps: GAPS_KEPT_PER_REQUEST,
+            // A JSON answer has no gaps: no room for them (an allocation a request).
+            keep_gaps: if stream { GAPS_KEPT_PER_REQUEST } else { 0 },
             tools,
             proxy_time,
             stall: recorder.stall,
             // Only streams have events to trace (a JSON body is one moment).
             trace: (stream && recorder.traced(trace_asked)).then_some(recorder.trace_bounds),
-            strip_usage: parts.extensions.get::<UsageInjected>().is_some(),
+            // Usage is only ever offered for a stream (the usage layer): a JSON answer is
+            // not looked up for the mark.
+            strip_usage: offered == Offered::Injected
+                || (stream && parts.extensions.get::<UsageInjected>().is_some()),
         };
         let (t_head, status) = (Instant::now(), parts.status.as_u16());
         if let Some(u) = &finish.upstream {
@@ -206,6 +214,8 @@ impl Open {
 
 /// A response extension: usage injection added `stream_options.include_usage` to the request,
 /// so the body carries a usage chunk the client did not ask for (the recorder's body strips it).
+/// Forwarding tells it in [`Routed`] (`Offered::Injected`); this mark says it for a response
+/// that did not come from forwarding (a test's).
 #[derive(Debug, Clone, Copy)]
 pub struct UsageInjected;
 
@@ -254,7 +264,9 @@ impl Finish {
                 rm.upstream(),
                 !by_client,
                 v.good,
-                end.checked_sub(m.e2e).unwrap_or(end),
+                // `end - e2e`, the meter's E2E being `end - t0` (saturating): the same
+                // instant without the arithmetic.
+                self.t0.min(end),
                 end,
             );
         }
@@ -295,9 +307,10 @@ impl Finish {
         // The ring keeps the gaps and the trace beside the record (see `Recorder::store`).
         let gaps = std::mem::take(&mut m.itl_gaps);
         let trace = m.trace.take();
-        // Built whole, in one expression: a record built step by step (`RequestRecord::new`
-        // and its `with_*` builders) was copied at each step.
-        let rec = RequestRecord {
+        // Built whole, in one expression, in its `Arc`: a record built step by step
+        // (`RequestRecord::new` and its `with_*` builders) was copied at each step, and one
+        // handed on by value was copied again into the `Arc`.
+        let rec = Arc::new(RequestRecord {
             id: self.id.clone(),
             model,
             upstream: self.upstream.take(),
@@ -309,7 +322,7 @@ impl Finish {
             route_reason,
             retried_from,
             end,
-        };
+        });
         recorder.store(rec, gaps, trace);
     }
 }

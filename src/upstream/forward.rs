@@ -25,7 +25,7 @@ use super::hold::{self, Prefixed};
 use super::lane::{self, Lane};
 use super::shape::Shape;
 use super::strategy::{Balancer, Belief, Reason};
-use super::usage::{usage_for, LearnsUnasked, OfferTaken, Usage, UsageOffer};
+use super::usage::{usage_for, Usage, UsageOffer};
 use super::{Replica, TokenProgress, Upstreams};
 use crate::body::ProxyBody;
 use crate::context::{ConnInfo, RequestContext, X_GOODPUT_TRACE, X_REQUEST_ID};
@@ -55,6 +55,22 @@ pub struct Routed {
     pub balancer: Arc<Balancer>,
     /// Its share of the replica's pending work, told as its output is served.
     pub progress: Arc<TokenProgress>,
+    /// What became of usage injection's offer ([`UsageOffer`]).
+    pub offered: Offered,
+}
+
+/// What forwarding did with usage injection's offer ([`UsageOffer`]), told in [`Routed`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Offered {
+    /// No offer, or one not sent (the replica's engine takes no injection), or sent and
+    /// answered with an error.
+    Unused,
+    /// Sent, and answered 2xx: the stream carries a usage chunk the client did not ask for
+    /// (the recorder's body strips it).
+    Injected,
+    /// Not sent, to learn whether the replica's engine adds usage unasked: the record of
+    /// the stream tells ([`Unasked`](super::usage::Unasked)).
+    Learns,
 }
 
 impl Routed {
@@ -79,7 +95,8 @@ pub struct Forward {
 /// reader is not in the stack.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Readers {
-    /// The recorder (metering on): [`Routed`], [`ServedBy`] and the usage marks.
+    /// The recorder (metering on): [`Routed`] (which names the replica and tells what
+    /// became of usage injection's offer: the recorder needs no [`ServedBy`]).
     pub recorder: bool,
     /// The access log: [`ServedBy`].
     pub access_log: bool,
@@ -134,14 +151,14 @@ fn forward(
     let (mut parts, body) = req.into_parts();
     // The body with usage injected, sent only to a replica whose engine takes it.
     let offer = parts.extensions.remove::<UsageOffer>();
-    async move { forward_parts(&up, forwarded, readers, &parts, &body, offer.as_ref()).await }
+    async move { forward_parts(&up, forwarded, readers, &mut parts, &body, offer.as_ref()).await }
 }
 
 async fn forward_parts(
     up: &Arc<Upstreams>,
     forwarded: Forwarded,
     readers: Readers,
-    parts: &http::request::Parts,
+    parts: &mut http::request::Parts,
     body: &Bytes,
     offer: Option<&UsageOffer>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
@@ -265,12 +282,30 @@ async fn forward_parts(
         } else {
             body.boxed_unsync()
         };
-        if injected.is_some() {
-            rparts.extensions.insert(OfferTaken);
-        } else if offer.is_some() && usage == Usage::Learn {
-            rparts.extensions.insert(LearnsUnasked);
+        if readers.access_log || progress.is_some() {
+            // The request's map (its entries are done with: the request has gone) holds the
+            // response's: kept, where a map of its own is two allocations for the response
+            // and the request's two freed.
+            let mut map = std::mem::take(&mut parts.extensions);
+            map.clear();
+            map.extend(std::mem::take(&mut rparts.extensions));
+            rparts.extensions = map;
         }
-        if readers.recorder || readers.access_log {
+        // What became of usage injection's offer, for the recorder (the only reader: without
+        // it the stack has no usage layer, and no offer is made). An error body (4xx/5xx
+        // JSON) carries no usage chunk to strip.
+        let offered = if injected.is_some() {
+            if rparts.status.is_success() {
+                Offered::Injected
+            } else {
+                Offered::Unused
+            }
+        } else if offer.is_some() && usage == Usage::Learn {
+            Offered::Learns
+        } else {
+            Offered::Unused
+        };
+        if readers.access_log {
             rparts.extensions.insert(ServedBy(replica.url.clone()));
         }
         if let Some(progress) = progress {
@@ -283,6 +318,7 @@ async fn forward_parts(
                 belief,
                 balancer: up.balancer.clone(),
                 progress,
+                offered,
             });
         }
         return Ok(Response::from_parts(rparts, body));
@@ -396,7 +432,13 @@ fn upstream_headers(
             .authority()
             .and_then(|a| HeaderValue::from_str(a.as_str()).ok()),
     };
-    let conn = parts.extensions.get::<ConnInfo>();
+    // The context layer moved the connection into the context (a request without one, from
+    // a test calling forwarding alone, may carry it as its own extension).
+    let ctx = RequestContext::of(&parts.extensions);
+    let conn = match ctx {
+        Some(c) => c.peer.as_ref(),
+        None => parts.extensions.get::<ConnInfo>(),
+    };
     let proto = if conn.is_some_and(|c| c.tls) {
         "https"
     } else {
@@ -408,7 +450,7 @@ fn upstream_headers(
         host,
     };
     forwarded.apply_copied(&mut h, hop);
-    if let Some(v) = RequestContext::of(&parts.extensions).and_then(|c| c.id_header.clone()) {
+    if let Some(v) = ctx.and_then(|c| c.id_header.clone()) {
         h.insert(X_REQUEST_ID, v);
     }
     h

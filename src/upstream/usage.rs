@@ -23,15 +23,6 @@ use crate::config::EngineKind;
 #[derive(Debug, Clone)]
 pub struct UsageOffer(pub Bytes);
 
-/// Forwarding sent the [`UsageOffer`] (a response extension).
-#[derive(Debug, Clone, Copy)]
-pub struct OfferTaken;
-
-/// Forwarding sent the client's body to learn whether the replica's engine adds usage unasked
-/// (a response extension): the record of the stream tells ([`Unasked`]).
-#[derive(Debug, Clone, Copy)]
-pub struct LearnsUnasked;
-
 /// Whether a replica's engine ends every stream with usage its client did not ask for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unasked {
