@@ -26,6 +26,9 @@ before=$(realpath "$1"); after=$(realpath "$2"); out="${3:-/tmp/goodput-pair}"
 for b in "$before" "$after"; do [[ -x $b ]] || { echo "bench-pair: $b is not an executable" >&2; exit 2; }; done
 steps="${STEPS:-cg paced wall held}"; base="${BASE_PORT:-18600}"
 lt="${LOADTEST_BIN:-$(dirname "$after")/goodput-loadtest}"
+if [[ " $steps " == *" held "* && ! -x $lt ]]; then
+    echo "bench-pair: no load generator at $lt (set LOADTEST_BIN, or drop held from STEPS)" >&2; exit 2
+fi
 mkdir -p "$out"
 has() { [[ " $steps " == *" $1 "* ]]; }
 say() { printf '[bench-pair %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
