@@ -2,7 +2,7 @@
 //! collected body with `stream_options.include_usage` (see `measure::usage` for when it
 //! applies) is offered to forwarding ([`UsageOffer`]), which sends it or the client's body by
 //! the engine of the replica it picked (`upstream::usage::usage_for`) and says which in the
-//! response's [`Routed`](crate::upstream::forward::Routed) (`Offered::Injected` for a 2xx
+//! response's extensions ([`Offered`](crate::upstream::forward::Offered): `Injected` for a 2xx
 //! answer to an injected request): the recorder's body then strips the usage chunk again, so
 //! the client gets the stream it asked for and the meter exact token counts. The response
 //! passes this layer untouched (no future of its own).

@@ -33,7 +33,7 @@ use goodput_measure::slo::SloTable;
 use goodput_measure::trace::{Trace, TraceBounds};
 
 pub use body::MeteredBody;
-pub use recording::{Recording, UsageInjected};
+pub use recording::Recording;
 
 /// ITL gaps kept per request for exact `/stats` percentiles (beyond, the histogram still
 /// counts every gap).

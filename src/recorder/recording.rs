@@ -102,8 +102,8 @@ impl Recording {
     }
 
     /// The response head: a generation request's record is finished by its body from here.
-    /// When usage was injected ([`Routed`]'s `offered`, or [`UsageInjected`]), the body strips
-    /// the injected usage chunk on its way to the client.
+    /// When usage was injected ([`Offered::Injected`]), the body strips the injected usage
+    /// chunk on its way to the client.
     pub fn respond(mut self, resp: Response<ProxyBody>) -> Response<ProxyBody> {
         match self.open.take() {
             Some(open) if open.generation => open.respond(resp),
@@ -171,11 +171,14 @@ impl Open {
         finish.routed = parts.extensions.remove::<Routed>();
         // The replica that answered, by its URL (what the access log reads as `ServedBy`).
         finish.upstream = finish.routed.as_ref().map(|r| r.replica.url.clone());
-        let offered = finish
-            .routed
-            .as_ref()
-            .map_or(Offered::Unused, |r| r.offered);
-        finish.learns_unasked = offered == Offered::Learns;
+        // Usage is only ever offered for a stream (the usage layer): a JSON answer is not
+        // looked up for the mark.
+        let offered = if stream {
+            parts.extensions.get::<Offered>().copied()
+        } else {
+            None
+        };
+        finish.learns_unasked = offered == Some(Offered::Learns);
         // The proxy's own time: t0 until forwarding handed the attempt that answered to the
         // upstream client (its part of the TTFT split).
         let proxy_time = finish
@@ -193,10 +196,7 @@ impl Open {
             stall: recorder.stall,
             // Only streams have events to trace (a JSON body is one moment).
             trace: (stream && recorder.traced(trace_asked)).then_some(recorder.trace_bounds),
-            // Usage is only ever offered for a stream (the usage layer): a JSON answer is
-            // not looked up for the mark.
-            strip_usage: offered == Offered::Injected
-                || (stream && parts.extensions.get::<UsageInjected>().is_some()),
+            strip_usage: offered == Some(Offered::Injected),
         };
         let (t_head, status) = (Instant::now(), parts.status.as_u16());
         if let Some(u) = &finish.upstream {
@@ -211,13 +211,6 @@ impl Open {
         Response::from_parts(parts, body)
     }
 }
-
-/// A response extension: usage injection added `stream_options.include_usage` to the request,
-/// so the body carries a usage chunk the client did not ask for (the recorder's body strips it).
-/// Forwarding tells it in [`Routed`] (`Offered::Injected`); this mark says it for a response
-/// that did not come from forwarding (a test's).
-#[derive(Debug, Clone, Copy)]
-pub struct UsageInjected;
 
 impl Finish {
     /// The request's share of its replica's pending work (absent when no replica answered).

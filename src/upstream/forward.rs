@@ -55,11 +55,11 @@ pub struct Routed {
     pub balancer: Arc<Balancer>,
     /// Its share of the replica's pending work, told as its output is served.
     pub progress: Arc<TokenProgress>,
-    /// What became of usage injection's offer ([`UsageOffer`]).
-    pub offered: Offered,
 }
 
-/// What forwarding did with usage injection's offer ([`UsageOffer`]), told in [`Routed`].
+/// What forwarding did with usage injection's offer ([`UsageOffer`]): a response extension
+/// when it was used (a stream's, in the request's map the response reuses: no allocation),
+/// read by the recorder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Offered {
     /// No offer, or one not sent (the replica's engine takes no injection), or sent and
@@ -308,6 +308,9 @@ async fn forward_parts(
         if readers.access_log {
             rparts.extensions.insert(ServedBy(replica.url.clone()));
         }
+        if offered != Offered::Unused {
+            rparts.extensions.insert(offered);
+        }
         if let Some(progress) = progress {
             rparts.extensions.insert(Routed {
                 replica: replica.clone(),
@@ -318,7 +321,6 @@ async fn forward_parts(
                 belief,
                 balancer: up.balancer.clone(),
                 progress,
-                offered,
             });
         }
         return Ok(Response::from_parts(rparts, body));

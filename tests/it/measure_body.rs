@@ -15,9 +15,10 @@ use goodput_measure::{Measurement, Outcome};
 use goodput_proxy::body::{BoxError, ProxyBody};
 use goodput_proxy::context::{RequestContext, RequestFacts};
 use goodput_proxy::metrics::{Metrics, ModelLabels};
-use goodput_proxy::recorder::{Recorder, UsageInjected};
+use goodput_proxy::recorder::Recorder;
 use goodput_proxy::sink::Sinks;
 use goodput_proxy::upstream::deadline::DeadlineError;
+use goodput_proxy::upstream::forward::Offered;
 use http::Response;
 use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Empty, StreamBody};
@@ -54,7 +55,7 @@ where
     let mut resp = Response::new(inner.map_err(Into::into).boxed_unsync());
     *resp.status_mut() = http::StatusCode::from_u16(status).unwrap();
     if injected {
-        resp.extensions_mut().insert(UsageInjected);
+        resp.extensions_mut().insert(Offered::Injected);
     }
     recording.respond(resp).into_body()
 }
