@@ -143,14 +143,16 @@ impl MeteredBody {
             if let Some(piece) = s.out.pop_front() {
                 return Poll::Ready(Some(Ok(Frame::data(piece))));
             }
-            if let Some(e) = s.error.take() {
-                self.finish(body_error_ending(&e));
-                return Poll::Ready(Some(Err(e)));
-            }
-            if let Some(t) = s.trailers.take() {
-                return Poll::Ready(Some(Ok(Frame::trailers(t))));
-            }
+            // An error or trailers come with the upstream body's end: one check a frame
+            // until then.
             if s.done {
+                if let Some(e) = s.error.take() {
+                    self.finish(body_error_ending(&e));
+                    return Poll::Ready(Some(Err(e)));
+                }
+                if let Some(t) = s.trailers.take() {
+                    return Poll::Ready(Some(Ok(Frame::trailers(t))));
+                }
                 self.finish(Ending::Complete);
                 return Poll::Ready(None);
             }

@@ -370,6 +370,12 @@ impl StreamMeter {
             // itself, handed on whole).
             let run = self.pass_repeats(t, &frame[start..], on_gap);
             if let Some(run @ 1..) = run {
+                if run == frame.len() {
+                    // The whole frame (so `start` is 0 and nothing went out) is such a run,
+                    // and nothing is held or partial: it passes as it is, now (most frames;
+                    // every one of a stream whose engine paces its tokens).
+                    return Some(frame);
+                }
                 acc.range(&frame, start, start + run);
                 start += run;
                 continue;

@@ -531,6 +531,32 @@ proptest! {
         prop_assert_eq!(strip_by(&frames, true), strip_by(&frames, false));
     }
 
+    /// An engine that paces its tokens: each event in a frame of its own, served at its own
+    /// instant (a frame of only repeats passes whole; its one event leaves nothing to count
+    /// after it), and whole events grouped into frames of a few; with any line ends.
+    #[test]
+    fn paced_frames_strip_and_meter_as_the_parser_alone(
+        evs in proptest::collection::vec(stream_event(), 1..40),
+        groups in proptest::collection::vec(1usize..4, 1..40),
+        eol in prop_oneof![Just("\n"), Just("\r\n"), Just("\r")],
+    ) {
+        let evs: Vec<String> = evs.iter().map(|e| e.replace('\n', eol)).collect();
+        let frames: Vec<&[u8]> = evs.iter().map(|e| e.as_bytes()).collect();
+        prop_assert_eq!(strip_by(&frames, true), strip_by(&frames, false));
+        let mut grouped = Vec::new();
+        let mut rest = &evs[..];
+        for n in groups.iter().cycle() {
+            if rest.is_empty() {
+                break;
+            }
+            let (head, tail) = rest.split_at((*n).min(rest.len()));
+            grouped.push(head.concat());
+            rest = tail;
+        }
+        let frames: Vec<&[u8]> = grouped.iter().map(|e| e.as_bytes()).collect();
+        prop_assert_eq!(strip_by(&frames, true), strip_by(&frames, false));
+    }
+
     /// The same with continuous usage (an engine that forces usage: its usage chunk passes),
     /// whose output chunks repeat a template with count spans.
     #[test]
