@@ -13,8 +13,9 @@
 //!
 //! What inner layers learn on the way down (model, stream, tenant) comes through the
 //! [`RequestContext`]; what forwarding learns (the replica, when the request went to it,
-//! whether usage was injected) comes up with the response head, as its extension
-//! ([`Routed`](crate::upstream::forward::Routed)).
+//! whether usage was injected) comes up with the response head, as its extensions
+//! ([`Routed`](crate::upstream::forward::Routed),
+//! [`Offered`](crate::upstream::forward::Offered)).
 
 use std::future::Future;
 use std::pin::Pin;
